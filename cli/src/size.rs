@@ -20,7 +20,7 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
         u => return Err(format!("unknown size unit {u:?} in {s:?}")),
     };
     let v = n * mult;
-    if !v.is_finite() || v < 0.0 || v > 1e18 {
+    if !v.is_finite() || !(0.0..=1e18).contains(&v) {
         return Err(format!("{s:?} is out of range"));
     }
     Ok(v as u64)

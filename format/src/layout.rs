@@ -9,6 +9,9 @@
 //!   at a multiple of [`PACK_ALIGN`] (the gap is zero bytes) and never split
 //!   across two chunks. Thousands of small tensors do not become thousands of
 //!   tiny objects, and packed elements stay aligned for the planes codec.
+//! * Each element class (element size and float-ness: bf16 with f16, f32
+//!   alone, opaque bytes, ...) has its own open pack chunk, so a packed chunk
+//!   holds one class and the byte-plane codec can split it.
 //! * Empty entries take no bytes and have no segments.
 //!
 //! The layout is a pure function of the entries' names, kinds, lengths and
@@ -120,7 +123,7 @@ pub struct Piece {
 pub struct ChunkPlan {
     /// Length of the chunk.
     pub len: u32,
-    /// Codec hint: the common element type of its pieces, or bytes.
+    /// Codec hint: the element class of its pieces.
     pub hint: ElemHint,
     /// The pieces, in chunk-offset order; gaps between them are zeros.
     pub pieces: Vec<Piece>,
@@ -196,8 +199,8 @@ impl Layout {
         let cs = u64::from(chunk_size);
         let mut chunks: Vec<ChunkPlan> = Vec::new();
         let mut segments = vec![Vec::new(); entries.len()];
-        // Index of the open pack chunk, if any.
-        let mut pack: Option<usize> = None;
+        // The open pack chunk of each element class.
+        let mut packs: Vec<(ElemHint, usize)> = Vec::new();
 
         for (i, e) in entries.iter().enumerate() {
             if e.len == 0 {
@@ -205,7 +208,6 @@ impl Layout {
             }
             let hint = e.kind.elem_hint();
             if e.len >= cs {
-                pack = None;
                 let mut off = 0u64;
                 while off < e.len {
                     let len = (e.len - off).min(cs);
@@ -231,13 +233,12 @@ impl Layout {
                 continue;
             }
             // A small entry: into the open pack chunk if it fits, else a new one.
-            let start = match pack {
-                Some(c) => {
-                    let at = u64::from(chunks[c].len).div_ceil(PACK_ALIGN) * PACK_ALIGN;
-                    (at + e.len <= cs).then_some((c, at))
-                }
-                None => None,
-            };
+            let open = packs.iter().position(|(h, _)| *h == hint);
+            let start = open.and_then(|p| {
+                let c = packs[p].1;
+                let at = u64::from(chunks[c].len).div_ceil(PACK_ALIGN) * PACK_ALIGN;
+                (at + e.len <= cs).then_some((c, at))
+            });
             let (c, at) = match start {
                 Some(x) => x,
                 None => {
@@ -249,11 +250,11 @@ impl Layout {
                     (chunks.len() - 1, 0)
                 }
             };
-            pack = Some(c);
-            let plan = &mut chunks[c];
-            if plan.hint != hint {
-                plan.hint = ElemHint::BYTES;
+            match open {
+                Some(p) => packs[p].1 = c,
+                None => packs.push((hint, c)),
             }
+            let plan = &mut chunks[c];
             // at + len <= chunk_size, so both fit in u32.
             let (at32, len32) = (at as u32, e.len as u32);
             plan.pieces.push(Piece {
