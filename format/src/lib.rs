@@ -34,6 +34,7 @@ pub mod codec;
 pub mod commit;
 mod dtype;
 mod error;
+pub mod fuzzing;
 pub mod frame;
 mod json;
 pub mod layout;

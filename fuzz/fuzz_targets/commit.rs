@@ -1,0 +1,5 @@
+//! Commit records: bounded decoding and validation must never panic.
+#![no_main]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    strata_format::fuzzing::commit(data);
+});
