@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it, on a fresh machine:
+#   installs what the tests need, then cargo fmt --check, clippy -D warnings,
+#   a build of the fuzz targets, the doc tests, and every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n== %s\n' "$*"; }
+
+log "toolchain"
+cargo --version
+for c in rustfmt clippy; do
+  if ! rustup component list --installed 2>/dev/null | grep -q "^$c"; then
+    rustup component add "$c"
+  fi
+done
+if ! command -v cargo-nextest >/dev/null 2>&1; then
+  log "installing cargo-nextest"
+  cargo install cargo-nextest --locked
+fi
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+
+log "cargo clippy (workspace, all targets, -D warnings)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "fuzz targets compile"
+# Stable toolchain: this checks the targets' code; running them needs cargo-fuzz.
+cargo check --manifest-path fuzz/Cargo.toml --locked --bins
+
+log "doc tests"
+cargo test --workspace --doc --locked
+
+log "tests"
+cargo nextest run --workspace --locked --no-fail-fast
