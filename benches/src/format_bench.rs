@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use strata::par::{default_threads, par_map};
 use strata::synthetic::bf16_bits;
-use strata_format::codec::{entropy_of, Codec, ElemHint, EncodeOptions, PayloadDecoder, PlaneSelect};
+use strata_format::codec::{
+    entropy_of, Codec, ElemHint, EncodeOptions, PayloadDecoder, PlaneCoder, PlaneSelect,
+};
 use strata_format::frame::{FrameDecoder, FrameEncoder, FrameHeader, FRAME_HEADER_LEN};
 use strata_format::ChunkId;
 
@@ -42,10 +44,28 @@ fn parse_args() -> Result<Opts, String> {
         let mut val = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
         match a.as_str() {
             "--weights" => o.weights = PathBuf::from(val("--weights")?),
-            "--random-mib" => o.random_size = val("--random-mib")?.parse::<usize>().map_err(|e| e.to_string())? << 20,
-            "--chunk-mib" => o.chunk = val("--chunk-mib")?.parse::<usize>().map_err(|e| e.to_string())? << 20,
-            "--reps" => o.reps = val("--reps")?.parse().map_err(|e: std::num::ParseIntError| e.to_string())?,
-            "--threads" => o.threads = val("--threads")?.parse().map_err(|e: std::num::ParseIntError| e.to_string())?,
+            "--random-mib" => {
+                o.random_size = val("--random-mib")?
+                    .parse::<usize>()
+                    .map_err(|e| e.to_string())?
+                    << 20
+            }
+            "--chunk-mib" => {
+                o.chunk = val("--chunk-mib")?
+                    .parse::<usize>()
+                    .map_err(|e| e.to_string())?
+                    << 20
+            }
+            "--reps" => {
+                o.reps = val("--reps")?
+                    .parse()
+                    .map_err(|e: std::num::ParseIntError| e.to_string())?
+            }
+            "--threads" => {
+                o.threads = val("--threads")?
+                    .parse()
+                    .map_err(|e: std::num::ParseIntError| e.to_string())?
+            }
             "-h" | "--help" => {
                 println!("format-bench [--weights FILE.safetensors] [--random-mib N] [--chunk-mib N] [--reps N] [--threads N]");
                 std::process::exit(0);
@@ -76,10 +96,18 @@ fn gbps(bytes: usize, d: Duration) -> f64 {
 
 /// The fp32 tensors of a safetensors file, concatenated in file order.
 fn load_f32_weights(path: &Path) -> Result<Vec<u8>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e} (run benches/fetch-weights.sh)", path.display()))?;
-    let n = u64::from_le_bytes(bytes.get(..8).ok_or("short file")?.try_into().map_err(|_| "short file")?) as usize;
+    let bytes = std::fs::read(path)
+        .map_err(|e| format!("{}: {e} (run benches/fetch-weights.sh)", path.display()))?;
+    let n = u64::from_le_bytes(
+        bytes
+            .get(..8)
+            .ok_or("short file")?
+            .try_into()
+            .map_err(|_| "short file")?,
+    ) as usize;
     let header: serde_json::Value =
-        serde_json::from_slice(bytes.get(8..8 + n).ok_or("short header")?).map_err(|e| e.to_string())?;
+        serde_json::from_slice(bytes.get(8..8 + n).ok_or("short header")?)
+            .map_err(|e| e.to_string())?;
     let data = &bytes[8 + n..];
     let mut spans: Vec<(usize, usize)> = header
         .as_object()
@@ -128,22 +156,44 @@ struct Row {
     dn: f64,
 }
 
-fn bench_codec(name: &str, data: &[u8], hint: ElemHint, opts: EncodeOptions, o: &Opts) -> Result<Row, String> {
+fn bench_codec(
+    name: &str,
+    data: &[u8],
+    hint: ElemHint,
+    opts: EncodeOptions,
+    o: &Opts,
+) -> Result<Row, String> {
     let chunks: Vec<&[u8]> = data.chunks(o.chunk).collect();
     let ids: Vec<ChunkId> = chunks.iter().map(|c| ChunkId::of(c)).collect();
     let encode = |threads: usize| -> Result<Vec<Vec<u8>>, String> {
-        par_map(chunks.len(), threads, || FrameEncoder::new(opts), |enc, i| {
-            enc.as_mut().map_err(|e| e.to_string())?.encode(chunks[i], hint, Some(ids[i])).map_err(|e| e.to_string())
-        })
+        par_map(
+            chunks.len(),
+            threads,
+            || FrameEncoder::new(opts),
+            |enc, i| {
+                enc.as_mut()
+                    .map_err(|e| e.to_string())?
+                    .encode(chunks[i], hint, Some(ids[i]))
+                    .map_err(|e| e.to_string())
+            },
+        )
         .into_iter()
         .collect()
     };
     let decode = |threads: usize, frames: &[Vec<u8>]| -> Result<(), String> {
-        par_map(frames.len(), threads, || (FrameDecoder::new(), Vec::new()), |(dec, out), i| {
-            out.resize(chunks[i].len(), 0);
-            dec.as_mut().map_err(|e| e.to_string())?.decode_into(&frames[i], Some(&ids[i]), out).map_err(|e| e.to_string())?;
-            Ok(())
-        })
+        par_map(
+            frames.len(),
+            threads,
+            || (FrameDecoder::new(), Vec::new()),
+            |(dec, out), i| {
+                out.resize(chunks[i].len(), 0);
+                dec.as_mut()
+                    .map_err(|e| e.to_string())?
+                    .decode_into(&frames[i], Some(&ids[i]), out)
+                    .map_err(|e| e.to_string())?;
+                Ok(())
+            },
+        )
         .into_iter()
         .collect()
     };
@@ -161,7 +211,8 @@ fn bench_codec(name: &str, data: &[u8], hint: ElemHint, opts: EncodeOptions, o: 
         for (i, f) in frames.iter().enumerate() {
             let h = FrameHeader::decode(f, u32::MAX).map_err(|e| e.to_string())?;
             out.resize(chunks[i].len(), 0);
-            dec.decode_into(h.codec, h.elem_size, &f[FRAME_HEADER_LEN..], &mut out).map_err(|e| e.to_string())?;
+            dec.decode_into(h.codec, h.elem_size, &f[FRAME_HEADER_LEN..], &mut out)
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     });
@@ -196,23 +247,38 @@ fn run() -> Result<(), String> {
         o.chunk >> 20,
         o.reps
     );
-    println!("# real weights: {} ({} MB fp32)\n", o.weights.display(), f32w.len() / 1_000_000);
+    println!(
+        "# real weights: {} ({} MB fp32)\n",
+        o.weights.display(),
+        f32w.len() / 1_000_000
+    );
 
     println!("| data | memcpy 1 thread GB/s | memcpy all cores GB/s | BLAKE3 1 thread GB/s | BLAKE3 all cores GB/s | BLAKE3 / memcpy (all cores) |");
     println!("|---|---|---|---|---|---|");
     let mut memcpy_all = Vec::new();
-    for (name, data) in [("random", &random), ("fp32 weights", &f32w), ("bf16 weights", &bf16w)] {
+    for (name, data) in [
+        ("random", &random),
+        ("fp32 weights", &f32w),
+        ("bf16 weights", &bf16w),
+    ] {
         let chunks: Vec<&[u8]> = data.chunks(o.chunk).collect();
         let copy = |threads| {
-            par_map(chunks.len(), threads, || (), |_, i| {
-                let v = chunks[i].to_vec();
-                std::hint::black_box(v.len())
-            })
+            par_map(
+                chunks.len(),
+                threads,
+                || (),
+                |_, i| {
+                    let v = chunks[i].to_vec();
+                    std::hint::black_box(v.len())
+                },
+            )
         };
         let (m1, _) = best(o.reps, || copy(1));
         let (mn, _) = best(o.reps, || copy(o.threads));
         let (h1, _) = best(o.reps, || blake3::hash(data));
-        let (hn, _) = best(o.reps, || blake3::Hasher::new().update_rayon(data).finalize());
+        let (hn, _) = best(o.reps, || {
+            blake3::Hasher::new().update_rayon(data).finalize()
+        });
         memcpy_all.push(gbps(data.len(), mn));
         println!(
             "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
@@ -229,37 +295,72 @@ fn run() -> Result<(), String> {
         rotate_floats: false,
         select: PlaneSelect::All,
         level: 1,
+        coder: PlaneCoder::Zstd,
     };
     let planes_sel = EncodeOptions {
-        rotate_floats: false,
+        rotate_floats: true,
         select: EncodeOptions::PLANES.select,
         ..planes_all
     };
-    let planes_l3 = EncodeOptions {
-        level: 3,
+    let planes_huf = EncodeOptions {
+        coder: PlaneCoder::Huffman,
         ..EncodeOptions::PLANES
     };
     let configs: [(&str, EncodeOptions); 6] = [
         ("raw", EncodeOptions::RAW),
         ("zstd-1", EncodeOptions::ZSTD),
-        ("planes, all planes zstd-1", planes_all),
-        ("planes, entropy-selected", planes_sel),
-        ("planes, rotated + selected (default)", EncodeOptions::PLANES),
-        ("planes, rotated + selected, zstd-3", planes_l3),
+        ("planes, every plane zstd-1 (ZipNN-style split)", planes_all),
+        ("planes, rotated, entropy-selected, zstd-1", planes_sel),
+        ("planes, rotated, entropy-selected, huffman", planes_huf),
+        (
+            "planes, rotated, selected, auto (default)",
+            EncodeOptions::PLANES,
+        ),
     ];
     println!("\n| data | codec | ratio | compress 1T GB/s | decode+verify 1T GB/s | payload decode 1T GB/s | compress {n}T GB/s | decode+verify {n}T GB/s | compress / memcpy ({n}T) |", n = o.threads);
     println!("|---|---|---|---|---|---|---|---|---|");
     let datasets: [(&str, &[u8], ElemHint, f64); 3] = [
-        ("random", &random, ElemHint { size: 4, float: true }, memcpy_all[0]),
-        ("fp32 weights", &f32w, ElemHint { size: 4, float: true }, memcpy_all[1]),
-        ("bf16 weights", &bf16w, ElemHint { size: 2, float: true }, memcpy_all[2]),
+        (
+            "random",
+            &random,
+            ElemHint {
+                size: 4,
+                float: true,
+            },
+            memcpy_all[0],
+        ),
+        (
+            "fp32 weights",
+            &f32w,
+            ElemHint {
+                size: 4,
+                float: true,
+            },
+            memcpy_all[1],
+        ),
+        (
+            "bf16 weights",
+            &bf16w,
+            ElemHint {
+                size: 2,
+                float: true,
+            },
+            memcpy_all[2],
+        ),
     ];
     for (dname, data, hint, mc) in datasets {
         for (cname, opts) in configs {
             let r = bench_codec(cname, data, hint, opts, &o)?;
             println!(
                 "| {dname} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} |",
-                r.name, r.ratio, r.c1, r.d1, r.p1, r.cn, r.dn, r.cn / mc
+                r.name,
+                r.ratio,
+                r.c1,
+                r.d1,
+                r.p1,
+                r.cn,
+                r.dn,
+                r.cn / mc
             );
         }
     }

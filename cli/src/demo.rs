@@ -50,7 +50,8 @@ struct Encoded {
 /// Runs the demo.
 pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
     let threads = args.threads.unwrap_or_else(default_threads).max(1);
-    let chunk_size = u32::try_from(args.chunk_size).map_err(|_| CliError::Arg("chunk size too large".into()))?;
+    let chunk_size =
+        u32::try_from(args.chunk_size).map_err(|_| CliError::Arg("chunk size too large".into()))?;
     let synth = synthetic::entries(args.state_size);
     let specs: Vec<_> = synth.iter().map(|e| e.spec.clone()).collect();
     let logical: u64 = specs.iter().map(|s| s.len).sum();
@@ -73,26 +74,45 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
 
     // Generate the state (pre-faulting the memory, as the staging pool will).
     let t = Instant::now();
-    let data: Vec<Vec<u8>> = par_map(synth.len(), threads, || (), |_, i| {
-        let mut v = vec![0u8; synth[i].spec.len as usize];
-        synthetic::fill_entry(&synth[i], args.seed, i, &mut v);
-        v
-    });
+    let data: Vec<Vec<u8>> = par_map(
+        synth.len(),
+        threads,
+        || (),
+        |_, i| {
+            let mut v = vec![0u8; synth[i].spec.len as usize];
+            synthetic::fill_entry(&synth[i], args.seed, i, &mut v);
+            v
+        },
+    );
     row("generate", logical, t.elapsed(), "");
 
     // Baseline: a plain memcpy of the same bytes, on the same threads.
     let t = Instant::now();
-    let copies: Vec<usize> = par_map(data.len(), threads, || (), |_, i| {
-        let v = data[i].clone();
-        std::hint::black_box(&v);
-        v.len()
-    });
+    let copies: Vec<usize> = par_map(
+        data.len(),
+        threads,
+        || (),
+        |_, i| {
+            let v = data[i].clone();
+            std::hint::black_box(&v);
+            v.len()
+        },
+    );
     let memcpy = t.elapsed();
-    row("memcpy (baseline)", copies.iter().map(|&n| n as u64).sum(), memcpy, "");
+    row(
+        "memcpy (baseline)",
+        copies.iter().map(|&n| n as u64).sum(),
+        memcpy,
+        "",
+    );
 
     let t = Instant::now();
     let layout = Layout::plan(&specs, chunk_size)?;
-    let packed = layout.chunks.iter().filter(|c| c.single_piece().is_none()).count();
+    let packed = layout
+        .chunks
+        .iter()
+        .filter(|c| c.single_piece().is_none())
+        .count();
     println!(
         "  {:<22} {} chunks ({} whole-tensor, {packed} packed), {} incl. padding, {:.2} ms",
         "layout",
@@ -109,8 +129,11 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
 
     // Hash: whole-tensor chunks straight from the entry bytes, packed ones assembled.
     let t = Instant::now();
-    let ids: Vec<Result<ChunkId, CliError>> = par_map(layout.chunks.len(), threads, Vec::new, |scratch, i| {
-        match layout.chunks[i].single_piece() {
+    let ids: Vec<Result<ChunkId, CliError>> = par_map(
+        layout.chunks.len(),
+        threads,
+        Vec::new,
+        |scratch, i| match layout.chunks[i].single_piece() {
             Some(p) => {
                 let start = p.entry_offset as usize;
                 Ok(ChunkId::of(&views[p.entry][start..start + p.len as usize]))
@@ -119,11 +142,16 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
                 chunk_bytes(scratch, i)?;
                 Ok(ChunkId::of(scratch))
             }
-        }
-    });
+        },
+    );
     let ids: Vec<ChunkId> = ids.into_iter().collect::<Result<_, _>>()?;
     let hash_time = t.elapsed();
-    row("hash (BLAKE3)", layout.stored_len(), hash_time, &format!("{:.2}x memcpy time", ratio(hash_time, memcpy)));
+    row(
+        "hash (BLAKE3)",
+        layout.stored_len(),
+        hash_time,
+        &format!("{:.2}x memcpy time", ratio(hash_time, memcpy)),
+    );
 
     // Encode every chunk with the byte-plane codec.
     let t = Instant::now();
@@ -148,7 +176,11 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         "encode (planes+zstd)",
         layout.stored_len(),
         enc_time,
-        &format!("stored {} ratio {:.3}", human(stored), layout.stored_len() as f64 / stored as f64),
+        &format!(
+            "stored {} ratio {:.3}",
+            human(stored),
+            layout.stored_len() as f64 / stored as f64
+        ),
     );
 
     // Decode and verify every frame; compare with the original bytes.
@@ -164,7 +196,10 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
             dec.decode_into(&frames[i].frame, Some(&ids[i]), out)?;
             chunk_bytes(orig, i)?;
             if out != orig {
-                return Err(CliError::Verify(format!("chunk {i} ({}) decoded to different bytes", ids[i])));
+                return Err(CliError::Verify(format!(
+                    "chunk {i} ({}) decoded to different bytes",
+                    ids[i]
+                )));
             }
             Ok(())
         },
@@ -173,7 +208,12 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
     for c in checks {
         c?;
     }
-    row("decode + verify", layout.stored_len(), dec_time, "every chunk byte-identical");
+    row(
+        "decode + verify",
+        layout.stored_len(),
+        dec_time,
+        "every chunk byte-identical",
+    );
 
     // Per-dtype compression ratios.
     let mut by_kind: BTreeMap<String, (u64, u64, usize)> = BTreeMap::new();
@@ -192,7 +232,12 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
     }
     println!("  compression by content (raw -> stored, chunks compressed):");
     for (k, (raw, st, n)) in &by_kind {
-        println!("    {k:<8} {:>11} -> {:>11}  ratio {:.3}  ({n} compressed)", human(*raw), human(*st), *raw as f64 / *st as f64);
+        println!(
+            "    {k:<8} {:>11} -> {:>11}  ratio {:.3}  ({n} compressed)",
+            human(*raw),
+            human(*st),
+            *raw as f64 / *st as f64
+        );
     }
 
     // Manifest and commit record round trip.

@@ -9,8 +9,20 @@ fn demo_runs_end_to_end_and_reports() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr));
-    for needle in ["hash (BLAKE3)", "encode (planes", "decode + verify", "every chunk byte-identical", "ratio", "BF16", "ok:"] {
+    assert!(
+        out.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "hash (BLAKE3)",
+        "encode (planes",
+        "decode + verify",
+        "every chunk byte-identical",
+        "ratio",
+        "BF16",
+        "ok:",
+    ] {
         assert!(stdout.contains(needle), "missing {needle:?} in:\n{stdout}");
     }
 }

@@ -54,10 +54,15 @@ mod tests {
     #[test]
     fn results_in_order_on_any_thread_count() {
         for threads in [1, 2, 7] {
-            let out = par_map(100, threads, || 0usize, |calls, i| {
-                *calls += 1;
-                i * 2
-            });
+            let out = par_map(
+                100,
+                threads,
+                || 0usize,
+                |calls, i| {
+                    *calls += 1;
+                    i * 2
+                },
+            );
             assert_eq!(out, (0..100).map(|i| i * 2).collect::<Vec<_>>());
         }
         assert!(par_map(0, 4, || (), |_, i| i).is_empty());

@@ -53,7 +53,12 @@ pub fn entries(total_bytes: u64) -> Vec<SynthEntry> {
             out.push(SynthEntry { spec, fill });
         }
     };
-    t("model.embed_tokens.weight".into(), DType::F16, vec![vocab, h], Fill::Normal(0.02));
+    t(
+        "model.embed_tokens.weight".into(),
+        DType::F16,
+        vec![vocab, h],
+        Fill::Normal(0.02),
+    );
     for l in 0..layers {
         let p = format!("model.layers.{l}");
         let mats: [(&str, u64, u64); 6] = [
@@ -65,20 +70,80 @@ pub fn entries(total_bytes: u64) -> Vec<SynthEntry> {
             ("mlp.down_proj", h, 4 * h),
         ];
         for (m, r, c) in mats {
-            t(format!("{p}.{m}.weight"), DType::BF16, vec![r, c], Fill::Normal(0.02));
-            t(format!("optim.{p}.{m}.master"), DType::F32, vec![r, c], Fill::Normal(0.02));
-            t(format!("optim.{p}.{m}.exp_avg"), DType::F32, vec![r, c], Fill::Normal(1e-3));
-            t(format!("optim.{p}.{m}.exp_avg_sq"), DType::F32, vec![r, c], Fill::NormalSquared(1e-3));
+            t(
+                format!("{p}.{m}.weight"),
+                DType::BF16,
+                vec![r, c],
+                Fill::Normal(0.02),
+            );
+            t(
+                format!("optim.{p}.{m}.master"),
+                DType::F32,
+                vec![r, c],
+                Fill::Normal(0.02),
+            );
+            t(
+                format!("optim.{p}.{m}.exp_avg"),
+                DType::F32,
+                vec![r, c],
+                Fill::Normal(1e-3),
+            );
+            t(
+                format!("optim.{p}.{m}.exp_avg_sq"),
+                DType::F32,
+                vec![r, c],
+                Fill::NormalSquared(1e-3),
+            );
         }
-        t(format!("{p}.input_layernorm.weight"), DType::BF16, vec![h], Fill::NearOne);
-        t(format!("{p}.post_attention_layernorm.weight"), DType::BF16, vec![h], Fill::NearOne);
-        t(format!("{p}.mlp.up_proj.bias"), DType::F32, vec![4 * h], Fill::Normal(0.01));
-        t(format!("{p}.mlp.up_proj.weight_fp8"), DType::F8_E4M3, vec![4 * h, h / 8], Fill::Random);
+        t(
+            format!("{p}.input_layernorm.weight"),
+            DType::BF16,
+            vec![h],
+            Fill::NearOne,
+        );
+        t(
+            format!("{p}.post_attention_layernorm.weight"),
+            DType::BF16,
+            vec![h],
+            Fill::NearOne,
+        );
+        t(
+            format!("{p}.mlp.up_proj.bias"),
+            DType::F32,
+            vec![4 * h],
+            Fill::Normal(0.01),
+        );
+        t(
+            format!("{p}.mlp.up_proj.weight_fp8"),
+            DType::F8_E4M3,
+            vec![4 * h, h / 8],
+            Fill::Random,
+        );
     }
-    t("model.norm.weight".into(), DType::BF16, vec![h], Fill::NearOne);
-    t("train.token_buffer".into(), DType::I32, vec![16, 2048], Fill::UniformInt(50_000));
-    t("train.attention_mask".into(), DType::BOOL, vec![16, 2048], Fill::UniformInt(2));
-    t("train.step".into(), DType::I64, vec![], Fill::Constant(1000));
+    t(
+        "model.norm.weight".into(),
+        DType::BF16,
+        vec![h],
+        Fill::NearOne,
+    );
+    t(
+        "train.token_buffer".into(),
+        DType::I32,
+        vec![16, 2048],
+        Fill::UniformInt(50_000),
+    );
+    t(
+        "train.attention_mask".into(),
+        DType::BOOL,
+        vec![16, 2048],
+        Fill::UniformInt(2),
+    );
+    t(
+        "train.step".into(),
+        DType::I64,
+        vec![],
+        Fill::Constant(1000),
+    );
     out.push(SynthEntry {
         spec: EntrySpec::blob("train.dataloader_state", 48 << 10),
         fill: Fill::Random,
@@ -112,7 +177,9 @@ impl SplitMix {
 pub const BLOCK: usize = 64 << 10;
 
 fn block_seed(seed: u64, entry: usize, block: usize) -> u64 {
-    let mut m = SplitMix(seed ^ (entry as u64).wrapping_mul(0x2545_F491_4F6C_DD1D) ^ (block as u64).rotate_left(32));
+    let mut m = SplitMix(
+        seed ^ (entry as u64).wrapping_mul(0x2545_F491_4F6C_DD1D) ^ (block as u64).rotate_left(32),
+    );
     m.next()
 }
 

@@ -95,7 +95,10 @@ impl FrameHeader {
         if !elem_ok {
             return Err(FormatError::malformed(
                 what,
-                format!("element size {elem_size} invalid for codec {}", codec.name()),
+                format!(
+                    "element size {elem_size} invalid for codec {}",
+                    codec.name()
+                ),
             ));
         }
         let limit = max_raw_len.min(MAX_CHUNK_LEN);
@@ -107,7 +110,10 @@ impl FrameHeader {
             });
         }
         if codec == Codec::Raw && stored_len != raw_len {
-            return Err(FormatError::malformed(what, "raw chunk with stored length != raw length"));
+            return Err(FormatError::malformed(
+                what,
+                "raw chunk with stored length != raw length",
+            ));
         }
         Ok(FrameHeader {
             version,
@@ -142,7 +148,12 @@ impl FrameEncoder {
         let raw_len = u32::try_from(raw.len())
             .ok()
             .filter(|&l| l <= MAX_CHUNK_LEN)
-            .ok_or_else(|| FormatError::invalid("chunk", format!("{} bytes exceeds MAX_CHUNK_LEN", raw.len())))?;
+            .ok_or_else(|| {
+                FormatError::invalid(
+                    "chunk",
+                    format!("{} bytes exceeds MAX_CHUNK_LEN", raw.len()),
+                )
+            })?;
         let id = id.unwrap_or_else(|| ChunkId::of(raw));
         let mut payload = std::mem::take(&mut self.scratch);
         let (codec, elem_size) = self.payload.encode(raw, hint, &mut payload)?;
@@ -200,7 +211,10 @@ impl FrameDecoder {
         if payload_len > stored {
             return Err(FormatError::malformed(
                 "chunk frame",
-                format!("{} bytes after a {stored}-byte payload", payload_len - stored),
+                format!(
+                    "{} bytes after a {stored}-byte payload",
+                    payload_len - stored
+                ),
             ));
         }
         Ok(h)
@@ -209,7 +223,12 @@ impl FrameDecoder {
     /// Decodes `frame` into `dst` (whose length must equal the frame's raw
     /// length) and verifies the BLAKE3 of the result. With `expected`, the
     /// frame must also be the chunk the caller asked for.
-    pub fn decode_into(&mut self, frame: &[u8], expected: Option<&ChunkId>, dst: &mut [u8]) -> Result<FrameHeader> {
+    pub fn decode_into(
+        &mut self,
+        frame: &[u8],
+        expected: Option<&ChunkId>,
+        dst: &mut [u8],
+    ) -> Result<FrameHeader> {
         let h = self.header(frame)?;
         if let Some(want) = expected {
             if *want != h.id {
@@ -238,7 +257,11 @@ impl FrameDecoder {
     }
 
     /// Decodes and verifies `frame` into a new buffer.
-    pub fn decode(&mut self, frame: &[u8], expected: Option<&ChunkId>) -> Result<(FrameHeader, Vec<u8>)> {
+    pub fn decode(
+        &mut self,
+        frame: &[u8],
+        expected: Option<&ChunkId>,
+    ) -> Result<(FrameHeader, Vec<u8>)> {
         let h = self.header(frame)?;
         let mut out = vec![0u8; h.raw_len as usize];
         let h = self.decode_into(frame, expected, &mut out)?;

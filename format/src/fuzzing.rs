@@ -19,7 +19,11 @@ pub fn frame(data: &[u8]) {
         return;
     };
     if let Ok((h, bytes)) = dec.decode(data, None) {
-        assert_eq!(crate::ChunkId::of(&bytes), h.id, "a decoded frame always matches its hash");
+        assert_eq!(
+            crate::ChunkId::of(&bytes),
+            h.id,
+            "a decoded frame always matches its hash"
+        );
     }
 }
 
@@ -27,7 +31,10 @@ pub fn frame(data: &[u8]) {
 pub fn manifest(data: &[u8]) {
     if let Ok(m) = ShardManifest::decode(data) {
         let again = m.encode().map(|b| ShardManifest::decode(&b));
-        assert!(matches!(again, Ok(Ok(ref m2)) if *m2 == m), "a decoded manifest re-encodes");
+        assert!(
+            matches!(again, Ok(Ok(ref m2)) if *m2 == m),
+            "a decoded manifest re-encodes"
+        );
         let _ = m.to_json();
     }
 }
@@ -36,7 +43,10 @@ pub fn manifest(data: &[u8]) {
 pub fn commit(data: &[u8]) {
     if let Ok(r) = CommitRecord::decode(data) {
         let again = r.encode().map(|b| CommitRecord::decode(&b));
-        assert!(matches!(again, Ok(Ok(ref r2)) if *r2 == r), "a decoded commit record re-encodes");
+        assert!(
+            matches!(again, Ok(Ok(ref r2)) if *r2 == r),
+            "a decoded commit record re-encodes"
+        );
         let _ = r.to_json();
     }
 }

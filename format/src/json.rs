@@ -73,7 +73,9 @@ impl ShardManifest {
                 .iter()
                 .map(|e| {
                     let (kind, dtype, shape) = match &e.kind {
-                        EntryKind::Tensor { dtype, shape } => ("tensor", Some(*dtype), Some(shape.as_slice())),
+                        EntryKind::Tensor { dtype, shape } => {
+                            ("tensor", Some(*dtype), Some(shape.as_slice()))
+                        }
                         EntryKind::Blob => ("blob", None, None),
                     };
                     EntryView {
@@ -104,7 +106,10 @@ impl CommitRecord {
     pub fn to_json(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
         if let Some(obj) = v.as_object_mut() {
-            obj.insert("format_version".into(), crate::commit::COMMIT_VERSION.into());
+            obj.insert(
+                "format_version".into(),
+                crate::commit::COMMIT_VERSION.into(),
+            );
             obj.insert("complete".into(), self.is_complete().into());
         }
         v

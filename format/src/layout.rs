@@ -84,7 +84,10 @@ impl EntrySpec {
     /// A tensor entry; its length is derived from dtype and shape.
     pub fn tensor(name: impl Into<String>, dtype: DType, shape: Vec<u64>) -> Result<Self> {
         if shape.len() > MAX_NDIM {
-            return Err(FormatError::invalid("tensor shape", format!("{} dimensions (max {MAX_NDIM})", shape.len())));
+            return Err(FormatError::invalid(
+                "tensor shape",
+                format!("{} dimensions (max {MAX_NDIM})", shape.len()),
+            ));
         }
         let len = tensor_len(dtype, &shape)
             .ok_or_else(|| FormatError::invalid("tensor shape", "byte length overflows u64"))?;
@@ -184,13 +187,19 @@ impl Layout {
         for e in entries {
             validate_entry_name(&e.name)?;
             if !seen.insert(e.name.as_str()) {
-                return Err(FormatError::invalid("entry name", format!("{:?} appears twice", e.name)));
+                return Err(FormatError::invalid(
+                    "entry name",
+                    format!("{:?} appears twice", e.name),
+                ));
             }
             if let EntryKind::Tensor { dtype, shape } = &e.kind {
                 if shape.len() > MAX_NDIM || tensor_len(*dtype, shape) != Some(e.len) {
                     return Err(FormatError::invalid(
                         "tensor",
-                        format!("{:?}: {} bytes do not match {dtype} {shape:?}", e.name, e.len),
+                        format!(
+                            "{:?}: {} bytes do not match {dtype} {shape:?}",
+                            e.name, e.len
+                        ),
                     ));
                 }
             }
@@ -298,7 +307,12 @@ impl Layout {
                     let start = usize::try_from(p.entry_offset).ok()?;
                     b.get(start..start + p.len as usize)
                 })
-                .ok_or_else(|| FormatError::invalid("entry bytes", format!("entry {} is shorter than planned", p.entry)))?;
+                .ok_or_else(|| {
+                    FormatError::invalid(
+                        "entry bytes",
+                        format!("entry {} is shorter than planned", p.entry),
+                    )
+                })?;
             let at = p.chunk_offset as usize;
             dst[at..at + p.len as usize].copy_from_slice(src);
         }

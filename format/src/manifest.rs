@@ -18,7 +18,10 @@ use std::collections::BTreeMap;
 use crate::codec::ElemHint;
 use crate::error::{FormatError, Result};
 use crate::layout::{tensor_len, validate_chunk_size, EntryKind, EntrySpec, Layout, MAX_NDIM};
-use crate::names::{validate_entry_name, validate_job_id, MAX_ENTRY_NAME_LEN, MAX_JOB_ID_LEN, MAX_META_KEY_LEN, MAX_META_VALUE_LEN};
+use crate::names::{
+    validate_entry_name, validate_job_id, MAX_ENTRY_NAME_LEN, MAX_JOB_ID_LEN, MAX_META_KEY_LEN,
+    MAX_META_VALUE_LEN,
+};
 use crate::wire::{seal, unseal, Reader, Writer};
 use crate::ChunkId;
 
@@ -112,7 +115,10 @@ impl ShardManifest {
         metadata: BTreeMap<String, String>,
     ) -> Result<Self> {
         if chunk_ids.len() != layout.chunks.len() || entries.len() != layout.segments.len() {
-            return Err(FormatError::invalid("manifest", "chunk ids or entries do not match the layout"));
+            return Err(FormatError::invalid(
+                "manifest",
+                "chunk ids or entries do not match the layout",
+            ));
         }
         let mut index: std::collections::HashMap<ChunkId, u32> = Default::default();
         let mut chunks = Vec::new();
@@ -173,15 +179,24 @@ impl ShardManifest {
         let bad = |reason: String| FormatError::malformed("shard manifest", reason);
         validate_job_id(&self.info.job)?;
         if self.info.world_size == 0 || self.info.rank >= self.info.world_size {
-            return Err(bad(format!("rank {} of world size {}", self.info.rank, self.info.world_size)));
+            return Err(bad(format!(
+                "rank {} of world size {}",
+                self.info.rank, self.info.world_size
+            )));
         }
         validate_chunk_size(self.chunk_size).map_err(|e| bad(e.to_string()))?;
-        if self.chunks.len() > MAX_CHUNKS || self.entries.len() > MAX_ENTRIES || self.metadata.len() > MAX_META_ITEMS {
+        if self.chunks.len() > MAX_CHUNKS
+            || self.entries.len() > MAX_ENTRIES
+            || self.metadata.len() > MAX_META_ITEMS
+        {
             return Err(bad("too many chunks, entries or metadata items".into()));
         }
         for c in &self.chunks {
             if c.len == 0 || c.len > self.chunk_size || !matches!(c.hint.size, 1 | 2 | 4 | 8) {
-                return Err(bad(format!("chunk {} has length {} or element size {}", c.id, c.len, c.hint.size)));
+                return Err(bad(format!(
+                    "chunk {} has length {} or element size {}",
+                    c.id, c.len, c.hint.size
+                )));
             }
         }
         let mut names = std::collections::HashSet::with_capacity(self.entries.len());
@@ -192,22 +207,35 @@ impl ShardManifest {
             }
             if let EntryKind::Tensor { dtype, shape } = &e.kind {
                 if shape.len() > MAX_NDIM || tensor_len(*dtype, shape) != Some(e.len) {
-                    return Err(bad(format!("entry {:?}: {} bytes do not match {dtype} {shape:?}", e.name, e.len)));
+                    return Err(bad(format!(
+                        "entry {:?}: {} bytes do not match {dtype} {shape:?}",
+                        e.name, e.len
+                    )));
                 }
             }
             let mut covered = 0u64;
             for s in &e.segments {
-                let chunk = self
-                    .chunks
-                    .get(s.chunk as usize)
-                    .ok_or_else(|| bad(format!("entry {:?} refers to chunk {} of {}", e.name, s.chunk, self.chunks.len())))?;
+                let chunk = self.chunks.get(s.chunk as usize).ok_or_else(|| {
+                    bad(format!(
+                        "entry {:?} refers to chunk {} of {}",
+                        e.name,
+                        s.chunk,
+                        self.chunks.len()
+                    ))
+                })?;
                 if s.len == 0 || u64::from(s.offset) + u64::from(s.len) > u64::from(chunk.len) {
-                    return Err(bad(format!("entry {:?}: segment {}+{} outside chunk of {}", e.name, s.offset, s.len, chunk.len)));
+                    return Err(bad(format!(
+                        "entry {:?}: segment {}+{} outside chunk of {}",
+                        e.name, s.offset, s.len, chunk.len
+                    )));
                 }
                 covered += u64::from(s.len);
             }
             if covered != e.len {
-                return Err(bad(format!("entry {:?}: segments cover {covered} of {} bytes", e.name, e.len)));
+                return Err(bad(format!(
+                    "entry {:?}: segments cover {covered} of {} bytes",
+                    e.name, e.len
+                )));
             }
         }
         for (k, v) in &self.metadata {
@@ -268,7 +296,10 @@ impl ShardManifest {
         }
         let out = seal(w);
         if out.len() > MAX_MANIFEST_LEN {
-            return Err(FormatError::invalid("manifest", format!("{} bytes exceeds {MAX_MANIFEST_LEN}", out.len())));
+            return Err(FormatError::invalid(
+                "manifest",
+                format!("{} bytes exceeds {MAX_MANIFEST_LEN}", out.len()),
+            ));
         }
         Ok(out)
     }
@@ -329,12 +360,18 @@ fn decode_v1(body: &[u8]) -> Result<ShardManifest> {
         let size = r.u8("chunk element size")?;
         let flags = r.u8("chunk flags")?;
         if flags > 1 {
-            return Err(FormatError::malformed(what, format!("unknown chunk flags {flags}")));
+            return Err(FormatError::malformed(
+                what,
+                format!("unknown chunk flags {flags}"),
+            ));
         }
         chunks.push(ChunkRef {
             id,
             len,
-            hint: ElemHint { size, float: flags == 1 },
+            hint: ElemHint {
+                size,
+                float: flags == 1,
+            },
         });
     }
     // The smallest entry: empty name (rejected later), kind, len, no segments.
@@ -360,7 +397,12 @@ fn decode_v1(body: &[u8]) -> Result<ShardManifest> {
                 EntryKind::Tensor { dtype, shape }
             }
             1 => EntryKind::Blob,
-            k => return Err(FormatError::malformed(what, format!("unknown entry kind {k}"))),
+            k => {
+                return Err(FormatError::malformed(
+                    what,
+                    format!("unknown entry kind {k}"),
+                ))
+            }
         };
         let len = r.u64("entry length")?;
         let ns = r.count(MAX_CHUNKS, 12, "segment count")?;
@@ -372,7 +414,12 @@ fn decode_v1(body: &[u8]) -> Result<ShardManifest> {
                 len: r.u32("segment length")?,
             });
         }
-        entries.push(Entry { name, kind, len, segments });
+        entries.push(Entry {
+            name,
+            kind,
+            len,
+            segments,
+        });
     }
     let n = r.count(MAX_META_ITEMS, 8, "metadata count")?;
     let mut metadata = BTreeMap::new();

@@ -20,7 +20,11 @@ pub const MAX_META_VALUE_LEN: usize = 16 << 20;
 /// with a dot.
 pub fn validate_job_id(job: &str) -> Result<()> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    if job.is_empty() || job.len() > MAX_JOB_ID_LEN || job.starts_with('.') || !job.chars().all(ok_char) {
+    if job.is_empty()
+        || job.len() > MAX_JOB_ID_LEN
+        || job.starts_with('.')
+        || !job.chars().all(ok_char)
+    {
         return Err(FormatError::invalid(
             "job id",
             format!("{job:?}: want 1-{MAX_JOB_ID_LEN} characters of [A-Za-z0-9._-], not starting with '.'"),

@@ -70,8 +70,7 @@ impl<'a> Reader<'a> {
             });
         }
         let raw = self.bytes(len, what)?;
-        String::from_utf8(raw.to_vec())
-            .map_err(|_| FormatError::malformed(what, "not valid UTF-8"))
+        String::from_utf8(raw.to_vec()).map_err(|_| FormatError::malformed(what, "not valid UTF-8"))
     }
 
     /// A u32 item count, checked against `limit` and against the bytes left

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use strata_format::codec::{ElemHint, EncodeOptions};
+use strata_format::codec::{ElemHint, EncodeOptions, PlaneCoder};
 use strata_format::frame::{FrameDecoder, FrameEncoder, FrameHeader};
 use strata_format::layout::{EntrySpec, Layout};
 use strata_format::{ChunkId, CommitRecord, DType, ShardInfo, ShardManifest, ShardRef};
@@ -39,11 +39,39 @@ fn weights(n: usize) -> Vec<u8> {
 }
 
 fn frame_samples() -> Vec<(&'static str, Vec<u8>, ElemHint, EncodeOptions)> {
-    let bf16 = ElemHint { size: 2, float: true };
+    let bf16 = ElemHint {
+        size: 2,
+        float: true,
+    };
     vec![
         ("frame-raw.bin", weights(4096), bf16, EncodeOptions::RAW),
-        ("frame-zstd.bin", vec![9u8; 4096], ElemHint::BYTES, EncodeOptions::ZSTD),
-        ("frame-planes-bf16.bin", weights(65536), bf16, EncodeOptions::PLANES),
+        (
+            "frame-zstd.bin",
+            vec![9u8; 4096],
+            ElemHint::BYTES,
+            EncodeOptions::ZSTD,
+        ),
+        (
+            "frame-planes-bf16.bin",
+            weights(65536),
+            bf16,
+            EncodeOptions {
+                coder: PlaneCoder::Zstd,
+                ..EncodeOptions::PLANES
+            },
+        ),
+        (
+            "frame-planes-huffman-f32.bin",
+            weights(65536),
+            ElemHint {
+                size: 4,
+                float: true,
+            },
+            EncodeOptions {
+                coder: PlaneCoder::Huffman,
+                ..EncodeOptions::PLANES
+            },
+        ),
     ]
 }
 
@@ -54,7 +82,10 @@ fn sample_manifest() -> ShardManifest {
         EntrySpec::tensor("step", DType::I64, vec![]).unwrap(),
         EntrySpec::blob("dataloader", 100),
     ];
-    let data: Vec<Vec<u8>> = specs.iter().map(|s| weights(s.len as usize + 1)[..s.len as usize].to_vec()).collect();
+    let data: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|s| weights(s.len as usize + 1)[..s.len as usize].to_vec())
+        .collect();
     let layout = Layout::plan(&specs, 1024).unwrap();
     let views: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
     let mut buf = Vec::new();
@@ -82,8 +113,16 @@ fn sample_commit(m: &[u8]) -> CommitRecord {
         world_size: 4,
         committed_unix_ms: 1_790_000_000_500,
         shards: vec![
-            ShardRef { rank: 1, manifest: ChunkId::of(b"rank 1"), logical_bytes: 2240 },
-            ShardRef { rank: 3, manifest: ShardManifest::id_of(m), logical_bytes: 2240 },
+            ShardRef {
+                rank: 1,
+                manifest: ChunkId::of(b"rank 1"),
+                logical_bytes: 2240,
+            },
+            ShardRef {
+                rank: 3,
+                manifest: ShardManifest::id_of(m),
+                logical_bytes: 2240,
+            },
         ],
     }
 }
@@ -102,15 +141,31 @@ fn write_current_samples_on_request() {
     }
     let d = dir(1);
     for (name, raw, hint, opts) in frame_samples() {
-        write_if_absent(&d.join(name), &FrameEncoder::new(opts).unwrap().encode(&raw, hint, None).unwrap());
+        write_if_absent(
+            &d.join(name),
+            &FrameEncoder::new(opts)
+                .unwrap()
+                .encode(&raw, hint, None)
+                .unwrap(),
+        );
     }
     let m = sample_manifest();
     let mb = m.encode().unwrap();
     write_if_absent(&d.join("manifest.bin"), &mb);
-    write_if_absent(&d.join("manifest.json"), serde_json::to_string_pretty(&m.to_json()).unwrap().as_bytes());
+    write_if_absent(
+        &d.join("manifest.json"),
+        serde_json::to_string_pretty(&m.to_json())
+            .unwrap()
+            .as_bytes(),
+    );
     let c = sample_commit(&mb);
     write_if_absent(&d.join("commit.bin"), &c.encode().unwrap());
-    write_if_absent(&d.join("commit.json"), serde_json::to_string_pretty(&c.to_json()).unwrap().as_bytes());
+    write_if_absent(
+        &d.join("commit.json"),
+        serde_json::to_string_pretty(&c.to_json())
+            .unwrap()
+            .as_bytes(),
+    );
 }
 
 #[test]
@@ -121,7 +176,11 @@ fn v1_frames_decode_to_their_bytes() {
         let h = FrameHeader::decode(&bytes, u32::MAX).unwrap();
         assert_eq!(h.version, 1);
         if opts.codec != strata_format::codec::Codec::Raw {
-            assert_ne!(h.codec, strata_format::codec::Codec::Raw, "{name} sample exercises its codec");
+            assert_ne!(
+                h.codec,
+                strata_format::codec::Codec::Raw,
+                "{name} sample exercises its codec"
+            );
         }
         let (_, back) = dec.decode(&bytes, Some(&ChunkId::of(&raw))).unwrap();
         assert_eq!(back, raw, "{name}");
@@ -133,14 +192,20 @@ fn v1_manifest_and_commit_decode_and_match_today() {
     let d = dir(1);
     let mb = std::fs::read(d.join("manifest.bin")).unwrap();
     let m = ShardManifest::decode(&mb).unwrap();
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("manifest.json")).unwrap()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m.to_json(), json);
     assert_eq!(m, sample_manifest());
-    assert_eq!(m.encode().unwrap(), mb, "v1 is the current version: encoding is unchanged");
+    assert_eq!(
+        m.encode().unwrap(),
+        mb,
+        "v1 is the current version: encoding is unchanged"
+    );
 
     let cb = std::fs::read(d.join("commit.bin")).unwrap();
     let c = CommitRecord::decode(&cb).unwrap();
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("commit.json")).unwrap()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("commit.json")).unwrap()).unwrap();
     assert_eq!(c.to_json(), json);
     assert_eq!(c, sample_commit(&mb));
     assert_eq!(c.encode().unwrap(), cb);
@@ -154,5 +219,12 @@ fn unknown_future_versions_are_refused_as_unsupported() {
     assert_eq!(err.kind(), strata_format::ErrorKind::Unsupported, "{err}");
     let mut fb = std::fs::read(dir(1).join("frame-zstd.bin")).unwrap();
     fb[4] = 2;
-    assert_eq!(FrameDecoder::new().unwrap().decode(&fb, None).unwrap_err().kind(), strata_format::ErrorKind::Unsupported);
+    assert_eq!(
+        FrameDecoder::new()
+            .unwrap()
+            .decode(&fb, None)
+            .unwrap_err()
+            .kind(),
+        strata_format::ErrorKind::Unsupported
+    );
 }

@@ -2,27 +2,40 @@
 //! element class, and damaged frames that must fail with a typed error.
 
 use proptest::prelude::*;
-use strata_format::codec::{Codec, ElemHint, EncodeOptions, PlaneSelect};
+use strata_format::codec::{Codec, ElemHint, EncodeOptions, PlaneCoder, PlaneSelect};
 use strata_format::frame::{FrameDecoder, FrameEncoder, FrameHeader, FRAME_HEADER_LEN};
 use strata_format::{ChunkId, FormatError};
 
 fn hints() -> impl Strategy<Value = ElemHint> {
-    (prop::sample::select(vec![1u8, 2, 4, 8]), any::<bool>()).prop_map(|(size, float)| ElemHint { size, float })
+    (prop::sample::select(vec![1u8, 2, 4, 8]), any::<bool>())
+        .prop_map(|(size, float)| ElemHint { size, float })
 }
 
 fn options() -> impl Strategy<Value = EncodeOptions> {
     (
         prop::sample::select(vec![Codec::Raw, Codec::Zstd, Codec::Planes]),
         any::<bool>(),
-        prop::sample::select(vec![PlaneSelect::All, PlaneSelect::MaxEntropy(7.5), PlaneSelect::MaxEntropy(0.0)]),
+        prop::sample::select(vec![
+            PlaneSelect::All,
+            PlaneSelect::MaxEntropy(7.5),
+            PlaneSelect::MaxEntropy(0.0),
+        ]),
         prop::sample::select(vec![-1, 1, 3]),
+        prop::sample::select(vec![
+            PlaneCoder::Zstd,
+            PlaneCoder::Huffman,
+            PlaneCoder::Auto,
+        ]),
     )
-        .prop_map(|(codec, rotate_floats, select, level)| EncodeOptions {
-            codec,
-            level,
-            rotate_floats,
-            select,
-        })
+        .prop_map(
+            |(codec, rotate_floats, select, level, coder)| EncodeOptions {
+                codec,
+                level,
+                rotate_floats,
+                select,
+                coder,
+            },
+        )
 }
 
 /// Bytes with structure (runs, small alphabets, float-like values) as well as noise.
@@ -30,7 +43,8 @@ fn chunk_bytes() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         prop::collection::vec(any::<u8>(), 0..5000),
         prop::collection::vec(prop::sample::select(vec![0u8, 1, 0x3f, 0x80]), 0..5000),
-        prop::collection::vec(-1.0f32..1.0, 0..1500).prop_map(|v| v.iter().flat_map(|f| f.to_le_bytes()).collect()),
+        prop::collection::vec(-1.0f32..1.0, 0..1500)
+            .prop_map(|v| v.iter().flat_map(|f| f.to_le_bytes()).collect()),
     ]
 }
 
@@ -106,9 +120,18 @@ fn bf16_weights_compress_with_planes() {
             ((v.to_bits() >> 16) as u16).to_le_bytes()
         })
         .collect();
-    let hint = ElemHint { size: 2, float: true };
-    let planes = FrameEncoder::new(EncodeOptions::PLANES).unwrap().encode(&raw, hint, None).unwrap();
-    let zstd = FrameEncoder::new(EncodeOptions::ZSTD).unwrap().encode(&raw, hint, None).unwrap();
+    let hint = ElemHint {
+        size: 2,
+        float: true,
+    };
+    let planes = FrameEncoder::new(EncodeOptions::PLANES)
+        .unwrap()
+        .encode(&raw, hint, None)
+        .unwrap();
+    let zstd = FrameEncoder::new(EncodeOptions::ZSTD)
+        .unwrap()
+        .encode(&raw, hint, None)
+        .unwrap();
     let ratio = raw.len() as f64 / planes.len() as f64;
     assert!(ratio > 1.3, "planes ratio {ratio}");
     assert!(planes.len() < zstd.len(), "planes beat plain zstd on bf16");
@@ -128,7 +151,17 @@ fn random_bytes_are_stored_raw() {
         })
         .collect();
     for opts in [EncodeOptions::ZSTD, EncodeOptions::PLANES] {
-        let frame = FrameEncoder::new(opts).unwrap().encode(&raw, ElemHint { size: 2, float: true }, None).unwrap();
+        let frame = FrameEncoder::new(opts)
+            .unwrap()
+            .encode(
+                &raw,
+                ElemHint {
+                    size: 2,
+                    float: true,
+                },
+                None,
+            )
+            .unwrap();
         let h = FrameHeader::decode(&frame, u32::MAX).unwrap();
         assert_eq!(h.codec, Codec::Raw);
         assert_eq!(frame.len(), FRAME_HEADER_LEN + raw.len());
@@ -138,18 +171,30 @@ fn random_bytes_are_stored_raw() {
 #[test]
 fn decoder_refuses_chunks_over_its_limit_before_allocating() {
     let raw = vec![0u8; 1 << 20];
-    let frame = FrameEncoder::new(EncodeOptions::ZSTD).unwrap().encode(&raw, ElemHint::BYTES, None).unwrap();
+    let frame = FrameEncoder::new(EncodeOptions::ZSTD)
+        .unwrap()
+        .encode(&raw, ElemHint::BYTES, None)
+        .unwrap();
     assert!(frame.len() < 1024, "a megabyte of zeros is a small frame");
-    let err = FrameDecoder::with_limit(1 << 16).unwrap().decode(&frame, None).unwrap_err();
+    let err = FrameDecoder::with_limit(1 << 16)
+        .unwrap()
+        .decode(&frame, None)
+        .unwrap_err();
     assert!(matches!(err, FormatError::TooLarge { .. }), "{err}");
 }
 
 #[test]
 fn wrong_expected_id_is_a_hash_mismatch() {
     let raw = vec![1u8; 100];
-    let frame = FrameEncoder::new(EncodeOptions::RAW).unwrap().encode(&raw, ElemHint::BYTES, None).unwrap();
+    let frame = FrameEncoder::new(EncodeOptions::RAW)
+        .unwrap()
+        .encode(&raw, ElemHint::BYTES, None)
+        .unwrap();
     let other = ChunkId::of(b"other");
-    let err = FrameDecoder::new().unwrap().decode(&frame, Some(&other)).unwrap_err();
+    let err = FrameDecoder::new()
+        .unwrap()
+        .decode(&frame, Some(&other))
+        .unwrap_err();
     assert!(matches!(err, FormatError::HashMismatch { .. }));
     assert_eq!(err.kind(), strata_format::ErrorKind::Corrupt);
 }
@@ -157,8 +202,14 @@ fn wrong_expected_id_is_a_hash_mismatch() {
 #[test]
 fn payload_corruption_behind_a_valid_header_is_a_hash_mismatch() {
     let raw: Vec<u8> = (0..4096u32).map(|i| (i % 7) as u8).collect();
-    let mut frame = FrameEncoder::new(EncodeOptions::RAW).unwrap().encode(&raw, ElemHint::BYTES, None).unwrap();
+    let mut frame = FrameEncoder::new(EncodeOptions::RAW)
+        .unwrap()
+        .encode(&raw, ElemHint::BYTES, None)
+        .unwrap();
     frame[FRAME_HEADER_LEN + 100] ^= 0x10;
-    let err = FrameDecoder::new().unwrap().decode(&frame, None).unwrap_err();
+    let err = FrameDecoder::new()
+        .unwrap()
+        .decode(&frame, None)
+        .unwrap_err();
     assert!(matches!(err, FormatError::HashMismatch { .. }), "{err}");
 }

@@ -11,7 +11,10 @@ const CHUNK: u32 = 1024;
 
 fn entry_specs() -> impl Strategy<Value = Vec<EntrySpec>> {
     let one = prop_oneof![
-        (prop::sample::select(DType::ALL.to_vec()), prop::collection::vec(0u64..40, 0..3))
+        (
+            prop::sample::select(DType::ALL.to_vec()),
+            prop::collection::vec(0u64..40, 0..3)
+        )
             .prop_map(|(d, shape)| (Some(d), shape, 0u64)),
         (0u64..3000).prop_map(|len| (None, vec![], len)),
     ];
@@ -30,7 +33,11 @@ fn bytes_for(specs: &[EntrySpec], salt: u8) -> Vec<Vec<u8>> {
     specs
         .iter()
         .enumerate()
-        .map(|(i, s)| (0..s.len).map(|j| (j as u8).wrapping_mul(31).wrapping_add(i as u8) ^ salt).collect())
+        .map(|(i, s)| {
+            (0..s.len)
+                .map(|j| (j as u8).wrapping_mul(31).wrapping_add(i as u8) ^ salt)
+                .collect()
+        })
         .collect()
 }
 
@@ -215,12 +222,24 @@ fn large_tensors_own_their_chunks_and_small_ones_pack_by_class() {
 #[test]
 fn invalid_inputs_are_typed_errors() {
     let t = EntrySpec::tensor("a", DType::F32, vec![2]).unwrap();
-    assert!(Layout::plan(&[t.clone(), t.clone()], CHUNK).is_err(), "duplicate names");
-    assert!(Layout::plan(&[t.clone()], 100).is_err(), "chunk size not a multiple of 64");
+    assert!(
+        Layout::plan(&[t.clone(), t.clone()], CHUNK).is_err(),
+        "duplicate names"
+    );
+    assert!(
+        Layout::plan(&[t.clone()], 100).is_err(),
+        "chunk size not a multiple of 64"
+    );
     assert!(Layout::plan(&[t.clone()], 0).is_err());
     let mut wrong = t;
     wrong.len = 7;
-    assert!(Layout::plan(&[wrong], CHUNK).is_err(), "length disagrees with shape");
+    assert!(
+        Layout::plan(&[wrong], CHUNK).is_err(),
+        "length disagrees with shape"
+    );
     assert!(EntrySpec::tensor("huge", DType::F64, vec![u64::MAX, 2]).is_err());
-    assert!(Layout::plan(&[EntrySpec::blob("", 1)], CHUNK).is_err(), "empty name");
+    assert!(
+        Layout::plan(&[EntrySpec::blob("", 1)], CHUNK).is_err(),
+        "empty name"
+    );
 }

@@ -151,7 +151,9 @@ mod tests {
 
     #[test]
     fn split_join_round_trips_every_width_and_transform() {
-        let raw: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let raw: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
         for elem in [2usize, 4, 8] {
             for t in [Transform::None, Transform::RotateLeft1] {
                 let mut planes = vec![0u8; raw.len()];
@@ -171,8 +173,16 @@ mod tests {
         let raw = [0x80, 0x3F, 0x80, 0xBF];
         let mut planes = [0u8; 4];
         split(&raw, 2, Transform::RotateLeft1, &mut planes);
-        assert_eq!(&planes[2..], &[127, 127], "high plane is the exponent alone");
-        assert_eq!(&planes[..2], &[0, 1], "the sign moved to bit 0 of the low plane");
+        assert_eq!(
+            &planes[2..],
+            &[127, 127],
+            "high plane is the exponent alone"
+        );
+        assert_eq!(
+            &planes[..2],
+            &[0, 1],
+            "the sign moved to bit 0 of the low plane"
+        );
     }
 
     #[test]
