@@ -173,7 +173,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
     let enc_time = t.elapsed();
     let stored: u64 = frames.iter().map(|f| f.frame.len() as u64).sum();
     row(
-        "encode (planes+zstd)",
+        "encode (planes codec)",
         layout.stored_len(),
         enc_time,
         &format!(
@@ -218,19 +218,23 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
     // Per-dtype compression ratios.
     let mut by_kind: BTreeMap<String, (u64, u64, usize)> = BTreeMap::new();
     for (i, plan) in layout.chunks.iter().enumerate() {
-        let key = match plan.pieces.as_slice() {
-            [p] => match &specs[p.entry].kind {
-                EntryKind::Tensor { dtype, .. } => dtype.name().to_string(),
-                EntryKind::Blob => "blob".into(),
-            },
-            _ => "packed".into(),
-        };
+        let mut names: Vec<&str> = plan
+            .pieces
+            .iter()
+            .map(|p| match &specs[p.entry].kind {
+                EntryKind::Tensor { dtype, .. } => dtype.name(),
+                EntryKind::Blob => "blob",
+            })
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let key = names.join("+");
         let e = by_kind.entry(key).or_default();
         e.0 += u64::from(plan.len);
         e.1 += frames[i].frame.len() as u64;
         e.2 += usize::from(frames[i].codec != Codec::Raw);
     }
-    println!("  compression by content (raw -> stored, chunks compressed):");
+    println!("  compression by dtype (raw -> stored, chunks not stored raw):");
     for (k, (raw, st, n)) in &by_kind {
         println!(
             "    {k:<8} {:>11} -> {:>11}  ratio {:.3}  ({n} compressed)",

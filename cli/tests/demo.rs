@@ -16,7 +16,7 @@ fn demo_runs_end_to_end_and_reports() {
     );
     for needle in [
         "hash (BLAKE3)",
-        "encode (planes",
+        "encode (planes codec)",
         "decode + verify",
         "every chunk byte-identical",
         "ratio",

@@ -179,6 +179,7 @@ pub struct PayloadEncoder {
     cctx: zstd::bulk::Compressor<'static>,
     planes: Vec<u8>,
     tmp: Vec<u8>,
+    huff: Vec<u8>,
 }
 
 impl PayloadEncoder {
@@ -191,6 +192,7 @@ impl PayloadEncoder {
             cctx,
             planes: Vec::new(),
             tmp: Vec::new(),
+            huff: Vec::new(),
         })
     }
 
@@ -206,17 +208,22 @@ impl PayloadEncoder {
         out.clear();
         let elem = usize::from(hint.size);
         let planes_ok = matches!(elem, 2 | 4 | 8) && raw.len() % elem == 0 && !raw.is_empty();
-        let chosen = match self.opts.codec {
-            Codec::Planes if planes_ok => self.encode_planes(raw, hint, out)?,
-            Codec::Planes | Codec::Zstd => self.encode_zstd(raw, out)?,
-            Codec::Raw => false,
+        let codec = match self.opts.codec {
+            Codec::Raw => Codec::Raw,
+            Codec::Planes if planes_ok => Codec::Planes,
+            Codec::Planes | Codec::Zstd => Codec::Zstd,
         };
-        if chosen && out.len() < raw.len() {
-            let codec = if self.opts.codec == Codec::Planes && planes_ok {
-                Codec::Planes
-            } else {
-                Codec::Zstd
-            };
+        match codec {
+            Codec::Raw => {}
+            Codec::Zstd => {
+                out.reserve(zstd::zstd_safe::compress_bound(raw.len()));
+                self.cctx
+                    .compress_to_buffer(raw, out)
+                    .map_err(|e| FormatError::Compress(e.to_string()))?;
+            }
+            Codec::Planes => self.encode_planes(raw, hint, out)?,
+        }
+        if codec != Codec::Raw && out.len() < raw.len() {
             let size = if codec == Codec::Planes { hint.size } else { 1 };
             return Ok((codec, size));
         }
@@ -225,15 +232,7 @@ impl PayloadEncoder {
         Ok((Codec::Raw, 1))
     }
 
-    fn encode_zstd(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<bool> {
-        out.reserve(zstd::zstd_safe::compress_bound(raw.len()));
-        self.cctx
-            .compress_to_buffer(raw, out)
-            .map_err(|e| FormatError::Compress(e.to_string()))?;
-        Ok(true)
-    }
-
-    fn encode_planes(&mut self, raw: &[u8], hint: ElemHint, out: &mut Vec<u8>) -> Result<bool> {
+    fn encode_planes(&mut self, raw: &[u8], hint: ElemHint, out: &mut Vec<u8>) -> Result<()> {
         let elem = usize::from(hint.size);
         let n = raw.len() / elem;
         let transform = if hint.float && self.opts.rotate_floats {
@@ -241,7 +240,7 @@ impl PayloadEncoder {
         } else {
             Transform::None
         };
-        self.planes.clear();
+        // Every byte is overwritten by the split: only grow, never re-zero.
         self.planes.resize(raw.len(), 0);
         planes::split(raw, elem, transform, &mut self.planes);
 
@@ -277,7 +276,8 @@ impl PayloadEncoder {
                         .compress_to_buffer(plane, &mut self.tmp)
                         .map_err(|e| FormatError::Compress(e.to_string()))?;
                 } else {
-                    huffman::encode(plane, &mut self.tmp);
+                    let len = huffman::encode(plane, &mut self.huff);
+                    self.tmp.extend_from_slice(&self.huff[..len]);
                 }
                 if self.tmp.len() < n {
                     mode = coder;
@@ -295,7 +295,7 @@ impl PayloadEncoder {
             out[slot] = mode;
             out[slot + 1..slot + 5].copy_from_slice(&len.to_le_bytes());
         }
-        Ok(true)
+        Ok(())
     }
 }
 
@@ -380,7 +380,7 @@ impl PayloadDecoder {
         for slot in table.iter_mut().take(e) {
             *slot = (r.u8(what)?, r.u32(what)? as usize);
         }
-        self.planes.clear();
+        // Compressed planes are decoded over these bytes; only grow, never re-zero.
         self.planes.resize(dst.len(), 0);
         let mut stored: [&[u8]; 8] = [&[]; 8];
         for (k, &(mode, len)) in table.iter().take(e).enumerate() {

@@ -28,30 +28,33 @@ impl Transform {
     }
 }
 
+// Split and join are written once per element width with the rotation as a
+// const parameter, and every plane re-sliced to exactly `count` bytes, so the
+// compiler drops the bounds checks and vectorises the loops.
 macro_rules! split_join {
     ($split:ident, $join:ident, $ty:ty, $n:literal) => {
-        fn $split(raw: &[u8], planes: &mut [u8], rot: u32) {
+        fn $split<const R: u32>(raw: &[u8], planes: &mut [u8]) {
             let count = raw.len() / $n;
-            let (head, _) = planes.split_at_mut(count * $n);
-            let mut outs: [&mut [u8]; $n] = split_n(head, count);
-            for (i, c) in raw.chunks_exact($n).enumerate() {
+            let mut outs: [&mut [u8]; $n] = split_n(&mut planes[..count * $n], count);
+            for (i, c) in raw.chunks_exact($n).enumerate().take(count) {
                 let mut b = [0u8; $n];
                 b.copy_from_slice(c);
-                let v = <$ty>::from_le_bytes(b).rotate_left(rot).to_le_bytes();
+                let v = <$ty>::from_le_bytes(b).rotate_left(R).to_le_bytes();
                 for k in 0..$n {
                     outs[k][i] = v[k];
                 }
             }
-            let _ = &mut outs;
         }
 
-        fn $join(planes: &[&[u8]], dst: &mut [u8], rot: u32) {
-            for (i, c) in dst.chunks_exact_mut($n).enumerate() {
+        fn $join<const R: u32>(planes: &[&[u8]], dst: &mut [u8]) {
+            let count = dst.len() / $n;
+            let ins: [&[u8]; $n] = std::array::from_fn(|k| &planes[k][..count]);
+            for (i, c) in dst.chunks_exact_mut($n).enumerate().take(count) {
                 let mut b = [0u8; $n];
                 for k in 0..$n {
-                    b[k] = planes[k][i];
+                    b[k] = ins[k][i];
                 }
-                c.copy_from_slice(&<$ty>::from_le_bytes(b).rotate_right(rot).to_le_bytes());
+                c.copy_from_slice(&<$ty>::from_le_bytes(b).rotate_right(R).to_le_bytes());
             }
         }
     };
@@ -75,28 +78,26 @@ split_join!(split8, join8, u64, 8);
 /// (same length as `raw`). `raw.len()` must be a multiple of `elem`, which is
 /// 2, 4 or 8; the caller checks both.
 pub(crate) fn split(raw: &[u8], elem: usize, t: Transform, planes: &mut [u8]) {
-    let rot = match t {
-        Transform::None => 0,
-        Transform::RotateLeft1 => 1,
-    };
-    match elem {
-        2 => split2(raw, planes, rot),
-        4 => split4(raw, planes, rot),
-        8 => split8(raw, planes, rot),
+    match (elem, t) {
+        (2, Transform::None) => split2::<0>(raw, planes),
+        (2, Transform::RotateLeft1) => split2::<1>(raw, planes),
+        (4, Transform::None) => split4::<0>(raw, planes),
+        (4, Transform::RotateLeft1) => split4::<1>(raw, planes),
+        (8, Transform::None) => split8::<0>(raw, planes),
+        (8, Transform::RotateLeft1) => split8::<1>(raw, planes),
         _ => planes.copy_from_slice(raw),
     }
 }
 
 /// Inverse of [`split`]: interleaves the planes back into `dst`.
 pub(crate) fn join(planes: &[&[u8]], t: Transform, dst: &mut [u8]) {
-    let rot = match t {
-        Transform::None => 0,
-        Transform::RotateLeft1 => 1,
-    };
-    match planes.len() {
-        2 => join2(planes, dst, rot),
-        4 => join4(planes, dst, rot),
-        8 => join8(planes, dst, rot),
+    match (planes.len(), t) {
+        (2, Transform::None) => join2::<0>(planes, dst),
+        (2, Transform::RotateLeft1) => join2::<1>(planes, dst),
+        (4, Transform::None) => join4::<0>(planes, dst),
+        (4, Transform::RotateLeft1) => join4::<1>(planes, dst),
+        (8, Transform::None) => join8::<0>(planes, dst),
+        (8, Transform::RotateLeft1) => join8::<1>(planes, dst),
         _ => {
             if let Some(p) = planes.first() {
                 dst.copy_from_slice(p);
