@@ -18,6 +18,7 @@ use strata_format::frame::{FrameDecoder, FrameEncoder};
 use strata_format::layout::DEFAULT_CHUNK_SIZE;
 use strata_format::{ChunkId, CommitRecord, EntryKind, Layout, ShardInfo, ShardManifest, ShardRef};
 
+use crate::out::say;
 use crate::size::{human, parse_size};
 use crate::CliError;
 
@@ -64,7 +65,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         .collect();
     dtypes.sort();
     dtypes.dedup();
-    println!(
+    say!(
         "strata demo: synthetic state of {} in {} entries ({}), chunk size {}, {threads} threads",
         human(logical),
         specs.len(),
@@ -113,7 +114,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         .iter()
         .filter(|c| c.single_piece().is_none())
         .count();
-    println!(
+    say!(
         "  {:<22} {} chunks ({} whole-tensor, {packed} packed), {} incl. padding, {:.2} ms",
         "layout",
         layout.chunks.len(),
@@ -234,9 +235,9 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         e.1 += frames[i].frame.len() as u64;
         e.2 += usize::from(frames[i].codec != Codec::Raw);
     }
-    println!("  compression by dtype (raw -> stored, chunks not stored raw):");
+    say!("  compression by dtype (raw -> stored, chunks not stored raw):");
     for (k, (raw, st, n)) in &by_kind {
-        println!(
+        say!(
             "    {k:<8} {:>11} -> {:>11}  ratio {:.3}  ({n} compressed)",
             human(*raw),
             human(*st),
@@ -276,7 +277,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
     if CommitRecord::decode(&rec_bytes)? != record {
         return Err(CliError::Verify("commit record did not round-trip".into()));
     }
-    println!(
+    say!(
         "  {:<22} {} entries, {} distinct chunks: {} binary, round trip ok; commit record {} B",
         "manifest",
         manifest.entries.len(),
@@ -284,7 +285,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         human(encoded.len() as u64),
         rec_bytes.len()
     );
-    println!(
+    say!(
         "ok: {} hashed at {:.2} GB/s, encoded at {:.2} GB/s (ratio {:.3}), decoded+verified at {:.2} GB/s; memcpy {:.2} GB/s",
         human(layout.stored_len()),
         gbps(layout.stored_len(), hash_time),
@@ -301,7 +302,7 @@ fn ratio(a: Duration, b: Duration) -> f64 {
 }
 
 fn row(what: &str, bytes: u64, d: Duration, extra: &str) {
-    println!(
+    say!(
         "  {what:<22} {:>11} in {:>7.3} s = {:>6.2} GB/s  {extra}",
         human(bytes),
         d.as_secs_f64(),

@@ -5,6 +5,7 @@
 //! inspection commands (`ls`, `show`, `verify`, ...) arrive with the tiers.
 
 mod demo;
+mod out;
 mod size;
 
 use std::process::ExitCode;

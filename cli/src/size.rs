@@ -4,6 +4,9 @@
 /// or decimal (kB, MB, GB, TB) suffix, or plain bytes.
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
+    if let Ok(v) = t.parse::<f64>() {
+        return checked(v, s);
+    }
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: f64 = num
@@ -22,7 +25,10 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
         "tb" => 1e12,
         u => return Err(format!("unknown size unit {u:?} in {s:?}")),
     };
-    let v = n * mult;
+    checked(n * mult, s)
+}
+
+fn checked(v: f64, s: &str) -> Result<u64, String> {
     if !v.is_finite() || !(0.0..=1e18).contains(&v) {
         return Err(format!("{s:?} is out of range"));
     }

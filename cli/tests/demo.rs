@@ -1,5 +1,7 @@
 //! Runs the real `strata` binary.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::process::Command;
 
 #[test]

@@ -42,10 +42,13 @@ pub enum Fill {
 pub fn entries(total_bytes: u64) -> Vec<SynthEntry> {
     // Per parameter: bf16 weight (2) + fp32 master (4) + two fp32 moments (8).
     const BYTES_PER_PARAM: u64 = 14;
-    let layers: u64 = if total_bytes >= 256 << 20 { 12 } else { 2 };
+    let body = total_bytes.saturating_mul(9) / 10;
+    let layers_hint: u64 = if total_bytes >= 256 << 20 { 12 } else { 2 };
     // 12 h^2 parameters per layer (attention 4 h^2, MLP 8 h^2).
-    let per_layer = total_bytes.saturating_mul(9) / 10 / layers / BYTES_PER_PARAM / 12;
-    let h = ((per_layer as f64).sqrt() as u64 / 64 * 64).max(64);
+    let h = (((body / layers_hint / BYTES_PER_PARAM / 12) as f64).sqrt() as u64 / 64 * 64).max(64);
+    // As many layers of that width as fill the body.
+    let layer_bytes = 12 * h * h * BYTES_PER_PARAM;
+    let layers = ((body + layer_bytes / 2) / layer_bytes).max(1);
     let vocab = (total_bytes / 20 / 2 / h).max(64) / 64 * 64;
     let mut out = Vec::new();
     let mut t = |name: String, dtype: DType, shape: Vec<u64>, fill: Fill| {

@@ -11,6 +11,8 @@
 //! `STRATA_WRITE_SAMPLES=1 cargo test -p strata-format --test compat`;
 //! existing files are never overwritten.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,8 @@
 //! Property tests of chunk frames and codecs: round trips on every codec and
 //! element class, and damaged frames that must fail with a typed error.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use proptest::prelude::*;
 use strata_format::codec::{Codec, ElemHint, EncodeOptions, PlaneCoder, PlaneSelect};
 use strata_format::frame::{FrameDecoder, FrameEncoder, FrameHeader, FRAME_HEADER_LEN};

@@ -2,6 +2,8 @@
 //! same entry points the fuzz targets use. Inputs that once crashed a
 //! decoder (and the hand-made hostile seeds beside them) stay here forever.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::path::Path;
 
 fn replay(target: &str, f: fn(&[u8])) -> usize {

@@ -1,6 +1,8 @@
 //! Property tests of the shard layout: coverage, alignment, determinism,
 //! dedup stability, and the manifest built from it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
@@ -227,10 +229,10 @@ fn invalid_inputs_are_typed_errors() {
         "duplicate names"
     );
     assert!(
-        Layout::plan(&[t.clone()], 100).is_err(),
+        Layout::plan(std::slice::from_ref(&t), 100).is_err(),
         "chunk size not a multiple of 64"
     );
-    assert!(Layout::plan(&[t.clone()], 0).is_err());
+    assert!(Layout::plan(std::slice::from_ref(&t), 0).is_err());
     let mut wrong = t;
     wrong.len = 7;
     assert!(

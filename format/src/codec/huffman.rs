@@ -73,16 +73,15 @@ fn unlimited_lengths(counts: &[u64; 256]) -> [u8; 256] {
     let mut parent = vec![usize::MAX; 2 * n - 1];
     weight.resize(2 * n - 1, 0);
     let (mut leaf, mut internal, mut next) = (0usize, n, n);
-    let mut pick =
-        |weight: &Vec<u64>, leaf: &mut usize, internal: &mut usize, next: usize| -> usize {
-            if *leaf < n && (*internal >= next || weight[*leaf] <= weight[*internal]) {
-                *leaf += 1;
-                *leaf - 1
-            } else {
-                *internal += 1;
-                *internal - 1
-            }
-        };
+    let pick = |weight: &Vec<u64>, leaf: &mut usize, internal: &mut usize, next: usize| -> usize {
+        if *leaf < n && (*internal >= next || weight[*leaf] <= weight[*internal]) {
+            *leaf += 1;
+            *leaf - 1
+        } else {
+            *internal += 1;
+            *internal - 1
+        }
+    };
     while next < 2 * n - 1 {
         let a = pick(&weight, &mut leaf, &mut internal, next);
         let b = pick(&weight, &mut leaf, &mut internal, next);

@@ -35,7 +35,7 @@ macro_rules! split_join {
     ($split:ident, $join:ident, $ty:ty, $n:literal) => {
         fn $split<const R: u32>(raw: &[u8], planes: &mut [u8]) {
             let count = raw.len() / $n;
-            let mut outs: [&mut [u8]; $n] = split_n(&mut planes[..count * $n], count);
+            let outs: [&mut [u8]; $n] = split_n(&mut planes[..count * $n], count);
             for (i, c) in raw.chunks_exact($n).enumerate().take(count) {
                 let mut b = [0u8; $n];
                 b.copy_from_slice(c);
