@@ -102,7 +102,12 @@ impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `zeroed` with exactly this layout (cap is a
         // non-zero multiple of ALIGN, so from_size_align succeeded there).
-        unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.cap, ALIGN)) }
+        unsafe {
+            dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.cap, ALIGN),
+            )
+        }
     }
 }
 

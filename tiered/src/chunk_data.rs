@@ -20,7 +20,10 @@ impl ChunkData {
     /// A range of `buf`.
     pub fn new(buf: Arc<AlignedBuf>, range: Range<usize>) -> Result<Self> {
         if range.start > range.end || range.end > buf.len() {
-            return Err(StoreError::invalid("chunk range", format!("{range:?} outside a buffer of {}", buf.len())));
+            return Err(StoreError::invalid(
+                "chunk range",
+                format!("{range:?} outside a buffer of {}", buf.len()),
+            ));
         }
         Ok(ChunkData {
             start: range.start,
@@ -42,6 +45,15 @@ impl ChunkData {
     /// A copy of `bytes` in a fresh aligned buffer.
     pub fn copy_from(bytes: &[u8]) -> Self {
         Self::whole(AlignedBuf::from_slice(bytes))
+    }
+
+    /// A sub-range of these bytes (relative to them), sharing the buffer.
+    pub fn sub(&self, range: Range<usize>) -> Option<ChunkData> {
+        (range.start <= range.end && range.end <= self.len).then(|| ChunkData {
+            buf: self.buf.clone(),
+            start: self.start + range.start,
+            len: range.end - range.start,
+        })
     }
 
     /// The bytes.
@@ -66,7 +78,8 @@ impl ChunkData {
     pub fn padded_for_direct_io(&self) -> Option<&[u8]> {
         let padded = crate::aligned::align_up(self.len);
         let full = self.buf.full();
-        (self.start % ALIGN == 0 && self.start + padded <= full.len()).then(|| &full[self.start..self.start + padded])
+        (self.start % ALIGN == 0 && self.start + padded <= full.len())
+            .then(|| &full[self.start..self.start + padded])
     }
 }
 

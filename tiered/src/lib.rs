@@ -1,19 +1,33 @@
 //! # strata-tiered
 //!
-//! The seam between Strata's engine and its storage tiers. This crate will hold:
+//! The seam between Strata's engine and its storage tiers:
 //!
-//! * the `ChunkStore` trait — put chunks (idempotent by id), get a verified chunk
-//!   or a range of it, which ids are present, put/get shard manifests, commit,
-//!   list checkpoints with their state, delete — with its contract written down
-//!   and one conformance suite every tier must pass;
-//! * L1, a content-addressed chunk store on the node's local disk, written and
-//!   read with io_uring (O_DIRECT, aligned owned buffers, several requests in
-//!   flight) on dedicated I/O threads, with a `pread`/`pwrite` fallback chosen
-//!   at start-up;
-//! * L3, a `ChunkStore` over `object_store` (S3, GCS, Azure, local files,
-//!   memory), compressed with the byte-plane codec, committed with
-//!   create-only writes;
-//! * wrappers over any store: retries, bandwidth caps, metrics, fault injection.
+//! * [`ChunkStore`]: the one trait every tier implements, with its contract
+//!   written in [`store`], and [`conformance`]: the suite every tier passes;
+//! * [`L1Store`]: content-addressed chunks on the node's local disk, written
+//!   and read by an [`io::IoEngine`] (io_uring on a dedicated thread, or
+//!   pread/pwrite where io_uring is refused), O_DIRECT, create-only commits;
+//! * [`MemoryStore`]: the reference implementation, in memory;
+//! * [`AlignedBuf`] and [`ChunkData`]: owned, page-aligned buffers shared
+//!   without copies between the staging pool, the engine and the tiers.
 //!
-//! It depends only on `strata-format`; nothing here is written yet (see the
-//! L1 and L3 issues).
+//! L3 (object storage) and the wrappers (retries, bandwidth caps, fault
+//! injection) arrive with the L3 issue. Depends only on `strata-format`.
+
+pub mod aligned;
+mod chunk_data;
+pub mod conformance;
+mod error;
+mod fsutil;
+pub mod io;
+mod l1;
+mod memory;
+pub mod store;
+
+pub use aligned::AlignedBuf;
+pub use chunk_data::ChunkData;
+pub use error::{Result, StoreError, StoreErrorKind};
+pub use io::EngineChoice;
+pub use l1::L1Store;
+pub use memory::MemoryStore;
+pub use store::{ChunkPut, ChunkStore, PutStats, StepInfo};

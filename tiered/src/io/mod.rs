@@ -39,7 +39,9 @@ impl std::str::FromStr for EngineChoice {
             "auto" => Ok(EngineChoice::Auto),
             "io_uring" | "uring" => Ok(EngineChoice::IoUring),
             "psync" | "pwrite" => Ok(EngineChoice::Psync),
-            other => Err(format!("unknown I/O engine {other:?} (auto, io_uring, psync)")),
+            other => Err(format!(
+                "unknown I/O engine {other:?} (auto, io_uring, psync)"
+            )),
         }
     }
 }
@@ -95,7 +97,10 @@ pub fn open_engine(choice: EngineChoice) -> std::io::Result<Arc<dyn IoEngine>> {
 
 /// Opens a file for O_DIRECT I/O, falling back to buffered I/O where the
 /// file system refuses O_DIRECT. Returns the file and whether it is direct.
-pub(crate) fn open_direct(path: &std::path::Path, create: bool) -> std::io::Result<(std::fs::File, bool)> {
+pub(crate) fn open_direct(
+    path: &std::path::Path,
+    create: bool,
+) -> std::io::Result<(std::fs::File, bool)> {
     use std::os::unix::fs::OpenOptionsExt;
     let open = |direct: bool| {
         let mut o = std::fs::OpenOptions::new();

@@ -52,7 +52,10 @@ pub(crate) fn read_one(req: &ReadReq) -> std::io::Result<AlignedBuf> {
         }
     }
     if got < len {
-        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("read {got} of {len} bytes")));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("read {got} of {len} bytes"),
+        ));
     }
     buf.set_len(len);
     Ok(buf)

@@ -46,27 +46,36 @@ impl UringEngine {
         let ring = IoUring::new((QUEUE_DEPTH * 2) as u32)?;
         let mut probe = io_uring::Probe::new();
         ring.submitter().register_probe(&mut probe)?;
-        for (code, name) in [(opcode::Write::CODE, "write"), (opcode::Read::CODE, "read"), (opcode::Fsync::CODE, "fsync")] {
+        for (code, name) in [
+            (opcode::Write::CODE, "write"),
+            (opcode::Read::CODE, "read"),
+            (opcode::Fsync::CODE, "fsync"),
+        ] {
             if !probe.is_supported(code) {
-                return Err(std::io::Error::new(std::io::ErrorKind::Unsupported, format!("io_uring lacks {name}")));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    format!("io_uring lacks {name}"),
+                ));
             }
         }
         let (tx, rx) = mpsc::channel::<Job>();
         let broken = Arc::new(AtomicBool::new(false));
         let flag = broken.clone();
-        let thread = std::thread::Builder::new().name("strata-io-uring".into()).spawn(move || {
-            let mut ring = ring;
-            while let Ok(job) = rx.recv() {
-                match job {
-                    Job::Write(reqs, reply) => {
-                        let _ = reply.send(run_writes(&mut ring, &reqs, &flag));
-                    }
-                    Job::Read(reqs, reply) => {
-                        let _ = reply.send(run_reads(&mut ring, &reqs, &flag));
+        let thread = std::thread::Builder::new()
+            .name("strata-io-uring".into())
+            .spawn(move || {
+                let mut ring = ring;
+                while let Ok(job) = rx.recv() {
+                    match job {
+                        Job::Write(reqs, reply) => {
+                            let _ = reply.send(run_writes(&mut ring, &reqs, &flag));
+                        }
+                        Job::Read(reqs, reply) => {
+                            let _ = reply.send(run_reads(&mut ring, &reqs, &flag));
+                        }
                     }
                 }
-            }
-        })?;
+            })?;
         Ok(UringEngine {
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
@@ -99,7 +108,9 @@ impl Drop for UringEngine {
 }
 
 fn engine_gone<T>(n: usize) -> Vec<std::io::Result<T>> {
-    (0..n).map(|_| Err(std::io::Error::other("io_uring engine stopped"))).collect()
+    (0..n)
+        .map(|_| Err(std::io::Error::other("io_uring engine stopped")))
+        .collect()
 }
 
 impl IoEngine for UringEngine {
@@ -176,14 +187,19 @@ fn drive(
         }
         match ring.submit_and_wait(1) {
             Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) || e.raw_os_error() == Some(libc::EBUSY) => {}
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINTR)
+                    || e.raw_os_error() == Some(libc::EBUSY) => {}
             Err(e) => {
                 // The kernel may still own buffers: the caller must leak them.
                 broken.store(true, Ordering::Relaxed);
                 return Err(e);
             }
         }
-        let done: Vec<(u64, i32)> = ring.completion().map(|c: cqueue::Entry| (c.user_data(), c.result())).collect();
+        let done: Vec<(u64, i32)> = ring
+            .completion()
+            .map(|c: cqueue::Entry| (c.user_data(), c.result()))
+            .collect();
         for (ud, res) in done {
             if let Some(op) = slots.get_mut(ud as usize).and_then(Option::take) {
                 inflight -= 1;
@@ -220,7 +236,11 @@ fn pieces(file: usize, total: usize, queue: &mut VecDeque<Op>) -> usize {
     n
 }
 
-fn run_writes(ring: &mut IoUring, reqs: &[WriteReq], broken: &AtomicBool) -> Vec<std::io::Result<()>> {
+fn run_writes(
+    ring: &mut IoUring,
+    reqs: &[WriteReq],
+    broken: &AtomicBool,
+) -> Vec<std::io::Result<()>> {
     let mut queue = VecDeque::new();
     let mut files: Vec<WriteFile<'_>> = Vec::with_capacity(reqs.len());
     for (i, req) in reqs.iter().enumerate() {
@@ -239,7 +259,10 @@ fn run_writes(ring: &mut IoUring, reqs: &[WriteReq], broken: &AtomicBool) -> Vec
                 f.bytes = Some(bytes);
                 f.pending = pieces(i, total, &mut queue);
                 if f.pending == 0 {
-                    queue.push_back(Op { file: i, kind: OpKind::Fsync });
+                    queue.push_back(Op {
+                        file: i,
+                        kind: OpKind::Fsync,
+                    });
                 }
             }
             Err(e) => f.err = Some(e),
@@ -249,7 +272,12 @@ fn run_writes(ring: &mut IoUring, reqs: &[WriteReq], broken: &AtomicBool) -> Vec
     // Raw views for the SQE builder; the data they point to lives in `files`.
     let targets: Vec<Option<(i32, *const u8)>> = files
         .iter()
-        .map(|f| Some((f.file.as_ref()?.as_raw_fd(), f.bytes.as_ref()?.as_slice().as_ptr())))
+        .map(|f| {
+            Some((
+                f.file.as_ref()?.as_raw_fd(),
+                f.bytes.as_ref()?.as_slice().as_ptr(),
+            ))
+        })
         .collect();
     let files_cell = std::cell::RefCell::new(&mut files);
     let result = drive(
@@ -263,8 +291,14 @@ fn run_writes(ring: &mut IoUring, reqs: &[WriteReq], broken: &AtomicBool) -> Vec
             }
             Some(match op.kind {
                 // SAFETY (pointer arithmetic): off + len is within the file's bytes.
-                OpKind::Io { off, len } => opcode::Write::new(types::Fd(fd), unsafe { ptr.add(off) }, len as u32).offset(off as u64).build(),
-                OpKind::Fsync => opcode::Fsync::new(types::Fd(fd)).flags(types::FsyncFlags::DATASYNC).build(),
+                OpKind::Io { off, len } => {
+                    opcode::Write::new(types::Fd(fd), unsafe { ptr.add(off) }, len as u32)
+                        .offset(off as u64)
+                        .build()
+                }
+                OpKind::Fsync => opcode::Fsync::new(types::Fd(fd))
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build(),
             })
         },
         |op, res, queue| {
@@ -275,12 +309,18 @@ fn run_writes(ring: &mut IoUring, reqs: &[WriteReq], broken: &AtomicBool) -> Vec
                     if res < 0 {
                         f.err.get_or_insert(errno(res));
                     } else if res == 0 {
-                        f.err.get_or_insert(std::io::Error::new(std::io::ErrorKind::WriteZero, "write returned 0"));
+                        f.err.get_or_insert(std::io::Error::new(
+                            std::io::ErrorKind::WriteZero,
+                            "write returned 0",
+                        ));
                     } else if (res as usize) < len {
                         let done = res as usize;
                         queue.push_front(Op {
                             file: op.file,
-                            kind: OpKind::Io { off: off + done, len: len - done },
+                            kind: OpKind::Io {
+                                off: off + done,
+                                len: len - done,
+                            },
                         });
                         return;
                     }
@@ -289,12 +329,17 @@ fn run_writes(ring: &mut IoUring, reqs: &[WriteReq], broken: &AtomicBool) -> Vec
                         // Padding written for O_DIRECT is cut off before the sync.
                         let padded = f.bytes.as_ref().map_or(0, |b| b.as_slice().len());
                         if padded != f.len {
-                            if let Some(Err(e)) = f.file.as_ref().map(|file| file.set_len(f.len as u64)) {
+                            if let Some(Err(e)) =
+                                f.file.as_ref().map(|file| file.set_len(f.len as u64))
+                            {
                                 f.err = Some(e);
                                 return;
                             }
                         }
-                        queue.push_back(Op { file: op.file, kind: OpKind::Fsync });
+                        queue.push_back(Op {
+                            file: op.file,
+                            kind: OpKind::Fsync,
+                        });
                     }
                 }
                 OpKind::Fsync => {
@@ -309,9 +354,14 @@ fn run_writes(ring: &mut IoUring, reqs: &[WriteReq], broken: &AtomicBool) -> Vec
         // The kernel may still write from these buffers: never free them.
         let msg = e.to_string();
         std::mem::forget(files);
-        return (0..reqs.len()).map(|_| Err(std::io::Error::other(format!("io_uring failed: {msg}")))).collect();
+        return (0..reqs.len())
+            .map(|_| Err(std::io::Error::other(format!("io_uring failed: {msg}"))))
+            .collect();
     }
-    files.into_iter().map(|f| f.err.map_or(Ok(()), Err)).collect()
+    files
+        .into_iter()
+        .map(|f| f.err.map_or(Ok(()), Err))
+        .collect()
 }
 
 struct ReadFile {
@@ -322,7 +372,11 @@ struct ReadFile {
     err: Option<std::io::Error>,
 }
 
-fn run_reads(ring: &mut IoUring, reqs: &[ReadReq], broken: &AtomicBool) -> Vec<std::io::Result<AlignedBuf>> {
+fn run_reads(
+    ring: &mut IoUring,
+    reqs: &[ReadReq],
+    broken: &AtomicBool,
+) -> Vec<std::io::Result<AlignedBuf>> {
     let mut queue = VecDeque::new();
     let mut files: Vec<ReadFile> = Vec::with_capacity(reqs.len());
     for (i, req) in reqs.iter().enumerate() {
@@ -333,7 +387,8 @@ fn run_reads(ring: &mut IoUring, reqs: &[ReadReq], broken: &AtomicBool) -> Vec<s
             got: 0,
             err: None,
         };
-        let opened = open_direct(&req.path, false).and_then(|(file, _)| Ok((file.metadata()?.len(), file)));
+        let opened =
+            open_direct(&req.path, false).and_then(|(file, _)| Ok((file.metadata()?.len(), file)));
         match opened {
             Ok((len, _)) if len > req.max_len as u64 => {
                 f.err = Some(std::io::Error::new(
@@ -371,7 +426,11 @@ fn run_reads(ring: &mut IoUring, reqs: &[ReadReq], broken: &AtomicBool) -> Vec<s
             }
             match op.kind {
                 // SAFETY (pointer arithmetic): off + len is within the buffer's capacity.
-                OpKind::Io { off, len } => Some(opcode::Read::new(types::Fd(fd), unsafe { ptr.add(off) }, len as u32).offset(off as u64).build()),
+                OpKind::Io { off, len } => Some(
+                    opcode::Read::new(types::Fd(fd), unsafe { ptr.add(off) }, len as u32)
+                        .offset(off as u64)
+                        .build(),
+                ),
                 OpKind::Fsync => None,
             }
         },
@@ -387,7 +446,10 @@ fn run_reads(ring: &mut IoUring, reqs: &[ReadReq], broken: &AtomicBool) -> Vec<s
                     if done < len && off + done < f.len {
                         queue.push_front(Op {
                             file: op.file,
-                            kind: OpKind::Io { off: off + done, len: len - done },
+                            kind: OpKind::Io {
+                                off: off + done,
+                                len: len - done,
+                            },
                         });
                     }
                 }
@@ -397,7 +459,9 @@ fn run_reads(ring: &mut IoUring, reqs: &[ReadReq], broken: &AtomicBool) -> Vec<s
     if let Err(e) = result {
         let msg = e.to_string();
         std::mem::forget(files);
-        return (0..reqs.len()).map(|_| Err(std::io::Error::other(format!("io_uring failed: {msg}")))).collect();
+        return (0..reqs.len())
+            .map(|_| Err(std::io::Error::other(format!("io_uring failed: {msg}"))))
+            .collect();
     }
     files
         .into_iter()
@@ -407,7 +471,10 @@ fn run_reads(ring: &mut IoUring, reqs: &[ReadReq], broken: &AtomicBool) -> Vec<s
             }
             let mut buf = f.buf.ok_or_else(|| std::io::Error::other("no buffer"))?;
             if f.got < f.len {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("read {} of {} bytes", f.got, f.len)));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("read {} of {} bytes", f.got, f.len),
+                ));
             }
             buf.set_len(f.len);
             Ok(buf)

@@ -1,0 +1,564 @@
+//! L1: a content-addressed chunk store on the node's local disk.
+//!
+//! ```text
+//! <root>/<job>/chunks/<first byte, 2 hex>/<64 hex>     raw chunk bytes
+//! <root>/<job>/steps/<step, 20 digits>/m-<rank>        encoded shard manifest
+//! <root>/<job>/steps/<step, 20 digits>/c-<rank>        commit record (named by its first rank)
+//! <root>/<job>/tmp/                                    files being written
+//! ```
+//!
+//! Chunks are written with the configured [`IoEngine`] (io_uring or
+//! pread/pwrite, O_DIRECT, fdatasync) under a temporary name, then given
+//! their final name with `renameat2(RENAME_NOREPLACE)`: a chunk that is
+//! already there (from an earlier step, or another rank racing on the same
+//! bytes) counts as deduplicated. The fan-out directories are created and
+//! fsynced once per job; each batch fsyncs the directories it renamed into
+//! before returning, so a chunk reported durable is durable by name too.
+//! L1 stores chunks raw: the disk is faster than any codec.
+//!
+//! A dedup hit refreshes the chunk's modification time, so garbage collection
+//! with a grace period never deletes a chunk that a save in flight relies on.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use strata_format::frame::MAX_CHUNK_LEN;
+use strata_format::manifest::MAX_MANIFEST_LEN;
+use strata_format::names::validate_job_id;
+use strata_format::{ChunkId, CommitRecord};
+
+use crate::chunk_data::ChunkData;
+use crate::error::{Result, StoreError};
+use crate::fsutil::{fsync_dir, read_bounded, rename_noreplace, write_durable};
+use crate::io::{open_engine, EngineChoice, IoEngine, ReadReq, WriteReq};
+use crate::store::{slice_range, verify, ChunkPut, ChunkStore, PutStats, StepInfo};
+
+/// Temporary files older than this, found when a job is opened, are left
+/// over from a crash and removed.
+const STALE_TMP_SECS: u64 = 3600;
+/// Largest commit record read back.
+const MAX_RECORD_LEN: usize = 1 << 26;
+
+/// L1 on a local directory.
+#[derive(Clone)]
+pub struct L1Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    root: PathBuf,
+    engine: Arc<dyn IoEngine>,
+    ready: Mutex<HashSet<String>>,
+    counter: AtomicU64,
+}
+
+impl std::fmt::Debug for L1Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "L1Store({}, {})",
+            self.inner.root.display(),
+            self.inner.engine.name()
+        )
+    }
+}
+
+fn step_dir_name(step: u64) -> String {
+    format!("{step:020}")
+}
+
+impl L1Store {
+    /// Opens (creating if needed) an L1 store under `root` with the chosen
+    /// I/O engine.
+    pub fn open(root: impl Into<PathBuf>, engine: EngineChoice) -> Result<Self> {
+        let root = root.into();
+        std::fs::create_dir_all(&root).map_err(|e| StoreError::io("creating", &root, e))?;
+        let engine = open_engine(engine)
+            .map_err(|e| StoreError::io("starting the I/O engine for", &root, e))?;
+        Ok(Self::with_engine(root, engine))
+    }
+
+    /// An L1 store on an engine the caller built (shared between stores).
+    pub fn with_engine(root: PathBuf, engine: Arc<dyn IoEngine>) -> Self {
+        L1Store {
+            inner: Arc::new(Inner {
+                root,
+                engine,
+                ready: Mutex::new(HashSet::new()),
+                counter: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The I/O engine in use ("io_uring" or "psync").
+    pub fn engine_name(&self) -> &'static str {
+        self.inner.engine.name()
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    /// Where chunk `id` of `job` lives (for tests and repair tools).
+    pub fn chunk_path(&self, job: &str, id: &ChunkId) -> PathBuf {
+        self.inner.chunk_path(job, id)
+    }
+
+    /// Where a rank's manifest for a step lives.
+    pub fn manifest_path(&self, job: &str, step: u64, rank: u32) -> PathBuf {
+        self.inner.step_dir(job, step).join(format!("m-{rank}"))
+    }
+
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| StoreError::Internal(format!("L1 task failed: {e}")))?
+    }
+}
+
+impl Inner {
+    fn job_dir(&self, job: &str) -> PathBuf {
+        self.root.join(job)
+    }
+
+    fn chunk_path(&self, job: &str, id: &ChunkId) -> PathBuf {
+        let hex = id.to_hex();
+        self.job_dir(job).join("chunks").join(&hex[..2]).join(hex)
+    }
+
+    fn step_dir(&self, job: &str, step: u64) -> PathBuf {
+        self.job_dir(job).join("steps").join(step_dir_name(step))
+    }
+
+    fn tmp_path(&self, job: &str, what: &str) -> PathBuf {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        self.job_dir(job)
+            .join("tmp")
+            .join(format!("{}-{n}-{what}", std::process::id()))
+    }
+
+    /// Creates the job's directories once (256 fan-out directories, steps,
+    /// tmp), fsynced, and clears stale temporary files.
+    fn ensure_job(&self, job: &str) -> Result<()> {
+        validate_job_id(job)?;
+        if self.ready.lock().map(|r| r.contains(job)).unwrap_or(false) {
+            return Ok(());
+        }
+        let dir = self.job_dir(job);
+        let chunks = dir.join("chunks");
+        for sub in [&dir, &chunks, &dir.join("steps"), &dir.join("tmp")] {
+            std::fs::create_dir_all(sub).map_err(|e| StoreError::io("creating", sub, e))?;
+        }
+        for b in 0..=255u8 {
+            let d = chunks.join(format!("{b:02x}"));
+            std::fs::create_dir_all(&d).map_err(|e| StoreError::io("creating", &d, e))?;
+        }
+        for d in [&chunks, &dir, &self.root] {
+            fsync_dir(d)?;
+        }
+        self.clear_stale_tmp(job);
+        if let Ok(mut r) = self.ready.lock() {
+            r.insert(job.to_string());
+        }
+        Ok(())
+    }
+
+    fn clear_stale_tmp(&self, job: &str) {
+        let Ok(entries) = std::fs::read_dir(self.job_dir(job).join("tmp")) else {
+            return;
+        };
+        let now = std::time::SystemTime::now();
+        for e in entries.flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age.as_secs() > STALE_TMP_SECS);
+            if old {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
+    fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        self.ensure_job(job)?;
+        let mut stats = PutStats::default();
+        let mut seen = HashSet::new();
+        let mut writes = Vec::new();
+        let mut finals = Vec::new();
+        for c in chunks {
+            if c.data.len() > MAX_CHUNK_LEN as usize {
+                return Err(StoreError::invalid(
+                    "chunk",
+                    format!("{} bytes exceeds {MAX_CHUNK_LEN}", c.data.len()),
+                ));
+            }
+            let path = self.chunk_path(job, &c.id);
+            if !seen.insert(c.id) || touch_if_exists(&path)? {
+                stats.deduped += 1;
+                stats.bytes_deduped += c.data.len() as u64;
+                continue;
+            }
+            let tmp = self.tmp_path(job, &c.id.to_hex());
+            finals.push((tmp.clone(), path, c.data.len() as u64));
+            writes.push(WriteReq {
+                path: tmp,
+                data: c.data,
+            });
+        }
+        let results = self.engine.write_files(writes);
+        let mut first_err = None;
+        let mut dirs = HashSet::new();
+        for ((tmp, path, len), res) in finals.into_iter().zip(results) {
+            if let Err(e) = res {
+                let _ = std::fs::remove_file(&tmp);
+                first_err.get_or_insert(StoreError::io("writing chunk", &path, e));
+                continue;
+            }
+            if first_err.is_some() {
+                let _ = std::fs::remove_file(&tmp);
+                continue;
+            }
+            if rename_noreplace(&tmp, &path)? {
+                stats.written += 1;
+                stats.bytes_written += len;
+                if let Some(d) = path.parent() {
+                    dirs.insert(d.to_path_buf());
+                }
+            } else {
+                // Another writer got there first with the same bytes.
+                let _ = std::fs::remove_file(&tmp);
+                stats.deduped += 1;
+                stats.bytes_deduped += len;
+            }
+        }
+        for d in &dirs {
+            fsync_dir(d)?;
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(stats),
+        }
+    }
+
+    fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+        if let Err(e) = validate_job_id(job) {
+            return ids.iter().map(|_| Err(e.clone().into())).collect();
+        }
+        let reqs = ids
+            .iter()
+            .map(|id| ReadReq {
+                path: self.chunk_path(job, id),
+                max_len: MAX_CHUNK_LEN as usize,
+            })
+            .collect();
+        self.engine
+            .read_files(reqs)
+            .into_iter()
+            .zip(ids)
+            .map(|(res, id)| {
+                let path = self.chunk_path(job, id);
+                let buf = res.map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => StoreError::NotFound {
+                        what: format!("chunk {id}"),
+                    },
+                    std::io::ErrorKind::InvalidData => StoreError::Corrupt {
+                        what: format!("chunk {id} ({})", path.display()),
+                        source: strata_format::FormatError::TooLarge {
+                            what: "chunk file",
+                            value: u64::MAX,
+                            limit: u64::from(MAX_CHUNK_LEN),
+                        },
+                    },
+                    _ => StoreError::io("reading chunk", &path, e),
+                })?;
+                verify(id, &buf, || {
+                    format!("chunk {id} in L1 ({})", path.display())
+                })?;
+                Ok(ChunkData::whole(buf))
+            })
+            .collect()
+    }
+
+    fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
+        validate_job_id(job)?;
+        let chunks = self.job_dir(job).join("chunks");
+        let mut out = Vec::new();
+        let Ok(fan) = std::fs::read_dir(&chunks) else {
+            return Ok(out);
+        };
+        for d in fan.flatten() {
+            let Ok(files) = std::fs::read_dir(d.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                if let Some(id) = f
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| ChunkId::from_hex(n).ok())
+                {
+                    out.push(id);
+                }
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
+        validate_job_id(job)?;
+        let mut dirs = HashSet::new();
+        for id in ids {
+            let p = self.chunk_path(job, id);
+            match std::fs::remove_file(&p) {
+                Ok(()) => {
+                    if let Some(d) = p.parent() {
+                        dirs.insert(d.to_path_buf());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io("deleting chunk", &p, e)),
+            }
+        }
+        for d in &dirs {
+            fsync_dir(d)?;
+        }
+        Ok(())
+    }
+
+    fn ensure_step_dir(&self, job: &str, step: u64) -> Result<PathBuf> {
+        self.ensure_job(job)?;
+        let dir = self.step_dir(job, step);
+        if !dir.exists() {
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(StoreError::io("creating", &dir, e)),
+            }
+            fsync_dir(&self.job_dir(job).join("steps"))?;
+        }
+        Ok(dir)
+    }
+
+    fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
+        let dir = self.ensure_step_dir(job, step)?;
+        let tmp = self.tmp_path(job, "manifest");
+        write_durable(&tmp, &dir.join(format!("m-{rank}")), bytes, true)?;
+        fsync_dir(&dir)
+    }
+
+    fn get_manifest(&self, job: &str, step: u64, rank: u32) -> Result<Vec<u8>> {
+        validate_job_id(job)?;
+        let path = self.step_dir(job, step).join(format!("m-{rank}"));
+        read_bounded(
+            &path,
+            MAX_MANIFEST_LEN,
+            &format!("manifest of rank {rank} at step {step}"),
+        )
+    }
+
+    fn commit(&self, record: &CommitRecord) -> Result<()> {
+        let bytes = record.encode()?;
+        let first = record
+            .shards
+            .first()
+            .map(|s| s.rank)
+            .ok_or_else(|| StoreError::invalid("commit record", "names no shard"))?;
+        let dir = self.ensure_step_dir(&record.job, record.step)?;
+        let path = dir.join(format!("c-{first}"));
+        let tmp = self.tmp_path(&record.job, "commit");
+        if !write_durable(&tmp, &path, &bytes, false)? {
+            let existing = read_bounded(&path, MAX_RECORD_LEN, "commit record")?;
+            if existing != bytes {
+                return Err(StoreError::AlreadyExists {
+                    what: format!("commit record for step {} rank {first}", record.step),
+                });
+            }
+        }
+        fsync_dir(&dir)
+    }
+
+    fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>> {
+        validate_job_id(job)?;
+        let steps = self.job_dir(job).join("steps");
+        let mut out = BTreeMap::new();
+        let Ok(entries) = std::fs::read_dir(&steps) else {
+            return Ok(Vec::new());
+        };
+        for e in entries.flatten() {
+            let Some(step) = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else {
+                continue;
+            };
+            let mut info = StepInfo {
+                step,
+                ..StepInfo::default()
+            };
+            let Ok(files) = std::fs::read_dir(e.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let name = f.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if let Some(rank) = name.strip_prefix("m-").and_then(|r| r.parse::<u32>().ok()) {
+                    info.manifests.insert(rank);
+                } else if let Some(rank) =
+                    name.strip_prefix("c-").and_then(|r| r.parse::<u32>().ok())
+                {
+                    match read_bounded(&f.path(), MAX_RECORD_LEN, "commit record")
+                        .and_then(|b| Ok(CommitRecord::decode(&b)?))
+                    {
+                        Ok(rec) if rec.step == step && rec.job == job => {
+                            info.records.insert(rank, rec);
+                        }
+                        Ok(_) => {
+                            tracing::warn!(path = %f.path().display(), "commit record names another step or job; ignored")
+                        }
+                        Err(err) => {
+                            tracing::warn!(path = %f.path().display(), error = %err, "unreadable commit record; step treated as uncommitted")
+                        }
+                    }
+                }
+            }
+            out.insert(step, info);
+        }
+        Ok(out.into_values().collect())
+    }
+
+    fn delete_step(&self, job: &str, step: u64) -> Result<()> {
+        validate_job_id(job)?;
+        let dir = self.step_dir(job, step);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        let names: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        let is_commit = |p: &PathBuf| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("c-"))
+        };
+        // Commit records first, durably: a crash after this leaves a partial step.
+        for p in names.iter().filter(|p| is_commit(p)) {
+            std::fs::remove_file(p).map_err(|e| StoreError::io("deleting", p, e))?;
+        }
+        fsync_dir(&dir)?;
+        for p in names.iter().filter(|p| !is_commit(p)) {
+            std::fs::remove_file(p).map_err(|e| StoreError::io("deleting", p, e))?;
+        }
+        std::fs::remove_dir(&dir).map_err(|e| StoreError::io("deleting", &dir, e))?;
+        fsync_dir(&self.job_dir(job).join("steps"))
+    }
+}
+
+/// True if `path` exists; refreshes its modification time so garbage
+/// collection's grace period protects it while the current save completes.
+fn touch_if_exists(path: &Path) -> Result<bool> {
+    match std::fs::File::open(path) {
+        Ok(f) => {
+            let _ = f.set_modified(std::time::SystemTime::now());
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(StoreError::io("checking", path, e)),
+    }
+}
+
+#[async_trait]
+impl ChunkStore for L1Store {
+    fn name(&self) -> &str {
+        "l1"
+    }
+
+    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        let job = job.to_string();
+        self.run(move |i| i.put_chunks(&job, chunks)).await
+    }
+
+    async fn get_chunk(
+        &self,
+        job: &str,
+        id: &ChunkId,
+        range: Option<Range<u32>>,
+    ) -> Result<ChunkData> {
+        let (job, id2) = (job.to_string(), *id);
+        let data = self
+            .run(move |i| {
+                i.get_chunks(&job, &[id2])
+                    .pop()
+                    .unwrap_or_else(|| Err(StoreError::Internal("no result".into())))
+            })
+            .await?;
+        slice_range(id, data, range)
+    }
+
+    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+        let (job, ids2) = (job.to_string(), ids.to_vec());
+        let n = ids.len();
+        match self.run(move |i| Ok(i.get_chunks(&job, &ids2))).await {
+            Ok(v) => v,
+            Err(e) => {
+                let msg = e.to_string();
+                (0..n)
+                    .map(|_| Err(StoreError::Internal(msg.clone())))
+                    .collect()
+            }
+        }
+    }
+
+    async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
+        let (job, ids) = (job.to_string(), ids.to_vec());
+        self.run(move |i| {
+            validate_job_id(&job)?;
+            Ok(ids
+                .iter()
+                .map(|id| i.chunk_path(&job, id).exists())
+                .collect())
+        })
+        .await
+    }
+
+    async fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
+        let job = job.to_string();
+        self.run(move |i| i.list_chunks(&job)).await
+    }
+
+    async fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
+        let (job, ids) = (job.to_string(), ids.to_vec());
+        self.run(move |i| i.delete_chunks(&job, &ids)).await
+    }
+
+    async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
+        let (job, bytes) = (job.to_string(), bytes.to_vec());
+        self.run(move |i| i.put_manifest(&job, step, rank, &bytes))
+            .await
+    }
+
+    async fn get_manifest(&self, job: &str, step: u64, rank: u32) -> Result<Vec<u8>> {
+        let job = job.to_string();
+        self.run(move |i| i.get_manifest(&job, step, rank)).await
+    }
+
+    async fn commit(&self, record: &CommitRecord) -> Result<()> {
+        let record = record.clone();
+        self.run(move |i| i.commit(&record)).await
+    }
+
+    async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>> {
+        let job = job.to_string();
+        self.run(move |i| i.list_steps(&job)).await
+    }
+
+    async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
+        let job = job.to_string();
+        self.run(move |i| i.delete_step(&job, step)).await
+    }
+}

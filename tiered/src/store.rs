@@ -1,0 +1,200 @@
+//! The [`ChunkStore`] trait: the one seam between Strata's engine and a tier.
+//!
+//! # Contract
+//!
+//! Every tier (L1 local disk, L2 peers, L3 object storage, the in-memory
+//! store) implements this trait and passes the shared conformance suite
+//! ([`crate::conformance`]).
+//!
+//! * **Namespaces.** Everything lives under a job id (validated by
+//!   [`strata_format::names::validate_job_id`]); jobs never see each other's data.
+//! * **Chunks are content-addressed and immutable.** `put_chunks` is
+//!   idempotent: a chunk id already present is skipped (and reported as
+//!   deduplicated), and two writers racing on one id both succeed. A chunk
+//!   is durable in the tier when `put_chunks` returns `Ok`. Local callers
+//!   pass ids they computed (hashing twice would double the save's CPU cost);
+//!   a tier that receives chunks from another process (the L2 service)
+//!   re-verifies them.
+//! * **Reads are verified.** `get_chunk` returns the chunk's bytes only after
+//!   checking they hash to the id; damaged bytes are a
+//!   [`StoreErrorKind::Corrupt`](crate::StoreErrorKind::Corrupt) error naming
+//!   the chunk, a missing chunk is `NotFound`. Never silently wrong bytes.
+//! * **Order.** A caller writes a shard's chunks, then its manifest, then a
+//!   commit record. A tier keeps that order durable: after a crash, a
+//!   manifest never names chunks that were not durable, and a commit record
+//!   never names a manifest that was not.
+//! * **Commit records are create-only.** `commit` fails with `AlreadyExists`
+//!   if a different record is there for the same step and first rank;
+//!   writing the identical record again succeeds.
+//! * **Visibility.** A step is listed as committed only through its commit
+//!   records; manifests without a record are listed as partial (an
+//!   interrupted save) so they can be cleaned up.
+//! * **Deletion** of a step removes its commit records first, so a crash in
+//!   the middle leaves a partial step, never a committed step with missing
+//!   parts. Chunk deletion is separate (garbage collection decides).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+
+use async_trait::async_trait;
+use strata_format::codec::ElemHint;
+use strata_format::{ChunkId, CommitRecord};
+
+use crate::chunk_data::ChunkData;
+use crate::error::Result;
+
+/// One chunk to store.
+#[derive(Clone, Debug)]
+pub struct ChunkPut {
+    /// BLAKE3 of `data`.
+    pub id: ChunkId,
+    /// Codec hint (compressing tiers use it).
+    pub hint: ElemHint,
+    /// The raw bytes.
+    pub data: ChunkData,
+}
+
+/// What a `put_chunks` call did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PutStats {
+    /// Chunks written.
+    pub written: u64,
+    /// Raw bytes of the chunks written.
+    pub bytes_written: u64,
+    /// Chunks skipped because the tier already held them.
+    pub deduped: u64,
+    /// Raw bytes of the skipped chunks.
+    pub bytes_deduped: u64,
+}
+
+impl std::ops::AddAssign for PutStats {
+    fn add_assign(&mut self, o: PutStats) {
+        self.written += o.written;
+        self.bytes_written += o.bytes_written;
+        self.deduped += o.deduped;
+        self.bytes_deduped += o.bytes_deduped;
+    }
+}
+
+/// What a tier holds of one step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepInfo {
+    /// The step.
+    pub step: u64,
+    /// Commit records found, keyed by their first rank.
+    pub records: BTreeMap<u32, CommitRecord>,
+    /// Ranks with a manifest in this tier (committed or not).
+    pub manifests: BTreeSet<u32>,
+}
+
+impl StepInfo {
+    /// Ranks named by the step's commit records in this tier.
+    pub fn committed_ranks(&self) -> BTreeSet<u32> {
+        self.records
+            .values()
+            .flat_map(|r| r.shards.iter().map(|s| s.rank))
+            .collect()
+    }
+
+    /// The world size recorded by the commit records, if any.
+    pub fn world_size(&self) -> Option<u32> {
+        self.records.values().next().map(|r| r.world_size)
+    }
+
+    /// True when commit records name every rank of the world.
+    pub fn is_complete(&self) -> bool {
+        self.world_size()
+            .is_some_and(|w| self.committed_ranks().len() == w as usize)
+    }
+
+    /// True when the ranks in `ranks` are all committed here.
+    pub fn has_committed(&self, ranks: &BTreeSet<u32>) -> bool {
+        ranks.is_subset(&self.committed_ranks())
+    }
+}
+
+/// A storage tier. See the module documentation for the contract.
+#[async_trait]
+pub trait ChunkStore: Send + Sync + std::fmt::Debug {
+    /// A short name for logs and errors ("l1", "memory", "l3").
+    fn name(&self) -> &str;
+
+    /// Stores chunks durably, skipping ids already present.
+    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats>;
+
+    /// A chunk's bytes (or the `range` of them), verified against its id.
+    async fn get_chunk(
+        &self,
+        job: &str,
+        id: &ChunkId,
+        range: Option<Range<u32>>,
+    ) -> Result<ChunkData>;
+
+    /// Several whole chunks, verified; one result per id, in order. Tiers
+    /// override this to keep many reads in flight.
+    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.push(self.get_chunk(job, id, None).await);
+        }
+        out
+    }
+
+    /// For each id, whether the tier holds it.
+    async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>>;
+
+    /// Every chunk id held for the job (for garbage collection).
+    async fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>>;
+
+    /// Deletes chunks (missing ones are not an error).
+    async fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()>;
+
+    /// Stores a rank's encoded shard manifest for a step, durably. Replaces
+    /// an uncommitted one left by an interrupted save.
+    async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()>;
+
+    /// A rank's encoded manifest for a step (callers decode it, which checks
+    /// its checksum, and compare its id with the commit record's).
+    async fn get_manifest(&self, job: &str, step: u64, rank: u32) -> Result<Vec<u8>>;
+
+    /// Writes a commit record, create-only (see the contract).
+    async fn commit(&self, record: &CommitRecord) -> Result<()>;
+
+    /// The steps the tier holds anything of, oldest first.
+    async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>>;
+
+    /// Deletes a step's commit records, then its manifests.
+    async fn delete_step(&self, job: &str, step: u64) -> Result<()>;
+}
+
+/// Verifies that `data` hashes to `id`.
+pub(crate) fn verify(id: &ChunkId, data: &[u8], what: impl FnOnce() -> String) -> Result<()> {
+    let actual = ChunkId::of(data);
+    if actual != *id {
+        return Err(crate::error::StoreError::Corrupt {
+            what: what(),
+            source: strata_format::FormatError::HashMismatch {
+                expected: id.to_hex(),
+                actual: actual.to_hex(),
+            },
+        });
+    }
+    Ok(())
+}
+
+/// Narrows a verified chunk to the requested range (no copy).
+pub(crate) fn slice_range(
+    id: &ChunkId,
+    data: ChunkData,
+    range: Option<Range<u32>>,
+) -> Result<ChunkData> {
+    match range {
+        None => Ok(data),
+        Some(r) => data.sub(r.start as usize..r.end as usize).ok_or_else(|| {
+            crate::error::StoreError::invalid(
+                "chunk range",
+                format!("{r:?} outside chunk {id} of {} bytes", data.len()),
+            )
+        }),
+    }
+}
