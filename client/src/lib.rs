@@ -1,13 +1,49 @@
 //! # strata
 //!
-//! The library a training loop links. Today it holds what the demo and the
-//! benchmarks share — a deterministic synthetic training state ([`synthetic`])
-//! and a small parallel map over chunks ([`par`]) — and re-exports the format
-//! crate. The `Checkpointer` (async save to L1, verified restore, ranks and
-//! coordinators, the GPU path) arrives with the L1 issue; see
-//! `ARCHITECTURE.md` for where this is going.
+//! The library a training loop links. A [`Checkpointer`] built from a
+//! [`Config`] saves a rank's state (named tensors and blobs) asynchronously:
+//! `save` snapshots into pre-faulted staging memory and returns; hashing,
+//! layout and L1 writes (io_uring, O_DIRECT, only new chunk ids) run in the
+//! background, then a barrier across ranks and a create-only commit record
+//! make the step visible. `restore` agrees with every rank on the newest step
+//! they all committed and returns it with every chunk verified, or fills
+//! caller-provided buffers.
+//!
+//! ```no_run
+//! use strata::{Checkpointer, Config, Entry, StepSelector};
+//! use strata::format::DType;
+//!
+//! let ckpt = Checkpointer::new(Config::builder().job("my-run").l1_dir("/nvme/strata"))?;
+//! let weights = vec![0u8; 4 * 1024];
+//! let handle = ckpt.save(100, &[Entry::tensor("w", DType::F32, &[1024], &weights)])?;
+//! // ... keep training; overwrite `weights` freely ...
+//! let stats = handle.wait()?; // durable on L1
+//! let state = ckpt.restore(StepSelector::Latest)?;
+//! assert_eq!(state.get("w").map(|e| e.bytes.len()), Some(4096));
+//! # Ok::<(), strata::Error>(())
+//! ```
+//!
+//! Ranks on threads share an [`InProcessCoordinator`]; see
+//! `ARCHITECTURE.md` for the tiers still to come (L2 peers, L3 object
+//! storage) and the GPU path.
 
+mod checkpointer;
+pub mod config;
+pub mod coordinator;
+mod error;
 pub mod par;
+mod restore;
+mod staging;
+mod state;
+pub mod stats;
 pub mod synthetic;
 
+pub use checkpointer::{Checkpointer, SaveHandle};
+pub use config::{BusyPolicy, Config};
+pub use coordinator::{Coordinator, InProcessCoordinator, SoloCoordinator};
+pub use error::{Error, Result};
+pub use restore::StepSelector;
+pub use state::{Entry, RestoredEntry, RestoredState};
+pub use stats::SaveStats;
 pub use strata_format as format;
+pub use strata_tiered as tiered;

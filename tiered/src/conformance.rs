@@ -68,7 +68,7 @@ fn record(step: u64, world: u32, ranks: &[u32]) -> CommitRecord {
     }
 }
 
-fn err<T, E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
+fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
 
@@ -83,15 +83,12 @@ pub async fn put_get_round_trip(s: &dyn ChunkStore) -> Outcome {
     let stats = s
         .put_chunks(JOB, chunks.clone())
         .await
-        .map_err(err::<(), _>("put"))?;
+        .map_err(err("put"))?;
     ensure(stats.written == 4 && stats.deduped == 0, || {
         format!("first put wrote {stats:?}")
     })?;
     for c in &chunks {
-        let got = s
-            .get_chunk(JOB, &c.id, None)
-            .await
-            .map_err(err::<(), _>("get"))?;
+        let got = s.get_chunk(JOB, &c.id, None).await.map_err(err("get"))?;
         ensure(got.as_slice() == c.data.as_slice(), || {
             format!("chunk {} read back different bytes", c.id)
         })?;
@@ -100,7 +97,7 @@ pub async fn put_get_round_trip(s: &dyn ChunkStore) -> Outcome {
         let part = s
             .get_chunk(JOB, &c.id, Some(r.clone()))
             .await
-            .map_err(err::<(), _>("ranged get"))?;
+            .map_err(err("ranged get"))?;
         ensure(
             part.as_slice() == &c.data.as_slice()[r.start as usize..r.end as usize],
             || "ranged read differs".into(),
@@ -109,14 +106,14 @@ pub async fn put_get_round_trip(s: &dyn ChunkStore) -> Outcome {
     let missing = ChunkId::of(b"never stored");
     let mut ids: Vec<ChunkId> = chunks.iter().map(|c| c.id).collect();
     ids.push(missing);
-    let has = s.has_chunks(JOB, &ids).await.map_err(err::<(), _>("has"))?;
+    let has = s.has_chunks(JOB, &ids).await.map_err(err("has"))?;
     ensure(has == vec![true, true, true, true, false], || {
         format!("has_chunks said {has:?}")
     })?;
     let listed: BTreeSet<ChunkId> = s
         .list_chunks(JOB)
         .await
-        .map_err(err::<(), _>("list"))?
+        .map_err(err("list"))?
         .into_iter()
         .collect();
     ensure(listed == ids[..4].iter().copied().collect(), || {
@@ -145,7 +142,7 @@ pub async fn put_is_idempotent(s: &dyn ChunkStore) -> Outcome {
     let st = s
         .put_chunks(JOB, vec![a.clone(), a.clone(), b.clone()])
         .await
-        .map_err(err::<(), _>("put"))?;
+        .map_err(err("put"))?;
     ensure(
         st.written == 2 && st.deduped == 1 && st.bytes_deduped == 10_000,
         || format!("{st:?}"),
@@ -153,15 +150,12 @@ pub async fn put_is_idempotent(s: &dyn ChunkStore) -> Outcome {
     let st = s
         .put_chunks(JOB, vec![a.clone(), b.clone()])
         .await
-        .map_err(err::<(), _>("put again"))?;
+        .map_err(err("put again"))?;
     ensure(
         st.written == 0 && st.deduped == 2 && st.bytes_written == 0,
         || format!("{st:?}"),
     )?;
-    let got = s
-        .get_chunk(JOB, &a.id, None)
-        .await
-        .map_err(err::<(), _>("get"))?;
+    let got = s.get_chunk(JOB, &a.id, None).await.map_err(err("get"))?;
     ensure(got.as_slice() == a.data.as_slice(), || {
         "bytes changed".into()
     })
@@ -174,13 +168,10 @@ pub async fn concurrent_puts_of_one_chunk(s: &dyn ChunkStore) -> Outcome {
     let results = futures_join_all(puts).await;
     let mut written = 0;
     for r in results {
-        written += r.map_err(err::<(), _>("racing put"))?.written;
+        written += r.map_err(err("racing put"))?.written;
     }
     ensure(written >= 1, || "nobody wrote the chunk".into())?;
-    let got = s
-        .get_chunk(JOB, &c.id, None)
-        .await
-        .map_err(err::<(), _>("get"))?;
+    let got = s.get_chunk(JOB, &c.id, None).await.map_err(err("get"))?;
     ensure(got.as_slice() == c.data.as_slice(), || {
         "racing writers damaged the chunk".into()
     })
@@ -228,7 +219,7 @@ pub async fn errors_have_kinds(s: &dyn ChunkStore) -> Outcome {
     let c = chunk(100, 3);
     s.put_chunks(JOB, vec![c.clone()])
         .await
-        .map_err(err::<(), _>("put"))?;
+        .map_err(err("put"))?;
     let e = s.get_chunk(JOB, &c.id, Some(50..200)).await.err();
     ensure(
         e.as_ref()
@@ -251,16 +242,13 @@ pub async fn jobs_are_isolated(s: &dyn ChunkStore) -> Outcome {
     let c = chunk(777, 4);
     s.put_chunks("job-a", vec![c.clone()])
         .await
-        .map_err(err::<(), _>("put"))?;
-    let has = s
-        .has_chunks("job-b", &[c.id])
-        .await
-        .map_err(err::<(), _>("has"))?;
+        .map_err(err("put"))?;
+    let has = s.has_chunks("job-b", &[c.id]).await.map_err(err("has"))?;
     ensure(has == vec![false], || "job-b sees job-a's chunk".into())?;
     s.put_manifest("job-a", 1, 0, b"m")
         .await
-        .map_err(err::<(), _>("manifest"))?;
-    let steps = s.list_steps("job-b").await.map_err(err::<(), _>("list"))?;
+        .map_err(err("manifest"))?;
+    let steps = s.list_steps("job-b").await.map_err(err("list"))?;
     ensure(steps.is_empty(), || "job-b sees job-a's steps".into())
 }
 
@@ -268,16 +256,13 @@ pub async fn jobs_are_isolated(s: &dyn ChunkStore) -> Outcome {
 pub async fn manifests(s: &dyn ChunkStore) -> Outcome {
     s.put_manifest(JOB, 7, 2, b"first")
         .await
-        .map_err(err::<(), _>("put"))?;
+        .map_err(err("put"))?;
     s.put_manifest(JOB, 7, 2, b"second")
         .await
-        .map_err(err::<(), _>("replace"))?;
-    let got = s
-        .get_manifest(JOB, 7, 2)
-        .await
-        .map_err(err::<(), _>("get"))?;
+        .map_err(err("replace"))?;
+    let got = s.get_manifest(JOB, 7, 2).await.map_err(err("get"))?;
     ensure(got == b"second", || "manifest not replaced".into())?;
-    let steps = s.list_steps(JOB).await.map_err(err::<(), _>("list"))?;
+    let steps = s.list_steps(JOB).await.map_err(err("list"))?;
     ensure(
         steps.len() == 1 && steps[0].step == 7 && steps[0].records.is_empty(),
         || format!("{steps:?}"),
@@ -294,13 +279,11 @@ pub async fn commits_are_create_only(s: &dyn ChunkStore) -> Outcome {
     for r in 0..2 {
         s.put_manifest(JOB, 10, r, b"m")
             .await
-            .map_err(err::<(), _>("manifest"))?;
+            .map_err(err("manifest"))?;
     }
     let r0 = record(10, 2, &[0]);
-    s.commit(&r0).await.map_err(err::<(), _>("commit"))?;
-    s.commit(&r0)
-        .await
-        .map_err(err::<(), _>("identical commit again"))?;
+    s.commit(&r0).await.map_err(err("commit"))?;
+    s.commit(&r0).await.map_err(err("identical commit again"))?;
     let mut other = r0.clone();
     other.committed_unix_ms = 2;
     let e = s.commit(&other).await.err();
@@ -309,7 +292,7 @@ pub async fn commits_are_create_only(s: &dyn ChunkStore) -> Outcome {
             .is_some_and(|e| e.kind() == StoreErrorKind::AlreadyExists),
         || format!("a different record gave {e:?}"),
     )?;
-    let steps = s.list_steps(JOB).await.map_err(err::<(), _>("list"))?;
+    let steps = s.list_steps(JOB).await.map_err(err("list"))?;
     let st = steps
         .iter()
         .find(|s| s.step == 10)
@@ -323,8 +306,8 @@ pub async fn commits_are_create_only(s: &dyn ChunkStore) -> Outcome {
     })?;
     s.commit(&record(10, 2, &[1]))
         .await
-        .map_err(err::<(), _>("commit rank 1"))?;
-    let steps = s.list_steps(JOB).await.map_err(err::<(), _>("list"))?;
+        .map_err(err("commit rank 1"))?;
+    let steps = s.list_steps(JOB).await.map_err(err("list"))?;
     let st = steps
         .iter()
         .find(|s| s.step == 10)
@@ -335,8 +318,8 @@ pub async fn commits_are_create_only(s: &dyn ChunkStore) -> Outcome {
     // A whole-step record (as L3 writes) for another step.
     s.commit(&record(11, 2, &[0, 1]))
         .await
-        .map_err(err::<(), _>("whole-step commit"))?;
-    let steps = s.list_steps(JOB).await.map_err(err::<(), _>("list"))?;
+        .map_err(err("whole-step commit"))?;
+    let steps = s.list_steps(JOB).await.map_err(err("list"))?;
     ensure(
         steps.iter().map(|s| s.step).collect::<Vec<_>>() == vec![10, 11],
         || "steps listed oldest first".into(),
@@ -352,46 +335,36 @@ pub async fn deletion(s: &dyn ChunkStore) -> Outcome {
     let c = chunk(4096, 5);
     s.put_chunks(JOB, vec![c.clone()])
         .await
-        .map_err(err::<(), _>("put"))?;
+        .map_err(err("put"))?;
     s.put_manifest(JOB, 3, 0, b"m")
         .await
-        .map_err(err::<(), _>("manifest"))?;
-    s.commit(&record(3, 1, &[0]))
-        .await
-        .map_err(err::<(), _>("commit"))?;
+        .map_err(err("manifest"))?;
+    s.commit(&record(3, 1, &[0])).await.map_err(err("commit"))?;
+    s.delete_step(JOB, 3).await.map_err(err("delete step"))?;
     s.delete_step(JOB, 3)
         .await
-        .map_err(err::<(), _>("delete step"))?;
-    s.delete_step(JOB, 3)
-        .await
-        .map_err(err::<(), _>("delete step again"))?;
-    let steps = s.list_steps(JOB).await.map_err(err::<(), _>("list"))?;
+        .map_err(err("delete step again"))?;
+    let steps = s.list_steps(JOB).await.map_err(err("list"))?;
     ensure(steps.iter().all(|s| s.step != 3), || {
         "deleted step still listed".into()
     })?;
     ensure(s.get_manifest(JOB, 3, 0).await.is_err(), || {
         "deleted manifest still readable".into()
     })?;
-    let has = s
-        .has_chunks(JOB, &[c.id])
-        .await
-        .map_err(err::<(), _>("has"))?;
+    let has = s.has_chunks(JOB, &[c.id]).await.map_err(err("has"))?;
     ensure(has == vec![true], || {
         "delete_step must not delete chunks".into()
     })?;
     s.delete_chunks(JOB, &[c.id, ChunkId::of(b"absent")])
         .await
-        .map_err(err::<(), _>("delete chunks"))?;
-    let has = s
-        .has_chunks(JOB, &[c.id])
-        .await
-        .map_err(err::<(), _>("has"))?;
+        .map_err(err("delete chunks"))?;
+    let has = s.has_chunks(JOB, &[c.id]).await.map_err(err("has"))?;
     ensure(has == vec![false], || "deleted chunk still present".into())?;
     // A deleted chunk can be stored again.
     let st = s
         .put_chunks(JOB, vec![c.clone()])
         .await
-        .map_err(err::<(), _>("put again"))?;
+        .map_err(err("put again"))?;
     ensure(st.written == 1, || format!("{st:?}"))
 }
 

@@ -53,7 +53,6 @@ struct Inner {
     root: PathBuf,
     engine: Arc<dyn IoEngine>,
     ready: Mutex<HashSet<String>>,
-    counter: AtomicU64,
 }
 
 impl std::fmt::Debug for L1Store {
@@ -89,7 +88,6 @@ impl L1Store {
                 root,
                 engine,
                 ready: Mutex::new(HashSet::new()),
-                counter: AtomicU64::new(0),
             }),
         }
     }
@@ -112,6 +110,44 @@ impl L1Store {
     /// Where a rank's manifest for a step lives.
     pub fn manifest_path(&self, job: &str, step: u64, rank: u32) -> PathBuf {
         self.inner.step_dir(job, step).join(format!("m-{rank}"))
+    }
+
+    /// Deletes the job's chunk files that are not in `keep` and were not
+    /// written or deduplicated against within `grace` (a save in flight
+    /// refreshes the time of every chunk it relies on). Returns the number
+    /// of chunks and bytes deleted.
+    pub async fn sweep(
+        &self,
+        job: &str,
+        keep: std::collections::HashSet<ChunkId>,
+        grace: std::time::Duration,
+    ) -> Result<(u64, u64)> {
+        let job = job.to_string();
+        self.run(move |i| {
+            let now = std::time::SystemTime::now();
+            let mut doomed = Vec::new();
+            let mut bytes = 0;
+            for id in i.list_chunks(&job)? {
+                if keep.contains(&id) {
+                    continue;
+                }
+                let Ok(meta) = std::fs::metadata(i.chunk_path(&job, &id)) else {
+                    continue;
+                };
+                let young = meta
+                    .modified()
+                    .ok()
+                    .and_then(|m| now.duration_since(m).ok())
+                    .is_none_or(|age| age < grace);
+                if !young {
+                    bytes += meta.len();
+                    doomed.push(id);
+                }
+            }
+            i.delete_chunks(&job, &doomed)?;
+            Ok((doomed.len() as u64, bytes))
+        })
+        .await
     }
 
     async fn run<T: Send + 'static>(
@@ -140,7 +176,10 @@ impl Inner {
     }
 
     fn tmp_path(&self, job: &str, what: &str) -> PathBuf {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        // Process-wide, so several stores on one directory (ranks on
+        // threads) never pick the same temporary name.
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         self.job_dir(job)
             .join("tmp")
             .join(format!("{}-{n}-{what}", std::process::id()))

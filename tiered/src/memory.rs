@@ -67,15 +67,17 @@ impl ChunkStore for MemoryStore {
             let mut s = PutStats::default();
             for c in chunks {
                 let len = c.data.len() as u64;
-                if j.chunks.contains_key(&c.id) {
-                    s.deduped += 1;
-                    s.bytes_deduped += len;
-                } else {
-                    // Own copy: the caller's buffer is reused after the put.
-                    j.chunks
-                        .insert(c.id, ChunkData::copy_from(c.data.as_slice()));
-                    s.written += 1;
-                    s.bytes_written += len;
+                match j.chunks.entry(c.id) {
+                    std::collections::hash_map::Entry::Occupied(_) => {
+                        s.deduped += 1;
+                        s.bytes_deduped += len;
+                    }
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        // Own copy: the caller's buffer is reused after the put.
+                        v.insert(ChunkData::copy_from(c.data.as_slice()));
+                        s.written += 1;
+                        s.bytes_written += len;
+                    }
                 }
             }
             Ok(s)

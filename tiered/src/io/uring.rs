@@ -290,9 +290,9 @@ fn run_writes(
                 return None;
             }
             Some(match op.kind {
-                // SAFETY (pointer arithmetic): off + len is within the file's bytes.
+                // off + len lies within the bytes (pieces() cut them so).
                 OpKind::Io { off, len } => {
-                    opcode::Write::new(types::Fd(fd), unsafe { ptr.add(off) }, len as u32)
+                    opcode::Write::new(types::Fd(fd), ptr.wrapping_add(off), len as u32)
                         .offset(off as u64)
                         .build()
                 }
@@ -425,9 +425,9 @@ fn run_reads(
                 return None;
             }
             match op.kind {
-                // SAFETY (pointer arithmetic): off + len is within the buffer's capacity.
+                // off + len lies within the capacity (pieces() cut them so).
                 OpKind::Io { off, len } => Some(
-                    opcode::Read::new(types::Fd(fd), unsafe { ptr.add(off) }, len as u32)
+                    opcode::Read::new(types::Fd(fd), ptr.wrapping_add(off), len as u32)
                         .offset(off as u64)
                         .build(),
                 ),

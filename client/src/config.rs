@@ -1,0 +1,266 @@
+//! [`Config`]: settings for a [`Checkpointer`](crate::Checkpointer), from a
+//! builder, a TOML file, and `STRATA_*` environment variables.
+//!
+//! ```toml
+//! job = "llama-405b"
+//! rank = 0
+//! world_size = 8
+//! l1_dir = "/nvme/strata"
+//! chunk_size = 16777216
+//! io_engine = "auto"          # auto | io_uring | psync
+//! keep_last = 3
+//! busy_policy = "wait"        # wait | skip | error
+//! hash_threads = 2
+//! coordination_timeout_secs = 600
+//! gc_grace_secs = 600
+//! ```
+//!
+//! Every key can be overridden by an environment variable of the same name in
+//! upper case with a `STRATA_` prefix (`STRATA_L1_DIR=/nvme/strata`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use strata_format::layout::{validate_chunk_size, DEFAULT_CHUNK_SIZE};
+use strata_format::names::validate_job_id;
+use strata_tiered::EngineChoice;
+
+use crate::error::{Error, Result};
+
+/// What `save` does when the previous save is still persisting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BusyPolicy {
+    /// Block until the previous save is durable, then snapshot.
+    #[default]
+    Wait,
+    /// Skip this step (counted); training goes on.
+    Skip,
+    /// Return [`Error::Busy`].
+    Error,
+}
+
+impl std::str::FromStr for BusyPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "wait" => Ok(BusyPolicy::Wait),
+            "skip" => Ok(BusyPolicy::Skip),
+            "error" => Ok(BusyPolicy::Error),
+            o => Err(format!("unknown busy policy {o:?} (wait, skip, error)")),
+        }
+    }
+}
+
+/// Settings of a checkpointer.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Job namespace.
+    pub job: String,
+    /// This process's rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world_size: u32,
+    /// L1 directory on local NVMe.
+    pub l1_dir: PathBuf,
+    /// Chunk size in bytes (a multiple of 64; default 16 MiB).
+    pub chunk_size: u32,
+    /// Disk I/O engine: `auto`, `io_uring` or `psync`.
+    pub io_engine: String,
+    /// Committed steps kept on L1.
+    pub keep_last: usize,
+    /// What `save` does while the previous save persists.
+    pub busy_policy: BusyPolicy,
+    /// Threads hashing chunks in the background (default: all cores).
+    pub hash_threads: usize,
+    /// How long ranks wait for each other at a commit or restore.
+    pub coordination_timeout_secs: u64,
+    /// Retention deletes an unreferenced chunk only if it was not written or
+    /// deduplicated against for this long, so a save in flight (of any rank
+    /// sharing the directory) never loses a chunk it relies on.
+    pub gc_grace_secs: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            job: "default".into(),
+            rank: 0,
+            world_size: 1,
+            l1_dir: PathBuf::from("strata-l1"),
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            io_engine: "auto".into(),
+            keep_last: 3,
+            busy_policy: BusyPolicy::Wait,
+            hash_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            coordination_timeout_secs: 600,
+            gc_grace_secs: 600,
+        }
+    }
+}
+
+impl Config {
+    /// Defaults, for the builder methods below.
+    pub fn builder() -> Self {
+        Self::default()
+    }
+
+    /// Sets the job id.
+    pub fn job(mut self, job: impl Into<String>) -> Self {
+        self.job = job.into();
+        self
+    }
+
+    /// Sets rank and world size.
+    pub fn rank(mut self, rank: u32, world_size: u32) -> Self {
+        self.rank = rank;
+        self.world_size = world_size;
+        self
+    }
+
+    /// Sets the L1 directory.
+    pub fn l1_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.l1_dir = dir.into();
+        self
+    }
+
+    /// Sets the chunk size.
+    pub fn chunk_size(mut self, bytes: u32) -> Self {
+        self.chunk_size = bytes;
+        self
+    }
+
+    /// Sets the I/O engine (`auto`, `io_uring`, `psync`).
+    pub fn io_engine(mut self, engine: impl Into<String>) -> Self {
+        self.io_engine = engine.into();
+        self
+    }
+
+    /// Sets how many committed steps L1 keeps.
+    pub fn keep_last(mut self, n: usize) -> Self {
+        self.keep_last = n;
+        self
+    }
+
+    /// Sets the busy policy.
+    pub fn busy_policy(mut self, p: BusyPolicy) -> Self {
+        self.busy_policy = p;
+        self
+    }
+
+    /// Sets the garbage-collection grace period.
+    pub fn gc_grace_secs(mut self, secs: u64) -> Self {
+        self.gc_grace_secs = secs;
+        self
+    }
+
+    /// Sets the coordination timeout.
+    pub fn coordination_timeout_secs(mut self, secs: u64) -> Self {
+        self.coordination_timeout_secs = secs;
+        self
+    }
+
+    /// Parses TOML (missing keys take defaults).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| Error::Config(e.to_string()))
+    }
+
+    /// Reads a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        Self::from_toml(&text)
+    }
+
+    /// Applies `STRATA_*` overrides from an environment (`std::env::vars()`
+    /// in production; injected in tests).
+    pub fn with_env(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
+        for (k, v) in vars {
+            let Some(key) = k.strip_prefix("STRATA_") else {
+                continue;
+            };
+            let bad = |e: String| Error::Config(format!("{k}={v:?}: {e}"));
+            let num = |v: &str| v.parse::<u64>().map_err(|e| bad(e.to_string()));
+            match key {
+                "JOB" => self.job = v.clone(),
+                "RANK" => self.rank = num(&v)?.try_into().map_err(|_| bad("too large".into()))?,
+                "WORLD_SIZE" => {
+                    self.world_size = num(&v)?.try_into().map_err(|_| bad("too large".into()))?
+                }
+                "L1_DIR" => self.l1_dir = PathBuf::from(&v),
+                "CHUNK_SIZE" => {
+                    self.chunk_size = num(&v)?.try_into().map_err(|_| bad("too large".into()))?
+                }
+                "IO_ENGINE" => self.io_engine = v.clone(),
+                "KEEP_LAST" => self.keep_last = num(&v)? as usize,
+                "BUSY_POLICY" => self.busy_policy = v.parse().map_err(bad)?,
+                "HASH_THREADS" => self.hash_threads = num(&v)? as usize,
+                "COORDINATION_TIMEOUT_SECS" => self.coordination_timeout_secs = num(&v)?,
+                "GC_GRACE_SECS" => self.gc_grace_secs = num(&v)?,
+                _ => {}
+            }
+        }
+        Ok(self)
+    }
+
+    /// Checks every setting.
+    pub fn validate(&self) -> Result<()> {
+        validate_job_id(&self.job).map_err(|e| Error::Config(e.to_string()))?;
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return Err(Error::Config(format!(
+                "rank {} of world size {}",
+                self.rank, self.world_size
+            )));
+        }
+        validate_chunk_size(self.chunk_size).map_err(|e| Error::Config(e.to_string()))?;
+        self.engine()?;
+        if self.keep_last == 0 {
+            return Err(Error::Config("keep_last must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    /// The I/O engine choice.
+    pub fn engine(&self) -> Result<EngineChoice> {
+        self.io_engine.parse().map_err(Error::Config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_env_and_builder() {
+        let c = Config::from_toml(
+            "job = \"j1\"\nrank = 1\nworld_size = 4\nbusy_policy = \"skip\"\nio_engine = \"psync\"",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.job.as_str(), c.rank, c.world_size, c.busy_policy),
+            ("j1", 1, 4, BusyPolicy::Skip)
+        );
+        c.validate().unwrap();
+        let c = c
+            .with_env([
+                ("STRATA_RANK".into(), "3".into()),
+                ("STRATA_L1_DIR".into(), "/x".into()),
+                ("OTHER".into(), "1".into()),
+            ])
+            .unwrap();
+        assert_eq!((c.rank, c.l1_dir.as_path()), (3, Path::new("/x")));
+        assert!(c
+            .clone()
+            .with_env([("STRATA_RANK".into(), "x".into())])
+            .is_err());
+        assert!(
+            Config::from_toml("jobb = 1").is_err(),
+            "unknown keys are refused"
+        );
+        assert!(Config::builder().rank(4, 4).validate().is_err());
+        assert!(Config::builder().chunk_size(100).validate().is_err());
+        assert!(Config::builder().io_engine("spdk").validate().is_err());
+        assert!(Config::builder().job("../x").validate().is_err());
+    }
+}

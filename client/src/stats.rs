@@ -1,0 +1,36 @@
+//! What a save did, for logs, dashboards and the demo.
+
+use std::time::Duration;
+
+/// Counters of one save.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SaveStats {
+    /// The step.
+    pub step: u64,
+    /// True if the busy policy skipped this step (nothing was saved).
+    pub skipped: bool,
+    /// Time `save` blocked the caller (the snapshot into staging memory).
+    pub stall: Duration,
+    /// Time from the `save` call until the step was durable and committed.
+    pub to_durable: Duration,
+    /// Sum of the entries' lengths.
+    pub logical_bytes: u64,
+    /// Chunks in the shard.
+    pub chunks: u64,
+    /// Chunk bytes written to L1 (new chunk ids).
+    pub bytes_written: u64,
+    /// Chunk bytes L1 already held (unchanged tensors).
+    pub bytes_deduped: u64,
+    /// Chunks written.
+    pub chunks_written: u64,
+    /// Chunks L1 already held.
+    pub chunks_deduped: u64,
+    /// Time spent hashing (on the background pool).
+    pub hash_time: Duration,
+    /// Time spent writing chunks and the manifest.
+    pub write_time: Duration,
+    /// Steps and chunk bytes removed by retention after this save.
+    pub retired_steps: u64,
+    /// Chunk bytes deleted by retention.
+    pub retired_bytes: u64,
+}
