@@ -4,6 +4,7 @@
 //! synthetic multi-GiB training state and prints throughput and ratios. The
 //! inspection commands (`ls`, `show`, `verify`, ...) arrive with the tiers.
 
+mod codec_report;
 mod demo;
 mod out;
 mod size;

@@ -364,8 +364,12 @@ fn snapshot(
         |_, i| {
             let plan = &layout.chunks[i];
             if let Ok(mut region) = regions[i].lock() {
-                if plan.single_piece().is_none() {
-                    region.fill(0);
+                // Zero only the alignment gaps between packed pieces: every
+                // other byte is overwritten below.
+                let mut end = 0usize;
+                for p in &plan.pieces {
+                    region[end..p.chunk_offset as usize].fill(0);
+                    end = (p.chunk_offset + p.len) as usize;
                 }
                 for p in &plan.pieces {
                     let src = &state[p.entry].bytes

@@ -2,7 +2,10 @@
 //!
 //! Rules, chosen for dedup:
 //! * An entry at least one chunk long starts on a chunk boundary of its own
-//!   and fills whole chunks, its tail in a chunk of its own. So an unchanged
+//!   and fills whole chunks, its tail in a chunk of its own. An entry of at
+//!   least [`OWN_CHUNK_DIVISOR`]th of a chunk also gets a chunk of its own
+//!   (a shorter one), so a medium tensor that changes does not drag the
+//!   unchanged tensors packed beside it into a new chunk. So an unchanged
 //!   tensor gives the same chunk ids at every step, whatever its neighbours
 //!   did, and identical tensors on different ranks give the same ids.
 //! * Smaller entries are packed, in order, into shared chunks, each starting
@@ -22,6 +25,10 @@ use crate::error::{FormatError, Result};
 use crate::frame::MAX_CHUNK_LEN;
 use crate::names::validate_entry_name;
 use crate::DType;
+
+/// Entries of at least `chunk_size / OWN_CHUNK_DIVISOR` bytes are never
+/// packed with others.
+pub const OWN_CHUNK_DIVISOR: u64 = 8;
 
 /// Alignment of an entry packed into a shared chunk.
 pub const PACK_ALIGN: u64 = 64;
@@ -216,7 +223,7 @@ impl Layout {
                 continue;
             }
             let hint = e.kind.elem_hint();
-            if e.len >= cs {
+            if e.len >= cs / OWN_CHUNK_DIVISOR {
                 let mut off = 0u64;
                 while off < e.len {
                     let len = (e.len - off).min(cs);

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use strata_format::layout::{EntrySpec, Layout, PACK_ALIGN};
+use strata_format::layout::{EntrySpec, Layout, OWN_CHUNK_DIVISOR, PACK_ALIGN};
 use strata_format::{ChunkId, CommitRecord, DType, ShardInfo, ShardManifest, ShardRef};
 
 const CHUNK: u32 = 1024;
@@ -92,8 +92,8 @@ proptest! {
     fn alignment_rule(specs in entry_specs()) {
         let layout = Layout::plan(&specs, CHUNK).unwrap();
         for (spec, segs) in specs.iter().zip(&layout.segments) {
-            if spec.len >= u64::from(CHUNK) {
-                // Large entries own their chunks, starting at offset 0, full except the tail.
+            if spec.len >= u64::from(CHUNK) / OWN_CHUNK_DIVISOR {
+                // Large and medium entries own their chunks, starting at offset 0, full except the tail.
                 for (k, s) in segs.iter().enumerate() {
                     prop_assert_eq!(s.offset, 0);
                     prop_assert_eq!(layout.chunks[s.chunk as usize].pieces.len(), 1);
@@ -117,10 +117,10 @@ proptest! {
         prop_assert_eq!(&a, &Layout::plan(&specs, CHUNK).unwrap());
         let data = bytes_for(&specs, 0);
         let ids = chunk_ids(&a, &data);
-        // Change every small entry: the chunks of large entries keep their ids.
+        // Change every packed entry: the chunks of entries that own theirs keep their ids.
         let mut changed = data.clone();
         for (spec, bytes) in specs.iter().zip(changed.iter_mut()) {
-            if spec.len < u64::from(CHUNK) {
+            if spec.len < u64::from(CHUNK) / OWN_CHUNK_DIVISOR {
                 for b in bytes.iter_mut() {
                     *b ^= salt;
                 }
@@ -128,7 +128,7 @@ proptest! {
         }
         let ids2 = chunk_ids(&a, &changed);
         for (spec, segs) in specs.iter().zip(&a.segments) {
-            if spec.len >= u64::from(CHUNK) {
+            if spec.len >= u64::from(CHUNK) / OWN_CHUNK_DIVISOR {
                 for s in segs {
                     prop_assert_eq!(ids[s.chunk as usize], ids2[s.chunk as usize]);
                 }
