@@ -228,7 +228,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         copy.len()
     );
 
-    let mut last = start;
+    let mut last = None;
     for step in start..start + args.steps {
         if step != start {
             state.advance(args.seed, 0, step, threads);
@@ -256,23 +256,28 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
                 String::new()
             }
         );
-        last = step;
+        last = Some(step);
     }
 
-    let took = restore_and_check(&ck, &state, last)?;
-    say!(
-        "restored step {last}: {} verified byte-identical in {:.2} s ({:.2} GB/s)",
-        human(logical),
-        took.as_secs_f64(),
-        gbps(logical, took)
-    );
+    if let Some(last) = last {
+        let took = restore_and_check(&ck, &state, last)?;
+        say!(
+            "restored step {last}: {} verified byte-identical in {:.2} s ({:.2} GB/s)",
+            human(logical),
+            took.as_secs_f64(),
+            gbps(logical, took)
+        );
+    }
     if !args.no_codecs {
         say!("codec report (what a compressing tier would store):");
         crate::codec_report::report(&state.specs, &state.data, chunk_size, threads)?;
     }
-    say!(
-        "ok: steps {start}..={last} saved, committed and verified on L1 at {}",
-        args.dir.display()
-    );
+    match last {
+        Some(last) => say!(
+            "ok: steps {start}..={last} saved, committed and verified on L1 at {}",
+            args.dir.display()
+        ),
+        None => say!("ok: nothing new saved (--steps 0)"),
+    }
     Ok(())
 }
