@@ -301,32 +301,60 @@ impl Inner {
                 max_len: MAX_CHUNK_LEN as usize,
             })
             .collect();
-        self.engine
-            .read_files(reqs)
-            .into_iter()
-            .zip(ids)
-            .map(|(res, id)| {
-                let path = self.chunk_path(job, id);
-                let buf = res.map_err(|e| match e.kind() {
-                    std::io::ErrorKind::NotFound => StoreError::NotFound {
-                        what: format!("chunk {id}"),
-                    },
-                    std::io::ErrorKind::InvalidData => StoreError::Corrupt {
-                        what: format!("chunk {id} ({})", path.display()),
-                        source: strata_format::FormatError::TooLarge {
-                            what: "chunk file",
-                            value: u64::MAX,
-                            limit: u64::from(MAX_CHUNK_LEN),
-                        },
-                    },
-                    _ => StoreError::io("reading chunk", &path, e),
-                })?;
-                verify(id, &buf, || {
-                    format!("chunk {id} in L1 ({})", path.display())
-                })?;
-                Ok(ChunkData::whole(buf))
+        let read: Vec<(std::io::Result<crate::AlignedBuf>, &ChunkId)> =
+            self.engine.read_files(reqs).into_iter().zip(ids).collect();
+        // Verification (BLAKE3 of every byte) is the CPU-heavy part of a
+        // restore: spread it over the cores.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(read.len().max(1));
+        let per = read.len().div_ceil(threads);
+        let mut slots: Vec<Option<(std::io::Result<crate::AlignedBuf>, &ChunkId)>> =
+            read.into_iter().map(Some).collect();
+        let mut out: Vec<Option<Result<ChunkData>>> = (0..slots.len()).map(|_| None).collect();
+        std::thread::scope(|s| {
+            for (ins, outs) in slots.chunks_mut(per.max(1)).zip(out.chunks_mut(per.max(1))) {
+                s.spawn(move || {
+                    for (slot, o) in ins.iter_mut().zip(outs.iter_mut()) {
+                        if let Some((res, id)) = slot.take() {
+                            *o = Some(self.check_read(job, id, res));
+                        }
+                    }
+                });
+            }
+        });
+        out.into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| Err(StoreError::Internal("verification thread failed".into())))
             })
             .collect()
+    }
+
+    fn check_read(
+        &self,
+        job: &str,
+        id: &ChunkId,
+        res: std::io::Result<crate::AlignedBuf>,
+    ) -> Result<ChunkData> {
+        let path = self.chunk_path(job, id);
+        let buf = res.map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => StoreError::NotFound {
+                what: format!("chunk {id}"),
+            },
+            std::io::ErrorKind::InvalidData => StoreError::Corrupt {
+                what: format!("chunk {id} ({})", path.display()),
+                source: strata_format::FormatError::TooLarge {
+                    what: "chunk file",
+                    value: u64::MAX,
+                    limit: u64::from(MAX_CHUNK_LEN),
+                },
+            },
+            _ => StoreError::io("reading chunk", &path, e),
+        })?;
+        verify(id, &buf, || {
+            format!("chunk {id} in L1 ({})", path.display())
+        })?;
+        Ok(ChunkData::whole(buf))
     }
 
     fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
