@@ -209,6 +209,16 @@ fn drive(
     }
 }
 
+/// After a ring failure the kernel may still read or write the requests'
+/// buffers: leak them rather than free memory under the kernel, and fail
+/// every request.
+fn abandon<B, T>(buffers: B, n: usize, e: &std::io::Error) -> Vec<std::io::Result<T>> {
+    std::mem::forget(buffers);
+    (0..n)
+        .map(|_| Err(std::io::Error::other(format!("io_uring failed: {e}"))))
+        .collect()
+}
+
 fn errno(res: i32) -> std::io::Error {
     std::io::Error::from_raw_os_error(-res)
 }
@@ -351,12 +361,7 @@ fn run_writes(
         },
     );
     if let Err(e) = result {
-        // The kernel may still write from these buffers: never free them.
-        let msg = e.to_string();
-        std::mem::forget(files);
-        return (0..reqs.len())
-            .map(|_| Err(std::io::Error::other(format!("io_uring failed: {msg}"))))
-            .collect();
+        return abandon(files, reqs.len(), &e);
     }
     files
         .into_iter()
@@ -457,11 +462,7 @@ fn run_reads(
         },
     );
     if let Err(e) = result {
-        let msg = e.to_string();
-        std::mem::forget(files);
-        return (0..reqs.len())
-            .map(|_| Err(std::io::Error::other(format!("io_uring failed: {msg}"))))
-            .collect();
+        return abandon(files, reqs.len(), &e);
     }
     files
         .into_iter()
