@@ -35,7 +35,9 @@ use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
 use crate::fsutil::{fsync_dir, read_bounded, rename_noreplace, write_durable};
 use crate::io::{open_engine, EngineChoice, IoEngine, ReadReq, WriteReq};
-use crate::store::{slice_range, verify, ChunkPut, ChunkStore, PutStats, StepInfo};
+use crate::store::{
+    commit_conflict, commit_slot, slice_range, verify, ChunkPut, ChunkStore, PutStats, StepInfo,
+};
 
 /// Temporary files older than this, found when a job is opened, are left
 /// over from a crash and removed.
@@ -435,21 +437,14 @@ impl Inner {
     }
 
     fn commit(&self, record: &CommitRecord) -> Result<()> {
-        let bytes = record.encode()?;
-        let first = record
-            .shards
-            .first()
-            .map(|s| s.rank)
-            .ok_or_else(|| StoreError::invalid("commit record", "names no shard"))?;
+        let (first, bytes) = commit_slot(record)?;
         let dir = self.ensure_step_dir(&record.job, record.step)?;
         let path = dir.join(format!("c-{first}"));
         let tmp = self.tmp_path(&record.job, "commit");
         if !write_durable(&tmp, &path, &bytes, false)? {
             let existing = read_bounded(&path, MAX_RECORD_LEN, "commit record")?;
             if existing != bytes {
-                return Err(StoreError::AlreadyExists {
-                    what: format!("commit record for step {} rank {first}", record.step),
-                });
+                return Err(commit_conflict(record.step, first));
             }
         }
         fsync_dir(&dir)

@@ -11,7 +11,9 @@ use strata_format::{ChunkId, CommitRecord};
 
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
-use crate::store::{slice_range, verify, ChunkPut, ChunkStore, PutStats, StepInfo};
+use crate::store::{
+    commit_conflict, commit_slot, slice_range, verify, ChunkPut, ChunkStore, PutStats, StepInfo,
+};
 
 #[derive(Default)]
 struct Job {
@@ -144,18 +146,11 @@ impl ChunkStore for MemoryStore {
     }
 
     async fn commit(&self, record: &CommitRecord) -> Result<()> {
-        let bytes = record.encode()?;
-        let first = record
-            .shards
-            .first()
-            .map(|s| s.rank)
-            .ok_or_else(|| StoreError::invalid("commit record", "names no shard"))?;
+        let (first, bytes) = commit_slot(record)?;
         self.with(&record.job, |j| {
             match j.records.get(&(record.step, first)) {
                 Some(existing) if *existing == bytes => Ok(()),
-                Some(_) => Err(StoreError::AlreadyExists {
-                    what: format!("commit record for step {} rank {first}", record.step),
-                }),
+                Some(_) => Err(commit_conflict(record.step, first)),
                 None => {
                     j.records.insert((record.step, first), bytes);
                     Ok(())

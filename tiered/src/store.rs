@@ -167,6 +167,25 @@ pub trait ChunkStore: Send + Sync + std::fmt::Debug {
     async fn delete_step(&self, job: &str, step: u64) -> Result<()>;
 }
 
+/// Where a commit record goes and what it holds: the rank that names it (its
+/// first shard) and its encoding. Every tier keys records the same way.
+pub(crate) fn commit_slot(record: &CommitRecord) -> Result<(u32, Vec<u8>)> {
+    let bytes = record.encode()?;
+    let first = record
+        .shards
+        .first()
+        .map(|s| s.rank)
+        .ok_or_else(|| crate::error::StoreError::invalid("commit record", "names no shard"))?;
+    Ok((first, bytes))
+}
+
+/// The error for a create-only commit that found a different record.
+pub(crate) fn commit_conflict(step: u64, first: u32) -> crate::error::StoreError {
+    crate::error::StoreError::AlreadyExists {
+        what: format!("commit record for step {step} rank {first}"),
+    }
+}
+
 /// Verifies that `data` hashes to `id`.
 pub(crate) fn verify(id: &ChunkId, data: &[u8], what: impl FnOnce() -> String) -> Result<()> {
     let actual = ChunkId::of(data);

@@ -141,8 +141,8 @@ async fn stale_temporaries_are_cleared_on_open() {
     assert!(fresh.exists(), "a temporary another writer may own is kept");
 }
 
-/// A full disk: a small tmpfs (which also refuses O_DIRECT, exercising the
-/// buffered fallback). Needs root to mount; says so and skips otherwise.
+/// A full disk: a small tmpfs. Needs root to mount; says so and skips
+/// otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_disk_is_a_no_space_error_and_loses_nothing() {
     let d = tempfile::tempdir().unwrap();
@@ -209,4 +209,52 @@ async fn futures_catch<F: std::future::Future<Output = ()>>(
         }
     })
     .await
+}
+
+/// A file system that refuses O_DIRECT (ramfs: the kernel creates the file,
+/// then fails the open with EINVAL): both engines fall back to buffered I/O
+/// plus fdatasync, and everything still round-trips. Needs root to mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn o_direct_refused_falls_back_to_buffered_io() {
+    let d = tempfile::tempdir().unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "ramfs", "ramfs"])
+        .arg(d.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("SKIPPED O_DIRECT fallback test: cannot mount a ramfs here (needs root)");
+        return;
+    }
+    let result = std::panic::AssertUnwindSafe(async {
+        for engine in [EngineChoice::IoUring, EngineChoice::Psync] {
+            let root = d.path().join(format!("{engine:?}"));
+            let s = L1Store::open(&root, engine).unwrap();
+            let chunks: Vec<_> = (0..5).map(|i| chunk(1 + i * 300_007, i as u8)).collect();
+            let st = s.put_chunks(JOB, chunks.clone()).await.unwrap();
+            assert_eq!(st.written, 5, "{engine:?}");
+            for c in &chunks {
+                assert_eq!(
+                    s.get_chunk(JOB, &c.id, None).await.unwrap().as_slice(),
+                    c.data.as_slice()
+                );
+                assert_eq!(
+                    std::fs::metadata(s.chunk_path(JOB, &c.id)).unwrap().len(),
+                    c.data.len() as u64
+                );
+            }
+            assert_eq!(
+                std::fs::read_dir(root.join(JOB).join("tmp"))
+                    .unwrap()
+                    .count(),
+                0,
+                "no leftovers"
+            );
+        }
+    });
+    let outcome = futures_catch(result).await;
+    let _ = Command::new("umount").arg(d.path()).status();
+    if let Err(p) = outcome {
+        std::panic::resume_unwind(p);
+    }
 }

@@ -5,8 +5,9 @@
 //! long as it needs. Files are written with O_DIRECT from aligned buffers
 //! (padded to the block size, then truncated to their length) and made durable
 //! with `fdatasync`; reads use O_DIRECT into aligned buffers. Where the file
-//! system refuses O_DIRECT (tmpfs), the engines fall back to buffered I/O plus
-//! `fdatasync` and say so once in the log.
+//! system refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE and network
+//! file systems), the engines fall back to buffered I/O plus `fdatasync` and
+//! say so once in the log.
 
 mod psync;
 mod uring;
@@ -119,7 +120,12 @@ pub(crate) fn open_direct(
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| tracing::warn!(path = %path.display(), "O_DIRECT refused by the file system; using buffered I/O + fdatasync"));
-            // create_new failed before creating anything when O_DIRECT is refused.
+            // The kernel checks O_DIRECT after creating the inode, so a
+            // refused create-only open can leave an empty file behind. The
+            // path is this process's own temporary name: remove and retry.
+            if create {
+                let _ = std::fs::remove_file(path);
+            }
             Ok((open(false)?, false))
         }
         Err(e) => Err(e),
