@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use strata_format::{ChunkId, ShardManifest};
-use strata_tiered::ChunkStore;
+use strata_tiered::{ChunkStore, StepInfo};
 
 use crate::checkpointer::{Checkpointer, Shared};
 use crate::error::{Error, Result};
@@ -24,19 +24,23 @@ pub enum StepSelector {
     Step(u64),
 }
 
+/// The steps this rank committed on L1 in a world of the configured size.
+fn restorable(cfg: &crate::Config, steps: &[StepInfo]) -> BTreeSet<u64> {
+    steps
+        .iter()
+        .filter(|st| {
+            st.committed_ranks().contains(&cfg.rank) && st.world_size() == Some(cfg.world_size)
+        })
+        .map(|st| st.step)
+        .collect()
+}
+
 impl Checkpointer {
     /// The steps this rank has committed on L1, oldest first.
     pub fn committed_steps(&self) -> Result<Vec<u64>> {
         let s = &self.shared;
         let steps = s.rt.block_on(s.l1.list_steps(&s.cfg.job))?;
-        Ok(steps
-            .iter()
-            .filter(|st| {
-                st.committed_ranks().contains(&s.cfg.rank)
-                    && st.world_size() == Some(s.cfg.world_size)
-            })
-            .map(|st| st.step)
-            .collect())
+        Ok(restorable(&s.cfg, &steps).into_iter().collect())
     }
 
     /// Restores the selected step and returns the state (entries in save
@@ -105,13 +109,7 @@ impl Checkpointer {
         let s = &self.shared;
         let cfg = &s.cfg;
         let steps = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
-        let mine: BTreeSet<u64> = steps
-            .iter()
-            .filter(|st| {
-                st.committed_ranks().contains(&cfg.rank) && st.world_size() == Some(cfg.world_size)
-            })
-            .map(|st| st.step)
-            .collect();
+        let mine = restorable(cfg, &steps);
         let n = s.restores.fetch_add(1, Ordering::Relaxed);
         let payload: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
         let all = s.coord.all_gather(

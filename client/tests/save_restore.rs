@@ -319,3 +319,36 @@ fn invalid_state_is_refused_before_anything_is_written() {
         Err(Error::NothingToRestore(_))
     ));
 }
+
+#[test]
+fn wait_policy_blocks_until_the_previous_save_is_finished() {
+    let d = tempfile::tempdir().unwrap();
+    // World of two with only rank 0 saving: step 1 stays in flight until its
+    // commit barrier times out (1 s), so the next save must wait for it.
+    let coord = Arc::new(InProcessCoordinator::new(2));
+    let ck = Checkpointer::with_coordinator(
+        cfg(d.path())
+            .rank(0, 2)
+            .coordination_timeout_secs(1)
+            .busy_policy(BusyPolicy::Wait),
+        coord,
+    )
+    .unwrap();
+    let st = State::new(2, MIB, 1);
+    let first = ck.save(1, &st.entries()).unwrap();
+    let second = ck.save(2, &st.entries()).unwrap();
+    assert!(
+        first.is_done(),
+        "wait returns only once the previous save finished"
+    );
+    assert!(
+        second.stall() >= std::time::Duration::from_millis(500),
+        "the wait is part of the stall: {:?}",
+        second.stall()
+    );
+    assert!(
+        first.wait().is_err() && second.wait().is_err(),
+        "neither step commits without rank 1"
+    );
+    assert_eq!(ck.skipped_saves(), 0);
+}
