@@ -44,6 +44,6 @@ pub use coordinator::{Coordinator, InProcessCoordinator, SoloCoordinator};
 pub use error::{Error, Result};
 pub use restore::StepSelector;
 pub use state::{Entry, RestoredEntry, RestoredState};
-pub use stats::SaveStats;
+pub use stats::{RestoreStats, SaveStats};
 pub use strata_format as format;
 pub use strata_tiered as tiered;

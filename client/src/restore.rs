@@ -2,18 +2,24 @@
 //! chunk, and place the bytes in the destination buffers.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use strata_format::{ChunkId, ShardManifest};
-use strata_tiered::{ChunkStore, StepInfo};
+use strata_tiered::{AlignedBuf, ChunkStore, StepInfo};
 
 use crate::checkpointer::{Checkpointer, Shared};
 use crate::error::{Error, Result};
 use crate::state::{RestoredEntry, RestoredState};
+use crate::stats::RestoreStats;
 
-/// Chunks fetched per batch: bounds restore memory to this many chunks.
+/// Most chunks one restore lane reads at once.
 const FETCH_BATCH: usize = 16;
+/// Most bytes one restore lane reads at once.
+const BATCH_BYTES: u64 = 64 << 20;
+/// Restore lanes: one reads while the others verify and copy.
+const RESTORE_LANES: usize = 3;
 
 /// Which step to restore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,34 +56,41 @@ impl Checkpointer {
         let mut entries: Vec<RestoredEntry> = manifest
             .entries
             .iter()
-            .map(|e| RestoredEntry {
-                name: e.name.clone(),
-                kind: e.kind.clone(),
-                bytes: vec![0u8; e.len as usize],
+            .map(|e| {
+                let mut bytes = vec![0u8; e.len as usize];
+                // Untouched memory yet: let it fault in as huge pages.
+                strata_tiered::aligned::advise_huge_pages(&mut bytes);
+                RestoredEntry {
+                    name: e.name.clone(),
+                    kind: e.kind.clone(),
+                    bytes,
+                }
             })
             .collect();
-        {
+        let stats = {
             let mut dests: Vec<Option<&mut [u8]>> = entries
                 .iter_mut()
                 .map(|e| Some(e.bytes.as_mut_slice()))
                 .collect();
-            fetch_into(&self.shared, &manifest, &mut dests)?;
-        }
+            fetch_into(&self.shared, &manifest, &mut dests)?
+        };
         Ok(RestoredState {
             step,
             entries,
             metadata: manifest.metadata,
+            stats,
         })
     }
 
     /// Restores the selected step into caller-provided buffers, by entry name
     /// (a subset of the entries is fine; only their chunks are read). Each
-    /// buffer must be exactly the entry's length. Returns the step.
+    /// buffer must be exactly the entry's length. Returns what was read
+    /// (the step is `stats.step`).
     pub fn restore_into(
         &self,
         which: StepSelector,
         dests: &mut [(&str, &mut [u8])],
-    ) -> Result<u64> {
+    ) -> Result<RestoreStats> {
         let (step, manifest) = self.agree_and_load(which)?;
         let index: HashMap<&str, usize> = manifest
             .entries
@@ -99,8 +112,7 @@ impl Checkpointer {
             }
             slots[i] = Some(&mut **buf);
         }
-        fetch_into(&self.shared, &manifest, &mut slots)?;
-        Ok(step)
+        fetch_into(&self.shared, &manifest, &mut slots)
     }
 
     /// Agrees with every rank on the step, then reads and checks this rank's
@@ -174,11 +186,25 @@ impl Checkpointer {
     }
 }
 
-/// Fetches the chunks the wanted entries need (in bounded batches), verified
-/// by the tier, and copies each segment into its entry's buffer.
-fn fetch_into(s: &Shared, m: &ShardManifest, dests: &mut [Option<&mut [u8]>]) -> Result<()> {
-    // chunk index -> (entry, offset in entry, offset in chunk, len)
-    let mut uses: Vec<Vec<(usize, usize, usize, usize)>> = vec![Vec::new(); m.chunks.len()];
+/// One segment of a chunk that lands in an entry:
+/// (entry, offset in entry, offset in chunk, length).
+type Use = (usize, usize, usize, usize);
+
+/// Fetches the chunks the wanted entries need, verified by the tier, and
+/// copies each segment into its entry's buffer.
+///
+/// [`RESTORE_LANES`] lanes each take the next batch of chunks (at most
+/// [`BATCH_BYTES`]), read it into the lane's own reused buffers, and copy it
+/// out: while one lane verifies and copies, another's reads keep the disk
+/// busy. Memory in flight is bounded by lanes × batch bytes, whatever the
+/// shard's size.
+fn fetch_into(
+    s: &Shared,
+    m: &ShardManifest,
+    dests: &mut [Option<&mut [u8]>],
+) -> Result<RestoreStats> {
+    let started = Instant::now();
+    let mut uses: Vec<Vec<Use>> = vec![Vec::new(); m.chunks.len()];
     for (ei, e) in m.entries.iter().enumerate() {
         if dests.get(ei).is_none_or(Option::is_none) {
             continue;
@@ -189,37 +215,128 @@ fn fetch_into(s: &Shared, m: &ShardManifest, dests: &mut [Option<&mut [u8]>]) ->
             at += seg.len as usize;
         }
     }
-    let needed: Vec<usize> = (0..m.chunks.len())
-        .filter(|&c| !uses[c].is_empty())
+    // Batches of consecutive needed chunks, bounded in count and bytes.
+    let mut batches: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut cur_bytes = 0u64;
+    for c in (0..m.chunks.len()).filter(|&c| !uses[c].is_empty()) {
+        let len = u64::from(m.chunks[c].len);
+        if !cur.is_empty() && (cur.len() >= FETCH_BATCH || cur_bytes + len > BATCH_BYTES) {
+            batches.push(std::mem::take(&mut cur));
+            cur_bytes = 0;
+        }
+        cur.push(c);
+        cur_bytes += len;
+    }
+    if !cur.is_empty() {
+        batches.push(cur);
+    }
+    let dests: Vec<Option<Mutex<&mut [u8]>>> = dests
+        .iter_mut()
+        .map(|d| d.as_mut().map(|b| Mutex::new(&mut **b)))
         .collect();
-    for batch in needed.chunks(FETCH_BATCH) {
-        let ids: Vec<ChunkId> = batch.iter().map(|&c| m.chunks[c].id).collect();
-        let got = s.rt.block_on(s.l1.get_chunks(&s.cfg.job, &ids));
-        for (&c, res) in batch.iter().zip(got) {
-            let data = res.map_err(|source| Error::Chunk {
-                chunk: m.chunks[c].id,
-                entries: {
-                    let mut names: Vec<String> = Vec::new();
-                    for u in &uses[c] {
-                        if !names.contains(&m.entries[u.0].name) {
-                            names.push(m.entries[u.0].name.clone());
-                        }
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let bytes = AtomicU64::new(0);
+    let lane = |errors: &mut Vec<(usize, Error)>| {
+        let mut spare: Vec<AlignedBuf> = Vec::new();
+        loop {
+            let b = next.fetch_add(1, Ordering::Relaxed);
+            if b >= batches.len() || failed.load(Ordering::Relaxed) {
+                return;
+            }
+            let batch = &batches[b];
+            let ids: Vec<ChunkId> = batch.iter().map(|&c| m.chunks[c].id).collect();
+            let got = {
+                let _span =
+                    tracing::debug_span!("fetch_batch", batch = b, chunks = ids.len()).entered();
+                s.rt.block_on(s.l1.get_chunks_reusing(&s.cfg.job, &ids, std::mem::take(&mut spare)))
+            };
+            for (&c, res) in batch.iter().zip(got) {
+                let placed = res
+                    .map_err(|source| Error::Chunk {
+                        chunk: m.chunks[c].id,
+                        entries: entry_names(m, &uses[c]),
+                        source: Box::new(source),
+                    })
+                    .and_then(|data| {
+                        place(m, c, &uses[c], data.as_slice(), &dests)?;
+                        bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                        Ok(data)
+                    });
+                match placed {
+                    Ok(data) => spare.extend(data.into_buf()),
+                    Err(e) => {
+                        failed.store(true, Ordering::Relaxed);
+                        errors.push((c, e));
                     }
-                    names
-                },
-                source: Box::new(source),
-            })?;
-            let bytes = data.as_slice();
-            for &(ei, eoff, coff, len) in &uses[c] {
-                let src = bytes.get(coff..coff + len).ok_or_else(|| Error::Manifest {
-                    step: m.info.step,
-                    rank: m.info.rank,
-                    reason: format!("segment outside chunk {}", m.chunks[c].id),
-                })?;
-                if let Some(Some(dst)) = dests.get_mut(ei) {
-                    dst[eoff..eoff + len].copy_from_slice(src);
                 }
             }
+        }
+    };
+    let mut errors: Vec<(usize, Error)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..RESTORE_LANES.min(batches.len()))
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut errs = Vec::new();
+                    lane(&mut errs);
+                    errs
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    // Report the first damaged chunk in shard order, whichever lane saw it.
+    errors.sort_by_key(|(c, _)| *c);
+    if let Some((_, e)) = errors.into_iter().next() {
+        return Err(e);
+    }
+    Ok(RestoreStats {
+        step: m.info.step,
+        chunks: batches.iter().map(Vec::len).sum::<usize>() as u64,
+        bytes_read: bytes.load(Ordering::Relaxed),
+        duration: started.elapsed(),
+    })
+}
+
+/// The names of the entries a chunk's segments belong to (for errors).
+fn entry_names(m: &ShardManifest, uses: &[Use]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for u in uses {
+        if !names.contains(&m.entries[u.0].name) {
+            names.push(m.entries[u.0].name.clone());
+        }
+    }
+    names
+}
+
+/// Copies a verified chunk's segments into their entries' buffers.
+fn place(
+    m: &ShardManifest,
+    c: usize,
+    uses: &[Use],
+    bytes: &[u8],
+    dests: &[Option<Mutex<&mut [u8]>>],
+) -> Result<()> {
+    for &(ei, eoff, coff, len) in uses {
+        let bad = |reason: String| Error::Manifest {
+            step: m.info.step,
+            rank: m.info.rank,
+            reason,
+        };
+        let src = bytes
+            .get(coff..coff + len)
+            .ok_or_else(|| bad(format!("segment outside chunk {}", m.chunks[c].id)))?;
+        if let Some(Some(dst)) = dests.get(ei) {
+            let mut dst = dst
+                .lock()
+                .map_err(|_| Error::Pipeline("a restore lane panicked".into()))?;
+            dst.get_mut(eoff..eoff + len)
+                .ok_or_else(|| bad(format!("segment outside entry {}", m.entries[ei].name)))?
+                .copy_from_slice(src);
         }
     }
     Ok(())

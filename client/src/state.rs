@@ -75,6 +75,8 @@ pub struct RestoredState {
     pub entries: Vec<RestoredEntry>,
     /// User metadata saved with the shard.
     pub metadata: std::collections::BTreeMap<String, String>,
+    /// What the restore read and how long it took.
+    pub stats: crate::stats::RestoreStats,
 }
 
 impl RestoredState {

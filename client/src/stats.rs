@@ -34,3 +34,17 @@ pub struct SaveStats {
     /// Chunk bytes deleted by retention.
     pub retired_bytes: u64,
 }
+
+/// Counters of one restore (or `restore_into`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreStats {
+    /// The step restored.
+    pub step: u64,
+    /// Chunks read and verified.
+    pub chunks: u64,
+    /// Chunk bytes read and verified.
+    pub bytes_read: u64,
+    /// Time to read, verify and place every chunk (after agreeing on the
+    /// step and loading the manifest).
+    pub duration: Duration,
+}

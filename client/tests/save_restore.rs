@@ -123,13 +123,19 @@ fn restore_into_caller_buffers_reads_only_what_is_asked() {
     ck.save(4, &st.entries()).unwrap().wait().unwrap();
     let mut a = vec![0u8; st.data[1].len()];
     let mut b = vec![0u8; st.data[4].len()];
-    let step = ck
+    let stats = ck
         .restore_into(
             StepSelector::Latest,
             &mut [("layer.1.weight", &mut a), ("layer.1.norm", &mut b)],
         )
         .unwrap();
-    assert_eq!(step, 4);
+    assert_eq!(stats.step, 4);
+    let total: usize = st.data.iter().map(Vec::len).sum();
+    assert!(
+        stats.bytes_read >= (a.len() + b.len()) as u64 && stats.bytes_read < total as u64 / 2,
+        "read {} bytes of {total} for two entries",
+        stats.bytes_read
+    );
     assert_eq!(a, st.data[1]);
     assert_eq!(b, st.data[4]);
     let mut short = vec![0u8; 3];
@@ -208,6 +214,48 @@ fn damaged_chunks_are_typed_errors_naming_chunk_and_entry() {
     ck.restore_into(StepSelector::Latest, &mut [("layer.0.weight", &mut a)])
         .unwrap();
     assert_eq!(a, st.data[0]);
+}
+
+#[test]
+fn restores_spanning_many_batches_and_lanes_are_exact_and_report_the_first_damage() {
+    let d = tempfile::tempdir().unwrap();
+    let ck = Checkpointer::new(cfg(d.path()).chunk_size(64 << 10)).unwrap();
+    // 40 tensors of 300 KiB in 64 KiB chunks: ~200 chunks, many batches on
+    // every restore lane.
+    let st = State::new(40, 300 << 10, 3);
+    ck.save(1, &st.entries()).unwrap().wait().unwrap();
+    let got = ck.restore(StepSelector::Latest).unwrap();
+    for (name, data) in st.names.iter().zip(&st.data) {
+        assert_eq!(&got.get(name).unwrap().bytes, data, "{name}");
+    }
+    assert!(got.stats.chunks > 150, "{:?}", got.stats);
+    // Damage a late chunk and an early one: the error names the early one,
+    // whichever lane met its damage first.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let manifest = strata::format::ShardManifest::decode(
+        &rt.block_on(ck.l1().get_manifest("t", 1, 0)).unwrap(),
+    )
+    .unwrap();
+    let chunk_of = |name: &str| {
+        let seg = manifest.entry(name).unwrap().segments[0];
+        manifest.chunks[seg.chunk as usize].id
+    };
+    let (early, late) = (chunk_of("layer.3.weight"), chunk_of("layer.38.weight"));
+    for id in [early, late] {
+        let p = ck.l1().chunk_path("t", &id);
+        let mut b = std::fs::read(&p).unwrap();
+        b[7] ^= 1;
+        std::fs::write(&p, &b).unwrap();
+    }
+    for _ in 0..3 {
+        match ck.restore(StepSelector::Latest) {
+            Err(Error::Chunk { chunk, entries, .. }) => {
+                assert_eq!(chunk, early);
+                assert_eq!(entries, vec!["layer.3.weight".to_string()]);
+            }
+            other => panic!("expected a chunk error, got {other:?}"),
+        }
+    }
 }
 
 #[test]

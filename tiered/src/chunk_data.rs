@@ -42,6 +42,11 @@ impl ChunkData {
         }
     }
 
+    /// The underlying buffer, if nothing else shares it (for reuse).
+    pub fn into_buf(self) -> Option<AlignedBuf> {
+        Arc::try_unwrap(self.buf).ok()
+    }
+
     /// A copy of `bytes` in a fresh aligned buffer.
     pub fn copy_from(bytes: &[u8]) -> Self {
         Self::whole(AlignedBuf::from_slice(bytes))

@@ -368,13 +368,51 @@ pub async fn deletion(s: &dyn ChunkStore) -> Outcome {
     ensure(st.written == 1, || format!("{st:?}"))
 }
 
+/// Reading into spare buffers (stale bytes, some too small, fewer buffers
+/// than chunks) returns exactly each chunk's bytes, and the buffers come back.
+pub async fn reads_into_spare_buffers(s: &dyn ChunkStore) -> Outcome {
+    let chunks: Vec<ChunkPut> = [10usize, 5000, 70_000, 3 << 20]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| chunk(n, 40 + i as u8))
+        .collect();
+    s.put_chunks(JOB, chunks.clone())
+        .await
+        .map_err(err("put"))?;
+    let ids: Vec<ChunkId> = chunks.iter().map(|c| c.id).collect();
+    for round in 0..2 {
+        let spare: Vec<crate::AlignedBuf> = [4 << 20, 4096, 8 << 20]
+            .iter()
+            .map(|&n| {
+                let mut b = crate::AlignedBuf::zeroed(n);
+                b.fill(0xA5);
+                b
+            })
+            .collect();
+        let got = s.get_chunks_reusing(JOB, &ids, spare).await;
+        ensure(got.len() == ids.len(), || "one result per id".into())?;
+        for (c, g) in chunks.iter().zip(got) {
+            let g = g.map_err(err("get with spare buffers"))?;
+            ensure(g.as_slice() == c.data.as_slice(), || {
+                format!(
+                    "round {round}: wrong bytes for a {}-byte chunk",
+                    c.data.len()
+                )
+            })?;
+            // Dropping the buffer for reuse must be possible.
+            drop(g.into_buf());
+        }
+    }
+    Ok(())
+}
+
 /// Expands to one `#[tokio::test]` per conformance check for a store built
 /// by `$make`, an expression yielding `(store, guard)`.
 #[macro_export]
 macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@one $make; put_get_round_trip, put_is_idempotent, concurrent_puts_of_one_chunk,
-            errors_have_kinds, jobs_are_isolated, manifests, commits_are_create_only, deletion);
+            errors_have_kinds, jobs_are_isolated, manifests, commits_are_create_only, deletion, reads_into_spare_buffers);
     };
     (@one $make:expr; $($check:ident),*) => {
         $(

@@ -31,6 +31,7 @@ use strata_format::manifest::MAX_MANIFEST_LEN;
 use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
 
+use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
 use crate::fsutil::{fsync_dir, read_bounded, rename_noreplace, write_durable};
@@ -292,15 +293,22 @@ impl Inner {
         }
     }
 
-    fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+    fn get_chunks(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        spare: Vec<crate::AlignedBuf>,
+    ) -> Vec<Result<ChunkData>> {
         if let Err(e) = validate_job_id(job) {
             return ids.iter().map(|_| Err(e.clone().into())).collect();
         }
+        let mut spare = spare.into_iter();
         let reqs = ids
             .iter()
             .map(|id| ReadReq {
                 path: self.chunk_path(job, id),
                 max_len: MAX_CHUNK_LEN as usize,
+                buf: spare.next(),
             })
             .collect();
         let read: Vec<(std::io::Result<crate::AlignedBuf>, &ChunkId)> =
@@ -554,7 +562,7 @@ impl ChunkStore for L1Store {
         let (job, id2) = (job.to_string(), *id);
         let data = self
             .run(move |i| {
-                i.get_chunks(&job, &[id2])
+                i.get_chunks(&job, &[id2], Vec::new())
                     .pop()
                     .unwrap_or_else(|| Err(StoreError::Internal("no result".into())))
             })
@@ -563,9 +571,21 @@ impl ChunkStore for L1Store {
     }
 
     async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+        self.get_chunks_reusing(job, ids, Vec::new()).await
+    }
+
+    async fn get_chunks_reusing(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        spare: Vec<AlignedBuf>,
+    ) -> Vec<Result<ChunkData>> {
         let (job, ids2) = (job.to_string(), ids.to_vec());
         let n = ids.len();
-        match self.run(move |i| Ok(i.get_chunks(&job, &ids2))).await {
+        match self
+            .run(move |i| Ok(i.get_chunks(&job, &ids2, spare)))
+            .await
+        {
             Ok(v) => v,
             Err(e) => {
                 let msg = e.to_string();

@@ -40,6 +40,7 @@ use async_trait::async_trait;
 use strata_format::codec::ElemHint;
 use strata_format::{ChunkId, CommitRecord};
 
+use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::Result;
 
@@ -138,6 +139,21 @@ pub trait ChunkStore: Send + Sync + std::fmt::Debug {
             out.push(self.get_chunk(job, id, None).await);
         }
         out
+    }
+
+    /// [`Self::get_chunks`], reading into the `spare` buffers where the tier
+    /// can (L1 reads straight into them with O_DIRECT; other tiers may
+    /// ignore them). Lets a restore reuse a few pre-faulted buffers instead
+    /// of faulting in fresh memory for every chunk; get the buffers back
+    /// with [`ChunkData::into_buf`] once done with the bytes.
+    async fn get_chunks_reusing(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        spare: Vec<AlignedBuf>,
+    ) -> Vec<Result<ChunkData>> {
+        drop(spare);
+        self.get_chunks(job, ids).await
     }
 
     /// For each id, whether the tier holds it.

@@ -63,6 +63,24 @@ pub struct ReadReq {
     pub path: PathBuf,
     /// Files longer than this are refused (bounded allocation).
     pub max_len: usize,
+    /// A buffer to read into, if large enough (reused across batches so a
+    /// restore does not fault in fresh memory for every chunk); else a new
+    /// one is allocated.
+    pub buf: Option<AlignedBuf>,
+}
+
+impl ReadReq {
+    /// The buffer for a file of `len` bytes: the offered one if its
+    /// capacity holds the aligned length, else a new one.
+    pub(crate) fn take_buffer(&mut self, len: usize) -> AlignedBuf {
+        match self.buf.take() {
+            Some(mut b) if b.capacity() >= crate::aligned::align_up(len) => {
+                b.set_len(len);
+                b
+            }
+            _ => AlignedBuf::zeroed(len),
+        }
+    }
 }
 
 /// A disk I/O engine. Calls block the calling thread (run them on a blocking

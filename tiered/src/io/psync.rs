@@ -28,7 +28,7 @@ pub(crate) fn write_one(req: &WriteReq) -> std::io::Result<()> {
     file.sync_data()
 }
 
-pub(crate) fn read_one(req: &ReadReq) -> std::io::Result<AlignedBuf> {
+pub(crate) fn read_one(mut req: ReadReq) -> std::io::Result<AlignedBuf> {
     let (file, _) = open_direct(&req.path, false)?;
     let len = file.metadata()?.len();
     if len > req.max_len as u64 {
@@ -39,7 +39,7 @@ pub(crate) fn read_one(req: &ReadReq) -> std::io::Result<AlignedBuf> {
     }
     // len <= max_len, a usize.
     let len = len as usize;
-    let mut buf = AlignedBuf::zeroed(len);
+    let mut buf = req.take_buffer(len);
     let want = align_up(len);
     let mut got = 0;
     let dst = buf.full_mut();
@@ -71,6 +71,6 @@ impl IoEngine for PsyncEngine {
     }
 
     fn read_files(&self, reqs: Vec<ReadReq>) -> Vec<std::io::Result<AlignedBuf>> {
-        reqs.iter().map(read_one).collect()
+        reqs.into_iter().map(read_one).collect()
     }
 }

@@ -71,7 +71,7 @@ impl UringEngine {
                             let _ = reply.send(run_writes(&mut ring, &reqs, &flag));
                         }
                         Job::Read(reqs, reply) => {
-                            let _ = reply.send(run_reads(&mut ring, &reqs, &flag));
+                            let _ = reply.send(run_reads(&mut ring, reqs, &flag));
                         }
                     }
                 }
@@ -379,12 +379,12 @@ struct ReadFile {
 
 fn run_reads(
     ring: &mut IoUring,
-    reqs: &[ReadReq],
+    reqs: Vec<ReadReq>,
     broken: &AtomicBool,
 ) -> Vec<std::io::Result<AlignedBuf>> {
     let mut queue = VecDeque::new();
     let mut files: Vec<ReadFile> = Vec::with_capacity(reqs.len());
-    for (i, req) in reqs.iter().enumerate() {
+    for (i, mut req) in reqs.into_iter().enumerate() {
         let mut f = ReadFile {
             file: None,
             buf: None,
@@ -404,7 +404,7 @@ fn run_reads(
             Ok((len, file)) => {
                 // len <= max_len, a usize.
                 f.len = len as usize;
-                f.buf = Some(AlignedBuf::zeroed(f.len));
+                f.buf = Some(req.take_buffer(f.len));
                 f.file = Some(file);
                 pieces(i, align_up(f.len), &mut queue);
             }
@@ -462,7 +462,8 @@ fn run_reads(
         },
     );
     if let Err(e) = result {
-        return abandon(files, reqs.len(), &e);
+        let n = files.len();
+        return abandon(files, n, &e);
     }
     files
         .into_iter()
