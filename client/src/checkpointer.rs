@@ -401,43 +401,8 @@ fn persist(s: &Shared, job: PersistJob) -> Result<SaveStats> {
     };
     let local = (|| -> Result<(Vec<u8>, ShardManifest)> {
         let t = Instant::now();
-        let chunk = |i: usize| {
-            let off = job.offsets[i];
-            &job.staging[off..off + job.layout.chunks[i].len as usize]
-        };
-        let ids: Vec<ChunkId> = tracing::info_span!("hash").in_scope(|| {
-            par_map(
-                job.layout.chunks.len(),
-                cfg.hash_threads,
-                || (),
-                |_, i| ChunkId::of(chunk(i)),
-            )
-        });
-        stats.hash_time = t.elapsed();
-
-        let t = Instant::now();
-        let puts = ids
-            .iter()
-            .enumerate()
-            .map(|(i, id)| {
-                let off = job.offsets[i];
-                Ok(ChunkPut {
-                    id: *id,
-                    hint: job.layout.chunks[i].hint,
-                    data: ChunkData::new(
-                        job.staging.clone(),
-                        off..off + job.layout.chunks[i].len as usize,
-                    )?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let put = tracing::info_span!("write_chunks")
-            .in_scope(|| s.rt.block_on(s.l1.put_chunks(&cfg.job, puts)))?;
-        stats.bytes_written = put.bytes_written;
-        stats.bytes_deduped = put.bytes_deduped;
-        stats.chunks_written = put.written;
-        stats.chunks_deduped = put.deduped;
-
+        let ids = hash_and_write(s, &job, &mut stats)?;
+        let t_manifest = Instant::now();
         let info = ShardInfo {
             job: cfg.job.clone(),
             step: job.step,
@@ -448,7 +413,10 @@ fn persist(s: &Shared, job: PersistJob) -> Result<SaveStats> {
         let manifest =
             ShardManifest::from_layout(info, &job.specs, &job.layout, &ids, job.metadata.clone())?;
         let bytes = manifest.encode()?;
-        s.rt.block_on(s.l1.put_manifest(&cfg.job, job.step, cfg.rank, &bytes))?;
+        tracing::info_span!("put_manifest").in_scope(|| {
+            s.rt.block_on(s.l1.put_manifest(&cfg.job, job.step, cfg.rank, &bytes))
+        })?;
+        stats.manifest_time = t_manifest.elapsed();
         stats.write_time = t.elapsed();
         Ok((bytes, manifest))
     })();
@@ -456,12 +424,16 @@ fn persist(s: &Shared, job: PersistJob) -> Result<SaveStats> {
     // Every rank reports, failed or not, so nobody waits for a rank that gave up.
     let ok = local.is_ok();
     let timeout = Duration::from_secs(cfg.coordination_timeout_secs);
-    let votes = s.coord.all_gather(
-        cfg.rank,
-        &format!("commit/{}/{}", cfg.job, job.step),
-        vec![u8::from(ok)],
-        timeout,
-    );
+    let t = Instant::now();
+    let votes = tracing::info_span!("barrier").in_scope(|| {
+        s.coord.all_gather(
+            cfg.rank,
+            &format!("commit/{}/{}", cfg.job, job.step),
+            vec![u8::from(ok)],
+            timeout,
+        )
+    });
+    stats.barrier_time = t.elapsed();
     let (bytes, manifest) = local?;
     let votes = votes?;
     if let Some(bad) = votes.iter().position(|v| v.first() != Some(&1)) {
@@ -481,10 +453,12 @@ fn persist(s: &Shared, job: PersistJob) -> Result<SaveStats> {
             logical_bytes: manifest.logical_bytes(),
         }],
     };
-    s.rt.block_on(s.l1.commit(&record))?;
+    let t = Instant::now();
+    tracing::info_span!("commit").in_scope(|| s.rt.block_on(s.l1.commit(&record)))?;
+    stats.commit_time = t.elapsed();
     stats.to_durable = job.started.elapsed();
 
-    match retention(s) {
+    match tracing::info_span!("retention").in_scope(|| retention(s)) {
         Ok((steps, bytes)) => {
             stats.retired_steps = steps;
             stats.retired_bytes = bytes;
@@ -501,6 +475,97 @@ fn persist(s: &Shared, job: PersistJob) -> Result<SaveStats> {
         "step durable on L1"
     );
     Ok(stats)
+}
+
+/// Chunk bytes in the first write batch, and the most in any batch. The
+/// hash of batch k+1 runs while batch k is written, so a save costs about
+/// max(hash, write), not their sum. Batches start small (writes begin after
+/// hashing only a little) and double, because each batch ends in a drain
+/// (last writes, fdatasyncs, renames, directory fsyncs) that idles the disk.
+const FIRST_BATCH_BYTES: u64 = 32 << 20;
+const MAX_BATCH_BYTES: u64 = 512 << 20;
+
+/// Hashes the staged chunks batch by batch on the hash pool and writes each
+/// batch's new chunks to L1 while the next one hashes. Returns every chunk's
+/// id in layout order.
+fn hash_and_write(s: &Shared, job: &PersistJob, stats: &mut SaveStats) -> Result<Vec<ChunkId>> {
+    let cfg = &s.cfg;
+    let n = job.layout.chunks.len();
+    let mut batches: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0u64;
+    let mut limit = FIRST_BATCH_BYTES;
+    for (i, c) in job.layout.chunks.iter().enumerate() {
+        if i > start && bytes + u64::from(c.len) > limit {
+            batches.push(start..i);
+            start = i;
+            bytes = 0;
+            limit = (limit * 2).min(MAX_BATCH_BYTES);
+        }
+        bytes += u64::from(c.len);
+    }
+    if start < n {
+        batches.push(start..n);
+    }
+    let chunk = |i: usize| {
+        let off = job.offsets[i];
+        &job.staging[off..off + job.layout.chunks[i].len as usize]
+    };
+    let mut ids: Vec<ChunkId> = Vec::with_capacity(n);
+    let hash_time = std::thread::scope(|sc| -> Result<Duration> {
+        // One batch of look-ahead: hashing never runs more than a batch
+        // ahead of the writes.
+        let (tx, rx) = mpsc::sync_channel::<(std::ops::Range<usize>, Vec<ChunkId>)>(1);
+        let batches = &batches;
+        let hasher = sc.spawn(move || {
+            let mut spent = Duration::ZERO;
+            for r in batches {
+                let t = Instant::now();
+                let got = tracing::debug_span!("hash", chunks = r.len()).in_scope(|| {
+                    par_map(
+                        r.len(),
+                        cfg.hash_threads,
+                        || (),
+                        |_, i| ChunkId::of(chunk(r.start + i)),
+                    )
+                });
+                spent += t.elapsed();
+                if tx.send((r.clone(), got)).is_err() {
+                    break; // the writer failed and stopped listening
+                }
+            }
+            spent
+        });
+        for (r, got) in rx {
+            let puts = r
+                .clone()
+                .zip(&got)
+                .map(|(i, id)| {
+                    let off = job.offsets[i];
+                    Ok(ChunkPut {
+                        id: *id,
+                        hint: job.layout.chunks[i].hint,
+                        data: ChunkData::new(
+                            job.staging.clone(),
+                            off..off + job.layout.chunks[i].len as usize,
+                        )?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let put = tracing::debug_span!("write_chunks", chunks = puts.len())
+                .in_scope(|| s.rt.block_on(s.l1.put_chunks(&cfg.job, puts)))?;
+            stats.bytes_written += put.bytes_written;
+            stats.bytes_deduped += put.bytes_deduped;
+            stats.chunks_written += put.written;
+            stats.chunks_deduped += put.deduped;
+            ids.extend(got);
+        }
+        hasher
+            .join()
+            .map_err(|_| Error::Pipeline("the hash pool panicked".into()))
+    })?;
+    stats.hash_time = hash_time;
+    Ok(ids)
 }
 
 /// Keeps the newest `keep_last` steps this rank committed; deletes older

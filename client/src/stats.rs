@@ -25,10 +25,17 @@ pub struct SaveStats {
     pub chunks_written: u64,
     /// Chunks L1 already held.
     pub chunks_deduped: u64,
-    /// Time spent hashing (on the background pool).
+    /// Time spent hashing (on the background pool, overlapped with writes).
     pub hash_time: Duration,
-    /// Time spent writing chunks and the manifest.
+    /// Time from the start of persisting until chunks and manifest were
+    /// durable (hashing and chunk writes overlap within it).
     pub write_time: Duration,
+    /// Part of `write_time` spent writing the shard manifest.
+    pub manifest_time: Duration,
+    /// Time waiting at the barrier for every rank to persist its shard.
+    pub barrier_time: Duration,
+    /// Time writing the commit record.
+    pub commit_time: Duration,
     /// Steps and chunk bytes removed by retention after this save.
     pub retired_steps: u64,
     /// Chunk bytes deleted by retention.

@@ -8,10 +8,13 @@
 //!   unchanged tensors packed beside it into a new chunk. So an unchanged
 //!   tensor gives the same chunk ids at every step, whatever its neighbours
 //!   did, and identical tensors on different ranks give the same ids.
-//! * Smaller entries are packed, in order, into shared chunks, each starting
-//!   at a multiple of [`PACK_ALIGN`] (the gap is zero bytes) and never split
+//! * Smaller entries are packed, in order, into shared chunks of at most
+//!   `chunk_size / OWN_CHUNK_DIVISOR` bytes, each entry starting at a
+//!   multiple of [`PACK_ALIGN`] (the gap is zero bytes) and never split
 //!   across two chunks. Thousands of small tensors do not become thousands of
-//!   tiny objects, and packed elements stay aligned for the planes codec.
+//!   tiny objects, packed elements stay aligned for the planes codec, and a
+//!   changed small tensor (a LoRA adapter among frozen weights, a norm)
+//!   rewrites at most one pack of an eighth of a chunk, not a whole chunk.
 //! * Each element class (element size and float-ness: bf16 with f16, f32
 //!   alone, opaque bytes, ...) has its own open pack chunk, so a packed chunk
 //!   holds one class and the byte-plane codec can split it.
@@ -253,7 +256,7 @@ impl Layout {
             let start = open.and_then(|p| {
                 let c = packs[p].1;
                 let at = u64::from(chunks[c].len).div_ceil(PACK_ALIGN) * PACK_ALIGN;
-                (at + e.len <= cs).then_some((c, at))
+                (at + e.len <= cs / OWN_CHUNK_DIVISOR).then_some((c, at))
             });
             let (c, at) = match start {
                 Some(x) => x,

@@ -40,6 +40,7 @@ mod json;
 pub mod layout;
 pub mod manifest;
 pub mod names;
+pub mod safetensors;
 mod wire;
 
 pub use chunk_id::ChunkId;

@@ -102,9 +102,12 @@ proptest! {
                     }
                 }
             } else if spec.len > 0 {
-                // Small entries sit whole in one chunk, aligned.
+                // Small entries sit whole in one pack, aligned; packs stay
+                // within an eighth of a chunk.
                 prop_assert_eq!(segs.len(), 1);
                 prop_assert_eq!(u64::from(segs[0].offset) % PACK_ALIGN, 0);
+                let pack = u64::from(layout.chunks[segs[0].chunk as usize].len);
+                prop_assert!(pack <= u64::from(CHUNK) / OWN_CHUNK_DIVISOR);
             } else {
                 prop_assert!(segs.is_empty());
             }

@@ -13,8 +13,9 @@ use io_uring::{cqueue, opcode, types, IoUring};
 use super::{open_direct, write_bytes, IoEngine, ReadReq, WriteBytes, WriteReq};
 use crate::aligned::{align_up, AlignedBuf};
 
-/// Requests in flight at once.
-const QUEUE_DEPTH: usize = 8;
+/// Requests in flight at once (16 × 4 MiB kept this disk busier than 8 across
+/// many chunk files, each ending in its own fdatasync).
+const QUEUE_DEPTH: usize = 16;
 /// Largest single read or write submitted (a multiple of the page size).
 const PIECE: usize = 4 << 20;
 

@@ -1,0 +1,591 @@
+//! L1 benchmark: Strata's save and restore against baselines measured in
+//! the same run, on the same bytes, in the same directory.
+//!
+//! ```text
+//! cargo run --release -p strata-benches --bin l1-bench -- [--dir DIR] [--size 2GiB] [--reps 3]
+//! ```
+//!
+//! - save throughput (save call → durable and committed) vs `fio` writing
+//!   the same number of bytes with O_DIRECT (io_uring, 4 MiB, depth 8);
+//! - save stall vs a plain memcpy of the same bytes into warm memory;
+//! - restore into caller buffers vs `fio` reading them back with O_DIRECT;
+//! - durable save and load vs the `safetensors` Python package
+//!   (`save_file` + fsync; `load_file` with the file evicted from the page
+//!   cache) on the same tensors;
+//! - bytes written by a step where 5% of the bytes changed, over a full save.
+//!
+//! Every figure is the best of `--reps` runs of each side. Without `fio`
+//! the raw-disk baselines use `dd` (O_DIRECT, 4 MiB blocks); without
+//! Python's `safetensors` and `numpy` that comparison is skipped with a note.
+//! `benches/l1-bench.sh` installs both and runs this.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use strata::format::{DType, EntryKind, EntrySpec};
+use strata::par::{default_threads, par_map};
+use strata::synthetic;
+use strata::{Checkpointer, Config, Entry, StepSelector};
+
+struct Opts {
+    dir: PathBuf,
+    size: u64,
+    reps: usize,
+    chunk_size: u32,
+    engine: String,
+    python: String,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, ""),
+    };
+    let mul: u64 = match mul.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?}")),
+    };
+    let n: f64 = num.trim().parse().map_err(|_| format!("bad size {s:?}"))?;
+    Ok((n * mul as f64) as u64)
+}
+
+fn parse_args() -> Result<Opts, String> {
+    let mut o = Opts {
+        dir: PathBuf::from("strata-bench"),
+        size: 2 << 30,
+        reps: 3,
+        chunk_size: 16 << 20,
+        engine: "auto".into(),
+        python: "python3".into(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--dir" => o.dir = PathBuf::from(val("--dir")?),
+            "--size" => o.size = parse_size(&val("--size")?)?,
+            "--reps" => {
+                o.reps = val("--reps")?
+                    .parse()
+                    .map_err(|_| "--reps needs a number".to_string())?
+            }
+            "--chunk-size" => {
+                o.chunk_size = parse_size(&val("--chunk-size")?)?
+                    .try_into()
+                    .map_err(|_| "--chunk-size too large".to_string())?
+            }
+            "--engine" => o.engine = val("--engine")?,
+            "--python" => o.python = val("--python")?,
+            "-h" | "--help" => {
+                println!(
+                    "l1-bench [--dir DIR] [--size 2GiB] [--reps 3] [--chunk-size 16MiB] \
+                     [--engine auto|io_uring|psync] [--python python3]"
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    o.reps = o.reps.max(1);
+    Ok(o)
+}
+
+fn gb(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64().max(1e-9) / 1e9
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 30)
+}
+
+/// The file system type of `dir`, for the report.
+fn fs_type(dir: &Path) -> String {
+    let out = Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(dir)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        _ => "unknown fs".into(),
+    }
+}
+
+/// A raw-disk baseline run: GB/s and which tool measured it.
+struct Raw {
+    gbps: f64,
+    tool: &'static str,
+}
+
+/// Writes (or reads) `bytes` to `file` with O_DIRECT using fio, or dd where
+/// fio is missing. Returns the tool's throughput.
+fn raw_io(file: &Path, bytes: u64, write: bool) -> Result<Raw, String> {
+    const BS: u64 = 4 << 20;
+    let bytes = bytes.div_ceil(BS) * BS;
+    let have_fio = Command::new("fio").arg("--version").output().is_ok();
+    if have_fio {
+        let out_json = file.with_extension("fio.json");
+        let status = Command::new("fio")
+            .arg("--name=raw")
+            .arg(format!("--filename={}", file.display()))
+            .arg(format!("--rw={}", if write { "write" } else { "read" }))
+            .args([
+                "--bs=4M",
+                "--direct=1",
+                "--ioengine=io_uring",
+                "--iodepth=8",
+                "--end_fsync=1",
+                "--output-format=json",
+            ])
+            .arg(format!("--size={bytes}"))
+            .arg(format!("--output={}", out_json.display()))
+            .status()
+            .map_err(|e| format!("fio: {e}"))?;
+        if !status.success() {
+            return Err(format!("fio exited with {status}"));
+        }
+        let text = std::fs::read_to_string(&out_json).map_err(|e| format!("fio output: {e}"))?;
+        let _ = std::fs::remove_file(&out_json);
+        // fio may print notes before the JSON object.
+        let json = text.find('{').map_or("", |i| &text[i..]);
+        let v: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| format!("fio output: {e}"))?;
+        let bw = v["jobs"][0][if write { "write" } else { "read" }]["bw_bytes"]
+            .as_f64()
+            .ok_or("fio output has no bw_bytes")?;
+        return Ok(Raw {
+            gbps: bw / 1e9,
+            tool: "fio",
+        });
+    }
+    let count = (bytes / BS).to_string();
+    let mut cmd = Command::new("dd");
+    if write {
+        cmd.arg("if=/dev/zero")
+            .arg(format!("of={}", file.display()))
+            .args(["bs=4M", "oflag=direct", "conv=fdatasync"]);
+    } else {
+        cmd.arg(format!("if={}", file.display()))
+            .args(["of=/dev/null", "bs=4M", "iflag=direct"]);
+    }
+    cmd.arg(format!("count={count}"));
+    let t = Instant::now();
+    let out = cmd.output().map_err(|e| format!("dd: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "dd failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(Raw {
+        gbps: gb(bytes, t.elapsed()),
+        tool: "dd",
+    })
+}
+
+/// The benchmark state: synthetic mixed-dtype tensors, regenerated in place.
+struct State {
+    specs: Vec<EntrySpec>,
+    data: Vec<Vec<u8>>,
+}
+
+impl State {
+    fn new(size: u64) -> Self {
+        let entries = synthetic::entries(size);
+        let data = par_map(
+            entries.len(),
+            default_threads(),
+            || (),
+            |_, i| {
+                let mut v = vec![0u8; entries[i].spec.len as usize];
+                synthetic::fill_entry(&entries[i], 0x5EED, i, &mut v);
+                v
+            },
+        );
+        State {
+            specs: entries.into_iter().map(|e| e.spec).collect(),
+            data,
+        }
+    }
+
+    fn entries(&self) -> Vec<Entry<'_>> {
+        self.specs
+            .iter()
+            .zip(&self.data)
+            .map(|(s, d)| match &s.kind {
+                EntryKind::Tensor { dtype, shape } => Entry::tensor(&s.name, *dtype, shape, d),
+                EntryKind::Blob => Entry::blob(&s.name, d),
+            })
+            .collect()
+    }
+
+    fn logical(&self) -> u64 {
+        self.data.iter().map(|d| d.len() as u64).sum()
+    }
+
+    /// Changes one byte in every chunk-sized block of every entry, so every
+    /// chunk gets a new id.
+    fn touch_all(&mut self, chunk: usize, salt: u8) {
+        for d in &mut self.data {
+            for at in (0..d.len()).step_by(chunk) {
+                d[at] ^= salt | 1;
+            }
+        }
+    }
+
+    /// Changes every 20th entry (whole tensors change between steps, as
+    /// when part of a model is frozen), one byte per chunk-sized block.
+    /// Returns the bytes of the entries changed.
+    fn touch_every_20th_entry(&mut self, chunk: usize, salt: u8) -> u64 {
+        let mut bytes = 0u64;
+        for d in self.data.iter_mut().skip(7).step_by(20) {
+            for at in (0..d.len()).step_by(chunk) {
+                d[at] ^= salt | 1;
+            }
+            bytes += d.len() as u64;
+        }
+        bytes
+    }
+
+    /// Writes the state as a safetensors file the numpy loader reads:
+    /// bf16 and fp8 stored as same-sized unsigned integers (numpy has no
+    /// such dtypes; the bytes, and so the work, are the same), blobs as u8.
+    fn write_safetensors(&self, path: &Path) -> Result<(), String> {
+        let numpy_dtype = |d: DType| match d {
+            DType::BF16 => DType::U16,
+            DType::F8_E4M3 | DType::F8_E5M2 => DType::U8,
+            other => other,
+        };
+        let descr: Vec<(String, DType, Vec<u64>)> = self
+            .specs
+            .iter()
+            .map(|s| match &s.kind {
+                EntryKind::Tensor { dtype, shape } => {
+                    let nd = numpy_dtype(*dtype);
+                    // Same bytes: scale the last dimension if sizes differ.
+                    let mut shape = shape.clone();
+                    if nd.size() != dtype.size() {
+                        if let Some(last) = shape.last_mut() {
+                            *last = *last * dtype.size() as u64 / nd.size() as u64;
+                        }
+                    }
+                    (s.name.clone(), nd, shape)
+                }
+                EntryKind::Blob => (s.name.clone(), DType::U8, vec![s.len]),
+            })
+            .collect();
+        let tensors: Vec<(&str, DType, &[u64])> = descr
+            .iter()
+            .map(|(n, d, s)| (n.as_str(), *d, s.as_slice()))
+            .collect();
+        let (prefix, _) = strata::format::safetensors::encode_header(
+            &tensors,
+            &[("format".to_string(), "np".to_string())].into(),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut f = std::io::BufWriter::with_capacity(
+            8 << 20,
+            std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
+        );
+        f.write_all(&prefix).map_err(|e| e.to_string())?;
+        for d in &self.data {
+            f.write_all(d).map_err(|e| e.to_string())?;
+        }
+        f.into_inner()
+            .map_err(|e| e.to_string())?
+            .sync_all()
+            .map_err(|e| e.to_string())
+    }
+}
+
+fn best(v: &[Duration]) -> Duration {
+    v.iter().copied().min().unwrap_or_default()
+}
+
+fn memcpy_time(state: &State) -> Duration {
+    let mut dst: Vec<Vec<u8>> = state.data.iter().map(|d| vec![1u8; d.len()]).collect();
+    let t = Instant::now();
+    for (d, s) in dst.iter_mut().zip(&state.data) {
+        d.copy_from_slice(s);
+    }
+    let e = t.elapsed();
+    std::hint::black_box(&dst);
+    e
+}
+
+/// The Python baseline's timings.
+struct PyResult {
+    save: Duration,
+    load: Duration,
+    versions: String,
+}
+
+fn python_baseline(o: &Opts, src: &Path) -> Result<PyResult, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("safetensors_baseline.py");
+    let out = Command::new(&o.python)
+        .arg(&script)
+        .arg(src)
+        .arg(o.dir.join("py-out.safetensors"))
+        .arg(o.reps.to_string())
+        .output()
+        .map_err(|e| format!("{}: {e}", o.python))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("baseline output: {e}"))?;
+    let secs = |k: &str| -> Result<Duration, String> {
+        let best = v[k]
+            .as_array()
+            .ok_or(format!("baseline output has no {k}"))?
+            .iter()
+            .filter_map(serde_json::Value::as_f64)
+            .fold(f64::INFINITY, f64::min);
+        Ok(Duration::from_secs_f64(best))
+    };
+    Ok(PyResult {
+        save: secs("save_s")?,
+        load: secs("load_s")?,
+        versions: format!(
+            "safetensors {}, numpy {}",
+            v["safetensors"].as_str().unwrap_or("?"),
+            v["numpy"].as_str().unwrap_or("?")
+        ),
+    })
+}
+
+fn run(o: &Opts) -> Result<bool, String> {
+    std::fs::create_dir_all(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
+    let store = o.dir.join("l1");
+    let _ = std::fs::remove_dir_all(&store);
+    let t = Instant::now();
+    let mut state = State::new(o.size);
+    let logical = state.logical();
+    let chunk = o.chunk_size as usize;
+    println!(
+        "l1-bench: {:.2} GiB state in {} entries (generated in {:.1} s), chunk {} MiB, \
+         dir {} ({}), {} threads, best of {}",
+        gib(logical),
+        state.specs.len(),
+        t.elapsed().as_secs_f64(),
+        o.chunk_size >> 20,
+        o.dir.display(),
+        fs_type(&o.dir),
+        default_threads(),
+        o.reps
+    );
+
+    // Strata and its raw-disk baselines, interleaved rep by rep so that each
+    // pair runs under the same conditions (this disk's speed drifts).
+    let raw_file = o.dir.join("raw.bin");
+    let cfg = Config::builder()
+        .job("bench")
+        .l1_dir(&store)
+        .chunk_size(o.chunk_size)
+        .io_engine(o.engine.clone())
+        .keep_last(1)
+        .gc_grace_secs(0);
+    let ck = Checkpointer::new(cfg).map_err(|e| e.to_string())?;
+    let mut step = 0u64;
+    let mut save = |state: &State| -> Result<strata::SaveStats, String> {
+        step += 1;
+        let h = ck.save(step, &state.entries()).map_err(|e| e.to_string())?;
+        h.wait().map_err(|e| e.to_string())
+    };
+    let first = save(&state)?;
+    // A second warm-up: the staging pool holds two buffers.
+    state.touch_all(chunk, 0x11);
+    save(&state)?;
+    let (mut raw_w, mut raw_r, mut memcpy) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut full, mut restore_into, mut restore_fresh) = (Vec::new(), Vec::new(), Vec::new());
+    let mut tool = "?";
+    for r in 0..o.reps {
+        let _ = std::fs::remove_file(&raw_file);
+        let w = raw_io(&raw_file, logical, true)?;
+        tool = w.tool;
+        raw_w.push(w.gbps);
+        // A full save: every chunk new.
+        state.touch_all(chunk, 0x20 + r as u8);
+        memcpy.push(memcpy_time(&state));
+        let s = save(&state)?;
+        if s.bytes_deduped > 0 {
+            eprintln!(
+                "note: a full save deduplicated {} bytes (chunks repeated in the state)",
+                s.bytes_deduped
+            );
+        }
+        full.push(s);
+        raw_r.push(raw_io(&raw_file, logical, false)?.gbps);
+        let mut dests: Vec<(&str, &mut [u8])> = state
+            .specs
+            .iter()
+            .zip(state.data.iter_mut())
+            .map(|(s, d)| (s.name.as_str(), d.as_mut_slice()))
+            .collect();
+        let st = ck
+            .restore_into(StepSelector::Latest, &mut dests)
+            .map_err(|e| e.to_string())?;
+        restore_into.push(st.duration);
+        let t = Instant::now();
+        let got = ck
+            .restore(StepSelector::Latest)
+            .map_err(|e| e.to_string())?;
+        restore_fresh.push(t.elapsed());
+        // Check what came back, outside the timing.
+        for (spec, d) in state.specs.iter().zip(&state.data) {
+            if got.get(&spec.name).map(|e| &e.bytes) != Some(d) {
+                return Err(format!(
+                    "restored {} differs from what was saved",
+                    spec.name
+                ));
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&raw_file);
+    let raw_w = raw_w.iter().copied().fold(0.0, f64::max);
+    let raw_r = raw_r.iter().copied().fold(0.0, f64::max);
+    let memcpy = best(&memcpy);
+    let save_best = full
+        .iter()
+        .min_by_key(|s| s.to_durable)
+        .cloned()
+        .unwrap_or_default();
+    let stall_best = best(&full.iter().map(|s| s.stall).collect::<Vec<_>>());
+    let restore_into = best(&restore_into);
+    let restore_fresh = best(&restore_fresh);
+
+    // Incremental: 5% of the tensors change.
+    let changed = state.touch_every_20th_entry(chunk, 0x40);
+    let inc = save(&state)?;
+    drop(ck);
+
+    // The safetensors baseline on the same tensors.
+    let st_file = o.dir.join("state.safetensors");
+    state.write_safetensors(&st_file)?;
+    drop(state);
+    let py = python_baseline(o, &st_file);
+    let _ = std::fs::remove_file(&st_file);
+    let _ = std::fs::remove_file(o.dir.join("py-out.safetensors"));
+
+    let save_gbps = gb(logical, save_best.to_durable);
+    let restore_gbps = gb(logical, restore_into);
+    let stall_ratio = stall_best.as_secs_f64() / memcpy.as_secs_f64().max(1e-9);
+    let inc_ratio = inc.bytes_written as f64 / logical as f64;
+    println!(
+        "  first save (allocates staging): stall {:.3} s, durable in {:.2} s",
+        first.stall.as_secs_f64(),
+        first.to_durable.as_secs_f64()
+    );
+    println!(
+        "  full save: hash {:.2} s overlapped with writes; chunks+manifest {:.2} s, commit {:.1} ms",
+        save_best.hash_time.as_secs_f64(),
+        save_best.write_time.as_secs_f64(),
+        save_best.commit_time.as_secs_f64() * 1e3
+    );
+    println!();
+    println!(
+        "  {:<34} {:>14}  {:<34} {:>8}  {:>6}  {}",
+        "measure", "Strata", "baseline (same run)", "ratio", "goal", ""
+    );
+    let mut ok = true;
+    let mut row = |what: &str, ours: String, base: String, ratio: f64, goal: &str, pass: bool| {
+        ok &= pass;
+        println!(
+            "  {what:<34} {ours:>14}  {base:<34} {ratio:>8.2}  {goal:>6}  {}",
+            if pass { "ok" } else { "MISSED" }
+        );
+    };
+    row(
+        "save throughput (to durable)",
+        format!("{save_gbps:.2} GB/s"),
+        format!("{tool} O_DIRECT write {raw_w:.2} GB/s"),
+        save_gbps / raw_w,
+        ">=0.9",
+        save_gbps / raw_w >= 0.9,
+    );
+    row(
+        "save stall",
+        format!("{:.3} s", stall_best.as_secs_f64()),
+        format!("memcpy {:.3} s", memcpy.as_secs_f64()),
+        stall_ratio,
+        "<=1.2",
+        stall_ratio <= 1.2,
+    );
+    row(
+        "restore into buffers",
+        format!("{restore_gbps:.2} GB/s"),
+        format!("{tool} O_DIRECT read {raw_r:.2} GB/s"),
+        restore_gbps / raw_r,
+        ">=0.9",
+        restore_gbps / raw_r >= 0.9,
+    );
+    match &py {
+        Ok(p) => {
+            let save_x = p.save.as_secs_f64() / save_best.to_durable.as_secs_f64();
+            let load_x = p.load.as_secs_f64() / restore_fresh.as_secs_f64();
+            row(
+                "durable save vs safetensors",
+                format!("{:.2} s", save_best.to_durable.as_secs_f64()),
+                format!("save_file+fsync {:.2} s", p.save.as_secs_f64()),
+                save_x,
+                ">=3",
+                save_x >= 3.0,
+            );
+            row(
+                "load vs safetensors (new memory)",
+                format!("{:.2} s", restore_fresh.as_secs_f64()),
+                format!("load_file, cold {:.2} s", p.load.as_secs_f64()),
+                load_x,
+                ">=3",
+                load_x >= 3.0,
+            );
+            println!("  (Python baseline: {})", p.versions);
+        }
+        Err(e) => println!(
+            "  safetensors comparison skipped: {e}\n  (pip install numpy safetensors, or run benches/l1-bench.sh)"
+        ),
+    }
+    row(
+        "incremental step, 1 tensor in 20",
+        format!(
+            "{:.1} MiB",
+            inc.bytes_written as f64 / f64::from(1u32 << 20)
+        ),
+        format!(
+            "full {:.1} MiB ({:.1}% touched)",
+            logical as f64 / f64::from(1u32 << 20),
+            100.0 * changed as f64 / logical as f64
+        ),
+        inc_ratio,
+        "<=0.07",
+        inc_ratio <= 0.07,
+    );
+    let _ = std::fs::remove_dir_all(&store);
+    Ok(ok)
+}
+
+fn main() {
+    let o = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("l1-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    match run(&o) {
+        Ok(true) => {}
+        Ok(false) => {
+            println!("some goals were missed on this run (see MISSED)");
+        }
+        Err(e) => {
+            eprintln!("l1-bench: {e}");
+            std::process::exit(1);
+        }
+    }
+}
