@@ -490,14 +490,14 @@ fn run(o: &Opts) -> Result<bool, String> {
     );
     println!();
     println!(
-        "  {:<34} {:>14}  {:<34} {:>8}  {:>6}  {}",
-        "measure", "Strata", "baseline (same run)", "ratio", "goal", ""
+        "  {:<38} {:>10}  {:<34} {:>6}  {:>6}",
+        "measure", "Strata", "baseline (same run)", "ratio", "goal"
     );
     let mut ok = true;
     let mut row = |what: &str, ours: String, base: String, ratio: f64, goal: &str, pass: bool| {
         ok &= pass;
         println!(
-            "  {what:<34} {ours:>14}  {base:<34} {ratio:>8.2}  {goal:>6}  {}",
+            "  {what:<38} {ours:>10}  {base:<34} {ratio:>6.2}  {goal:>6}  {}",
             if pass { "ok" } else { "MISSED" }
         );
     };
