@@ -25,6 +25,9 @@ cargo fmt --all -- --check
 log "cargo clippy (workspace, all targets, -D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+log "cargo clippy --features cuda (the GPU path compiles without a toolkit or driver)"
+cargo clippy -p strata --all-targets --features cuda --locked -- -D warnings
+
 log "fuzz targets compile"
 # Stable toolchain: this checks the targets' code; running them needs cargo-fuzz.
 cargo check --manifest-path fuzz/Cargo.toml --locked --bins
@@ -34,3 +37,6 @@ cargo test --workspace --doc --locked
 
 log "tests"
 cargo nextest run --workspace --locked --no-fail-fast
+
+log "GPU tests with --features cuda (prints whether the GPU path ran or why it was skipped)"
+cargo nextest run -p strata --features cuda --locked --no-capture --test gpu

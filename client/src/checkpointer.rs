@@ -21,6 +21,7 @@ use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore, L1Store};
 use crate::config::{BusyPolicy, Config};
 use crate::coordinator::{Coordinator, SoloCoordinator};
 use crate::error::{Error, Result};
+use crate::gpu::{DeviceBytes, Gpu};
 use crate::par::par_map;
 use crate::staging::StagingPool;
 use crate::state::Entry;
@@ -30,6 +31,8 @@ use crate::stats::SaveStats;
 struct Completion {
     slot: Mutex<(bool, Option<Result<SaveStats>>)>,
     cv: Condvar,
+    /// Wakes async waiters (any executor: it only uses wakers).
+    notify: tokio::sync::Notify,
 }
 
 impl Completion {
@@ -37,6 +40,7 @@ impl Completion {
         Arc::new(Completion {
             slot: Mutex::new((false, None)),
             cv: Condvar::new(),
+            notify: tokio::sync::Notify::new(),
         })
     }
 
@@ -45,6 +49,7 @@ impl Completion {
             *s = (true, Some(r));
         }
         self.cv.notify_all();
+        self.notify.notify_waiters();
     }
 
     fn wait_done(&self) {
@@ -86,6 +91,22 @@ impl SaveHandle {
         self.done.is_done()
     }
 
+    /// Resolves when the step is durable and committed on L1, like
+    /// [`Self::wait`] without blocking a thread: for async training loops.
+    /// Works on any executor.
+    pub async fn durable(&self) -> Result<SaveStats> {
+        loop {
+            let notified = self.done.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Register before checking, so a finish in between is not missed.
+            notified.as_mut().enable();
+            if self.done.is_done() {
+                return self.wait();
+            }
+            notified.await;
+        }
+    }
+
     /// Blocks until the step is durable and committed on L1, and returns its
     /// counters. The first call gets the typed error of a failed save; later
     /// calls get [`Error::Pipeline`].
@@ -122,13 +143,79 @@ struct PersistJob {
     done: Arc<Completion>,
 }
 
+/// The checkpointer's private runtime, which drives tier calls. Shut down
+/// without blocking when dropped, so a checkpointer can be dropped inside an
+/// async context (a plain runtime's drop panics there).
+pub(crate) struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for OwnRuntime {
+    type Target = tokio::runtime::Runtime;
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        // Some until drop.
+        self.0
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("runtime used after drop"))
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 pub(crate) struct Shared {
     pub(crate) cfg: Config,
-    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) rt: OwnRuntime,
     pub(crate) l1: L1Store,
     pub(crate) coord: Arc<dyn Coordinator>,
-    pool: StagingPool,
+    pub(crate) pool: StagingPool,
     pub(crate) restores: std::sync::atomic::AtomicU64,
+    gpu: Mutex<Option<Arc<Gpu>>>,
+}
+
+impl Shared {
+    /// The GPU engine for these device buffers (opened on first use), or
+    /// None when there are none. All must live on one device.
+    pub(crate) fn gpu_for(
+        &self,
+        devices: impl Iterator<Item = DeviceBytes>,
+    ) -> Result<Option<Arc<Gpu>>> {
+        let mut ordinal = None;
+        for d in devices {
+            match ordinal {
+                None => ordinal = Some(d.device()),
+                Some(o) if o != d.device() => {
+                    return Err(Error::Gpu(format!(
+                        "tensors on devices {o} and {}: one checkpointer serves one device",
+                        d.device()
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        let Some(ordinal) = ordinal else {
+            return Ok(None);
+        };
+        let mut slot = self
+            .gpu
+            .lock()
+            .map_err(|_| Error::Pipeline("poisoned".into()))?;
+        if let Some(g) = slot.as_ref() {
+            if g.device() != ordinal {
+                return Err(Error::Gpu(format!(
+                    "this checkpointer serves device {}, not {ordinal}",
+                    g.device()
+                )));
+            }
+            return Ok(Some(g.clone()));
+        }
+        let g = Arc::new(Gpu::open(ordinal)?);
+        *slot = Some(g.clone());
+        Ok(Some(g))
+    }
 }
 
 /// Saves and restores one rank's state. See the module documentation.
@@ -166,11 +253,12 @@ impl Checkpointer {
         tracing::info!(engine = l1.engine_name(), dir = %cfg.l1_dir.display(), rank = cfg.rank, "strata checkpointer ready");
         let shared = Arc::new(Shared {
             cfg,
-            rt,
+            rt: OwnRuntime(Some(rt)),
             l1,
             coord,
             pool: StagingPool::default(),
             restores: std::sync::atomic::AtomicU64::new(0),
+            gpu: Mutex::new(None),
         });
         let (tx, rx) = mpsc::channel::<PersistJob>();
         let s2 = shared.clone();
@@ -278,7 +366,16 @@ impl Checkpointer {
             offsets.push(total);
             total += align_up(c.len as usize);
         }
-        let mut staging = self.shared.pool.take(total);
+        let gpu = self.shared.gpu_for(state.iter().filter_map(|e| e.device))?;
+        let mut staging = self.shared.pool.take(total, gpu.as_deref());
+        if let Some(g) = &gpu {
+            // Device tensors first: queue every device-to-host copy on
+            // Strata's stream, wait, then copy the host entries.
+            if let Err(e) = snapshot_device(g, &layout, &offsets, state, &mut staging) {
+                self.shared.pool.give_back_owned(staging);
+                return Err(e);
+            }
+        }
         snapshot(
             &layout,
             &offsets,
@@ -335,8 +432,33 @@ impl Drop for Checkpointer {
     }
 }
 
-/// Copies every entry into its chunk's place in the staging buffer (zeroing
-/// the padding of packed chunks), on `threads` threads.
+/// Copies every device entry's bytes to its chunks' places in the (pinned)
+/// staging buffer on the GPU's own stream, and waits for the copies.
+fn snapshot_device(
+    gpu: &Gpu,
+    layout: &Layout,
+    offsets: &[usize],
+    state: &[Entry<'_>],
+    staging: &mut AlignedBuf,
+) -> Result<()> {
+    let _span = tracing::info_span!("snapshot_device").entered();
+    for (plan, &off) in layout.chunks.iter().zip(offsets) {
+        for p in &plan.pieces {
+            if let Some(dev) = state[p.entry].device {
+                let at = off + p.chunk_offset as usize;
+                let dst = staging
+                    .get_mut(at..at + p.len as usize)
+                    .ok_or_else(|| Error::Pipeline("staging too small".into()))?;
+                gpu.enqueue_dtoh(dst, dev.ptr() + p.entry_offset)?;
+            }
+        }
+    }
+    gpu.synchronize()
+}
+
+/// Copies every host entry into its chunk's place in the staging buffer
+/// (zeroing the padding of packed chunks), on `threads` threads. Device
+/// entries were copied by [`snapshot_device`].
 fn snapshot(
     layout: &Layout,
     offsets: &[usize],
@@ -371,7 +493,11 @@ fn snapshot(
                     region[end..p.chunk_offset as usize].fill(0);
                     end = (p.chunk_offset + p.len) as usize;
                 }
-                for p in &plan.pieces {
+                for p in plan
+                    .pieces
+                    .iter()
+                    .filter(|p| state[p.entry].device.is_none())
+                {
                     let src = &state[p.entry].bytes
                         [p.entry_offset as usize..p.entry_offset as usize + p.len as usize];
                     region[p.chunk_offset as usize..p.chunk_offset as usize + p.len as usize]

@@ -54,6 +54,10 @@ pub enum Error {
     /// Encoding failed.
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// A GPU tensor could not be saved or restored: built without the
+    /// `cuda` feature, no driver, no such device, or a CUDA call failed.
+    #[error("GPU: {0}")]
+    Gpu(String),
     /// The background persist worker stopped.
     #[error("the save pipeline stopped: {0}")]
     Pipeline(String),

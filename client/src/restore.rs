@@ -11,8 +11,10 @@ use strata_tiered::{AlignedBuf, ChunkStore, StepInfo};
 
 use crate::checkpointer::{Checkpointer, Shared};
 use crate::error::{Error, Result};
+use crate::gpu::DeviceBytes;
 use crate::state::{RestoredEntry, RestoredState};
 use crate::stats::RestoreStats;
+use strata_tiered::aligned::align_up;
 
 /// Most chunks one restore lane reads at once.
 const FETCH_BATCH: usize = 16;
@@ -82,6 +84,28 @@ impl Checkpointer {
         })
     }
 
+    /// [`Self::restore`] for async code: runs on a thread of its own (the
+    /// restore blocks on disk I/O and hashing, which must not run on an
+    /// async runtime's workers) and resolves with the state. Works on any
+    /// executor.
+    pub fn restore_async(
+        self: &std::sync::Arc<Self>,
+        which: StepSelector,
+    ) -> impl std::future::Future<Output = Result<RestoredState>> + Send + 'static {
+        let me = self.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("strata-restore".into())
+            .spawn(move || {
+                let _ = tx.send(me.restore(which));
+            });
+        async move {
+            spawned.map_err(|e| Error::Pipeline(format!("cannot start a restore thread: {e}")))?;
+            rx.await
+                .map_err(|_| Error::Pipeline("the restore thread stopped".into()))?
+        }
+    }
+
     /// Restores the selected step into caller-provided buffers, by entry name
     /// (a subset of the entries is fine; only their chunks are read). Each
     /// buffer must be exactly the entry's length. Returns what was read
@@ -113,6 +137,54 @@ impl Checkpointer {
             slots[i] = Some(&mut **buf);
         }
         fetch_into(&self.shared, &manifest, &mut slots)
+    }
+
+    /// Restores the selected step into GPU memory, by entry name: each
+    /// chunk is read and verified into pinned host memory, then copied to
+    /// its device buffer on Strata's own stream; returns once every copy
+    /// has landed. Each buffer must be exactly the entry's length. Needs the
+    /// `cuda` feature and a driver, else [`Error::Gpu`] (before any read).
+    pub fn restore_into_device(
+        &self,
+        which: StepSelector,
+        dests: &[(&str, DeviceBytes)],
+    ) -> Result<RestoreStats> {
+        let s = &self.shared;
+        let Some(gpu) = s.gpu_for(dests.iter().map(|(_, d)| *d))? else {
+            return self.restore_into(which, &mut []);
+        };
+        let mut offsets = Vec::with_capacity(dests.len());
+        let mut total = 0usize;
+        for (_, d) in dests {
+            offsets.push(total);
+            let len = usize::try_from(d.len())
+                .map_err(|_| Error::InvalidState("device buffer too large".into()))?;
+            total += align_up(len);
+        }
+        let mut host = s.pool.take(total, Some(&gpu));
+        let result = (|| {
+            let stats = {
+                let mut slots: Vec<(&str, &mut [u8])> = Vec::with_capacity(dests.len());
+                let mut rest: &mut [u8] = &mut host;
+                let mut at = 0usize;
+                for ((name, d), &off) in dests.iter().zip(&offsets) {
+                    let (_, tail) = std::mem::take(&mut rest).split_at_mut(off - at);
+                    let (mine, tail) = tail.split_at_mut(d.len() as usize);
+                    slots.push((name, mine));
+                    rest = tail;
+                    at = off + d.len() as usize;
+                }
+                self.restore_into(which, &mut slots)?
+            };
+            let _span = tracing::info_span!("htod").entered();
+            for ((_, d), &off) in dests.iter().zip(&offsets) {
+                gpu.enqueue_htod(d.ptr(), &host[off..off + d.len() as usize])?;
+            }
+            gpu.synchronize()?;
+            Ok(stats)
+        })();
+        s.pool.give_back_owned(host);
+        result
     }
 
     /// Agrees with every rank on the step, then reads and checks this rank's

@@ -2,6 +2,8 @@
 
 use strata_format::{DType, EntryKind, EntrySpec};
 
+use crate::gpu::DeviceBytes;
+
 /// One entry of the state to save, borrowing the caller's bytes (which the
 /// caller may overwrite as soon as `save` returns).
 #[derive(Clone, Copy, Debug)]
@@ -10,8 +12,10 @@ pub struct Entry<'a> {
     pub name: &'a str,
     /// Tensor dtype and shape, or `None` for a blob.
     pub tensor: Option<(DType, &'a [u64])>,
-    /// The bytes (C-contiguous for tensors).
+    /// The bytes (C-contiguous for tensors); empty for a device tensor.
     pub bytes: &'a [u8],
+    /// For a tensor in GPU memory: where (then `bytes` is unused).
+    pub device: Option<DeviceBytes>,
 }
 
 impl<'a> Entry<'a> {
@@ -21,7 +25,29 @@ impl<'a> Entry<'a> {
             name,
             tensor: Some((dtype, shape)),
             bytes,
+            device: None,
         }
+    }
+
+    /// A tensor in GPU memory (needs the `cuda` feature and a driver at
+    /// run time; otherwise `save` fails with [`crate::Error::Gpu`]).
+    pub fn device_tensor(name: &'a str, dtype: DType, shape: &'a [u64], at: DeviceBytes) -> Self {
+        Entry {
+            name,
+            tensor: Some((dtype, shape)),
+            bytes: &[],
+            device: Some(at),
+        }
+    }
+
+    /// The entry's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.device.map_or(self.bytes.len() as u64, |d| d.len())
+    }
+
+    /// True for an entry of no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Opaque bytes (optimizer, data-loader or RNG state).
@@ -30,6 +56,7 @@ impl<'a> Entry<'a> {
             name,
             tensor: None,
             bytes,
+            device: None,
         }
     }
 
@@ -37,13 +64,13 @@ impl<'a> Entry<'a> {
         match self.tensor {
             Some((dtype, shape)) => {
                 let spec = EntrySpec::tensor(self.name, dtype, shape.to_vec())?;
-                if spec.len != self.bytes.len() as u64 {
+                if spec.len != self.len() {
                     return Err(strata_format::FormatError::Invalid {
                         what: "tensor",
                         reason: format!(
                             "{:?}: {} bytes given for {dtype} {shape:?} ({} expected)",
                             self.name,
-                            self.bytes.len(),
+                            self.len(),
                             spec.len
                         ),
                     });

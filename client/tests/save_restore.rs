@@ -400,3 +400,25 @@ fn wait_policy_blocks_until_the_previous_save_is_finished() {
     );
     assert_eq!(ck.skipped_saves(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_training_loops_await_durability_and_restore() {
+    let d = tempfile::tempdir().unwrap();
+    let ck = Arc::new(Checkpointer::new(cfg(d.path())).unwrap());
+    let st = State::new(3, MIB + 6, 21);
+    // save() only blocks for the snapshot; durability is awaited.
+    let h = ck.save(1, &st.entries()).unwrap();
+    let stats = h.durable().await.unwrap();
+    assert_eq!(stats.step, 1);
+    assert!(h.is_done());
+    // Awaiting again gives the same counters.
+    assert_eq!(h.durable().await.unwrap().step, 1);
+    let got = ck.restore_async(StepSelector::Latest).await.unwrap();
+    assert_eq!(got.step, 1);
+    for (name, data) in st.names.iter().zip(&st.data) {
+        assert_eq!(&got.get(name).unwrap().bytes, data);
+    }
+    // A failed save resolves with the error, not a hang.
+    let bad = ck.save(2, &[Entry::tensor("x", DType::F32, &[3], &[0u8; 5])]);
+    assert!(matches!(bad, Err(Error::InvalidState(_))));
+}

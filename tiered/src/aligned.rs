@@ -115,6 +115,12 @@ impl AlignedBuf {
         self.set_len(len);
     }
 
+    /// True for memory allocated elsewhere ([`Self::from_foreign`]), such
+    /// as pinned host memory.
+    pub fn is_foreign(&self) -> bool {
+        matches!(self.backing, Backing::Foreign(_))
+    }
+
     /// Capacity in bytes.
     pub fn capacity(&self) -> usize {
         self.cap
