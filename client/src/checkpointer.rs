@@ -9,26 +9,26 @@
 //! and applies retention. The async runtime only drives tier calls; CPU work
 //! never runs on its threads.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use strata_format::layout::Layout;
-use strata_format::{ChunkId, CommitRecord, EntrySpec, ShardInfo, ShardManifest, ShardRef};
-use strata_tiered::aligned::align_up;
-use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore, L1Store};
+use strata_format::EntrySpec;
+use strata_tiered::L1Store;
 
 use crate::config::{BusyPolicy, Config};
 use crate::coordinator::{Coordinator, SoloCoordinator};
 use crate::error::{Error, Result};
 use crate::gpu::{DeviceBytes, Gpu};
-use crate::par::par_map;
+use crate::persist::{persist, PersistJob, Snap};
+use crate::snapshot::{fill_segment, Plan};
 use crate::staging::StagingPool;
 use crate::state::Entry;
 use crate::stats::SaveStats;
 
 /// The outcome slot shared by a save's handle and the worker.
-struct Completion {
+pub(crate) struct Completion {
     slot: Mutex<(bool, Option<Result<SaveStats>>)>,
     cv: Condvar,
     /// Wakes async waiters (any executor: it only uses wakers).
@@ -129,18 +129,6 @@ impl SaveHandle {
             None => Err(Error::Pipeline("no result".into())),
         }
     }
-}
-
-struct PersistJob {
-    step: u64,
-    started: Instant,
-    stall: Duration,
-    specs: Vec<EntrySpec>,
-    layout: Layout,
-    offsets: Vec<usize>,
-    staging: Arc<AlignedBuf>,
-    metadata: BTreeMap<String, String>,
-    done: Arc<Completion>,
 }
 
 /// The checkpointer's private runtime, which drives tier calls. Shut down
@@ -267,9 +255,11 @@ impl Checkpointer {
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
                     let done = job.done.clone();
-                    let staging = job.staging.clone();
-                    let r = persist(&s2, job);
-                    s2.pool.give_back(staging);
+                    let mut segments = Vec::new();
+                    let r = persist(&s2, job, &mut segments);
+                    for seg in segments {
+                        s2.pool.give_back(seg);
+                    }
                     done.finish(r);
                 }
             })
@@ -358,42 +348,18 @@ impl Checkpointer {
             .map_err(|e| Error::InvalidState(e.to_string()))?;
         let layout = Layout::plan(&specs, self.shared.cfg.chunk_size)
             .map_err(|e| Error::InvalidState(e.to_string()))?;
-        // Each chunk at an aligned offset, so it can be written with O_DIRECT
-        // straight from the staging buffer.
-        let mut offsets = Vec::with_capacity(layout.chunks.len());
-        let mut total = 0usize;
-        for c in &layout.chunks {
-            offsets.push(total);
-            total += align_up(c.len as usize);
-        }
+        let plan = Arc::new(Plan::new(layout));
         let gpu = self.shared.gpu_for(state.iter().filter_map(|e| e.device))?;
-        let mut staging = self.shared.pool.take(total, gpu.as_deref());
-        if let Some(g) = &gpu {
-            // Device tensors first: queue every device-to-host copy on
-            // Strata's stream, wait, then copy the host entries.
-            if let Err(e) = snapshot_device(g, &layout, &offsets, state, &mut staging) {
-                self.shared.pool.give_back_owned(staging);
-                return Err(e);
-            }
-        }
-        snapshot(
-            &layout,
-            &offsets,
-            state,
-            &mut staging,
-            self.shared.cfg.hash_threads,
-        );
-        let stall = started.elapsed();
 
+        // The worker starts on the first segment while later ones are copied.
+        let (snap_tx, snaps) = mpsc::channel();
         let done = Completion::new();
         let job = PersistJob {
             step,
             started,
-            stall,
             specs,
-            layout,
-            offsets,
-            staging: Arc::new(staging),
+            plan: plan.clone(),
+            snaps,
             metadata,
             done: done.clone(),
         };
@@ -405,6 +371,30 @@ impl Checkpointer {
         if let Ok(mut g) = self.inflight.lock() {
             *g = Some((step, done.clone()));
         }
+        let _snap = tracing::info_span!("snapshot").entered();
+        for (k, &len) in plan.segment_lens.iter().enumerate() {
+            let mut seg = self.shared.pool.take(len, gpu.as_deref());
+            let filled = fill_segment(
+                &plan,
+                k,
+                state,
+                &mut seg,
+                self.shared.cfg.hash_threads,
+                gpu.as_deref(),
+            );
+            if let Err(e) = filled {
+                self.shared.pool.give_back_owned(seg);
+                let _ = snap_tx.send(Snap::Abandoned(e.to_string()));
+                return Err(e);
+            }
+            if snap_tx.send(Snap::Segment(Arc::new(seg))).is_err() {
+                // The worker already failed this save: stop copying; the
+                // handle reports why.
+                break;
+            }
+        }
+        let stall = started.elapsed();
+        let _ = snap_tx.send(Snap::Taken(stall));
         Ok(SaveHandle { step, stall, done })
     }
 
@@ -430,312 +420,4 @@ impl Drop for Checkpointer {
             let _ = w.join();
         }
     }
-}
-
-/// Copies every device entry's bytes to its chunks' places in the (pinned)
-/// staging buffer on the GPU's own stream, and waits for the copies.
-fn snapshot_device(
-    gpu: &Gpu,
-    layout: &Layout,
-    offsets: &[usize],
-    state: &[Entry<'_>],
-    staging: &mut AlignedBuf,
-) -> Result<()> {
-    let _span = tracing::info_span!("snapshot_device").entered();
-    for (plan, &off) in layout.chunks.iter().zip(offsets) {
-        for p in &plan.pieces {
-            if let Some(dev) = state[p.entry].device {
-                let at = off + p.chunk_offset as usize;
-                let dst = staging
-                    .get_mut(at..at + p.len as usize)
-                    .ok_or_else(|| Error::Pipeline("staging too small".into()))?;
-                gpu.enqueue_dtoh(dst, dev.ptr() + p.entry_offset)?;
-            }
-        }
-    }
-    gpu.synchronize()
-}
-
-/// Copies every host entry into its chunk's place in the staging buffer
-/// (zeroing the padding of packed chunks), on `threads` threads. Device
-/// entries were copied by [`snapshot_device`].
-fn snapshot(
-    layout: &Layout,
-    offsets: &[usize],
-    state: &[Entry<'_>],
-    staging: &mut AlignedBuf,
-    threads: usize,
-) {
-    // Split the buffer into one disjoint slice per chunk so threads can fill
-    // chunks in parallel without sharing.
-    let mut regions: Vec<&mut [u8]> = Vec::with_capacity(layout.chunks.len());
-    let mut rest: &mut [u8] = staging;
-    let mut at = 0;
-    for (c, &off) in layout.chunks.iter().zip(offsets) {
-        let (_, tail) = std::mem::take(&mut rest).split_at_mut(off - at);
-        let (region, tail) = tail.split_at_mut(c.len as usize);
-        regions.push(region);
-        rest = tail;
-        at = off + c.len as usize;
-    }
-    let regions: Vec<Mutex<&mut [u8]>> = regions.into_iter().map(Mutex::new).collect();
-    par_map(
-        layout.chunks.len(),
-        threads,
-        || (),
-        |_, i| {
-            let plan = &layout.chunks[i];
-            if let Ok(mut region) = regions[i].lock() {
-                // Zero only the alignment gaps between packed pieces: every
-                // other byte is overwritten below.
-                let mut end = 0usize;
-                for p in &plan.pieces {
-                    region[end..p.chunk_offset as usize].fill(0);
-                    end = (p.chunk_offset + p.len) as usize;
-                }
-                for p in plan
-                    .pieces
-                    .iter()
-                    .filter(|p| state[p.entry].device.is_none())
-                {
-                    let src = &state[p.entry].bytes
-                        [p.entry_offset as usize..p.entry_offset as usize + p.len as usize];
-                    region[p.chunk_offset as usize..p.chunk_offset as usize + p.len as usize]
-                        .copy_from_slice(src);
-                }
-            }
-        },
-    );
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Hash → write chunks → manifest → barrier → commit record → retention.
-fn persist(s: &Shared, job: PersistJob) -> Result<SaveStats> {
-    let _span = tracing::info_span!("persist", step = job.step).entered();
-    let cfg = &s.cfg;
-    let mut stats = SaveStats {
-        step: job.step,
-        stall: job.stall,
-        logical_bytes: job.specs.iter().map(|e| e.len).sum(),
-        chunks: job.layout.chunks.len() as u64,
-        ..SaveStats::default()
-    };
-    let local = (|| -> Result<(Vec<u8>, ShardManifest)> {
-        let t = Instant::now();
-        let ids = hash_and_write(s, &job, &mut stats)?;
-        let t_manifest = Instant::now();
-        let info = ShardInfo {
-            job: cfg.job.clone(),
-            step: job.step,
-            rank: cfg.rank,
-            world_size: cfg.world_size,
-            created_unix_ms: now_ms(),
-        };
-        let manifest =
-            ShardManifest::from_layout(info, &job.specs, &job.layout, &ids, job.metadata.clone())?;
-        let bytes = manifest.encode()?;
-        tracing::info_span!("put_manifest").in_scope(|| {
-            s.rt.block_on(s.l1.put_manifest(&cfg.job, job.step, cfg.rank, &bytes))
-        })?;
-        stats.manifest_time = t_manifest.elapsed();
-        stats.write_time = t.elapsed();
-        Ok((bytes, manifest))
-    })();
-
-    // Every rank reports, failed or not, so nobody waits for a rank that gave up.
-    let ok = local.is_ok();
-    let timeout = Duration::from_secs(cfg.coordination_timeout_secs);
-    let t = Instant::now();
-    let votes = tracing::info_span!("barrier").in_scope(|| {
-        s.coord.all_gather(
-            cfg.rank,
-            &format!("commit/{}/{}", cfg.job, job.step),
-            vec![u8::from(ok)],
-            timeout,
-        )
-    });
-    stats.barrier_time = t.elapsed();
-    let (bytes, manifest) = local?;
-    let votes = votes?;
-    if let Some(bad) = votes.iter().position(|v| v.first() != Some(&1)) {
-        return Err(Error::Coordination(format!(
-            "step {}: rank {bad} failed to persist its shard; step not committed",
-            job.step
-        )));
-    }
-    let record = CommitRecord {
-        job: cfg.job.clone(),
-        step: job.step,
-        world_size: cfg.world_size,
-        committed_unix_ms: now_ms(),
-        shards: vec![ShardRef {
-            rank: cfg.rank,
-            manifest: ShardManifest::id_of(&bytes),
-            logical_bytes: manifest.logical_bytes(),
-        }],
-    };
-    let t = Instant::now();
-    tracing::info_span!("commit").in_scope(|| s.rt.block_on(s.l1.commit(&record)))?;
-    stats.commit_time = t.elapsed();
-    stats.to_durable = job.started.elapsed();
-
-    match tracing::info_span!("retention").in_scope(|| retention(s)) {
-        Ok((steps, bytes)) => {
-            stats.retired_steps = steps;
-            stats.retired_bytes = bytes;
-        }
-        // A failed cleanup does not fail a committed save.
-        Err(e) => tracing::warn!(error = %e, "retention failed"),
-    }
-    tracing::info!(
-        step = job.step,
-        stall_ms = stats.stall.as_millis() as u64,
-        durable_ms = stats.to_durable.as_millis() as u64,
-        written = stats.bytes_written,
-        deduped = stats.bytes_deduped,
-        "step durable on L1"
-    );
-    Ok(stats)
-}
-
-/// Chunk bytes in the first write batch, and the most in any batch. The
-/// hash of batch k+1 runs while batch k is written, so a save costs about
-/// max(hash, write), not their sum. Batches start small (writes begin after
-/// hashing only a little) and double, because each batch ends in a drain
-/// (last writes, fdatasyncs, renames, directory fsyncs) that idles the disk.
-const FIRST_BATCH_BYTES: u64 = 32 << 20;
-const MAX_BATCH_BYTES: u64 = 512 << 20;
-
-/// Hashes the staged chunks batch by batch on the hash pool and writes each
-/// batch's new chunks to L1 while the next one hashes. Returns every chunk's
-/// id in layout order.
-fn hash_and_write(s: &Shared, job: &PersistJob, stats: &mut SaveStats) -> Result<Vec<ChunkId>> {
-    let cfg = &s.cfg;
-    let n = job.layout.chunks.len();
-    let mut batches: Vec<std::ops::Range<usize>> = Vec::new();
-    let mut start = 0;
-    let mut bytes = 0u64;
-    let mut limit = FIRST_BATCH_BYTES;
-    for (i, c) in job.layout.chunks.iter().enumerate() {
-        if i > start && bytes + u64::from(c.len) > limit {
-            batches.push(start..i);
-            start = i;
-            bytes = 0;
-            limit = (limit * 2).min(MAX_BATCH_BYTES);
-        }
-        bytes += u64::from(c.len);
-    }
-    if start < n {
-        batches.push(start..n);
-    }
-    let chunk = |i: usize| {
-        let off = job.offsets[i];
-        &job.staging[off..off + job.layout.chunks[i].len as usize]
-    };
-    let mut ids: Vec<ChunkId> = Vec::with_capacity(n);
-    let hash_time = std::thread::scope(|sc| -> Result<Duration> {
-        // One batch of look-ahead: hashing never runs more than a batch
-        // ahead of the writes.
-        let (tx, rx) = mpsc::sync_channel::<(std::ops::Range<usize>, Vec<ChunkId>)>(1);
-        let batches = &batches;
-        let hasher = sc.spawn(move || {
-            let mut spent = Duration::ZERO;
-            for r in batches {
-                let t = Instant::now();
-                let got = tracing::debug_span!("hash", chunks = r.len()).in_scope(|| {
-                    par_map(
-                        r.len(),
-                        cfg.hash_threads,
-                        || (),
-                        |_, i| ChunkId::of(chunk(r.start + i)),
-                    )
-                });
-                spent += t.elapsed();
-                if tx.send((r.clone(), got)).is_err() {
-                    break; // the writer failed and stopped listening
-                }
-            }
-            spent
-        });
-        for (r, got) in rx {
-            let puts = r
-                .clone()
-                .zip(&got)
-                .map(|(i, id)| {
-                    let off = job.offsets[i];
-                    Ok(ChunkPut {
-                        id: *id,
-                        hint: job.layout.chunks[i].hint,
-                        data: ChunkData::new(
-                            job.staging.clone(),
-                            off..off + job.layout.chunks[i].len as usize,
-                        )?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let put = tracing::debug_span!("write_chunks", chunks = puts.len())
-                .in_scope(|| s.rt.block_on(s.l1.put_chunks(&cfg.job, puts)))?;
-            stats.bytes_written += put.bytes_written;
-            stats.bytes_deduped += put.bytes_deduped;
-            stats.chunks_written += put.written;
-            stats.chunks_deduped += put.deduped;
-            ids.extend(got);
-        }
-        hasher
-            .join()
-            .map_err(|_| Error::Pipeline("the hash pool panicked".into()))
-    })?;
-    stats.hash_time = hash_time;
-    Ok(ids)
-}
-
-/// Keeps the newest `keep_last` steps this rank committed; deletes older
-/// steps (and partial steps older than the newest commit), then chunks no
-/// remaining manifest references.
-fn retention(s: &Shared) -> Result<(u64, u64)> {
-    let cfg = &s.cfg;
-    let steps = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
-    let mine: Vec<u64> = steps
-        .iter()
-        .filter(|st| st.committed_ranks().contains(&cfg.rank))
-        .map(|st| st.step)
-        .collect();
-    let Some(&newest) = mine.last() else {
-        return Ok((0, 0));
-    };
-    let keep: HashSet<u64> = mine.iter().rev().take(cfg.keep_last).copied().collect();
-    let oldest_kept = keep.iter().min().copied().unwrap_or(newest);
-    let mut retired = 0;
-    for st in &steps {
-        let committed_here = st.committed_ranks().contains(&cfg.rank);
-        let doomed = (committed_here && !keep.contains(&st.step))
-            || (!committed_here && st.step < oldest_kept);
-        if doomed {
-            s.rt.block_on(s.l1.delete_step(&cfg.job, st.step))?;
-            retired += 1;
-        }
-    }
-    if retired == 0 {
-        return Ok((0, 0));
-    }
-    // Mark: every chunk named by a manifest that is still there (any rank).
-    let mut referenced = HashSet::new();
-    for st in s.rt.block_on(s.l1.list_steps(&cfg.job))? {
-        for rank in &st.manifests {
-            let bytes = s.rt.block_on(s.l1.get_manifest(&cfg.job, st.step, *rank))?;
-            match ShardManifest::decode(&bytes) {
-                Ok(m) => referenced.extend(m.chunks.iter().map(|c| c.id)),
-                // An unreadable manifest: keep everything rather than guess.
-                Err(_) => return Ok((retired, 0)),
-            }
-        }
-    }
-    let grace = Duration::from_secs(cfg.gc_grace_secs);
-    let (_, bytes) = s.rt.block_on(s.l1.sweep(&cfg.job, referenced, grace))?;
-    Ok((retired, bytes))
 }

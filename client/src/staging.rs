@@ -6,6 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use strata_tiered::aligned::align_up;
 use strata_tiered::AlignedBuf;
 
 use crate::gpu::Gpu;
@@ -13,7 +14,16 @@ use crate::gpu::Gpu;
 /// Free buffers, handed out and returned.
 #[derive(Default)]
 pub(crate) struct StagingPool {
-    free: Mutex<Vec<AlignedBuf>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    free: Vec<AlignedBuf>,
+    /// The most bytes handed out at once so far: free buffers are kept up
+    /// to twice this, so memory stays bounded by the largest save.
+    out: usize,
+    high_water: usize,
 }
 
 impl StagingPool {
@@ -23,11 +33,19 @@ impl StagingPool {
     /// ordinary memory, with a warning, if pinning fails).
     pub(crate) fn take(&self, len: usize, gpu: Option<&Gpu>) -> AlignedBuf {
         let pinned = gpu.is_some();
-        let reused = self.free.lock().ok().and_then(|mut f| {
-            let i = f
+        let reused = self.inner.lock().ok().and_then(|mut g| {
+            // Best fit: a save's segments come in the same sizes every step.
+            let i = g
+                .free
                 .iter()
-                .position(|b| b.capacity() >= len && b.is_foreign() == pinned)?;
-            Some(f.swap_remove(i))
+                .enumerate()
+                .filter(|(_, b)| b.capacity() >= len && b.is_foreign() == pinned)
+                .min_by_key(|(_, b)| b.capacity())
+                .map(|(i, _)| i);
+            let b = i.map(|i| g.free.swap_remove(i));
+            g.out += b.as_ref().map_or(align_up(len), AlignedBuf::capacity);
+            g.high_water = g.high_water.max(g.out);
+            b
         });
         let mut buf = match reused {
             Some(b) => b,
@@ -50,26 +68,21 @@ impl StagingPool {
         buf
     }
 
-    /// Returns a buffer once no chunk refers to it any more. Keeps at most
-    /// two (the snapshot being taken and the one persisting).
+    /// Returns a buffer once no chunk refers to it any more.
     pub(crate) fn give_back(&self, buf: Arc<AlignedBuf>) {
         if let Ok(b) = Arc::try_unwrap(buf) {
             self.give_back_owned(b);
         }
     }
 
-    /// [`Self::give_back`] for a buffer never shared.
+    /// [`Self::give_back`] for a buffer never shared. Kept while the free
+    /// buffers total at most twice the high-water mark; else freed.
     pub(crate) fn give_back_owned(&self, buf: AlignedBuf) {
-        if let Ok(mut f) = self.free.lock() {
-            if f.len() < 2 {
-                f.push(buf);
-            } else if let Some(small) = f
-                .iter_mut()
-                .filter(|b| b.capacity() < buf.capacity())
-                .min_by_key(|b| b.capacity())
-            {
-                // Keep the larger of the two: the next save is likely as big.
-                *small = buf;
+        if let Ok(mut g) = self.inner.lock() {
+            g.out = g.out.saturating_sub(buf.capacity());
+            let kept: usize = g.free.iter().map(AlignedBuf::capacity).sum();
+            if kept + buf.capacity() <= 2 * g.high_water {
+                g.free.push(buf);
             }
         }
     }

@@ -422,3 +422,49 @@ async fn async_training_loops_await_durability_and_restore() {
     let bad = ck.save(2, &[Entry::tensor("x", DType::F32, &[3], &[0u8; 5])]);
     assert!(matches!(bad, Err(Error::InvalidState(_))));
 }
+
+/// Unmounts on drop, so a failing assertion does not leave a mount behind.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A disk that fills in the middle of a save (a 160 MiB tmpfs, a save of
+/// ~190 MiB in several batches, the worker already writing while the
+/// snapshot still copies): the save fails with a no-space error instead of
+/// hanging, nothing of it is committed, and the earlier step still restores.
+#[test]
+fn a_disk_that_fills_mid_save_fails_that_save_and_loses_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=160m", "tmpfs"])
+        .arg(d.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("SKIPPED mid-save full-disk test: cannot mount a tmpfs here (needs root)");
+        return;
+    }
+    let _mount = Mount(d.path().to_path_buf());
+    let ck = Checkpointer::new(cfg(d.path()).keep_last(5)).unwrap();
+    let small = State::new(4, 4 * MIB, 1);
+    ck.save(1, &small.entries()).unwrap().wait().unwrap();
+    let big = State::new(12, 16 * MIB, 2);
+    let h = ck.save(2, &big.entries()).unwrap();
+    let err = h
+        .wait()
+        .expect_err("190 MiB cannot fit in what is left of 160 MiB");
+    assert!(err.is_no_space(), "{err}");
+    assert_eq!(ck.committed_steps().unwrap(), vec![1]);
+    let got = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(got.step, 1);
+    for (name, data) in small.names.iter().zip(&small.data) {
+        assert_eq!(&got.get(name).unwrap().bytes, data);
+    }
+    // The checkpointer keeps working: a save that fits succeeds.
+    ck.save(3, &small.entries()).unwrap().wait().unwrap();
+    assert_eq!(ck.committed_steps().unwrap(), vec![1, 3]);
+}

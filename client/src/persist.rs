@@ -1,0 +1,263 @@
+//! The persist worker's job: hash → write chunks → manifest → barrier →
+//! commit record → retention, for one save, starting on the first staging
+//! segment while `save` still fills the next ones.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use strata_format::{ChunkId, CommitRecord, EntrySpec, ShardInfo, ShardManifest, ShardRef};
+use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore};
+
+use crate::checkpointer::{Completion, Shared};
+use crate::error::{Error, Result};
+use crate::par::par_map;
+use crate::snapshot::Plan;
+use crate::stats::SaveStats;
+
+/// What `save` tells the worker as the snapshot proceeds.
+pub(crate) enum Snap {
+    /// The next batch's segment, filled.
+    Segment(Arc<AlignedBuf>),
+    /// Every segment was sent; `save` blocked the caller this long.
+    Taken(Duration),
+    /// The snapshot failed (the caller got this error from `save`).
+    Abandoned(String),
+}
+
+/// One save, handed to the persist worker before its snapshot is complete.
+pub(crate) struct PersistJob {
+    pub(crate) step: u64,
+    pub(crate) started: Instant,
+    pub(crate) specs: Vec<EntrySpec>,
+    pub(crate) plan: Arc<Plan>,
+    pub(crate) snaps: mpsc::Receiver<Snap>,
+    pub(crate) metadata: BTreeMap<String, String>,
+    pub(crate) done: Arc<Completion>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Hash → write chunks → manifest → barrier → commit record → retention.
+pub(crate) fn persist(
+    s: &Shared,
+    job: PersistJob,
+    segments: &mut Vec<Arc<AlignedBuf>>,
+) -> Result<SaveStats> {
+    let _span = tracing::info_span!("persist", step = job.step).entered();
+    let cfg = &s.cfg;
+    let mut stats = SaveStats {
+        step: job.step,
+        logical_bytes: job.specs.iter().map(|e| e.len).sum(),
+        chunks: job.plan.layout.chunks.len() as u64,
+        ..SaveStats::default()
+    };
+    let local = (|| -> Result<(Vec<u8>, ShardManifest)> {
+        let t = Instant::now();
+        let ids = hash_and_write(s, &job.plan, job.snaps, &mut stats, segments)?;
+        let t_manifest = Instant::now();
+        let info = ShardInfo {
+            job: cfg.job.clone(),
+            step: job.step,
+            rank: cfg.rank,
+            world_size: cfg.world_size,
+            created_unix_ms: now_ms(),
+        };
+        let manifest =
+            ShardManifest::from_layout(info, &job.specs, &job.plan.layout, &ids, job.metadata)?;
+        let bytes = manifest.encode()?;
+        tracing::info_span!("put_manifest").in_scope(|| {
+            s.rt.block_on(s.l1.put_manifest(&cfg.job, job.step, cfg.rank, &bytes))
+        })?;
+        stats.manifest_time = t_manifest.elapsed();
+        stats.write_time = t.elapsed();
+        Ok((bytes, manifest))
+    })();
+
+    // Every rank reports, failed or not, so nobody waits for a rank that gave up.
+    let ok = local.is_ok();
+    let timeout = Duration::from_secs(cfg.coordination_timeout_secs);
+    let t = Instant::now();
+    let votes = tracing::info_span!("barrier").in_scope(|| {
+        s.coord.all_gather(
+            cfg.rank,
+            &format!("commit/{}/{}", cfg.job, job.step),
+            vec![u8::from(ok)],
+            timeout,
+        )
+    });
+    stats.barrier_time = t.elapsed();
+    let (bytes, manifest) = local?;
+    let votes = votes?;
+    if let Some(bad) = votes.iter().position(|v| v.first() != Some(&1)) {
+        return Err(Error::Coordination(format!(
+            "step {}: rank {bad} failed to persist its shard; step not committed",
+            job.step
+        )));
+    }
+    let record = CommitRecord {
+        job: cfg.job.clone(),
+        step: job.step,
+        world_size: cfg.world_size,
+        committed_unix_ms: now_ms(),
+        shards: vec![ShardRef {
+            rank: cfg.rank,
+            manifest: ShardManifest::id_of(&bytes),
+            logical_bytes: manifest.logical_bytes(),
+        }],
+    };
+    let t = Instant::now();
+    tracing::info_span!("commit").in_scope(|| s.rt.block_on(s.l1.commit(&record)))?;
+    stats.commit_time = t.elapsed();
+    stats.to_durable = job.started.elapsed();
+
+    match tracing::info_span!("retention").in_scope(|| retention(s)) {
+        Ok((steps, bytes)) => {
+            stats.retired_steps = steps;
+            stats.retired_bytes = bytes;
+        }
+        // A failed cleanup does not fail a committed save.
+        Err(e) => tracing::warn!(error = %e, "retention failed"),
+    }
+    tracing::info!(
+        step = job.step,
+        stall_ms = stats.stall.as_millis() as u64,
+        durable_ms = stats.to_durable.as_millis() as u64,
+        written = stats.bytes_written,
+        deduped = stats.bytes_deduped,
+        "step durable on L1"
+    );
+    Ok(stats)
+}
+
+/// Hashes each staging segment as it arrives (on the hash pool) and writes
+/// its batch's new chunks to L1 while the next segment is filled and
+/// hashed. Returns every chunk's id in layout order; the segments received
+/// go to `segments` (to return them to the pool).
+fn hash_and_write(
+    s: &Shared,
+    plan: &Plan,
+    snaps: mpsc::Receiver<Snap>,
+    stats: &mut SaveStats,
+    segments: &mut Vec<Arc<AlignedBuf>>,
+) -> Result<Vec<ChunkId>> {
+    let cfg = &s.cfg;
+    let mut ids: Vec<ChunkId> = Vec::with_capacity(plan.layout.chunks.len());
+    type Hashed = (usize, Vec<ChunkId>, Arc<AlignedBuf>);
+    let (hash_time, stall) = std::thread::scope(|sc| -> Result<(Duration, Duration)> {
+        // One batch of look-ahead: hashing runs at most a batch ahead of
+        // the writes.
+        let (tx, rx) = mpsc::sync_channel::<Hashed>(1);
+        let hasher = sc.spawn(move || -> Result<(Duration, Duration)> {
+            let mut spent = Duration::ZERO;
+            for (k, batch) in plan.batches.iter().enumerate() {
+                let seg = match snaps.recv() {
+                    Ok(Snap::Segment(seg)) => seg,
+                    Ok(Snap::Abandoned(why)) => {
+                        return Err(Error::Pipeline(format!("snapshot failed: {why}")))
+                    }
+                    Ok(Snap::Taken(_)) | Err(_) => {
+                        return Err(Error::Pipeline("the snapshot ended early".into()))
+                    }
+                };
+                let t = Instant::now();
+                let got = tracing::debug_span!("hash", batch = k).in_scope(|| {
+                    par_map(
+                        batch.len(),
+                        cfg.hash_threads,
+                        || (),
+                        |_, j| ChunkId::of(&seg[plan.range(batch.start + j)]),
+                    )
+                });
+                spent += t.elapsed();
+                if tx.send((k, got, seg)).is_err() {
+                    // The writer failed; its error is the one reported.
+                    return Ok((spent, Duration::ZERO));
+                }
+            }
+            match snaps.recv() {
+                Ok(Snap::Taken(stall)) => Ok((spent, stall)),
+                Ok(Snap::Abandoned(why)) => Err(Error::Pipeline(format!("snapshot failed: {why}"))),
+                _ => Err(Error::Pipeline("the snapshot did not finish".into())),
+            }
+        });
+        for (k, got, seg) in rx {
+            let batch = plan.batches[k].clone();
+            let puts = batch
+                .zip(&got)
+                .map(|(i, id)| {
+                    Ok(ChunkPut {
+                        id: *id,
+                        hint: plan.layout.chunks[i].hint,
+                        data: ChunkData::new(seg.clone(), plan.range(i))?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>();
+            segments.push(seg);
+            let puts = puts?;
+            let put = tracing::debug_span!("write_chunks", batch = k)
+                .in_scope(|| s.rt.block_on(s.l1.put_chunks(&cfg.job, puts)))?;
+            stats.bytes_written += put.bytes_written;
+            stats.bytes_deduped += put.bytes_deduped;
+            stats.chunks_written += put.written;
+            stats.chunks_deduped += put.deduped;
+            ids.extend(got);
+        }
+        hasher
+            .join()
+            .map_err(|_| Error::Pipeline("the hash pool panicked".into()))?
+    })?;
+    stats.hash_time = hash_time;
+    stats.stall = stall;
+    Ok(ids)
+}
+
+/// Keeps the newest `keep_last` steps this rank committed; deletes older
+/// steps (and partial steps older than the newest commit), then chunks no
+/// remaining manifest references.
+fn retention(s: &Shared) -> Result<(u64, u64)> {
+    let cfg = &s.cfg;
+    let steps = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
+    let mine: Vec<u64> = steps
+        .iter()
+        .filter(|st| st.committed_ranks().contains(&cfg.rank))
+        .map(|st| st.step)
+        .collect();
+    let Some(&newest) = mine.last() else {
+        return Ok((0, 0));
+    };
+    let keep: HashSet<u64> = mine.iter().rev().take(cfg.keep_last).copied().collect();
+    let oldest_kept = keep.iter().min().copied().unwrap_or(newest);
+    let mut retired = 0;
+    for st in &steps {
+        let committed_here = st.committed_ranks().contains(&cfg.rank);
+        let doomed = (committed_here && !keep.contains(&st.step))
+            || (!committed_here && st.step < oldest_kept);
+        if doomed {
+            s.rt.block_on(s.l1.delete_step(&cfg.job, st.step))?;
+            retired += 1;
+        }
+    }
+    if retired == 0 {
+        return Ok((0, 0));
+    }
+    // Mark: every chunk named by a manifest that is still there (any rank).
+    let mut referenced = HashSet::new();
+    for st in s.rt.block_on(s.l1.list_steps(&cfg.job))? {
+        for rank in &st.manifests {
+            let bytes = s.rt.block_on(s.l1.get_manifest(&cfg.job, st.step, *rank))?;
+            match ShardManifest::decode(&bytes) {
+                Ok(m) => referenced.extend(m.chunks.iter().map(|c| c.id)),
+                // An unreadable manifest: keep everything rather than guess.
+                Err(_) => return Ok((retired, 0)),
+            }
+        }
+    }
+    let grace = Duration::from_secs(cfg.gc_grace_secs);
+    let (_, bytes) = s.rt.block_on(s.l1.sweep(&cfg.job, referenced, grace))?;
+    Ok((retired, bytes))
+}
