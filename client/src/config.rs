@@ -11,6 +11,7 @@
 //! keep_last = 3
 //! busy_policy = "wait"        # wait | skip | error
 //! hash_threads = 2
+//! persist_during_snapshot = false  # default: true with 4+ cores
 //! coordination_timeout_secs = 600
 //! gc_grace_secs = 600
 //! ```
@@ -74,6 +75,14 @@ pub struct Config {
     pub busy_policy: BusyPolicy,
     /// Threads hashing chunks in the background (default: all cores).
     pub hash_threads: usize,
+    /// Start hashing and writing a save's first batches while `save` still
+    /// copies the later ones: the step is durable sooner, but the copy
+    /// shares the cores with hashing and the memory bus with disk DMA, so
+    /// the stall grows where cores are few (on 2 cores, measured: stall
+    /// 0.20 → 0.27 s and durable 1.6 → 1.1 s on a 1.84 GiB full save; on
+    /// an incremental save, stall 0.17 → 0.39 s). Default: on with 4 or
+    /// more cores, off below.
+    pub persist_during_snapshot: bool,
     /// How long ranks wait for each other at a commit or restore.
     pub coordination_timeout_secs: u64,
     /// Retention deletes an unreferenced chunk only if it was not written or
@@ -94,6 +103,8 @@ impl Default for Config {
             keep_last: 3,
             busy_policy: BusyPolicy::Wait,
             hash_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            persist_during_snapshot: std::thread::available_parallelism().map_or(1, |n| n.get())
+                >= 4,
             coordination_timeout_secs: 600,
             gc_grace_secs: 600,
         }
@@ -155,6 +166,12 @@ impl Config {
         self
     }
 
+    /// Sets whether persisting starts while the snapshot is being taken.
+    pub fn persist_during_snapshot(mut self, on: bool) -> Self {
+        self.persist_during_snapshot = on;
+        self
+    }
+
     /// Sets the coordination timeout.
     pub fn coordination_timeout_secs(mut self, secs: u64) -> Self {
         self.coordination_timeout_secs = secs;
@@ -196,6 +213,13 @@ impl Config {
                 "KEEP_LAST" => self.keep_last = num(&v)? as usize,
                 "BUSY_POLICY" => self.busy_policy = v.parse().map_err(bad)?,
                 "HASH_THREADS" => self.hash_threads = num(&v)? as usize,
+                "PERSIST_DURING_SNAPSHOT" => {
+                    self.persist_during_snapshot = match v.as_str() {
+                        "1" | "true" | "on" => true,
+                        "0" | "false" | "off" => false,
+                        _ => return Err(bad("expected true or false".into())),
+                    }
+                }
                 "COORDINATION_TIMEOUT_SECS" => self.coordination_timeout_secs = num(&v)?,
                 "GC_GRACE_SECS" => self.gc_grace_secs = num(&v)?,
                 _ => {}

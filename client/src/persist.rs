@@ -154,8 +154,34 @@ fn hash_and_write(
         let (tx, rx) = mpsc::sync_channel::<Hashed>(1);
         let hasher = sc.spawn(move || -> Result<(Duration, Duration)> {
             let mut spent = Duration::ZERO;
+            // Unless persisting may overlap the snapshot, take every segment
+            // first: the copy then has the cores to itself.
+            let mut early = std::collections::VecDeque::new();
+            let mut taken = None;
+            if !cfg.persist_during_snapshot {
+                loop {
+                    match snaps.recv() {
+                        Ok(Snap::Segment(seg)) => early.push_back(seg),
+                        Ok(Snap::Taken(stall)) => {
+                            taken = Some(stall);
+                            break;
+                        }
+                        Ok(Snap::Abandoned(why)) => {
+                            return Err(Error::Pipeline(format!("snapshot failed: {why}")))
+                        }
+                        Err(_) => return Err(Error::Pipeline("the snapshot ended early".into())),
+                    }
+                }
+            }
             for (k, batch) in plan.batches.iter().enumerate() {
-                let seg = match snaps.recv() {
+                let next = match early.pop_front() {
+                    Some(seg) => Ok(Snap::Segment(seg)),
+                    None if taken.is_some() => {
+                        return Err(Error::Pipeline("the snapshot ended early".into()))
+                    }
+                    None => snaps.recv(),
+                };
+                let seg = match next {
                     Ok(Snap::Segment(seg)) => seg,
                     Ok(Snap::Abandoned(why)) => {
                         return Err(Error::Pipeline(format!("snapshot failed: {why}")))
@@ -178,6 +204,9 @@ fn hash_and_write(
                     // The writer failed; its error is the one reported.
                     return Ok((spent, Duration::ZERO));
                 }
+            }
+            if let Some(stall) = taken {
+                return Ok((spent, stall));
             }
             match snaps.recv() {
                 Ok(Snap::Taken(stall)) => Ok((spent, stall)),

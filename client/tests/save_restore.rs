@@ -75,9 +75,16 @@ impl State {
 
 #[test]
 fn round_trip_is_byte_identical_and_the_caller_may_overwrite_at_once() {
+    for overlap in [false, true] {
+        round_trip(overlap);
+    }
+}
+
+fn round_trip(overlap: bool) {
     let d = tempfile::tempdir().unwrap();
-    let ck = Checkpointer::new(cfg(d.path())).unwrap();
-    let mut st = State::new(6, 3 * MIB + 10, 1);
+    let ck = Checkpointer::new(cfg(d.path()).persist_during_snapshot(overlap)).unwrap();
+    // 6 × 12 MiB in 1 MiB chunks: several batches and staging segments.
+    let mut st = State::new(6, 12 * MIB + 10, 1);
     let original: Vec<Vec<u8>> = st.data.clone();
     let h = ck.save(10, &st.entries()).unwrap();
     // The snapshot is taken: scribble over everything before it is durable.
@@ -433,23 +440,29 @@ impl Drop for Mount {
 }
 
 /// A disk that fills in the middle of a save (a 160 MiB tmpfs, a save of
-/// ~190 MiB in several batches, the worker already writing while the
-/// snapshot still copies): the save fails with a no-space error instead of
+/// ~190 MiB in several batches; with and without the worker writing while
+/// the snapshot still copies): the save fails with a no-space error instead of
 /// hanging, nothing of it is committed, and the earlier step still restores.
 #[test]
 fn a_disk_that_fills_mid_save_fails_that_save_and_loses_nothing() {
-    let d = tempfile::tempdir().unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=160m", "tmpfs"])
-        .arg(d.path())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        eprintln!("SKIPPED mid-save full-disk test: cannot mount a tmpfs here (needs root)");
-        return;
+    for overlap in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=160m", "tmpfs"])
+            .arg(d.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("SKIPPED mid-save full-disk test: cannot mount a tmpfs here (needs root)");
+            return;
+        }
+        let _mount = Mount(d.path().to_path_buf());
+        fill_mid_save(d.path(), overlap);
     }
-    let _mount = Mount(d.path().to_path_buf());
-    let ck = Checkpointer::new(cfg(d.path()).keep_last(5)).unwrap();
+}
+
+fn fill_mid_save(dir: &std::path::Path, overlap: bool) {
+    let ck = Checkpointer::new(cfg(dir).keep_last(5).persist_during_snapshot(overlap)).unwrap();
     let small = State::new(4, 4 * MIB, 1);
     ck.save(1, &small.entries()).unwrap().wait().unwrap();
     let big = State::new(12, 16 * MIB, 2);
