@@ -293,6 +293,31 @@ impl Checkpointer {
         &self.shared.l1
     }
 
+    /// Allocates and pre-faults the staging memory a save of `state` needs
+    /// (pinned for GPU tensors), so that even the first save stalls only
+    /// for the copy: call it once before training starts. Optional: without
+    /// it the first save pays for fresh memory (on these VMs 2–5× its copy).
+    pub fn prepare(&self, state: &[Entry<'_>]) -> Result<()> {
+        let specs: Vec<EntrySpec> = state
+            .iter()
+            .map(Entry::spec)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| Error::InvalidState(e.to_string()))?;
+        let layout = Layout::plan(&specs, self.shared.cfg.chunk_size)
+            .map_err(|e| Error::InvalidState(e.to_string()))?;
+        let plan = Plan::new(layout);
+        let gpu = self.shared.gpu_for(state.iter().filter_map(|e| e.device))?;
+        let segments: Vec<_> = plan
+            .segment_lens
+            .iter()
+            .map(|&len| self.shared.pool.take(len, gpu.as_deref()))
+            .collect();
+        for seg in segments {
+            self.shared.pool.give_back_owned(seg);
+        }
+        Ok(())
+    }
+
     /// Snapshots `state` for `step` and returns as soon as the snapshot is
     /// taken; the step becomes durable in the background (see [`SaveHandle`]).
     pub fn save(&self, step: u64, state: &[Entry<'_>]) -> Result<SaveHandle> {
