@@ -414,7 +414,10 @@ fn run(o: &Opts) -> Result<bool, String> {
         .chunk_size(o.chunk_size)
         .io_engine(o.engine.clone())
         .keep_last(1)
-        .gc_grace_secs(0);
+        .gc_grace_secs(0)
+        // STRATA_* variables tune the checkpointer (STRATA_HASH_THREADS=1, ...).
+        .with_env(std::env::vars())
+        .map_err(|e| e.to_string())?;
     if let Some(on) = o.overlap {
         cfg = cfg.persist_during_snapshot(on);
     }
