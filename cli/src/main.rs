@@ -44,7 +44,24 @@ pub(crate) enum CliError {
     Arg(String),
 }
 
+/// Logs to stderr, filtered by `STRATA_LOG` (default `warn`). With
+/// `STRATA_LOG=info` every stage of a save (snapshot, persist, put_manifest,
+/// barrier, commit, retention) prints its time when it closes; `debug` adds
+/// each batch's hash and write.
+fn init_logging() {
+    use tracing_subscriber::fmt::format::FmtSpan;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_span_events(FmtSpan::CLOSE)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 fn main() -> ExitCode {
+    init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
