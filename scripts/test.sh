@@ -19,6 +19,21 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
+log "test servers: s3s-fs (authenticated S3) and moto (exclusive create-if-absent)"
+# Installed under .tools/ (git-ignored) so reruns skip the build.
+TOOLS="$PWD/.tools"
+export PATH="$TOOLS/bin:$PATH"
+if ! command -v s3s-fs >/dev/null 2>&1; then
+  cargo install s3s-fs@0.14.1 --features binary --locked --root "$TOOLS"
+fi
+if ! command -v moto_server >/dev/null 2>&1; then
+  python3 -m pip install --quiet 'moto[server]' 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages 'moto[server]'
+fi
+command -v s3s-fs moto_server
+# The L3 tests fail (instead of skipping) if a server is missing.
+export STRATA_REQUIRE_SERVERS=1
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 

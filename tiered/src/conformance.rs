@@ -407,12 +407,32 @@ pub async fn reads_into_spare_buffers(s: &dyn ChunkStore) -> Outcome {
 }
 
 /// Expands to one `#[tokio::test]` per conformance check for a store built
-/// by `$make`, an expression yielding `(store, guard)`.
+/// by `$make`, an expression yielding `(store, guard)`. With `optional`, it
+/// yields `Option<(store, guard)>` and `None` skips (a server that is not
+/// installed; its constructor decides whether that may be skipped).
 #[macro_export]
 macro_rules! conformance_tests {
+    (optional $make:expr) => {
+        $crate::conformance_tests!(@opt $make; put_get_round_trip, put_is_idempotent, concurrent_puts_of_one_chunk,
+            errors_have_kinds, jobs_are_isolated, manifests, commits_are_create_only, deletion, reads_into_spare_buffers);
+    };
     ($make:expr) => {
         $crate::conformance_tests!(@one $make; put_get_round_trip, put_is_idempotent, concurrent_puts_of_one_chunk,
             errors_have_kinds, jobs_are_isolated, manifests, commits_are_create_only, deletion, reads_into_spare_buffers);
+    };
+    (@opt $make:expr; $($check:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let Some((store, _guard)) = $make else {
+                    eprintln!("SKIPPED conformance check {}: no store", stringify!($check));
+                    return;
+                };
+                if let Err(e) = $crate::conformance::$check(&store).await {
+                    panic!("{} failed conformance check {}: {e}", $crate::store::ChunkStore::name(&store), stringify!($check));
+                }
+            }
+        )*
     };
     (@one $make:expr; $($check:ident),*) => {
         $(

@@ -274,6 +274,7 @@ impl Inner {
             if rename_noreplace(&tmp, &path)? {
                 stats.written += 1;
                 stats.bytes_written += len;
+                stats.bytes_stored += len;
                 if let Some(d) = path.parent() {
                     dirs.insert(d.to_path_buf());
                 }

@@ -21,6 +21,7 @@ mod error;
 mod fsutil;
 pub mod io;
 mod l1;
+mod l3;
 mod memory;
 pub mod store;
 
@@ -29,5 +30,6 @@ pub use chunk_data::ChunkData;
 pub use error::{Result, StoreError, StoreErrorKind};
 pub use io::EngineChoice;
 pub use l1::L1Store;
+pub use l3::{L3Options, L3Store};
 pub use memory::MemoryStore;
 pub use store::{ChunkPut, ChunkStore, PutStats, StepInfo};

@@ -79,6 +79,7 @@ impl ChunkStore for MemoryStore {
                         v.insert(ChunkData::copy_from(c.data.as_slice()));
                         s.written += 1;
                         s.bytes_written += len;
+                        s.bytes_stored += len;
                     }
                 }
             }

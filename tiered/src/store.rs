@@ -62,6 +62,9 @@ pub struct PutStats {
     pub written: u64,
     /// Raw bytes of the chunks written.
     pub bytes_written: u64,
+    /// Bytes the tier stored for them (after its codec; equal to
+    /// `bytes_written` for tiers that store raw chunks).
+    pub bytes_stored: u64,
     /// Chunks skipped because the tier already held them.
     pub deduped: u64,
     /// Raw bytes of the skipped chunks.
@@ -72,6 +75,7 @@ impl std::ops::AddAssign for PutStats {
     fn add_assign(&mut self, o: PutStats) {
         self.written += o.written;
         self.bytes_written += o.bytes_written;
+        self.bytes_stored += o.bytes_stored;
         self.deduped += o.deduped;
         self.bytes_deduped += o.bytes_deduped;
     }

@@ -1,0 +1,592 @@
+//! L3: object storage (S3, GCS, Azure, a local directory, memory) through
+//! the `object_store` crate.
+//!
+//! Keys, under the URL's path:
+//!
+//! ```text
+//! <job>/chunks/<2 hex>/<64 hex>            one chunk frame (docs/format.md), codec-encoded
+//! <job>/steps/<step, 20 digits>/m-<rank>   shard manifest
+//! <job>/steps/<step, 20 digits>/c-<rank>   commit record, written create-only
+//! ```
+//!
+//! Chunks are stored as frames in the tier's codec (byte planes by default;
+//! a chunk that does not shrink is stored raw), so every read is verified
+//! against the frame's BLAKE3 and the id asked for. Frames above the
+//! multipart threshold go up in parts. Requests run `concurrency` at a time;
+//! the client retries throttling, 5xx and timeouts with backoff.
+//!
+//! Commit records are written with `PutMode::Create`. A store that cannot
+//! create-if-absent (S3 with conditional puts disabled, some S3-compatible
+//! servers) makes `commit` fail with `Unavailable` unless
+//! [`L3Options::non_atomic_commits`] is set: then a commit is a check
+//! followed by a put, and two writers racing on one step can both "win".
+//! Strata never claims atomic commits there.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path as ObjPath;
+use object_store::{
+    ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig, WriteMultipart,
+};
+use strata_format::codec::EncodeOptions;
+use strata_format::frame::{FrameDecoder, FrameEncoder, FRAME_HEADER_LEN, MAX_CHUNK_LEN};
+use strata_format::manifest::MAX_MANIFEST_LEN;
+use strata_format::names::validate_job_id;
+use strata_format::{ChunkId, CommitRecord};
+
+use crate::aligned::AlignedBuf;
+use crate::chunk_data::ChunkData;
+use crate::error::{Result, StoreError};
+use crate::store::{
+    commit_conflict, commit_slot, slice_range, ChunkPut, ChunkStore, PutStats, StepInfo,
+};
+
+/// Largest commit record read back (they are a few hundred bytes).
+const MAX_RECORD_LEN: usize = 1 << 20;
+
+/// Settings of an L3 store.
+#[derive(Clone, Debug)]
+pub struct L3Options {
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// Frames larger than this are uploaded in parts.
+    pub multipart_threshold: usize,
+    /// Part size of multipart uploads (S3 needs at least 5 MiB).
+    pub part_size: usize,
+    /// How chunks are encoded.
+    pub codec: EncodeOptions,
+    /// Accept a store without create-if-absent writes, committing with a
+    /// check then a put (not atomic; see the module documentation).
+    pub non_atomic_commits: bool,
+    /// Retries of failed requests (throttling, 5xx, timeouts, dropped
+    /// connections) with exponential backoff.
+    pub max_retries: usize,
+    /// Give up retrying a request after this long.
+    pub retry_timeout: Duration,
+}
+
+impl Default for L3Options {
+    fn default() -> Self {
+        L3Options {
+            concurrency: 16,
+            multipart_threshold: 8 << 20,
+            part_size: 8 << 20,
+            codec: EncodeOptions::PLANES,
+            non_atomic_commits: false,
+            max_retries: 10,
+            retry_timeout: Duration::from_secs(180),
+        }
+    }
+}
+
+/// Object storage as a [`ChunkStore`]. See the module documentation.
+pub struct L3Store {
+    store: Arc<dyn ObjectStore>,
+    root: ObjPath,
+    url: String,
+    opts: L3Options,
+}
+
+impl std::fmt::Debug for L3Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "L3Store({})", self.url)
+    }
+}
+
+/// Maps an object-store error to a tier error.
+fn os_err(what: impl Into<String>, e: object_store::Error) -> StoreError {
+    match e {
+        object_store::Error::NotFound { .. } => StoreError::NotFound { what: what.into() },
+        object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
+            StoreError::AlreadyExists { what: what.into() }
+        }
+        object_store::Error::InvalidPath { .. } => {
+            StoreError::invalid("object path", e.to_string())
+        }
+        other => StoreError::Unavailable(format!("{}: {other}", what.into())),
+    }
+}
+
+impl L3Store {
+    /// Opens the store a URL names: `s3://bucket/prefix`, `gs://bucket/prefix`,
+    /// `az://container/prefix`, `file:///abs/dir`, `memory://`. Credentials,
+    /// region and endpoint come from the provider's usual environment
+    /// variables (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`,
+    /// `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`, ...) and
+    /// `options` (the same keys without the prefix, lower case:
+    /// `endpoint`, `region`, `access_key_id`, `secret_access_key`,
+    /// `allow_http`, ...), which win.
+    pub fn from_url(url: &str, options: &[(String, String)], opts: L3Options) -> Result<Self> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| StoreError::invalid("L3 URL", format!("{url:?}: {e}")))?;
+        let retry = RetryConfig {
+            max_retries: opts.max_retries,
+            retry_timeout: opts.retry_timeout,
+            ..RetryConfig::default()
+        };
+        let bad = |e: object_store::Error| StoreError::invalid("L3 store", e.to_string());
+        let (store, root): (Arc<dyn ObjectStore>, ObjPath) = match parsed.scheme() {
+            "s3" | "s3a" => {
+                use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+                let mut b = AmazonS3Builder::from_env().with_url(url).with_retry(retry);
+                for (k, v) in options {
+                    let key: AmazonS3ConfigKey = k.parse().map_err(bad)?;
+                    b = b.with_config(key, v);
+                }
+                (Arc::new(b.build().map_err(bad)?), url_prefix(&parsed)?)
+            }
+            "gs" => {
+                use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+                let mut b = GoogleCloudStorageBuilder::from_env()
+                    .with_url(url)
+                    .with_retry(retry);
+                for (k, v) in options {
+                    let key: GoogleConfigKey = k.parse().map_err(bad)?;
+                    b = b.with_config(key, v);
+                }
+                (Arc::new(b.build().map_err(bad)?), url_prefix(&parsed)?)
+            }
+            "az" | "azure" | "abfs" | "abfss" => {
+                use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+                let mut b = MicrosoftAzureBuilder::from_env()
+                    .with_url(url)
+                    .with_retry(retry);
+                for (k, v) in options {
+                    let key: AzureConfigKey = k.parse().map_err(bad)?;
+                    b = b.with_config(key, v);
+                }
+                (Arc::new(b.build().map_err(bad)?), url_prefix(&parsed)?)
+            }
+            "file" => {
+                let dir = parsed.to_file_path().map_err(|()| {
+                    StoreError::invalid("L3 URL", format!("{url:?} is not an absolute file path"))
+                })?;
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| StoreError::io("creating the L3 directory", &dir, e))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+                    .map_err(bad)?
+                    .with_automatic_cleanup(true);
+                (Arc::new(fs), ObjPath::default())
+            }
+            "memory" => (
+                Arc::new(object_store::memory::InMemory::new()),
+                ObjPath::default(),
+            ),
+            other => {
+                return Err(StoreError::invalid(
+                    "L3 URL",
+                    format!("unsupported scheme {other:?} (s3, gs, az, file, memory)"),
+                ))
+            }
+        };
+        Ok(L3Store {
+            store,
+            root,
+            url: url.to_string(),
+            opts,
+        })
+    }
+
+    /// An L3 tier over any `ObjectStore` (a wrapper that injects faults, a
+    /// store built by hand), with keys under `root`.
+    pub fn with_store(
+        store: Arc<dyn ObjectStore>,
+        root: &str,
+        label: &str,
+        opts: L3Options,
+    ) -> Self {
+        L3Store {
+            store,
+            root: ObjPath::from(root),
+            url: label.to_string(),
+            opts,
+        }
+    }
+
+    /// The URL or label it was opened with.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The options.
+    pub fn options(&self) -> &L3Options {
+        &self.opts
+    }
+
+    fn key(&self, parts: &[&str]) -> ObjPath {
+        let mut p = self.root.clone();
+        for part in parts {
+            p = p.join(*part);
+        }
+        p
+    }
+
+    fn chunk_key(&self, job: &str, id: &ChunkId) -> ObjPath {
+        let hex = id.to_hex();
+        self.key(&[job, "chunks", &hex[..2], &hex])
+    }
+
+    fn step_key(&self, job: &str, step: u64) -> ObjPath {
+        self.key(&[job, "steps", &format!("{step:020}")])
+    }
+
+    /// Reads a whole object of at most `max` bytes (a longer one is refused
+    /// before its body is read).
+    async fn get_bounded(&self, key: &ObjPath, max: usize, what: &str) -> Result<Bytes> {
+        let r = self.store.get(key).await.map_err(|e| os_err(what, e))?;
+        if r.meta.size > max as u64 {
+            return Err(StoreError::Corrupt {
+                what: what.to_string(),
+                source: strata_format::FormatError::TooLarge {
+                    what: "object",
+                    value: r.meta.size,
+                    limit: max as u64,
+                },
+            });
+        }
+        r.bytes().await.map_err(|e| os_err(what, e))
+    }
+
+    /// Uploads one encoded frame, in parts if it is large. An interrupted
+    /// multipart upload is aborted, so no partial object is ever visible.
+    async fn upload(&self, key: &ObjPath, frame: Vec<u8>) -> Result<()> {
+        let what = || format!("uploading {key}");
+        if frame.len() <= self.opts.multipart_threshold {
+            self.store
+                .put(key, PutPayload::from(frame))
+                .await
+                .map_err(|e| os_err(what(), e))?;
+            return Ok(());
+        }
+        let upload = self
+            .store
+            .put_multipart(key)
+            .await
+            .map_err(|e| os_err(what(), e))?;
+        let mut w = WriteMultipart::new_with_chunk_size(upload, self.opts.part_size);
+        w.put(Bytes::from(frame));
+        match w.finish().await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(os_err(what(), e)),
+        }
+    }
+
+    async fn has(&self, job: &str, id: &ChunkId) -> Result<bool> {
+        match self.store.head(&self.chunk_key(job, id)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(os_err(format!("chunk {id}"), e)),
+        }
+    }
+
+    async fn put_one(&self, job: &str, c: ChunkPut) -> Result<(bool, u64, u64)> {
+        let raw_len = c.data.len() as u64;
+        if self.has(job, &c.id).await? {
+            return Ok((false, raw_len, 0));
+        }
+        let codec = self.opts.codec;
+        // Encoding is CPU work: never on the runtime's threads.
+        let frame = tokio::task::spawn_blocking(move || {
+            FrameEncoder::new(codec)?.encode(c.data.as_slice(), c.hint, Some(c.id))
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("encoder task: {e}")))??;
+        let stored = frame.len() as u64;
+        self.upload(&self.chunk_key(job, &c.id), frame).await?;
+        Ok((true, raw_len, stored))
+    }
+
+    async fn get_one(&self, job: &str, id: ChunkId) -> Result<ChunkData> {
+        let what = format!("chunk {id} in L3 ({})", self.url);
+        let frame = self
+            .get_bounded(
+                &self.chunk_key(job, &id),
+                FRAME_HEADER_LEN + MAX_CHUNK_LEN as usize + 1024,
+                &what,
+            )
+            .await?;
+        tokio::task::spawn_blocking(move || {
+            let corrupt = |source| StoreError::Corrupt {
+                what: what.clone(),
+                source,
+            };
+            let mut dec = FrameDecoder::new().map_err(corrupt)?;
+            let h = dec.header(&frame).map_err(corrupt)?;
+            let mut buf = AlignedBuf::zeroed(h.raw_len as usize);
+            dec.decode_into(&frame, Some(&id), &mut buf)
+                .map_err(corrupt)?;
+            Ok(ChunkData::whole(buf))
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("decoder task: {e}")))?
+    }
+
+    /// Names of the objects directly under a step.
+    async fn step_objects(&self, job: &str, step: u64) -> Result<Vec<String>> {
+        let prefix = self.step_key(job, step);
+        let listed: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| os_err(format!("listing step {step}"), e))?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|m| m.location.filename().map(str::to_string))
+            .collect())
+    }
+}
+
+/// The key prefix a cloud URL names (the path after the bucket).
+fn url_prefix(url: &url::Url) -> Result<ObjPath> {
+    ObjPath::from_url_path(url.path())
+        .map_err(|e| StoreError::invalid("L3 URL path", format!("{}: {e}", url.path())))
+}
+
+#[async_trait]
+impl ChunkStore for L3Store {
+    fn name(&self) -> &str {
+        "l3"
+    }
+
+    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        validate_job_id(job)?;
+        let mut stats = PutStats::default();
+        let mut seen = HashSet::new();
+        let mut todo = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            if c.data.len() > MAX_CHUNK_LEN as usize {
+                return Err(StoreError::invalid(
+                    "chunk",
+                    format!("{} bytes exceeds {MAX_CHUNK_LEN}", c.data.len()),
+                ));
+            }
+            if seen.insert(c.id) {
+                todo.push(c);
+            } else {
+                stats.deduped += 1;
+                stats.bytes_deduped += c.data.len() as u64;
+            }
+        }
+        let results: Vec<Result<(bool, u64, u64)>> = futures::stream::iter(todo)
+            .map(|c| self.put_one(job, c))
+            .buffer_unordered(self.opts.concurrency.max(1))
+            .collect()
+            .await;
+        for r in results {
+            let (written, raw, stored) = r?;
+            if written {
+                stats.written += 1;
+                stats.bytes_written += raw;
+                stats.bytes_stored += stored;
+            } else {
+                stats.deduped += 1;
+                stats.bytes_deduped += raw;
+            }
+        }
+        Ok(stats)
+    }
+
+    async fn get_chunk(
+        &self,
+        job: &str,
+        id: &ChunkId,
+        range: Option<Range<u32>>,
+    ) -> Result<ChunkData> {
+        validate_job_id(job)?;
+        let data = self.get_one(job, *id).await?;
+        slice_range(id, data, range)
+    }
+
+    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+        if let Err(e) = validate_job_id(job) {
+            return ids.iter().map(|_| Err(e.clone().into())).collect();
+        }
+        futures::stream::iter(ids.iter().copied())
+            .map(|id| self.get_one(job, id))
+            .buffered(self.opts.concurrency.max(1))
+            .collect()
+            .await
+    }
+
+    async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
+        validate_job_id(job)?;
+        futures::stream::iter(ids.iter().copied())
+            .map(|id| async move { self.has(job, &id).await })
+            .buffered(self.opts.concurrency.max(1))
+            .try_collect()
+            .await
+    }
+
+    async fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
+        validate_job_id(job)?;
+        let prefix = self.key(&[job, "chunks"]);
+        let listed: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| os_err("listing chunks", e))?;
+        Ok(listed
+            .iter()
+            .filter_map(|m| {
+                m.location
+                    .filename()
+                    .and_then(|n| ChunkId::from_hex(n).ok())
+            })
+            .collect())
+    }
+
+    async fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
+        validate_job_id(job)?;
+        let results: Vec<Result<()>> = futures::stream::iter(ids.iter().copied())
+            .map(|id| async move {
+                match self.store.delete(&self.chunk_key(job, &id)).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(os_err(format!("deleting chunk {id}"), e)),
+                }
+            })
+            .buffer_unordered(self.opts.concurrency.max(1))
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
+    async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
+        validate_job_id(job)?;
+        let key = self.step_key(job, step).join(format!("m-{rank}"));
+        self.store
+            .put(&key, PutPayload::from(bytes.to_vec()))
+            .await
+            .map_err(|e| os_err(format!("manifest of step {step} rank {rank}"), e))?;
+        Ok(())
+    }
+
+    async fn get_manifest(&self, job: &str, step: u64, rank: u32) -> Result<Vec<u8>> {
+        validate_job_id(job)?;
+        let key = self.step_key(job, step).join(format!("m-{rank}"));
+        let what = format!("manifest of step {step} rank {rank} in L3");
+        Ok(self
+            .get_bounded(&key, MAX_MANIFEST_LEN, &what)
+            .await?
+            .to_vec())
+    }
+
+    async fn commit(&self, record: &CommitRecord) -> Result<()> {
+        validate_job_id(&record.job)?;
+        let (first, bytes) = commit_slot(record)?;
+        let key = self
+            .step_key(&record.job, record.step)
+            .join(format!("c-{first}"));
+        let what = format!("commit record of step {} rank {first}", record.step);
+        let same_is_there = |existing: Bytes| {
+            if existing.as_ref() == bytes.as_slice() {
+                Ok(())
+            } else {
+                Err(commit_conflict(record.step, first))
+            }
+        };
+        let create = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match self
+            .store
+            .put_opts(&key, PutPayload::from(bytes.clone()), create)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => {
+                same_is_there(self.get_bounded(&key, MAX_RECORD_LEN, &what).await?)
+            }
+            Err(object_store::Error::NotImplemented { .. }) if self.opts.non_atomic_commits => {
+                tracing::warn!(url = %self.url, "L3 store cannot create-if-absent: committing with check-then-put (not atomic)");
+                match self.get_bounded(&key, MAX_RECORD_LEN, &what).await {
+                    Ok(existing) => same_is_there(existing),
+                    Err(StoreError::NotFound { .. }) => {
+                        self.store
+                            .put(&key, PutPayload::from(bytes.clone()))
+                            .await
+                            .map_err(|e| os_err(what.clone(), e))?;
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Err(object_store::Error::NotImplemented { .. }) => {
+                Err(StoreError::Unavailable(format!(
+                    "{}: the store cannot create-if-absent, so commits would not be atomic; \
+                 enable conditional puts, or accept it with non_atomic_commits",
+                    self.url
+                )))
+            }
+            Err(e) => Err(os_err(what, e)),
+        }
+    }
+
+    async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>> {
+        validate_job_id(job)?;
+        let prefix = self.key(&[job, "steps"]);
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(|e| os_err("listing steps", e))?;
+        let mut steps: BTreeMap<u64, StepInfo> = BTreeMap::new();
+        for dir in listed.common_prefixes {
+            let Some(step) = dir.filename().and_then(|n| n.parse::<u64>().ok()) else {
+                continue;
+            };
+            let mut info = StepInfo {
+                step,
+                ..StepInfo::default()
+            };
+            for name in self.step_objects(job, step).await? {
+                if let Some(rank) = name.strip_prefix("m-").and_then(|r| r.parse::<u32>().ok()) {
+                    info.manifests.insert(rank);
+                } else if let Some(first) =
+                    name.strip_prefix("c-").and_then(|r| r.parse::<u32>().ok())
+                {
+                    let key = self.step_key(job, step).join(name.as_str());
+                    let what = format!("commit record of step {step} rank {first}");
+                    let bytes = match self.get_bounded(&key, MAX_RECORD_LEN, &what).await {
+                        Ok(b) => b,
+                        // Deleted between the listing and the read.
+                        Err(StoreError::NotFound { .. }) => continue,
+                        Err(e) => return Err(e),
+                    };
+                    let record = CommitRecord::decode(&bytes)
+                        .map_err(|source| StoreError::Corrupt { what, source })?;
+                    info.records.insert(first, record);
+                }
+            }
+            steps.insert(step, info);
+        }
+        Ok(steps.into_values().collect())
+    }
+
+    async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
+        validate_job_id(job)?;
+        let names = self.step_objects(job, step).await?;
+        // Commit records first: a crash in between leaves a partial step.
+        let (records, rest): (Vec<&String>, Vec<&String>) =
+            names.iter().partition(|n| n.starts_with("c-"));
+        for group in [records, rest] {
+            for name in group {
+                let key = self.step_key(job, step).join(name.as_str());
+                match self.store.delete(&key).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(os_err(format!("deleting {key}"), e)),
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,192 @@
+//! L3 on real S3-compatible servers: exclusive commits under racing
+//! writers, multipart uploads, compression, damage, bad credentials.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "support/servers.rs"]
+mod servers;
+
+use std::sync::Arc;
+
+use strata_format::codec::ElemHint;
+use strata_format::{ChunkId, CommitRecord, ShardRef};
+use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, StoreErrorKind};
+
+const JOB: &str = "l3-job";
+
+fn record(step: u64, writer: u8) -> CommitRecord {
+    CommitRecord {
+        job: JOB.into(),
+        step,
+        world_size: 1,
+        committed_unix_ms: 1_000 + u64::from(writer),
+        shards: vec![ShardRef {
+            rank: 0,
+            manifest: ChunkId::of(&[writer]),
+            logical_bytes: 10,
+        }],
+    }
+}
+
+/// bf16-like bytes: small normal values, whose exponent bytes compress.
+fn bf16_like(n: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let v = ((x % 2000) as f32 - 1000.0) / 40_000.0;
+        out.extend_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
+/// moto: 16 writers race to commit the same step with different records;
+/// exactly one wins, the others get AlreadyExists, and the stored record is
+/// the winner's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_commits_have_exactly_one_winner_on_moto() {
+    let Some(server) = servers::moto() else {
+        return;
+    };
+    let store = Arc::new(server.store("race"));
+    for round in 0..3u64 {
+        let tasks: Vec<_> = (0..16u8)
+            .map(|w| {
+                let s = store.clone();
+                tokio::spawn(async move { (w, s.commit(&record(round, w)).await) })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for t in tasks {
+            let (w, r) = t.await.unwrap();
+            match r {
+                Ok(()) => winners.push(w),
+                Err(e) => assert_eq!(e.kind(), StoreErrorKind::AlreadyExists, "{e}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
+        let steps = store.list_steps(JOB).await.unwrap();
+        let st = steps.iter().find(|s| s.step == round).unwrap();
+        assert_eq!(st.records[&0], record(round, winners[0]));
+    }
+}
+
+/// s3s-fs: a chunk above the multipart threshold goes up in parts and comes
+/// back verified; compressible chunks are stored smaller; incompressible
+/// ones raw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multipart_and_compression_on_s3s_fs() {
+    let Some(server) = servers::s3s_fs() else {
+        return;
+    };
+    let opts = L3Options {
+        multipart_threshold: 5 << 20,
+        part_size: 5 << 20,
+        ..L3Options::default()
+    };
+    let store = server.store_with("mp", opts);
+    let big = bf16_like(13 << 20, 1);
+    let random: Vec<u8> = (0..(6u32 << 20))
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let puts = vec![
+        ChunkPut {
+            id: ChunkId::of(&big),
+            hint: ElemHint {
+                size: 2,
+                float: true,
+            },
+            data: ChunkData::copy_from(&big),
+        },
+        ChunkPut {
+            id: ChunkId::of(&random),
+            hint: ElemHint::BYTES,
+            data: ChunkData::copy_from(&random),
+        },
+    ];
+    let st = store.put_chunks(JOB, puts.clone()).await.unwrap();
+    assert_eq!(st.written, 2);
+    assert!(
+        st.bytes_stored < st.bytes_written,
+        "bf16 weights should shrink: {st:?}"
+    );
+    for p in &puts {
+        let got = store.get_chunk(JOB, &p.id, None).await.unwrap();
+        assert_eq!(got.as_slice(), p.data.as_slice());
+    }
+    // Uploaded once: a second put is all dedup, nothing re-sent.
+    let again = store.put_chunks(JOB, puts).await.unwrap();
+    assert_eq!((again.written, again.deduped), (0, 2));
+}
+
+/// s3s-fs: an object whose bytes were damaged on the server is a Corrupt
+/// error naming the chunk; wrong credentials are an error, not a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_and_bad_credentials_on_s3s_fs() {
+    let Some(server) = servers::s3s_fs() else {
+        return;
+    };
+    let store = server.store("dmg");
+    let a = bf16_like(100_000, 2);
+    let b = bf16_like(100_000, 3);
+    let (ia, ib) = (ChunkId::of(&a), ChunkId::of(&b));
+    let put = |id, d: &Vec<u8>| ChunkPut {
+        id,
+        hint: ElemHint {
+            size: 2,
+            float: true,
+        },
+        data: ChunkData::copy_from(d),
+    };
+    store
+        .put_chunks(JOB, vec![put(ia, &a), put(ib, &b)])
+        .await
+        .unwrap();
+    // Swap b's frame into a's key, as a misbehaving server or a bad copy would.
+    let raw = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(servers::BUCKET)
+        .with_endpoint(format!("http://127.0.0.1:{}", server.port))
+        .with_allow_http(true)
+        .with_region("us-east-1")
+        .with_access_key_id(servers::ACCESS_KEY)
+        .with_secret_access_key(servers::SECRET_KEY)
+        .with_virtual_hosted_style_request(false)
+        .build()
+        .unwrap();
+    use object_store::ObjectStoreExt;
+    let key = |id: &ChunkId| {
+        let h = id.to_hex();
+        object_store::path::Path::from(format!("dmg/{JOB}/chunks/{}/{h}", &h[..2]))
+    };
+    let frame_b = raw.get(&key(&ib)).await.unwrap().bytes().await.unwrap();
+    raw.put(&key(&ia), frame_b.clone().into()).await.unwrap();
+    let e = store.get_chunk(JOB, &ia, None).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{e}");
+    assert!(e.to_string().contains(&ia.to_hex()), "{e}");
+    // Flip a payload byte of b.
+    let mut bad = frame_b.to_vec();
+    let n = bad.len();
+    bad[n - 10] ^= 0x40;
+    raw.put(&key(&ib), bad.into()).await.unwrap();
+    let e = store.get_chunk(JOB, &ib, None).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{e}");
+
+    let mut opts = server.options();
+    for (k, v) in &mut opts {
+        if k == "secret_access_key" {
+            *v = "wrong".into();
+        }
+    }
+    let fast = L3Options {
+        max_retries: 1,
+        retry_timeout: std::time::Duration::from_secs(5),
+        ..L3Options::default()
+    };
+    let wrong =
+        strata_tiered::L3Store::from_url(&format!("s3://{}/dmg", servers::BUCKET), &opts, fast)
+            .unwrap();
+    let e = wrong.has_chunks(JOB, &[ia]).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+}
