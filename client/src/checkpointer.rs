@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use strata_format::layout::Layout;
 use strata_format::EntrySpec;
-use strata_tiered::L1Store;
+use strata_tiered::{L1Store, L3Options, L3Store};
 
 use crate::config::{BusyPolicy, Config};
 use crate::coordinator::{Coordinator, SoloCoordinator};
@@ -26,6 +26,7 @@ use crate::snapshot::{fill_segment, Plan};
 use crate::staging::StagingPool;
 use crate::state::Entry;
 use crate::stats::SaveStats;
+use crate::tiering::{self, UploadJob, Uploads};
 
 /// The outcome slot shared by a save's handle and the worker.
 pub(crate) struct Completion {
@@ -162,6 +163,12 @@ pub(crate) struct Shared {
     pub(crate) pool: StagingPool,
     pub(crate) restores: std::sync::atomic::AtomicU64,
     gpu: Mutex<Option<Arc<Gpu>>>,
+    /// L3, when configured.
+    pub(crate) l3: Option<Arc<L3Store>>,
+    /// Upload progress.
+    pub(crate) uploads: Uploads,
+    /// The uploader's queue (taken on drop so the uploader finishes).
+    pub(crate) upload_tx: Mutex<Option<mpsc::Sender<UploadJob>>>,
 }
 
 impl Shared {
@@ -211,6 +218,7 @@ pub struct Checkpointer {
     pub(crate) shared: Arc<Shared>,
     tx: Option<mpsc::Sender<PersistJob>>,
     worker: Option<std::thread::JoinHandle<()>>,
+    uploader: Option<std::thread::JoinHandle<()>>,
     inflight: Mutex<Option<(u64, Arc<Completion>)>>,
     skipped: std::sync::atomic::AtomicU64,
 }
@@ -234,10 +242,24 @@ impl Checkpointer {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("strata-rt")
-            .enable_time()
+            .enable_all()
             .build()
             .map_err(|e| Error::Config(format!("cannot start the runtime: {e}")))?;
         let l1 = L1Store::open(&cfg.l1_dir, cfg.engine()?)?;
+        let l3 = match &cfg.l3_url {
+            Some(url) => {
+                let opts: Vec<(String, String)> = cfg
+                    .l3_options
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                let store = L3Store::from_url(url, &opts, L3Options::default())
+                    .map_err(|e| Error::Config(format!("l3_url {url:?}: {e}")))?;
+                Some(Arc::new(store))
+            }
+            None => None,
+        };
+        let (upload_tx, upload_rx) = mpsc::channel::<UploadJob>();
         tracing::info!(engine = l1.engine_name(), dir = %cfg.l1_dir.display(), rank = cfg.rank, "strata checkpointer ready");
         let shared = Arc::new(Shared {
             cfg,
@@ -247,7 +269,22 @@ impl Checkpointer {
             pool: StagingPool::default(),
             restores: std::sync::atomic::AtomicU64::new(0),
             gpu: Mutex::new(None),
+            l3,
+            uploads: Uploads::default(),
+            upload_tx: Mutex::new(Some(upload_tx)),
         });
+        let uploader = match shared.l3.clone() {
+            Some(l3) => {
+                let s3 = shared.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("strata-upload".into())
+                        .spawn(move || tiering::run(&s3, &l3, &upload_rx))
+                        .map_err(|e| Error::Config(format!("cannot start the uploader: {e}")))?,
+                )
+            }
+            None => None,
+        };
         let (tx, rx) = mpsc::channel::<PersistJob>();
         let s2 = shared.clone();
         let worker = std::thread::Builder::new()
@@ -268,6 +305,7 @@ impl Checkpointer {
             shared,
             tx: Some(tx),
             worker: Some(worker),
+            uploader,
             inflight: Mutex::new(None),
             skipped: std::sync::atomic::AtomicU64::new(0),
         })
@@ -443,6 +481,14 @@ impl Drop for Checkpointer {
         self.tx.take();
         if let Some(w) = self.worker.take() {
             let _ = w.join();
+        }
+        // Then the uploads queued so far (closing the queue ends the
+        // uploader once it is empty).
+        if let Ok(mut tx) = self.shared.upload_tx.lock() {
+            tx.take();
+        }
+        if let Some(u) = self.uploader.take() {
+            let _ = u.join();
         }
     }
 }

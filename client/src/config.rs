@@ -14,6 +14,15 @@
 //! persist_during_snapshot = false  # default: true with 4+ cores
 //! coordination_timeout_secs = 600
 //! gc_grace_secs = 600
+//! l3_url = "s3://bucket/checkpoints"   # also gs://, az://, file:///dir, memory://
+//! upload_every = 10                     # every 10th committed step goes to L3 (0: only on request)
+//! upload_min_interval_secs = 0          # and at most one per this many seconds
+//! upload_bytes_per_sec = 0              # bandwidth cap of uploads (0: none)
+//! keep_last_l3 = 0                      # committed steps kept on L3 (0: all)
+//!
+//! [l3_options]                          # object_store options (win over the environment)
+//! endpoint = "http://127.0.0.1:9000"
+//! allow_http = "true"
 //! ```
 //!
 //! Every key can be overridden by an environment variable of the same name in
@@ -85,6 +94,20 @@ pub struct Config {
     pub persist_during_snapshot: bool,
     /// How long ranks wait for each other at a commit or restore.
     pub coordination_timeout_secs: u64,
+    /// Object storage for L3, as a URL (none: no L3).
+    pub l3_url: Option<String>,
+    /// `object_store` options for L3 (`endpoint`, `region`, `allow_http`,
+    /// credentials, ...); they win over the provider's environment variables.
+    pub l3_options: std::collections::BTreeMap<String, String>,
+    /// Upload every K-th committed step to L3 (steps divisible by K);
+    /// 0 uploads only what `Checkpointer::upload` asks for.
+    pub upload_every: u64,
+    /// At most one policy upload per this many seconds (0: no limit).
+    pub upload_min_interval_secs: u64,
+    /// Bandwidth cap of uploads in bytes per second (0: none).
+    pub upload_bytes_per_sec: u64,
+    /// Committed steps this rank keeps on L3 (0: keep all).
+    pub keep_last_l3: usize,
     /// Retention deletes an unreferenced chunk only if it was not written or
     /// deduplicated against for this long, so a save in flight (of any rank
     /// sharing the directory) never loses a chunk it relies on.
@@ -106,6 +129,12 @@ impl Default for Config {
             persist_during_snapshot: std::thread::available_parallelism().map_or(1, |n| n.get())
                 >= 4,
             coordination_timeout_secs: 600,
+            l3_url: None,
+            l3_options: std::collections::BTreeMap::new(),
+            upload_every: 0,
+            upload_min_interval_secs: 0,
+            upload_bytes_per_sec: 0,
+            keep_last_l3: 0,
             gc_grace_secs: 600,
         }
     }
@@ -172,6 +201,30 @@ impl Config {
         self
     }
 
+    /// Sets the L3 object store URL.
+    pub fn l3_url(mut self, url: impl Into<String>) -> Self {
+        self.l3_url = Some(url.into());
+        self
+    }
+
+    /// Sets one L3 `object_store` option.
+    pub fn l3_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.l3_options.insert(key.into(), value.into());
+        self
+    }
+
+    /// Uploads every K-th committed step to L3 (0: only on request).
+    pub fn upload_every(mut self, k: u64) -> Self {
+        self.upload_every = k;
+        self
+    }
+
+    /// Caps upload bandwidth (bytes per second, 0: none).
+    pub fn upload_bytes_per_sec(mut self, bps: u64) -> Self {
+        self.upload_bytes_per_sec = bps;
+        self
+    }
+
     /// Sets the coordination timeout.
     pub fn coordination_timeout_secs(mut self, secs: u64) -> Self {
         self.coordination_timeout_secs = secs;
@@ -222,6 +275,11 @@ impl Config {
                 }
                 "COORDINATION_TIMEOUT_SECS" => self.coordination_timeout_secs = num(&v)?,
                 "GC_GRACE_SECS" => self.gc_grace_secs = num(&v)?,
+                "L3_URL" => self.l3_url = (!v.is_empty()).then(|| v.clone()),
+                "UPLOAD_EVERY" => self.upload_every = num(&v)?,
+                "UPLOAD_MIN_INTERVAL_SECS" => self.upload_min_interval_secs = num(&v)?,
+                "UPLOAD_BYTES_PER_SEC" => self.upload_bytes_per_sec = num(&v)?,
+                "KEEP_LAST_L3" => self.keep_last_l3 = num(&v)? as usize,
                 _ => {}
             }
         }

@@ -40,6 +40,7 @@ mod staging;
 mod state;
 pub mod stats;
 pub mod synthetic;
+pub mod tiering;
 
 pub use checkpointer::{Checkpointer, SaveHandle};
 pub use config::{BusyPolicy, Config};
@@ -51,3 +52,4 @@ pub use state::{Entry, RestoredEntry, RestoredState};
 pub use stats::{RestoreStats, SaveStats};
 pub use strata_format as format;
 pub use strata_tiered as tiered;
+pub use tiering::L3State;

@@ -115,6 +115,7 @@ pub(crate) fn persist(
     stats.commit_time = t.elapsed();
     stats.to_durable = job.started.elapsed();
 
+    crate::tiering::after_commit(s, job.step);
     match tracing::info_span!("retention").in_scope(|| retention(s)) {
         Ok((steps, bytes)) => {
             stats.retired_steps = steps;
@@ -259,7 +260,9 @@ fn retention(s: &Shared) -> Result<(u64, u64)> {
     let Some(&newest) = mine.last() else {
         return Ok((0, 0));
     };
-    let keep: HashSet<u64> = mine.iter().rev().take(cfg.keep_last).copied().collect();
+    let mut keep: HashSet<u64> = mine.iter().rev().take(cfg.keep_last).copied().collect();
+    // Steps waiting for (or in) an upload to L3 stay until it is done.
+    keep.extend(s.uploads.pinned());
     let oldest_kept = keep.iter().min().copied().unwrap_or(newest);
     let mut retired = 0;
     for st in &steps {

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use strata_format::{ChunkId, ShardManifest};
-use strata_tiered::{AlignedBuf, ChunkStore, StepInfo};
+use strata_tiered::{AlignedBuf, ChunkPut, ChunkStore, StepInfo, StoreErrorKind};
 
 use crate::checkpointer::{Checkpointer, Shared};
 use crate::error::{Error, Result};
@@ -54,7 +54,8 @@ impl Checkpointer {
     /// Restores the selected step and returns the state (entries in save
     /// order, every byte verified). All ranks must call this together.
     pub fn restore(&self, which: StepSelector) -> Result<RestoredState> {
-        let (step, manifest) = self.agree_and_load(which)?;
+        let (step, loaded) = self.agree_and_load(which)?;
+        let manifest = &loaded.manifest;
         let mut entries: Vec<RestoredEntry> = manifest
             .entries
             .iter()
@@ -74,12 +75,12 @@ impl Checkpointer {
                 .iter_mut()
                 .map(|e| Some(e.bytes.as_mut_slice()))
                 .collect();
-            fetch_into(&self.shared, &manifest, &mut dests)?
+            fetch_into(&self.shared, &loaded, &mut dests)?
         };
         Ok(RestoredState {
             step,
             entries,
-            metadata: manifest.metadata,
+            metadata: loaded.manifest.metadata,
             stats,
         })
     }
@@ -115,7 +116,8 @@ impl Checkpointer {
         which: StepSelector,
         dests: &mut [(&str, &mut [u8])],
     ) -> Result<RestoreStats> {
-        let (step, manifest) = self.agree_and_load(which)?;
+        let (step, loaded) = self.agree_and_load(which)?;
+        let manifest = &loaded.manifest;
         let index: HashMap<&str, usize> = manifest
             .entries
             .iter()
@@ -136,7 +138,7 @@ impl Checkpointer {
             }
             slots[i] = Some(&mut **buf);
         }
-        fetch_into(&self.shared, &manifest, &mut slots)
+        fetch_into(&self.shared, &loaded, &mut slots)
     }
 
     /// Restores the selected step into GPU memory, by entry name: each
@@ -189,11 +191,25 @@ impl Checkpointer {
 
     /// Agrees with every rank on the step, then reads and checks this rank's
     /// manifest against its commit record.
-    fn agree_and_load(&self, which: StepSelector) -> Result<(u64, ShardManifest)> {
+    fn agree_and_load(&self, which: StepSelector) -> Result<(u64, Loaded)> {
         let s = &self.shared;
         let cfg = &s.cfg;
-        let steps = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
-        let mine = restorable(cfg, &steps);
+        let l1_steps = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
+        let on_l1 = restorable(cfg, &l1_steps);
+        // L3 is only listed when configured; an unreachable L3 is logged and
+        // leaves what L1 holds restorable.
+        let l3_steps = match &s.l3 {
+            Some(l3) => match s.rt.block_on(l3.list_steps(&cfg.job)) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list L3; restoring from L1 only");
+                    Vec::new()
+                }
+            },
+            None => Vec::new(),
+        };
+        let on_l3 = restorable(cfg, &l3_steps);
+        let mine: BTreeSet<u64> = on_l1.union(&on_l3).copied().collect();
         let n = s.restores.fetch_add(1, Ordering::Relaxed);
         let payload: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
         let all = s.coord.all_gather(
@@ -225,37 +241,87 @@ impl Checkpointer {
                 ))))
             }
         };
-        let info = steps
-            .iter()
-            .find(|st| st.step == step)
-            .ok_or(Error::NothingToRestore(None))?;
-        let expected = info
-            .records
-            .values()
-            .flat_map(|r| r.shards.iter())
-            .find(|sh| sh.rank == cfg.rank)
-            .map(|sh| sh.manifest)
-            .ok_or(Error::NothingToRestore(None))?;
-        let bad = |reason: String| Error::Manifest {
-            step,
-            rank: cfg.rank,
-            reason,
-        };
-        let bytes =
-            s.rt.block_on(s.l1.get_manifest(&cfg.job, step, cfg.rank))
-                .map_err(|e| bad(e.to_string()))?;
-        if ShardManifest::id_of(&bytes) != expected {
-            return Err(bad("manifest does not match its commit record".into()));
+        // The manifest from L1 if it holds the step, else (or if L1's copy
+        // is damaged) from L3.
+        let mut first_err = None;
+        if on_l1.contains(&step) {
+            match load_manifest(s, &s.l1, &l1_steps, step) {
+                Ok(m) => {
+                    return Ok((
+                        step,
+                        Loaded {
+                            manifest: m,
+                            from_l3: false,
+                        },
+                    ))
+                }
+                Err(e) => {
+                    tracing::warn!(step, error = %e, "L1 manifest unusable; trying L3");
+                    first_err = Some(e);
+                }
+            }
         }
-        let manifest = ShardManifest::decode(&bytes).map_err(|e| bad(e.to_string()))?;
-        if manifest.info.step != step
-            || manifest.info.rank != cfg.rank
-            || manifest.info.job != cfg.job
-        {
-            return Err(bad("manifest names another job, step or rank".into()));
+        match (&s.l3, on_l3.contains(&step)) {
+            (Some(l3), true) => {
+                let m = load_manifest(s, &**l3, &l3_steps, step)?;
+                Ok((
+                    step,
+                    Loaded {
+                        manifest: m,
+                        from_l3: true,
+                    },
+                ))
+            }
+            _ => Err(first_err.unwrap_or(Error::NothingToRestore(None))),
         }
-        Ok((step, manifest))
     }
+}
+
+/// A step's manifest and where it came from.
+pub(crate) struct Loaded {
+    manifest: ShardManifest,
+    /// The step is read from L3 (L1 does not hold it, or its manifest there
+    /// is damaged).
+    from_l3: bool,
+}
+
+/// Reads this rank's manifest of `step` from `tier` and checks it against
+/// the tier's commit record.
+fn load_manifest(
+    s: &Shared,
+    tier: &dyn ChunkStore,
+    steps: &[StepInfo],
+    step: u64,
+) -> Result<ShardManifest> {
+    let cfg = &s.cfg;
+    let expected = steps
+        .iter()
+        .find(|st| st.step == step)
+        .and_then(|info| {
+            info.records
+                .values()
+                .flat_map(|r| r.shards.iter())
+                .find(|sh| sh.rank == cfg.rank)
+                .map(|sh| sh.manifest)
+        })
+        .ok_or(Error::NothingToRestore(None))?;
+    let bad = |reason: String| Error::Manifest {
+        step,
+        rank: cfg.rank,
+        reason: format!("{} ({})", reason, tier.name()),
+    };
+    let bytes =
+        s.rt.block_on(tier.get_manifest(&cfg.job, step, cfg.rank))
+            .map_err(|e| bad(e.to_string()))?;
+    if ShardManifest::id_of(&bytes) != expected {
+        return Err(bad("manifest does not match its commit record".into()));
+    }
+    let manifest = ShardManifest::decode(&bytes).map_err(|e| bad(e.to_string()))?;
+    if manifest.info.step != step || manifest.info.rank != cfg.rank || manifest.info.job != cfg.job
+    {
+        return Err(bad("manifest names another job, step or rank".into()));
+    }
+    Ok(manifest)
 }
 
 /// One segment of a chunk that lands in an entry:
@@ -272,9 +338,10 @@ type Use = (usize, usize, usize, usize);
 /// shard's size.
 fn fetch_into(
     s: &Shared,
-    m: &ShardManifest,
+    loaded: &Loaded,
     dests: &mut [Option<&mut [u8]>],
 ) -> Result<RestoreStats> {
+    let m = &loaded.manifest;
     let started = Instant::now();
     let mut uses: Vec<Vec<Use>> = vec![Vec::new(); m.chunks.len()];
     for (ei, e) in m.entries.iter().enumerate() {
@@ -310,6 +377,8 @@ fn fetch_into(
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let bytes = AtomicU64::new(0);
+    let from_l3 = AtomicU64::new(0);
+    let repaired = AtomicU64::new(0);
     let lane = |errors: &mut Vec<(usize, Error)>| {
         let mut spare: Vec<AlignedBuf> = Vec::new();
         loop {
@@ -322,7 +391,15 @@ fn fetch_into(
             let got = {
                 let _span =
                     tracing::debug_span!("fetch_batch", batch = b, chunks = ids.len()).entered();
-                s.rt.block_on(s.l1.get_chunks_reusing(&s.cfg.job, &ids, std::mem::take(&mut spare)))
+                fetch_batch(
+                    s,
+                    loaded,
+                    batch,
+                    &ids,
+                    std::mem::take(&mut spare),
+                    &from_l3,
+                    &repaired,
+                )
             };
             for (&c, res) in batch.iter().zip(got) {
                 let placed = res
@@ -370,8 +447,82 @@ fn fetch_into(
         step: m.info.step,
         chunks: batches.iter().map(Vec::len).sum::<usize>() as u64,
         bytes_read: bytes.load(Ordering::Relaxed),
+        bytes_from_l3: from_l3.load(Ordering::Relaxed),
+        chunks_repaired: repaired.load(Ordering::Relaxed),
         duration: started.elapsed(),
     })
+}
+
+/// One batch of chunks, verified: from L1 (into the lane's spare buffers),
+/// with each chunk L1 lacks or holds damaged read from L3 instead and its L1
+/// copy repaired; or straight from L3 for a step L1 does not hold.
+fn fetch_batch(
+    s: &Shared,
+    loaded: &Loaded,
+    batch: &[usize],
+    ids: &[ChunkId],
+    spare: Vec<AlignedBuf>,
+    from_l3: &AtomicU64,
+    repaired: &AtomicU64,
+) -> Vec<strata_tiered::Result<strata_tiered::ChunkData>> {
+    let job = &s.cfg.job;
+    let Some(l3) = &s.l3 else {
+        return s.rt.block_on(s.l1.get_chunks_reusing(job, ids, spare));
+    };
+    if loaded.from_l3 {
+        let got = s.rt.block_on(l3.get_chunks(job, ids));
+        let n: u64 = got.iter().flatten().map(|d| d.len() as u64).sum();
+        from_l3.fetch_add(n, Ordering::Relaxed);
+        return got;
+    }
+    let mut got = s.rt.block_on(s.l1.get_chunks_reusing(job, ids, spare));
+    let retry: Vec<usize> = got
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            r.as_ref().err().is_some_and(|e| {
+                matches!(e.kind(), StoreErrorKind::NotFound | StoreErrorKind::Corrupt)
+            })
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if retry.is_empty() {
+        return got;
+    }
+    let want: Vec<ChunkId> = retry.iter().map(|&i| ids[i]).collect();
+    let fetched = s.rt.block_on(l3.get_chunks(job, &want));
+    let mut repairs = Vec::new();
+    for (&i, r) in retry.iter().zip(fetched) {
+        match r {
+            Ok(data) => {
+                tracing::warn!(chunk = %ids[i], "chunk missing or damaged on L1: read from L3, repairing L1");
+                from_l3.fetch_add(data.len() as u64, Ordering::Relaxed);
+                repairs.push(ChunkPut {
+                    id: ids[i],
+                    hint: loaded.manifest.chunks[batch[i]].hint,
+                    data: data.clone(),
+                });
+                got[i] = Ok(data);
+            }
+            // Keep L1's error: it says what is wrong with the local copy;
+            // L3's is logged.
+            Err(e) => tracing::warn!(chunk = %ids[i], error = %e, "L3 copy unreadable too"),
+        }
+    }
+    if !repairs.is_empty() {
+        // The damaged file must go first: a present id is not rewritten.
+        let ids: Vec<ChunkId> = repairs.iter().map(|p| p.id).collect();
+        let fixed =
+            s.rt.block_on(s.l1.delete_chunks(job, &ids))
+                .and_then(|()| s.rt.block_on(s.l1.put_chunks(job, repairs)));
+        match fixed {
+            Ok(st) => {
+                repaired.fetch_add(st.written, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(error = %e, "could not repair L1"),
+        }
+    }
+    got
 }
 
 /// The names of the entries a chunk's segments belong to (for errors).

@@ -51,6 +51,11 @@ pub struct RestoreStats {
     pub chunks: u64,
     /// Chunk bytes read and verified.
     pub bytes_read: u64,
+    /// Of those, bytes read from L3 (the step is not on L1, or L1's copy
+    /// of a chunk was missing or damaged).
+    pub bytes_from_l3: u64,
+    /// Chunks whose missing or damaged L1 copy was rewritten from L3.
+    pub chunks_repaired: u64,
     /// Time to read, verify and place every chunk (after agreeing on the
     /// step and loading the manifest).
     pub duration: Duration,

@@ -1,0 +1,321 @@
+//! Lazy tiering to L3: committed steps chosen by the policy (every K-th
+//! step, at most one per T seconds) or asked for through
+//! [`Checkpointer::upload`] are uploaded in the background from L1, never
+//! stalling `save`.
+//!
+//! An upload sends only the chunk ids L3 does not hold yet (across steps
+//! and ranks), in bounded batches read back (verified) from L1, under the
+//! configured bandwidth cap; then the shard manifest; then this rank's
+//! commit record, create-only. A crash mid-upload leaves no commit record,
+//! and the next upload of that step re-sends only what is missing.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use strata_format::{ChunkId, CommitRecord, ShardManifest, ShardRef};
+use strata_tiered::{ChunkPut, ChunkStore, L3Store};
+
+use crate::checkpointer::{Checkpointer, Shared};
+use crate::error::{Error, Result};
+
+/// Chunk bytes read from L1 and uploaded per batch (bounds upload memory).
+const UPLOAD_BATCH_BYTES: u64 = 64 << 20;
+
+/// Where a step stands on L3, for this rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum L3State {
+    /// Waiting in the upload queue.
+    Queued,
+    /// Uploading: chunk bytes sent so far of those L3 lacked.
+    Uploading {
+        /// Bytes sent.
+        done: u64,
+        /// Bytes to send.
+        total: u64,
+    },
+    /// Committed on L3 by this rank.
+    Committed {
+        /// Chunk bytes this upload sent (the rest L3 already held).
+        sent: u64,
+        /// Chunk bytes L3 already held.
+        deduped: u64,
+    },
+    /// The upload failed (it is retried when asked for again).
+    Failed(String),
+}
+
+/// Upload progress, shared by the uploader thread and the API.
+#[derive(Default)]
+pub(crate) struct Uploads {
+    state: Mutex<BTreeMap<u64, L3State>>,
+    changed: Condvar,
+    last_policy_upload: Mutex<Option<Instant>>,
+    queued: AtomicU64,
+}
+
+impl Uploads {
+    fn set(&self, step: u64, st: L3State) {
+        if let Ok(mut m) = self.state.lock() {
+            m.insert(step, st);
+        }
+        self.changed.notify_all();
+    }
+
+    /// The state of every step this process queued for upload.
+    pub(crate) fn snapshot(&self) -> BTreeMap<u64, L3State> {
+        self.state.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Steps queued or uploading: L1 retention must keep them.
+    pub(crate) fn pinned(&self) -> std::collections::HashSet<u64> {
+        self.state
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, st)| matches!(st, L3State::Queued | L3State::Uploading { .. }))
+                    .map(|(s, _)| *s)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Jobs of the uploader thread.
+pub(crate) enum UploadJob {
+    Step(u64),
+}
+
+/// True if the policy wants `step` on L3 (and notes the time if so).
+pub(crate) fn policy_wants(s: &Shared, step: u64) -> bool {
+    let cfg = &s.cfg;
+    if cfg.l3_url.is_none() || cfg.upload_every == 0 || step % cfg.upload_every != 0 {
+        return false;
+    }
+    let Ok(mut last) = s.uploads.last_policy_upload.lock() else {
+        return false;
+    };
+    let min = Duration::from_secs(cfg.upload_min_interval_secs);
+    if last.is_some_and(|t| t.elapsed() < min) {
+        return false;
+    }
+    *last = Some(Instant::now());
+    true
+}
+
+/// Queues `step` for upload if the policy wants it (after its L1 commit).
+pub(crate) fn after_commit(s: &Shared, step: u64) {
+    if !policy_wants(s, step) {
+        return;
+    }
+    let queued = s
+        .upload_tx
+        .lock()
+        .ok()
+        .and_then(|tx| tx.as_ref().map(|tx| enqueue(s, tx, step)));
+    if let Some(Err(e)) = queued {
+        tracing::warn!(step, error = %e, "could not queue the upload");
+    }
+}
+
+/// Queues `step` for upload.
+pub(crate) fn enqueue(s: &Shared, tx: &mpsc::Sender<UploadJob>, step: u64) -> Result<()> {
+    s.uploads.set(step, L3State::Queued);
+    s.uploads.queued.fetch_add(1, Ordering::SeqCst);
+    tx.send(UploadJob::Step(step)).map_err(|_| {
+        s.uploads.queued.fetch_sub(1, Ordering::SeqCst);
+        Error::Pipeline("the uploader stopped".into())
+    })
+}
+
+/// The uploader thread's loop.
+pub(crate) fn run(s: &Shared, l3: &L3Store, rx: &mpsc::Receiver<UploadJob>) {
+    while let Ok(UploadJob::Step(step)) = rx.recv() {
+        let _span = tracing::info_span!("upload", step).entered();
+        // A panic in an upload must not leave waiters hanging on the queue.
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| upload_step(s, l3, step)))
+                .unwrap_or_else(|_| Err(Error::Pipeline("the upload panicked".into())));
+        match outcome {
+            Ok((sent, deduped)) => {
+                tracing::info!(step, sent, deduped, "step committed on L3");
+                s.uploads.set(step, L3State::Committed { sent, deduped });
+            }
+            Err(e) => {
+                tracing::warn!(step, error = %e, "upload to L3 failed");
+                s.uploads.set(step, L3State::Failed(e.to_string()));
+            }
+        }
+        s.uploads.queued.fetch_sub(1, Ordering::SeqCst);
+        s.uploads.changed.notify_all();
+    }
+}
+
+/// Uploads this rank's shard of `step` from L1 to L3 and commits it there.
+/// Returns (chunk bytes sent, chunk bytes L3 already held).
+fn upload_step(s: &Shared, l3: &L3Store, step: u64) -> Result<(u64, u64)> {
+    let cfg = &s.cfg;
+    let job = &cfg.job;
+    let steps = s.rt.block_on(s.l1.list_steps(job))?;
+    let shard = steps
+        .iter()
+        .find(|st| st.step == step)
+        .and_then(|st| {
+            st.records
+                .values()
+                .flat_map(|r| r.shards.iter())
+                .find(|sh| sh.rank == cfg.rank)
+                .copied()
+        })
+        .ok_or_else(|| {
+            Error::NothingToRestore(Some(format!(
+                "step {step} is not committed on L1 by rank {}",
+                cfg.rank
+            )))
+        })?;
+    let bad = |reason: String| Error::Manifest {
+        step,
+        rank: cfg.rank,
+        reason,
+    };
+    let bytes = s.rt.block_on(s.l1.get_manifest(job, step, cfg.rank))?;
+    if ShardManifest::id_of(&bytes) != shard.manifest {
+        return Err(bad("L1 manifest does not match its commit record".into()));
+    }
+    let m = ShardManifest::decode(&bytes).map_err(|e| bad(e.to_string()))?;
+    let ids: Vec<ChunkId> = m.chunks.iter().map(|c| c.id).collect();
+    let present = s.rt.block_on(l3.has_chunks(job, &ids))?;
+    let missing: Vec<usize> = (0..ids.len()).filter(|&i| !present[i]).collect();
+    let total: u64 = missing.iter().map(|&i| u64::from(m.chunks[i].len)).sum();
+    let deduped: u64 = m.chunks.iter().map(|c| u64::from(c.len)).sum::<u64>() - total;
+    s.uploads.set(step, L3State::Uploading { done: 0, total });
+
+    let started = Instant::now();
+    let mut done = 0u64;
+    let mut batch: Vec<usize> = Vec::new();
+    let mut batch_bytes = 0u64;
+    let flush = |batch: &mut Vec<usize>, done: &mut u64| -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let want: Vec<ChunkId> = batch.iter().map(|&i| ids[i]).collect();
+        let got = s.rt.block_on(s.l1.get_chunks(job, &want));
+        let mut puts = Vec::with_capacity(batch.len());
+        for (&i, data) in batch.iter().zip(got) {
+            puts.push(ChunkPut {
+                id: ids[i],
+                hint: m.chunks[i].hint,
+                data: data.map_err(|source| Error::Chunk {
+                    chunk: ids[i],
+                    entries: Vec::new(),
+                    source: Box::new(source),
+                })?,
+            });
+        }
+        let n: u64 = puts.iter().map(|p| p.data.len() as u64).sum();
+        s.rt.block_on(l3.put_chunks(job, puts))?;
+        *done += n;
+        s.uploads
+            .set(step, L3State::Uploading { done: *done, total });
+        throttle(cfg.upload_bytes_per_sec, *done, started);
+        batch.clear();
+        Ok(())
+    };
+    for &i in &missing {
+        let len = u64::from(m.chunks[i].len);
+        if !batch.is_empty() && batch_bytes + len > UPLOAD_BATCH_BYTES {
+            flush(&mut batch, &mut done)?;
+            batch_bytes = 0;
+        }
+        batch.push(i);
+        batch_bytes += len;
+    }
+    flush(&mut batch, &mut done)?;
+    s.rt.block_on(l3.put_manifest(job, step, cfg.rank, &bytes))?;
+    let record = CommitRecord {
+        job: job.clone(),
+        step,
+        world_size: cfg.world_size,
+        committed_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        shards: vec![ShardRef {
+            rank: cfg.rank,
+            manifest: shard.manifest,
+            logical_bytes: shard.logical_bytes,
+        }],
+    };
+    match s.rt.block_on(l3.commit(&record)) {
+        Ok(()) => {}
+        // Committed before (an upload asked for twice): the same manifest
+        // means the same step; anything else is a real conflict.
+        Err(e) if e.kind() == strata_tiered::StoreErrorKind::AlreadyExists => {
+            let l3_steps = s.rt.block_on(l3.list_steps(job))?;
+            let same = l3_steps
+                .iter()
+                .find(|st| st.step == step)
+                .and_then(|st| st.records.get(&cfg.rank))
+                .is_some_and(|r| r.shards.iter().any(|sh| sh.manifest == shard.manifest));
+            if !same {
+                return Err(e.into());
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok((done, deduped))
+}
+
+/// Sleeps as needed so that `sent` bytes since `started` stay under the cap.
+fn throttle(bytes_per_sec: u64, sent: u64, started: Instant) {
+    if bytes_per_sec == 0 {
+        return;
+    }
+    let due = Duration::from_secs_f64(sent as f64 / bytes_per_sec as f64);
+    if let Some(wait) = due.checked_sub(started.elapsed()) {
+        std::thread::sleep(wait);
+    }
+}
+
+impl Checkpointer {
+    /// Queues `step` (committed on L1 by this rank) for upload to L3, in
+    /// the background. Fails if no L3 is configured.
+    pub fn upload(&self, step: u64) -> Result<()> {
+        if self.shared.l3.is_none() {
+            return Err(Error::Config("no L3 configured (l3_url)".into()));
+        }
+        let tx = self
+            .shared
+            .upload_tx
+            .lock()
+            .map_err(|_| Error::Pipeline("poisoned".into()))?;
+        let tx = tx
+            .as_ref()
+            .ok_or_else(|| Error::Pipeline("the uploader stopped".into()))?;
+        enqueue(&self.shared, tx, step)
+    }
+
+    /// Blocks until every queued upload has finished (committed or failed).
+    pub fn wait_uploads(&self) {
+        let u = &self.shared.uploads;
+        let Ok(mut g) = u.state.lock() else {
+            return;
+        };
+        while u.queued.load(Ordering::SeqCst) > 0 {
+            match u.changed.wait_timeout(g, Duration::from_millis(200)) {
+                Ok((ng, _)) => g = ng,
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// The L3 state of every step this process queued for upload.
+    pub fn uploads(&self) -> BTreeMap<u64, L3State> {
+        self.shared.uploads.snapshot()
+    }
+
+    /// The L3 tier, if configured.
+    pub fn l3(&self) -> Option<&L3Store> {
+        self.shared.l3.as_deref()
+    }
+}

@@ -1,0 +1,232 @@
+//! Tiering to L3: the upload policy, dedup across steps, restore of a node
+//! whose L1 is gone, per-chunk fallback with repair, resumed uploads; on a
+//! local-directory object store and on a real S3 server (s3s-fs).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../tiered/tests/support/servers.rs"]
+mod servers;
+
+use strata::format::DType;
+use strata::{Checkpointer, Config, Entry, L3State, StepSelector};
+use strata_tiered::ChunkStore;
+
+const MIB: usize = 1 << 20;
+
+/// Ten 2 MiB tensors; `step` changes tensor `step % 10` only.
+fn state(step: u64) -> Vec<Vec<u8>> {
+    (0..10u64)
+        .map(|i| {
+            let version = if i == step % 10 { step } else { 0 };
+            let key = (i << 40) ^ (version << 20);
+            (0..2 * MIB as u64)
+                .map(|j| ((j ^ key).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+                .collect()
+        })
+        .collect()
+}
+
+fn names() -> Vec<String> {
+    (0..10).map(|i| format!("layer.{i}.weight")).collect()
+}
+
+fn entries<'a>(names: &'a [String], data: &'a [Vec<u8>]) -> Vec<Entry<'a>> {
+    const SHAPE: [u64; 1] = [MIB as u64];
+    names
+        .iter()
+        .zip(data)
+        .map(|(n, d)| Entry::tensor(n, DType::BF16, &SHAPE, d))
+        .collect()
+}
+
+fn cfg(l1: &std::path::Path, l3_url: &str, opts: &[(String, String)]) -> Config {
+    let mut c = Config::builder()
+        .job("tier")
+        .l1_dir(l1)
+        .chunk_size(MIB as u32)
+        .keep_last(2)
+        .gc_grace_secs(0)
+        .l3_url(l3_url)
+        .upload_every(2);
+    for (k, v) in opts {
+        c = c.l3_option(k.clone(), v.clone());
+    }
+    c
+}
+
+/// Saves steps 1..=4 with every 2nd uploaded, checks the upload states and
+/// dedup, then loses L1 and restores step 4 from L3 alone.
+fn policy_uploads_and_restore_after_losing_l1(l3_url: &str, opts: &[(String, String)]) {
+    let l1 = tempfile::tempdir().unwrap();
+    let names = names();
+    {
+        let ck = Checkpointer::new(cfg(l1.path(), l3_url, opts)).unwrap();
+        for step in 1..=4 {
+            let data = state(step);
+            ck.save(step, &entries(&names, &data))
+                .unwrap()
+                .wait()
+                .unwrap();
+        }
+        ck.wait_uploads();
+        let ups = ck.uploads();
+        assert_eq!(
+            ups.keys().copied().collect::<Vec<_>>(),
+            vec![2, 4],
+            "{ups:?}"
+        );
+        let full = match &ups[&2] {
+            L3State::Committed { sent, deduped } => {
+                assert_eq!(*deduped, 0);
+                *sent
+            }
+            other => panic!("step 2: {other:?}"),
+        };
+        assert_eq!(full, 20 * MIB as u64);
+        match &ups[&4] {
+            // Step 4 differs from step 2 in two tensors (2 and 4).
+            L3State::Committed { sent, .. } => {
+                assert!(*sent <= 4 * MIB as u64, "step 4 sent {sent} bytes")
+            }
+            other => panic!("step 4: {other:?}"),
+        }
+        let l3_steps = ck
+            .l3()
+            .map(|l3| {
+                tokio::runtime::Runtime::new()
+                    .unwrap()
+                    .block_on(l3.list_steps("tier"))
+                    .unwrap()
+            })
+            .unwrap();
+        let committed: Vec<u64> = l3_steps
+            .iter()
+            .filter(|s| s.is_complete())
+            .map(|s| s.step)
+            .collect();
+        assert_eq!(committed, vec![2, 4]);
+    }
+    // The node's disk is lost.
+    std::fs::remove_dir_all(l1.path()).unwrap();
+    let ck = Checkpointer::new(cfg(l1.path(), l3_url, opts)).unwrap();
+    assert!(ck.committed_steps().unwrap().is_empty());
+    let got = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(got.step, 4);
+    assert_eq!(got.stats.bytes_from_l3, got.stats.bytes_read);
+    let want = state(4);
+    for (n, d) in names.iter().zip(&want) {
+        assert_eq!(&got.get(n).unwrap().bytes, d, "{n}");
+    }
+    // An older L3 step restores too.
+    let got = ck.restore(StepSelector::Step(2)).unwrap();
+    assert_eq!(got.get("layer.2.weight").unwrap().bytes, state(2)[2]);
+}
+
+#[test]
+fn policy_uploads_and_restore_after_losing_l1_on_a_local_object_store() {
+    let l3 = tempfile::tempdir().unwrap();
+    policy_uploads_and_restore_after_losing_l1(&format!("file://{}", l3.path().display()), &[]);
+}
+
+#[test]
+fn policy_uploads_and_restore_after_losing_l1_on_s3s_fs() {
+    let Some(server) = servers::s3s_fs() else {
+        return;
+    };
+    policy_uploads_and_restore_after_losing_l1(
+        &format!("s3://{}/tiering", servers::BUCKET),
+        &server.options(),
+    );
+}
+
+/// A chunk damaged (then deleted) on L1 is read from L3 and L1 is repaired.
+#[test]
+fn damaged_l1_chunks_are_read_from_l3_and_repaired() {
+    let (l1, l3) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let url = format!("file://{}", l3.path().display());
+    let ck = Checkpointer::new(cfg(l1.path(), &url, &[])).unwrap();
+    let names = names();
+    let data = state(2);
+    ck.save(2, &entries(&names, &data)).unwrap().wait().unwrap();
+    ck.wait_uploads();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let m = strata::format::ShardManifest::decode(
+        &rt.block_on(ck.l1().get_manifest("tier", 2, 0)).unwrap(),
+    )
+    .unwrap();
+    let (a, b) = (m.chunks[3].id, m.chunks[7].id);
+    let pa = ck.l1().chunk_path("tier", &a);
+    let mut bytes = std::fs::read(&pa).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&pa, &bytes).unwrap();
+    std::fs::remove_file(ck.l1().chunk_path("tier", &b)).unwrap();
+
+    let got = ck.restore(StepSelector::Latest).unwrap();
+    for (n, d) in names.iter().zip(&data) {
+        assert_eq!(&got.get(n).unwrap().bytes, d, "{n}");
+    }
+    assert_eq!(got.stats.chunks_repaired, 2);
+    assert_eq!(got.stats.bytes_from_l3, 2 * MIB as u64);
+    // Repaired: the next restore reads everything from L1.
+    let again = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(again.stats.bytes_from_l3, 0);
+    assert_eq!(again.stats.chunks_repaired, 0);
+}
+
+/// An upload interrupted after some chunks (no commit record yet) is
+/// finished by the next upload of the step, which sends only the rest.
+#[test]
+fn an_interrupted_upload_resumes_without_resending() {
+    let (l1, l3) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let url = format!("file://{}", l3.path().display());
+    let ck = Checkpointer::new(cfg(l1.path(), &url, &[]).upload_every(0)).unwrap();
+    let names = names();
+    let data = state(1);
+    ck.save(1, &entries(&names, &data)).unwrap().wait().unwrap();
+    assert!(
+        ck.uploads().is_empty(),
+        "upload_every = 0 uploads nothing by itself"
+    );
+    // The interrupted run: 6 of the 20 1-MiB chunks reached L3, no
+    // manifest, no record.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let m = strata::format::ShardManifest::decode(
+        &rt.block_on(ck.l1().get_manifest("tier", 1, 0)).unwrap(),
+    )
+    .unwrap();
+    let ids: Vec<_> = m.chunks.iter().take(6).map(|c| c.id).collect();
+    let chunks = rt.block_on(ck.l1().get_chunks("tier", &ids));
+    let puts = ids
+        .iter()
+        .zip(chunks)
+        .zip(&m.chunks)
+        .map(|((id, d), c)| strata_tiered::ChunkPut {
+            id: *id,
+            hint: c.hint,
+            data: d.unwrap(),
+        })
+        .collect();
+    let l3 = ck.l3().unwrap();
+    rt.block_on(l3.put_chunks("tier", puts)).unwrap();
+    assert!(rt
+        .block_on(l3.list_steps("tier"))
+        .unwrap()
+        .iter()
+        .all(|s| !s.is_complete()));
+
+    ck.upload(1).unwrap();
+    ck.wait_uploads();
+    match &ck.uploads()[&1] {
+        L3State::Committed { sent, deduped } => {
+            assert_eq!(*sent, 14 * MIB as u64);
+            assert_eq!(*deduped, 6 * MIB as u64);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Asking again is harmless: nothing is sent, the commit stands.
+    ck.upload(1).unwrap();
+    ck.wait_uploads();
+    assert!(matches!(
+        ck.uploads()[&1],
+        L3State::Committed { sent: 0, .. }
+    ));
+}
