@@ -42,13 +42,34 @@ fn demo_saves_restores_and_resumes() {
         "encode (planes codec)",
         "every chunk byte-identical",
         "BF16",
+        "step    2: L1 committed, L3 committed, uploaded",
+        "simulated the loss of this node's disk",
+        "restored step 2 from L3 onto an empty L1",
         "ok: steps 1..=2",
     ] {
         assert!(first.contains(needle), "missing {needle:?} in:\n{first}");
     }
+    // L1 was wiped at the end of the first run: the second recovers from L3.
     let second = run("1");
-    assert!(second.contains("recovered step 2 from L1"), "{second}");
+    assert!(second.contains("recovered step 2 from L3"), "{second}");
     assert!(second.contains("ok: steps 3..=3"), "{second}");
+    // Without L3 (and L1 emptied by the second run's simulated loss), a run
+    // starts over on L1 and the next one resumes from L1.
+    let no_l3 = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["demo", "--state-size", "24MiB", "--chunk-size", "1MiB"])
+            .args(["--steps", "1", "--no-l3", "--no-codecs", "--dir"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let third = no_l3();
+    assert!(third.contains("ok: steps 1..=1"), "{third}");
+    assert!(!third.contains("L3"), "{third}");
+    let fourth = no_l3();
+    assert!(fourth.contains("recovered step 1 from L1"), "{fourth}");
 }
 
 #[test]

@@ -52,4 +52,4 @@ pub use state::{Entry, RestoredEntry, RestoredState};
 pub use stats::{RestoreStats, SaveStats};
 pub use strata_format as format;
 pub use strata_tiered as tiered;
-pub use tiering::L3State;
+pub use tiering::{L3State, StepTiers};

@@ -277,7 +277,52 @@ fn throttle(bytes_per_sec: u64, sent: u64, started: Instant) {
     }
 }
 
+/// Where one step is committed, for this rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepTiers {
+    /// The step.
+    pub step: u64,
+    /// Committed on L1 (this node's disk).
+    pub l1: bool,
+    /// Committed on L3.
+    pub l3: bool,
+    /// This process's upload of it, if any.
+    pub upload: Option<L3State>,
+}
+
 impl Checkpointer {
+    /// Every step this rank has committed on some tier, oldest first, with
+    /// where it is committed and how its upload stands.
+    pub fn steps(&self) -> Result<Vec<StepTiers>> {
+        let s = &self.shared;
+        let cfg = &s.cfg;
+        let mine = |steps: &[strata_tiered::StepInfo]| -> std::collections::BTreeSet<u64> {
+            steps
+                .iter()
+                .filter(|st| {
+                    st.committed_ranks().contains(&cfg.rank)
+                        && st.world_size() == Some(cfg.world_size)
+                })
+                .map(|st| st.step)
+                .collect()
+        };
+        let l1 = mine(&s.rt.block_on(s.l1.list_steps(&cfg.job))?);
+        let l3 = match &s.l3 {
+            Some(l3) => mine(&s.rt.block_on(l3.list_steps(&cfg.job))?),
+            None => Default::default(),
+        };
+        let uploads = s.uploads.snapshot();
+        Ok(l1
+            .union(&l3)
+            .map(|&step| StepTiers {
+                step,
+                l1: l1.contains(&step),
+                l3: l3.contains(&step),
+                upload: uploads.get(&step).cloned(),
+            })
+            .collect())
+    }
+
     /// Queues `step` (committed on L1 by this rank) for upload to L3, in
     /// the background. Fails if no L3 is configured.
     pub fn upload(&self, step: u64) -> Result<()> {

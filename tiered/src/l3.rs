@@ -69,6 +69,10 @@ pub struct L3Options {
     pub max_retries: usize,
     /// Give up retrying a request after this long.
     pub retry_timeout: Duration,
+    /// Chunks encoded (compressed) at once for uploads. Uploads run beside
+    /// training, so by default they take a quarter of the cores (at least
+    /// one); reads decode on as many as they need.
+    pub encode_threads: usize,
 }
 
 impl Default for L3Options {
@@ -81,6 +85,9 @@ impl Default for L3Options {
             non_atomic_commits: false,
             max_retries: 10,
             retry_timeout: Duration::from_secs(180),
+            encode_threads: std::thread::available_parallelism()
+                .map_or(1, |n| n.get() / 4)
+                .max(1),
         }
     }
 }
@@ -91,6 +98,7 @@ pub struct L3Store {
     root: ObjPath,
     url: String,
     opts: L3Options,
+    encode_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for L3Store {
@@ -189,6 +197,7 @@ impl L3Store {
             store,
             root,
             url: url.to_string(),
+            encode_slots: Arc::new(tokio::sync::Semaphore::new(opts.encode_threads.max(1))),
             opts,
         })
     }
@@ -205,6 +214,7 @@ impl L3Store {
             store,
             root: ObjPath::from(root),
             url: label.to_string(),
+            encode_slots: Arc::new(tokio::sync::Semaphore::new(opts.encode_threads.max(1))),
             opts,
         }
     }
@@ -291,7 +301,13 @@ impl L3Store {
             return Ok((false, raw_len, 0));
         }
         let codec = self.opts.codec;
-        // Encoding is CPU work: never on the runtime's threads.
+        // Encoding is CPU work: never on the runtime's threads, and at most
+        // `encode_threads` at once.
+        let _slot = self
+            .encode_slots
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Internal("encoder slots closed".into()))?;
         let frame = tokio::task::spawn_blocking(move || {
             FrameEncoder::new(codec)?.encode(c.data.as_slice(), c.hint, Some(c.id))
         })
