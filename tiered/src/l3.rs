@@ -219,6 +219,30 @@ impl L3Store {
         }
     }
 
+    /// Runs an idempotent call, retrying transient failures (the HTTP
+    /// client retries its own; this covers what reaches us: dropped
+    /// connections, timeouts, a store wrapper's errors) with backoff.
+    async fn retrying<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut delay = Duration::from_millis(20);
+        let attempts = self.opts.max_retries.clamp(1, 8);
+        let mut n = 1;
+        loop {
+            match f().await {
+                Err(e) if e.kind() == crate::StoreErrorKind::Unavailable && n < attempts => {
+                    tracing::debug!(error = %e, attempt = n, "L3 call failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 4).min(Duration::from_secs(5));
+                    n += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// The URL or label it was opened with.
     pub fn url(&self) -> &str {
         &self.url
@@ -288,11 +312,15 @@ impl L3Store {
     }
 
     async fn has(&self, job: &str, id: &ChunkId) -> Result<bool> {
-        match self.store.head(&self.chunk_key(job, id)).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(os_err(format!("chunk {id}"), e)),
-        }
+        let key = self.chunk_key(job, id);
+        self.retrying(|| async {
+            match self.store.head(&key).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(os_err(format!("chunk {id}"), e)),
+            }
+        })
+        .await
     }
 
     async fn put_one(&self, job: &str, c: ChunkPut) -> Result<(bool, u64, u64)> {
@@ -303,7 +331,7 @@ impl L3Store {
         let codec = self.opts.codec;
         // Encoding is CPU work: never on the runtime's threads, and at most
         // `encode_threads` at once.
-        let _slot = self
+        let slot = self
             .encode_slots
             .acquire()
             .await
@@ -313,19 +341,26 @@ impl L3Store {
         })
         .await
         .map_err(|e| StoreError::Internal(format!("encoder task: {e}")))??;
+        // Encoding done: the upload itself needs no core.
+        drop(slot);
         let stored = frame.len() as u64;
-        self.upload(&self.chunk_key(job, &c.id), frame).await?;
+        let key = self.chunk_key(job, &c.id);
+        // Re-sending a chunk is idempotent (same id, same bytes).
+        self.retrying(|| self.upload(&key, frame.clone())).await?;
         Ok((true, raw_len, stored))
     }
 
     async fn get_one(&self, job: &str, id: ChunkId) -> Result<ChunkData> {
         let what = format!("chunk {id} in L3 ({})", self.url);
+        let key = self.chunk_key(job, &id);
         let frame = self
-            .get_bounded(
-                &self.chunk_key(job, &id),
-                FRAME_HEADER_LEN + MAX_CHUNK_LEN as usize + 1024,
-                &what,
-            )
+            .retrying(|| {
+                self.get_bounded(
+                    &key,
+                    FRAME_HEADER_LEN + MAX_CHUNK_LEN as usize + 1024,
+                    &what,
+                )
+            })
             .await?;
         tokio::task::spawn_blocking(move || {
             let corrupt = |source| StoreError::Corrupt {
@@ -347,11 +382,14 @@ impl L3Store {
     async fn step_objects(&self, job: &str, step: u64) -> Result<Vec<String>> {
         let prefix = self.step_key(job, step);
         let listed: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| os_err(format!("listing step {step}"), e))?;
+            .retrying(|| async {
+                self.store
+                    .list(Some(&prefix))
+                    .try_collect::<Vec<_>>()
+                    .await
+                    .map_err(|e| os_err(format!("listing step {step}"), e))
+            })
+            .await?;
         Ok(listed
             .into_iter()
             .filter_map(|m| m.location.filename().map(str::to_string))
@@ -390,13 +428,14 @@ impl ChunkStore for L3Store {
                 stats.bytes_deduped += c.data.len() as u64;
             }
         }
-        let results: Vec<Result<(bool, u64, u64)>> = futures::stream::iter(todo)
+        // The first failure (after retries) ends the call: what landed
+        // stays (ids are idempotent), the rest is sent by the next call.
+        let results: Vec<(bool, u64, u64)> = futures::stream::iter(todo)
             .map(|c| self.put_one(job, c))
             .buffer_unordered(self.opts.concurrency.max(1))
-            .collect()
-            .await;
-        for r in results {
-            let (written, raw, stored) = r?;
+            .try_collect()
+            .await?;
+        for (written, raw, stored) in results {
             if written {
                 stats.written += 1;
                 stats.bytes_written += raw;
@@ -477,10 +516,13 @@ impl ChunkStore for L3Store {
     async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
         validate_job_id(job)?;
         let key = self.step_key(job, step).join(format!("m-{rank}"));
-        self.store
-            .put(&key, PutPayload::from(bytes.to_vec()))
-            .await
-            .map_err(|e| os_err(format!("manifest of step {step} rank {rank}"), e))?;
+        self.retrying(|| async {
+            self.store
+                .put(&key, PutPayload::from(bytes.to_vec()))
+                .await
+                .map_err(|e| os_err(format!("manifest of step {step} rank {rank}"), e))
+        })
+        .await?;
         Ok(())
     }
 
@@ -489,7 +531,7 @@ impl ChunkStore for L3Store {
         let key = self.step_key(job, step).join(format!("m-{rank}"));
         let what = format!("manifest of step {step} rank {rank} in L3");
         Ok(self
-            .get_bounded(&key, MAX_MANIFEST_LEN, &what)
+            .retrying(|| self.get_bounded(&key, MAX_MANIFEST_LEN, &what))
             .await?
             .to_vec())
     }
@@ -512,11 +554,23 @@ impl ChunkStore for L3Store {
             mode: PutMode::Create,
             ..PutOptions::default()
         };
-        match self
-            .store
-            .put_opts(&key, PutPayload::from(bytes.clone()), create)
-            .await
-        {
+        let put = self
+            .retrying(|| async {
+                match self
+                    .store
+                    .put_opts(&key, PutPayload::from(bytes.clone()), create.clone())
+                    .await
+                {
+                    // Transient failures are retried; a dropped connection
+                    // whose write landed then finds the same record there.
+                    Err(e @ object_store::Error::Generic { .. }) => {
+                        Err(StoreError::Unavailable(format!("{what}: {e}")))
+                    }
+                    other => Ok(other),
+                }
+            })
+            .await?;
+        match put {
             Ok(_) => Ok(()),
             Err(object_store::Error::AlreadyExists { .. })
             | Err(object_store::Error::Precondition { .. }) => {
@@ -551,10 +605,13 @@ impl ChunkStore for L3Store {
         validate_job_id(job)?;
         let prefix = self.key(&[job, "steps"]);
         let listed = self
-            .store
-            .list_with_delimiter(Some(&prefix))
-            .await
-            .map_err(|e| os_err("listing steps", e))?;
+            .retrying(|| async {
+                self.store
+                    .list_with_delimiter(Some(&prefix))
+                    .await
+                    .map_err(|e| os_err("listing steps", e))
+            })
+            .await?;
         let mut steps: BTreeMap<u64, StepInfo> = BTreeMap::new();
         for dir in listed.common_prefixes {
             let Some(step) = dir.filename().and_then(|n| n.parse::<u64>().ok()) else {
@@ -572,7 +629,10 @@ impl ChunkStore for L3Store {
                 {
                     let key = self.step_key(job, step).join(name.as_str());
                     let what = format!("commit record of step {step} rank {first}");
-                    let bytes = match self.get_bounded(&key, MAX_RECORD_LEN, &what).await {
+                    let bytes = match self
+                        .retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
+                        .await
+                    {
                         Ok(b) => b,
                         // Deleted between the listing and the read.
                         Err(StoreError::NotFound { .. }) => continue,

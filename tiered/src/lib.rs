@@ -18,6 +18,7 @@ pub mod aligned;
 mod chunk_data;
 pub mod conformance;
 mod error;
+pub mod faults;
 mod fsutil;
 pub mod io;
 mod l1;
