@@ -133,7 +133,7 @@ async fn an_outage_mid_upload_resumes_without_resending() {
         .iter()
         .filter(|&&h| h)
         .count() as u64;
-    assert!(landed >= 12 && landed < 30, "{landed} chunks landed");
+    assert!((12..30).contains(&landed), "{landed} chunks landed");
     let st = up.put_chunks(JOB, puts.clone()).await.unwrap();
     assert_eq!((st.written, st.deduped), (30 - landed, landed));
     for p in &puts {
