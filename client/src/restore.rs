@@ -22,6 +22,9 @@ const FETCH_BATCH: usize = 16;
 const BATCH_BYTES: u64 = 64 << 20;
 /// Restore lanes: one reads while the others verify and copy.
 const RESTORE_LANES: usize = 3;
+/// Lanes for a step read from L3: object stores want many requests in
+/// flight (each lane keeps up to 16), and decoding overlaps the transfers.
+const L3_LANES: usize = 6;
 
 /// Which step to restore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -424,7 +427,12 @@ fn fetch_into(
         }
     };
     let mut errors: Vec<(usize, Error)> = std::thread::scope(|sc| {
-        let handles: Vec<_> = (0..RESTORE_LANES.min(batches.len()))
+        let lanes = if loaded.from_l3 {
+            L3_LANES
+        } else {
+            RESTORE_LANES
+        };
+        let handles: Vec<_> = (0..lanes.min(batches.len()))
             .map(|_| {
                 sc.spawn(|| {
                     let mut errs = Vec::new();
@@ -470,7 +478,7 @@ fn fetch_batch(
         return s.rt.block_on(s.l1.get_chunks_reusing(job, ids, spare));
     };
     if loaded.from_l3 {
-        let got = s.rt.block_on(l3.get_chunks(job, ids));
+        let got = s.rt.block_on(l3.get_chunks_reusing(job, ids, spare));
         let n: u64 = got.iter().flatten().map(|d| d.len() as u64).sum();
         from_l3.fetch_add(n, Ordering::Relaxed);
         return got;

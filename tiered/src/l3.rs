@@ -351,6 +351,17 @@ impl L3Store {
     }
 
     async fn get_one(&self, job: &str, id: ChunkId) -> Result<ChunkData> {
+        self.get_one_into(job, id, None).await
+    }
+
+    /// Fetches, verifies and decodes one chunk, into `spare` if it is large
+    /// enough (a reused, already-faulted buffer), else a new buffer.
+    async fn get_one_into(
+        &self,
+        job: &str,
+        id: ChunkId,
+        spare: Option<AlignedBuf>,
+    ) -> Result<ChunkData> {
         let what = format!("chunk {id} in L3 ({})", self.url);
         let key = self.chunk_key(job, &id);
         let frame = self
@@ -369,7 +380,14 @@ impl L3Store {
             };
             let mut dec = FrameDecoder::new().map_err(corrupt)?;
             let h = dec.header(&frame).map_err(corrupt)?;
-            let mut buf = AlignedBuf::zeroed(h.raw_len as usize);
+            let len = h.raw_len as usize;
+            let mut buf = match spare {
+                Some(mut b) if b.capacity() >= len => {
+                    b.set_len(len);
+                    b
+                }
+                _ => AlignedBuf::zeroed(len),
+            };
             dec.decode_into(&frame, Some(&id), &mut buf)
                 .map_err(corrupt)?;
             Ok(ChunkData::whole(buf))
@@ -465,6 +483,25 @@ impl ChunkStore for L3Store {
         }
         futures::stream::iter(ids.iter().copied())
             .map(|id| self.get_one(job, id))
+            .buffered(self.opts.concurrency.max(1))
+            .collect()
+            .await
+    }
+
+    async fn get_chunks_reusing(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        spare: Vec<AlignedBuf>,
+    ) -> Vec<Result<ChunkData>> {
+        if let Err(e) = validate_job_id(job) {
+            return ids.iter().map(|_| Err(e.clone().into())).collect();
+        }
+        let mut spare = spare.into_iter();
+        let jobs: Vec<(ChunkId, Option<AlignedBuf>)> =
+            ids.iter().map(|id| (*id, spare.next())).collect();
+        futures::stream::iter(jobs)
+            .map(|(id, buf)| self.get_one_into(job, id, buf))
             .buffered(self.opts.concurrency.max(1))
             .collect()
             .await
