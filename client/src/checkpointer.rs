@@ -231,7 +231,32 @@ impl Checkpointer {
 
     /// A checkpointer whose ranks agree through `coord`.
     pub fn with_coordinator(cfg: Config, coord: Arc<dyn Coordinator>) -> Result<Self> {
+        let l3 = match &cfg.l3_url {
+            Some(url) => {
+                let opts: Vec<(String, String)> = cfg
+                    .l3_options
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                let store = L3Store::from_url(url, &opts, L3Options::default())
+                    .map_err(|e| Error::Config(format!("l3_url {url:?}: {e}")))?;
+                Some(store)
+            }
+            None => None,
+        };
+        Self::with_tiers(cfg, coord, l3)
+    }
+
+    /// A checkpointer with an L3 store built by the caller (custom
+    /// `object_store` settings, a wrapper): `cfg.l3_url` is ignored; the
+    /// upload policy settings apply to `l3`.
+    pub fn with_tiers(
+        cfg: Config,
+        coord: Arc<dyn Coordinator>,
+        l3: Option<L3Store>,
+    ) -> Result<Self> {
         cfg.validate()?;
+        let l3 = l3.map(Arc::new);
         if coord.world_size() != cfg.world_size {
             return Err(Error::Config(format!(
                 "coordinator has {} ranks, config {}",
@@ -246,19 +271,6 @@ impl Checkpointer {
             .build()
             .map_err(|e| Error::Config(format!("cannot start the runtime: {e}")))?;
         let l1 = L1Store::open(&cfg.l1_dir, cfg.engine()?)?;
-        let l3 = match &cfg.l3_url {
-            Some(url) => {
-                let opts: Vec<(String, String)> = cfg
-                    .l3_options
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                let store = L3Store::from_url(url, &opts, L3Options::default())
-                    .map_err(|e| Error::Config(format!("l3_url {url:?}: {e}")))?;
-                Some(Arc::new(store))
-            }
-            None => None,
-        };
         let (upload_tx, upload_rx) = mpsc::channel::<UploadJob>();
         tracing::info!(engine = l1.engine_name(), dir = %cfg.l1_dir.display(), rank = cfg.rank, "strata checkpointer ready");
         let shared = Arc::new(Shared {

@@ -90,7 +90,7 @@ pub(crate) enum UploadJob {
 /// True if the policy wants `step` on L3 (and notes the time if so).
 pub(crate) fn policy_wants(s: &Shared, step: u64) -> bool {
     let cfg = &s.cfg;
-    if cfg.l3_url.is_none() || cfg.upload_every == 0 || step % cfg.upload_every != 0 {
+    if s.l3.is_none() || cfg.upload_every == 0 || step % cfg.upload_every != 0 {
         return false;
     }
     let Ok(mut last) = s.uploads.last_policy_upload.lock() else {

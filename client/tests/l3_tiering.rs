@@ -230,3 +230,113 @@ fn an_interrupted_upload_resumes_without_resending() {
         L3State::Committed { sent: 0, .. }
     ));
 }
+
+/// Through a faulty object store (seeded 503s, timeouts, dropped
+/// connections): uploads still commit, and a node with an empty L1 still
+/// restores byte-identical. Then the store goes down for writes: saves keep
+/// succeeding on L1, the upload is reported failed, L3 holds no commit for
+/// it, and the step still restores from L1.
+#[test]
+fn faults_on_l3_never_cost_a_save_or_a_restore() {
+    use std::sync::Arc;
+    use strata_tiered::faults::{FaultPlan, FaultyStore};
+    let seed = std::env::var("STRATA_FAULT_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0xFA17_u64);
+    eprintln!("fault seed {seed} (STRATA_FAULT_SEED={seed} replays it)");
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let opts = strata_tiered::L3Options {
+        max_retries: 8,
+        ..strata_tiered::L3Options::default()
+    };
+    let flaky = |plan: FaultPlan| {
+        // A store that is down gives up sooner (the retries are proven above).
+        let opts = match plan.writes_before_outage {
+            Some(_) => strata_tiered::L3Options {
+                max_retries: 3,
+                ..opts.clone()
+            },
+            None => opts.clone(),
+        };
+        strata_tiered::L3Store::with_store(
+            Arc::new(FaultyStore::new(inner.clone(), plan)),
+            "root",
+            "faulty",
+            opts,
+        )
+    };
+    let transient = FaultPlan {
+        seed,
+        error_rate: 0.1,
+        timeout_rate: 0.02,
+        timeout: std::time::Duration::from_millis(20),
+        drop_rate: 0.05,
+        ..FaultPlan::default()
+    };
+    let names = names();
+    let l1 = tempfile::tempdir().unwrap();
+    let cfg = || cfg(l1.path(), "memory://", &[]);
+    {
+        let ck = Checkpointer::with_tiers(
+            cfg(),
+            Arc::new(strata::SoloCoordinator),
+            Some(flaky(transient.clone())),
+        )
+        .unwrap();
+        for step in 1..=2 {
+            let data = state(step);
+            ck.save(step, &entries(&names, &data))
+                .unwrap()
+                .wait()
+                .unwrap();
+        }
+        ck.wait_uploads();
+        assert!(
+            matches!(ck.uploads()[&2], L3State::Committed { .. }),
+            "{:?}",
+            ck.uploads()
+        );
+    }
+    std::fs::remove_dir_all(l1.path()).unwrap();
+    {
+        let ck = Checkpointer::with_tiers(
+            cfg(),
+            Arc::new(strata::SoloCoordinator),
+            Some(flaky(transient)),
+        )
+        .unwrap();
+        let got = ck.restore(StepSelector::Latest).unwrap();
+        assert_eq!(got.step, 2);
+        for (n, d) in names.iter().zip(&state(2)) {
+            assert_eq!(&got.get(n).unwrap().bytes, d, "{n}");
+        }
+    }
+    // Writes to L3 fail from now on.
+    let down = FaultPlan {
+        seed,
+        writes_before_outage: Some(0),
+        ..FaultPlan::default()
+    };
+    let ck = Checkpointer::with_tiers(cfg(), Arc::new(strata::SoloCoordinator), Some(flaky(down)))
+        .unwrap();
+    for step in 3..=4 {
+        let data = state(step);
+        ck.save(step, &entries(&names, &data))
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    ck.wait_uploads();
+    assert!(
+        matches!(ck.uploads()[&4], L3State::Failed(_)),
+        "{:?}",
+        ck.uploads()
+    );
+    let tiers = ck.steps().unwrap();
+    let s4 = tiers.iter().find(|t| t.step == 4).unwrap();
+    assert!(s4.l1 && !s4.l3, "{s4:?}");
+    let got = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(got.step, 4);
+    assert_eq!(got.stats.bytes_from_l3, 0);
+}
