@@ -186,7 +186,9 @@ fn upload_step(s: &Shared, l3: &L3Store, step: u64) -> Result<(u64, u64)> {
     let m = ShardManifest::decode(&bytes).map_err(|e| bad(e.to_string()))?;
     let ids: Vec<ChunkId> = m.chunks.iter().map(|c| c.id).collect();
     let present = s.rt.block_on(l3.has_chunks(job, &ids))?;
-    let missing: Vec<usize> = (0..ids.len()).filter(|&i| !present[i]).collect();
+    let missing: Vec<usize> = (0..ids.len())
+        .filter(|&i| present.get(i) != Some(&true))
+        .collect();
     let total: u64 = missing.iter().map(|&i| u64::from(m.chunks[i].len)).sum();
     let deduped: u64 = m.chunks.iter().map(|c| u64::from(c.len)).sum::<u64>() - total;
     s.uploads.set(step, L3State::Uploading { done: 0, total });
