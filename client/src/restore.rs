@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use strata_format::{ChunkId, ShardManifest};
+use strata_format::{ChunkId, CommitRecord, ShardManifest};
 use strata_tiered::{AlignedBuf, ChunkPut, ChunkStore, StepInfo, StoreErrorKind};
 
 use crate::checkpointer::{Checkpointer, Shared};
@@ -78,8 +78,12 @@ impl Checkpointer {
                 .iter_mut()
                 .map(|e| Some(e.bytes.as_mut_slice()))
                 .collect();
-            fetch_into(&self.shared, &loaded, &mut dests)?
+            fetch_into(&self.shared, &loaded, &mut dests, true)?
         };
+        let mut stats = stats;
+        if stats.rehydrated {
+            stats.rehydrated = self.commit_on_l1(&loaded);
+        }
         Ok(RestoredState {
             step,
             entries,
@@ -141,7 +145,7 @@ impl Checkpointer {
             }
             slots[i] = Some(&mut **buf);
         }
-        fetch_into(&self.shared, &loaded, &mut slots)
+        fetch_into(&self.shared, &loaded, &mut slots, false)
     }
 
     /// Restores the selected step into GPU memory, by entry name: each
@@ -190,6 +194,26 @@ impl Checkpointer {
         })();
         s.pool.give_back_owned(host);
         result
+    }
+
+    /// After a full restore from L3 wrote every chunk back to L1: the
+    /// manifest and the commit record too, so the step is on L1 again (the
+    /// next save deduplicates against it, the next restore is local).
+    /// Returns whether it worked; failures are logged, not fatal.
+    fn commit_on_l1(&self, loaded: &Loaded) -> bool {
+        let s = &self.shared;
+        let cfg = &s.cfg;
+        let step = loaded.manifest.info.step;
+        let done =
+            s.rt.block_on(s.l1.put_manifest(&cfg.job, step, cfg.rank, &loaded.bytes))
+                .and_then(|()| s.rt.block_on(s.l1.commit(&loaded.record)));
+        match done {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(step, error = %e, "could not commit the restored step on L1");
+                false
+            }
+        }
     }
 
     /// Agrees with every rank on the step, then reads and checks this rank's
@@ -249,12 +273,14 @@ impl Checkpointer {
         let mut first_err = None;
         if on_l1.contains(&step) {
             match load_manifest(s, &s.l1, &l1_steps, step) {
-                Ok(m) => {
+                Ok((manifest, bytes, record)) => {
                     return Ok((
                         step,
                         Loaded {
-                            manifest: m,
+                            manifest,
                             from_l3: false,
+                            bytes,
+                            record,
                         },
                     ))
                 }
@@ -266,12 +292,14 @@ impl Checkpointer {
         }
         match (&s.l3, on_l3.contains(&step)) {
             (Some(l3), true) => {
-                let m = load_manifest(s, &**l3, &l3_steps, step)?;
+                let (manifest, bytes, record) = load_manifest(s, &**l3, &l3_steps, step)?;
                 Ok((
                     step,
                     Loaded {
-                        manifest: m,
+                        manifest,
                         from_l3: true,
+                        bytes,
+                        record,
                     },
                 ))
             }
@@ -286,26 +314,31 @@ pub(crate) struct Loaded {
     /// The step is read from L3 (L1 does not hold it, or its manifest there
     /// is damaged).
     from_l3: bool,
+    /// The manifest's encoding.
+    bytes: Vec<u8>,
+    /// The commit record naming this rank's shard.
+    record: CommitRecord,
 }
 
 /// Reads this rank's manifest of `step` from `tier` and checks it against
-/// the tier's commit record.
+/// the tier's commit record. Returns the manifest, its bytes and the record.
 fn load_manifest(
     s: &Shared,
     tier: &dyn ChunkStore,
     steps: &[StepInfo],
     step: u64,
-) -> Result<ShardManifest> {
+) -> Result<(ShardManifest, Vec<u8>, CommitRecord)> {
     let cfg = &s.cfg;
-    let expected = steps
+    let (record, expected) = steps
         .iter()
         .find(|st| st.step == step)
         .and_then(|info| {
-            info.records
-                .values()
-                .flat_map(|r| r.shards.iter())
-                .find(|sh| sh.rank == cfg.rank)
-                .map(|sh| sh.manifest)
+            info.records.values().find_map(|r| {
+                r.shards
+                    .iter()
+                    .find(|sh| sh.rank == cfg.rank)
+                    .map(|sh| (r.clone(), sh.manifest))
+            })
         })
         .ok_or(Error::NothingToRestore(None))?;
     let bad = |reason: String| Error::Manifest {
@@ -324,7 +357,7 @@ fn load_manifest(
     {
         return Err(bad("manifest names another job, step or rank".into()));
     }
-    Ok(manifest)
+    Ok((manifest, bytes, record))
 }
 
 /// One segment of a chunk that lands in an entry:
@@ -343,6 +376,7 @@ fn fetch_into(
     s: &Shared,
     loaded: &Loaded,
     dests: &mut [Option<&mut [u8]>],
+    rehydrate: bool,
 ) -> Result<RestoreStats> {
     let m = &loaded.manifest;
     let started = Instant::now();
@@ -382,6 +416,9 @@ fn fetch_into(
     let bytes = AtomicU64::new(0);
     let from_l3 = AtomicU64::new(0);
     let repaired = AtomicU64::new(0);
+    // Chunks read from L3 are also written to L1 (when asked), so the node
+    // holds the step again; any failure there only stops that.
+    let l1_copy = AtomicBool::new(rehydrate && loaded.from_l3);
     let lane = |errors: &mut Vec<(usize, Error)>| {
         let mut spare: Vec<AlignedBuf> = Vec::new();
         loop {
@@ -402,6 +439,7 @@ fn fetch_into(
                     std::mem::take(&mut spare),
                     &from_l3,
                     &repaired,
+                    &l1_copy,
                 )
             };
             for (&c, res) in batch.iter().zip(got) {
@@ -457,6 +495,7 @@ fn fetch_into(
         bytes_read: bytes.load(Ordering::Relaxed),
         bytes_from_l3: from_l3.load(Ordering::Relaxed),
         chunks_repaired: repaired.load(Ordering::Relaxed),
+        rehydrated: l1_copy.load(Ordering::Relaxed),
         duration: started.elapsed(),
     })
 }
@@ -472,6 +511,7 @@ fn fetch_batch(
     spare: Vec<AlignedBuf>,
     from_l3: &AtomicU64,
     repaired: &AtomicU64,
+    l1_copy: &AtomicBool,
 ) -> Vec<strata_tiered::Result<strata_tiered::ChunkData>> {
     let job = &s.cfg.job;
     let Some(l3) = &s.l3 else {
@@ -481,6 +521,23 @@ fn fetch_batch(
         let got = s.rt.block_on(l3.get_chunks_reusing(job, ids, spare));
         let n: u64 = got.iter().flatten().map(|d| d.len() as u64).sum();
         from_l3.fetch_add(n, Ordering::Relaxed);
+        if l1_copy.load(Ordering::Relaxed) {
+            let puts: Vec<ChunkPut> = got
+                .iter()
+                .zip(batch)
+                .filter_map(|(r, &c)| {
+                    r.as_ref().ok().map(|d| ChunkPut {
+                        id: loaded.manifest.chunks[c].id,
+                        hint: loaded.manifest.chunks[c].hint,
+                        data: d.clone(),
+                    })
+                })
+                .collect();
+            if let Err(e) = s.rt.block_on(s.l1.put_chunks(job, puts)) {
+                tracing::warn!(error = %e, "cannot copy the step back to L1; restoring from L3 only");
+                l1_copy.store(false, Ordering::Relaxed);
+            }
+        }
         return got;
     }
     let mut got = s.rt.block_on(s.l1.get_chunks_reusing(job, ids, spare));

@@ -56,6 +56,9 @@ pub struct RestoreStats {
     pub bytes_from_l3: u64,
     /// Chunks whose missing or damaged L1 copy was rewritten from L3.
     pub chunks_repaired: u64,
+    /// A step restored from L3 was written back to L1 and committed there
+    /// (`restore` does this; `restore_into`, which may read a subset, not).
+    pub rehydrated: bool,
     /// Time to read, verify and place every chunk (after agreeing on the
     /// step and loading the manifest).
     pub duration: Duration,

@@ -116,6 +116,24 @@ fn policy_uploads_and_restore_after_losing_l1(l3_url: &str, opts: &[(String, Str
     for (n, d) in names.iter().zip(&want) {
         assert_eq!(&got.get(n).unwrap().bytes, d, "{n}");
     }
+    // The restore put the step back on L1: it is committed there, the next
+    // restore is local, and the next save only writes what changed.
+    assert!(got.stats.rehydrated);
+    assert_eq!(ck.committed_steps().unwrap(), vec![4]);
+    assert_eq!(
+        ck.restore(StepSelector::Latest)
+            .unwrap()
+            .stats
+            .bytes_from_l3,
+        0
+    );
+    let s5 = state(5);
+    let st = ck.save(5, &entries(&names, &s5)).unwrap().wait().unwrap();
+    assert!(
+        st.bytes_written <= 4 * MIB as u64,
+        "after the restore, step 5 wrote {} bytes",
+        st.bytes_written
+    );
     // An older L3 step restores too.
     let got = ck.restore(StepSelector::Step(2)).unwrap();
     assert_eq!(got.get("layer.2.weight").unwrap().bytes, state(2)[2]);
