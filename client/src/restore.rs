@@ -414,11 +414,13 @@ fn fetch_into(
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let bytes = AtomicU64::new(0);
-    let from_l3 = AtomicU64::new(0);
-    let repaired = AtomicU64::new(0);
     // Chunks read from L3 are also written to L1 (when asked), so the node
     // holds the step again; any failure there only stops that.
-    let l1_copy = AtomicBool::new(rehydrate && loaded.from_l3);
+    let counters = Counters {
+        from_l3: AtomicU64::new(0),
+        repaired: AtomicU64::new(0),
+        l1_copy: AtomicBool::new(rehydrate && loaded.from_l3),
+    };
     let lane = |errors: &mut Vec<(usize, Error)>| {
         let mut spare: Vec<AlignedBuf> = Vec::new();
         loop {
@@ -437,9 +439,7 @@ fn fetch_into(
                     batch,
                     &ids,
                     std::mem::take(&mut spare),
-                    &from_l3,
-                    &repaired,
-                    &l1_copy,
+                    &counters,
                 )
             };
             for (&c, res) in batch.iter().zip(got) {
@@ -493,11 +493,21 @@ fn fetch_into(
         step: m.info.step,
         chunks: batches.iter().map(Vec::len).sum::<usize>() as u64,
         bytes_read: bytes.load(Ordering::Relaxed),
-        bytes_from_l3: from_l3.load(Ordering::Relaxed),
-        chunks_repaired: repaired.load(Ordering::Relaxed),
-        rehydrated: l1_copy.load(Ordering::Relaxed),
+        bytes_from_l3: counters.from_l3.load(Ordering::Relaxed),
+        chunks_repaired: counters.repaired.load(Ordering::Relaxed),
+        rehydrated: counters.l1_copy.load(Ordering::Relaxed),
         duration: started.elapsed(),
     })
+}
+
+/// What the restore lanes count together.
+struct Counters {
+    /// Bytes read from L3.
+    from_l3: AtomicU64,
+    /// L1 chunks rewritten from L3.
+    repaired: AtomicU64,
+    /// Chunks read from L3 are being copied to L1 (cleared on a failure).
+    l1_copy: AtomicBool,
 }
 
 /// One batch of chunks, verified: from L1 (into the lane's spare buffers),
@@ -509,10 +519,13 @@ fn fetch_batch(
     batch: &[usize],
     ids: &[ChunkId],
     spare: Vec<AlignedBuf>,
-    from_l3: &AtomicU64,
-    repaired: &AtomicU64,
-    l1_copy: &AtomicBool,
+    counters: &Counters,
 ) -> Vec<strata_tiered::Result<strata_tiered::ChunkData>> {
+    let Counters {
+        from_l3,
+        repaired,
+        l1_copy,
+    } = counters;
     let job = &s.cfg.job;
     let Some(l3) = &s.l3 else {
         return s.rt.block_on(s.l1.get_chunks_reusing(job, ids, spare));
