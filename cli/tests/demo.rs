@@ -49,12 +49,15 @@ fn demo_saves_restores_and_resumes() {
     ] {
         assert!(first.contains(needle), "missing {needle:?} in:\n{first}");
     }
-    // L1 was wiped at the end of the first run: the second recovers from L3.
+    // L1 was wiped at the end of the first run and refilled by the restore
+    // from L3: the second run recovers from L1 and deduplicates against it.
     let second = run("1");
-    assert!(second.contains("recovered step 2 from L3"), "{second}");
+    assert!(second.contains("recovered step 2 from L1"), "{second}");
+    assert!(second.contains("step    3: stall"), "{second}");
+    assert!(!second.contains("deduped 0%"), "{second}");
     assert!(second.contains("ok: steps 3..=3"), "{second}");
-    // Without L3 (and L1 emptied by the second run's simulated loss), a run
-    // starts over on L1 and the next one resumes from L1.
+    // Without L3: the second run's simulated loss left step 2 (restored
+    // from L3) on L1, so the next runs resume from L1.
     let no_l3 = || {
         let out = Command::new(env!("CARGO_BIN_EXE_strata"))
             .args(["demo", "--state-size", "24MiB", "--chunk-size", "1MiB"])
@@ -66,10 +69,11 @@ fn demo_saves_restores_and_resumes() {
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     let third = no_l3();
-    assert!(third.contains("ok: steps 1..=1"), "{third}");
+    assert!(third.contains("recovered step 2 from L1"), "{third}");
+    assert!(third.contains("ok: steps 3..=3"), "{third}");
     assert!(!third.contains("L3"), "{third}");
     let fourth = no_l3();
-    assert!(fourth.contains("recovered step 1 from L1"), "{fourth}");
+    assert!(fourth.contains("recovered step 3 from L1"), "{fourth}");
 }
 
 #[test]
