@@ -22,7 +22,7 @@ fi
 log "test servers: s3s-fs (authenticated S3) and moto (exclusive create-if-absent)"
 # Installed under .tools/ (git-ignored) so reruns skip the build.
 TOOLS="$PWD/.tools"
-export PATH="$TOOLS/bin:$PATH"
+export PATH="$TOOLS/bin:$HOME/.local/bin:$PATH"
 if ! command -v s3s-fs >/dev/null 2>&1; then
   cargo install s3s-fs@0.14.1 --features binary --locked --root "$TOOLS"
 fi
