@@ -208,32 +208,12 @@ struct State {
 
 impl State {
     fn new(size: u64) -> Self {
-        let entries = synthetic::entries(size);
-        let data = par_map(
-            entries.len(),
-            default_threads(),
-            || (),
-            |_, i| {
-                let mut v = vec![0u8; entries[i].spec.len as usize];
-                synthetic::fill_entry(&entries[i], 0x5EED, i, &mut v);
-                v
-            },
-        );
-        State {
-            specs: entries.into_iter().map(|e| e.spec).collect(),
-            data,
-        }
+        let (specs, data) = synthetic::generate(size, 0x5EED, default_threads());
+        State { specs, data }
     }
 
     fn entries(&self) -> Vec<Entry<'_>> {
-        self.specs
-            .iter()
-            .zip(&self.data)
-            .map(|(s, d)| match &s.kind {
-                EntryKind::Tensor { dtype, shape } => Entry::tensor(&s.name, *dtype, shape, d),
-                EntryKind::Blob => Entry::blob(&s.name, d),
-            })
-            .collect()
+        synthetic::as_entries(&self.specs, &self.data)
     }
 
     fn logical(&self) -> u64 {

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
-use strata::format::{DType, EntryKind, EntrySpec};
-use strata::par::{default_threads, par_map};
+use strata::format::{DType, EntrySpec};
+use strata::par::default_threads;
 use strata::{synthetic, Checkpointer, Config, Entry, L3State, StepSelector};
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, L3Store};
 
@@ -161,32 +161,12 @@ struct State {
 
 impl State {
     fn new(size: u64) -> Self {
-        let entries = synthetic::entries(size);
-        let data = par_map(
-            entries.len(),
-            default_threads(),
-            || (),
-            |_, i| {
-                let mut v = vec![0u8; entries[i].spec.len as usize];
-                synthetic::fill_entry(&entries[i], 7, i, &mut v);
-                v
-            },
-        );
-        State {
-            specs: entries.into_iter().map(|e| e.spec).collect(),
-            data,
-        }
+        let (specs, data) = synthetic::generate(size, 7, default_threads());
+        State { specs, data }
     }
 
     fn entries(&self) -> Vec<Entry<'_>> {
-        self.specs
-            .iter()
-            .zip(&self.data)
-            .map(|(s, d)| match &s.kind {
-                EntryKind::Tensor { dtype, shape } => Entry::tensor(&s.name, *dtype, shape, d),
-                EntryKind::Blob => Entry::blob(&s.name, d),
-            })
-            .collect()
+        synthetic::as_entries(&self.specs, &self.data)
     }
 }
 

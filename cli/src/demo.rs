@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use strata::format::layout::DEFAULT_CHUNK_SIZE;
-use strata::format::{EntryKind, EntrySpec};
+use strata::format::EntrySpec;
 use strata::par::{default_threads, par_map};
 use strata::synthetic::{self, SynthEntry};
 use strata::{Checkpointer, Config, Entry, L3State, StepSelector};
@@ -142,14 +142,7 @@ impl SynthState {
     }
 
     fn as_entries(&self) -> Vec<Entry<'_>> {
-        self.specs
-            .iter()
-            .zip(&self.data)
-            .map(|(s, d)| match &s.kind {
-                EntryKind::Tensor { dtype, shape } => Entry::tensor(&s.name, *dtype, shape, d),
-                EntryKind::Blob => Entry::blob(&s.name, d),
-            })
-            .collect()
+        synthetic::as_entries(&self.specs, &self.data)
     }
 
     fn logical(&self) -> u64 {

@@ -343,11 +343,8 @@ impl Checkpointer {
         &self.shared.l1
     }
 
-    /// Allocates and pre-faults the staging memory a save of `state` needs
-    /// (pinned for GPU tensors), so that even the first save stalls only
-    /// for the copy: call it once before training starts. Optional: without
-    /// it the first save pays for fresh memory (on these VMs 2–5× its copy).
-    pub fn prepare(&self, state: &[Entry<'_>]) -> Result<()> {
+    /// The entries' specs and where their chunks go in staging memory.
+    fn plan(&self, state: &[Entry<'_>]) -> Result<(Vec<EntrySpec>, Plan)> {
         let specs: Vec<EntrySpec> = state
             .iter()
             .map(Entry::spec)
@@ -355,7 +352,15 @@ impl Checkpointer {
             .map_err(|e| Error::InvalidState(e.to_string()))?;
         let layout = Layout::plan(&specs, self.shared.cfg.chunk_size)
             .map_err(|e| Error::InvalidState(e.to_string()))?;
-        let plan = Plan::new(layout);
+        Ok((specs, Plan::new(layout)))
+    }
+
+    /// Allocates and pre-faults the staging memory a save of `state` needs
+    /// (pinned for GPU tensors), so that even the first save stalls only
+    /// for the copy: call it once before training starts. Optional: without
+    /// it the first save pays for fresh memory (on these VMs 2–5× its copy).
+    pub fn prepare(&self, state: &[Entry<'_>]) -> Result<()> {
+        let (_, plan) = self.plan(state)?;
         let gpu = self.shared.gpu_for(state.iter().filter_map(|e| e.device))?;
         let segments: Vec<_> = plan
             .segment_lens
@@ -416,14 +421,8 @@ impl Checkpointer {
             }
         }
 
-        let specs: Vec<EntrySpec> = state
-            .iter()
-            .map(Entry::spec)
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| Error::InvalidState(e.to_string()))?;
-        let layout = Layout::plan(&specs, self.shared.cfg.chunk_size)
-            .map_err(|e| Error::InvalidState(e.to_string()))?;
-        let plan = Arc::new(Plan::new(layout));
+        let (specs, plan) = self.plan(state)?;
+        let plan = Arc::new(plan);
         let gpu = self.shared.gpu_for(state.iter().filter_map(|e| e.device))?;
 
         // The worker starts on the first segment while later ones are copied.

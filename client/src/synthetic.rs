@@ -291,6 +291,37 @@ pub fn f16_bits(v: f32) -> u16 {
     }
 }
 
+/// Borrows `data` (one buffer per spec, in order) as the entries of a save.
+pub fn as_entries<'a>(specs: &'a [EntrySpec], data: &'a [Vec<u8>]) -> Vec<crate::Entry<'a>> {
+    specs
+        .iter()
+        .zip(data)
+        .map(|(s, d)| match &s.kind {
+            strata_format::EntryKind::Tensor { dtype, shape } => {
+                crate::Entry::tensor(&s.name, *dtype, shape, d)
+            }
+            strata_format::EntryKind::Blob => crate::Entry::blob(&s.name, d),
+        })
+        .collect()
+}
+
+/// The entries of a synthetic state of about `total_bytes` and their bytes
+/// for `seed`, generated on `threads` threads.
+pub fn generate(total_bytes: u64, seed: u64, threads: usize) -> (Vec<EntrySpec>, Vec<Vec<u8>>) {
+    let entries = entries(total_bytes);
+    let data = crate::par::par_map(
+        entries.len(),
+        threads,
+        || (),
+        |_, i| {
+            let mut v = vec![0u8; entries[i].spec.len as usize];
+            fill_entry(&entries[i], seed, i, &mut v);
+            v
+        },
+    );
+    (entries.into_iter().map(|e| e.spec).collect(), data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
