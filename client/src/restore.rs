@@ -36,7 +36,7 @@ pub enum StepSelector {
 }
 
 /// The steps this rank committed on L1 in a world of the configured size.
-fn restorable(cfg: &crate::Config, steps: &[StepInfo]) -> BTreeSet<u64> {
+pub(crate) fn restorable(cfg: &crate::Config, steps: &[StepInfo]) -> BTreeSet<u64> {
     steps
         .iter()
         .filter(|st| {
@@ -322,7 +322,7 @@ pub(crate) struct Loaded {
 
 /// Reads this rank's manifest of `step` from `tier` and checks it against
 /// the tier's commit record. Returns the manifest, its bytes and the record.
-fn load_manifest(
+pub(crate) fn load_manifest(
     s: &Shared,
     tier: &dyn ChunkStore,
     steps: &[StepInfo],

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_format::{ChunkId, CommitRecord, ShardManifest, ShardRef};
+use strata_format::ChunkId;
 use strata_tiered::{ChunkPut, ChunkStore, L3Store};
 
 use crate::checkpointer::{Checkpointer, Shared};
@@ -82,10 +82,8 @@ impl Uploads {
     }
 }
 
-/// Jobs of the uploader thread.
-pub(crate) enum UploadJob {
-    Step(u64),
-}
+/// What the uploader thread receives: the step to upload.
+pub(crate) type UploadJob = u64;
 
 /// True if the policy wants `step` on L3 (and notes the time if so).
 pub(crate) fn policy_wants(s: &Shared, step: u64) -> bool {
@@ -123,7 +121,7 @@ pub(crate) fn after_commit(s: &Shared, step: u64) {
 pub(crate) fn enqueue(s: &Shared, tx: &mpsc::Sender<UploadJob>, step: u64) -> Result<()> {
     s.uploads.set(step, L3State::Queued);
     s.uploads.queued.fetch_add(1, Ordering::SeqCst);
-    tx.send(UploadJob::Step(step)).map_err(|_| {
+    tx.send(step).map_err(|_| {
         s.uploads.queued.fetch_sub(1, Ordering::SeqCst);
         Error::Pipeline("the uploader stopped".into())
     })
@@ -131,7 +129,7 @@ pub(crate) fn enqueue(s: &Shared, tx: &mpsc::Sender<UploadJob>, step: u64) -> Re
 
 /// The uploader thread's loop.
 pub(crate) fn run(s: &Shared, l3: &L3Store, rx: &mpsc::Receiver<UploadJob>) {
-    while let Ok(UploadJob::Step(step)) = rx.recv() {
+    while let Ok(step) = rx.recv() {
         let _span = tracing::info_span!("upload", step).entered();
         // A panic in an upload must not leave waiters hanging on the queue.
         let outcome =
@@ -157,33 +155,10 @@ pub(crate) fn run(s: &Shared, l3: &L3Store, rx: &mpsc::Receiver<UploadJob>) {
 fn upload_step(s: &Shared, l3: &L3Store, step: u64) -> Result<(u64, u64)> {
     let cfg = &s.cfg;
     let job = &cfg.job;
+    // The manifest and commit record this rank wrote on L1, checked
+    // against each other as a restore checks them.
     let steps = s.rt.block_on(s.l1.list_steps(job))?;
-    let shard = steps
-        .iter()
-        .find(|st| st.step == step)
-        .and_then(|st| {
-            st.records
-                .values()
-                .flat_map(|r| r.shards.iter())
-                .find(|sh| sh.rank == cfg.rank)
-                .copied()
-        })
-        .ok_or_else(|| {
-            Error::NothingToRestore(Some(format!(
-                "step {step} is not committed on L1 by rank {}",
-                cfg.rank
-            )))
-        })?;
-    let bad = |reason: String| Error::Manifest {
-        step,
-        rank: cfg.rank,
-        reason,
-    };
-    let bytes = s.rt.block_on(s.l1.get_manifest(job, step, cfg.rank))?;
-    if ShardManifest::id_of(&bytes) != shard.manifest {
-        return Err(bad("L1 manifest does not match its commit record".into()));
-    }
-    let m = ShardManifest::decode(&bytes).map_err(|e| bad(e.to_string()))?;
+    let (m, bytes, record) = crate::restore::load_manifest(s, &s.l1, &steps, step)?;
     let ids: Vec<ChunkId> = m.chunks.iter().map(|c| c.id).collect();
     let present = s.rt.block_on(l3.has_chunks(job, &ids))?;
     let missing: Vec<usize> = (0..ids.len())
@@ -235,36 +210,9 @@ fn upload_step(s: &Shared, l3: &L3Store, step: u64) -> Result<(u64, u64)> {
     }
     flush(&mut batch, &mut done)?;
     s.rt.block_on(l3.put_manifest(job, step, cfg.rank, &bytes))?;
-    let record = CommitRecord {
-        job: job.clone(),
-        step,
-        world_size: cfg.world_size,
-        committed_unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
-        shards: vec![ShardRef {
-            rank: cfg.rank,
-            manifest: shard.manifest,
-            logical_bytes: shard.logical_bytes,
-        }],
-    };
-    match s.rt.block_on(l3.commit(&record)) {
-        Ok(()) => {}
-        // Committed before (an upload asked for twice): the same manifest
-        // means the same step; anything else is a real conflict.
-        Err(e) if e.kind() == strata_tiered::StoreErrorKind::AlreadyExists => {
-            let l3_steps = s.rt.block_on(l3.list_steps(job))?;
-            let same = l3_steps
-                .iter()
-                .find(|st| st.step == step)
-                .and_then(|st| st.records.get(&cfg.rank))
-                .is_some_and(|r| r.shards.iter().any(|sh| sh.manifest == shard.manifest));
-            if !same {
-                return Err(e.into());
-            }
-        }
-        Err(e) => return Err(e.into()),
-    }
+    // L1's own record for this rank, byte for byte: committing it again
+    // (an upload asked for twice) finds the identical record and succeeds.
+    s.rt.block_on(l3.commit(&record))?;
     Ok((done, deduped))
 }
 
@@ -298,16 +246,7 @@ impl Checkpointer {
     pub fn steps(&self) -> Result<Vec<StepTiers>> {
         let s = &self.shared;
         let cfg = &s.cfg;
-        let mine = |steps: &[strata_tiered::StepInfo]| -> std::collections::BTreeSet<u64> {
-            steps
-                .iter()
-                .filter(|st| {
-                    st.committed_ranks().contains(&cfg.rank)
-                        && st.world_size() == Some(cfg.world_size)
-                })
-                .map(|st| st.step)
-                .collect()
-        };
+        let mine = |steps: &[strata_tiered::StepInfo]| crate::restore::restorable(cfg, steps);
         let l1 = mine(&s.rt.block_on(s.l1.list_steps(&cfg.job))?);
         let l3 = match &s.l3 {
             Some(l3) => mine(&s.rt.block_on(l3.list_steps(&cfg.job))?),

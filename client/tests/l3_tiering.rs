@@ -358,3 +358,73 @@ fn faults_on_l3_never_cost_a_save_or_a_restore() {
     assert_eq!(got.step, 4);
     assert_eq!(got.stats.bytes_from_l3, 0);
 }
+
+/// The bandwidth cap holds an upload to its rate, and L1 retention keeps a
+/// step until its upload is done: with keep_last = 1, step 4 waits in the
+/// queue behind step 2's capped upload (20 MiB at 20 MiB/s) while steps 5
+/// and 6 are saved; it still uploads (without the pin, retention would
+/// delete it from L1 first and its upload would fail).
+#[test]
+fn capped_uploads_take_their_time_and_keep_their_step_on_l1() {
+    let (l1, l3) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let url = format!("file://{}", l3.path().display());
+    let cap = 20 * MIB as u64;
+    let ck = Checkpointer::new(
+        cfg(l1.path(), &url, &[])
+            .keep_last(1)
+            .upload_bytes_per_sec(cap),
+    )
+    .unwrap();
+    let names = names();
+    let t = std::time::Instant::now();
+    for step in 2..=6 {
+        let data = state(step);
+        ck.save(step, &entries(&names, &data))
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    ck.wait_uploads();
+    let took = t.elapsed();
+    let ups = ck.uploads();
+    let sent: u64 = ups
+        .values()
+        .map(|u| match u {
+            L3State::Committed { sent, .. } => *sent,
+            other => panic!("{other:?} in {ups:?}"),
+        })
+        .sum();
+    assert_eq!(ups.keys().copied().collect::<Vec<_>>(), vec![2, 4, 6]);
+    assert!(
+        took.as_secs_f64() >= 0.9 * sent as f64 / cap as f64,
+        "{sent} bytes uploaded in {took:?} under a cap of {cap} B/s"
+    );
+    // Retention caught up once the uploads ended: only the newest on L1.
+    let data = state(7);
+    ck.save(7, &entries(&names, &data)).unwrap().wait().unwrap();
+    assert_eq!(ck.committed_steps().unwrap(), vec![7]);
+}
+
+/// `upload_min_interval_secs`: at most one policy upload per interval.
+#[test]
+fn the_minimum_upload_interval_skips_policy_uploads() {
+    let (l1, l3) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let url = format!("file://{}", l3.path().display());
+    let mut c = cfg(l1.path(), &url, &[]).upload_every(1);
+    c.upload_min_interval_secs = 3600;
+    let ck = Checkpointer::new(c).unwrap();
+    let names = names();
+    for step in 1..=3 {
+        let data = state(step);
+        ck.save(step, &entries(&names, &data))
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    ck.wait_uploads();
+    assert_eq!(ck.uploads().keys().copied().collect::<Vec<_>>(), vec![1]);
+    // An explicit upload is not subject to the policy.
+    ck.upload(3).unwrap();
+    ck.wait_uploads();
+    assert!(matches!(ck.uploads()[&3], L3State::Committed { .. }));
+}

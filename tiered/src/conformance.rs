@@ -417,8 +417,7 @@ macro_rules! conformance_tests {
             errors_have_kinds, jobs_are_isolated, manifests, commits_are_create_only, deletion, reads_into_spare_buffers);
     };
     ($make:expr) => {
-        $crate::conformance_tests!(@one $make; put_get_round_trip, put_is_idempotent, concurrent_puts_of_one_chunk,
-            errors_have_kinds, jobs_are_isolated, manifests, commits_are_create_only, deletion, reads_into_spare_buffers);
+        $crate::conformance_tests!(optional Some($make));
     };
     (@opt $make:expr; $($check:ident),*) => {
         $(
@@ -428,17 +427,6 @@ macro_rules! conformance_tests {
                     eprintln!("SKIPPED conformance check {}: no store", stringify!($check));
                     return;
                 };
-                if let Err(e) = $crate::conformance::$check(&store).await {
-                    panic!("{} failed conformance check {}: {e}", $crate::store::ChunkStore::name(&store), stringify!($check));
-                }
-            }
-        )*
-    };
-    (@one $make:expr; $($check:ident),*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $check() {
-                let (store, _guard) = $make;
                 if let Err(e) = $crate::conformance::$check(&store).await {
                     panic!("{} failed conformance check {}: {e}", $crate::store::ChunkStore::name(&store), stringify!($check));
                 }

@@ -42,6 +42,9 @@ pub struct FaultPlan {
     /// After this many successful writes, every write fails (a server that
     /// died, or a process killed mid-upload).
     pub writes_before_outage: Option<u64>,
+    /// Refuse create-if-absent puts as not implemented (an S3 server or
+    /// configuration without conditional writes).
+    pub no_conditional_put: bool,
 }
 
 /// Calls injected so far, by kind.
@@ -152,6 +155,12 @@ impl ObjectStore for FaultyStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
+        if self.plan.no_conditional_put && matches!(opts.mode, object_store::PutMode::Create) {
+            return Err(object_store::Error::NotImplemented {
+                operation: "put with PutMode::Create".into(),
+                implementer: "faulty store without conditional writes".into(),
+            });
+        }
         self.before(true).await?;
         let r = self.inner.put_opts(location, payload, opts).await?;
         self.writes.fetch_add(1, Ordering::Relaxed);

@@ -289,7 +289,7 @@ impl L3Store {
 
     /// Uploads one encoded frame, in parts if it is large. An interrupted
     /// multipart upload is aborted, so no partial object is ever visible.
-    async fn upload(&self, key: &ObjPath, frame: Vec<u8>) -> Result<()> {
+    async fn upload(&self, key: &ObjPath, frame: Bytes) -> Result<()> {
         let what = || format!("uploading {key}");
         if frame.len() <= self.opts.multipart_threshold {
             self.store
@@ -304,7 +304,7 @@ impl L3Store {
             .await
             .map_err(|e| os_err(what(), e))?;
         let mut w = WriteMultipart::new_with_chunk_size(upload, self.opts.part_size);
-        w.put(Bytes::from(frame));
+        w.put(frame);
         match w.finish().await {
             Ok(_) => Ok(()),
             Err(e) => Err(os_err(what(), e)),
@@ -346,12 +346,9 @@ impl L3Store {
         let stored = frame.len() as u64;
         let key = self.chunk_key(job, &c.id);
         // Re-sending a chunk is idempotent (same id, same bytes).
+        let frame = Bytes::from(frame);
         self.retrying(|| self.upload(&key, frame.clone())).await?;
         Ok((true, raw_len, stored))
-    }
-
-    async fn get_one(&self, job: &str, id: ChunkId) -> Result<ChunkData> {
-        self.get_one_into(job, id, None).await
     }
 
     /// Fetches, verifies and decodes one chunk, into `spare` if it is large
@@ -473,19 +470,12 @@ impl ChunkStore for L3Store {
         range: Option<Range<u32>>,
     ) -> Result<ChunkData> {
         validate_job_id(job)?;
-        let data = self.get_one(job, *id).await?;
+        let data = self.get_one_into(job, *id, None).await?;
         slice_range(id, data, range)
     }
 
     async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        if let Err(e) = validate_job_id(job) {
-            return ids.iter().map(|_| Err(e.clone().into())).collect();
-        }
-        futures::stream::iter(ids.iter().copied())
-            .map(|id| self.get_one(job, id))
-            .buffered(self.opts.concurrency.max(1))
-            .collect()
-            .await
+        self.get_chunks_reusing(job, ids, Vec::new()).await
     }
 
     async fn get_chunks_reusing(

@@ -71,7 +71,7 @@ async fn transient_faults_are_retried_and_nothing_is_lost() {
         timeout: Duration::from_millis(30),
         drop_rate: 0.05,
         latency: Duration::from_millis(1),
-        writes_before_outage: None,
+        ..FaultPlan::default()
     };
     // About 1 call in 6 fails; 8 attempts make a lost call a 1e-6 event.
     let (store, faulty) = l3_retrying(inner, plan, 8);
@@ -160,4 +160,49 @@ async fn a_dead_store_is_a_typed_error() {
     assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
     let e = store.list_steps(JOB).await.unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+}
+
+/// A store without create-if-absent: commits are refused as Unavailable
+/// (never silently non-atomic), unless `non_atomic_commits` accepts
+/// check-then-put, which still refuses a different record over an existing
+/// one and accepts the identical record again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_without_conditional_puts_refuse_to_claim_atomic_commits() {
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let plan = FaultPlan {
+        no_conditional_put: true,
+        ..FaultPlan::default()
+    };
+    let record = |writer: u8| CommitRecord {
+        job: JOB.into(),
+        step: 3,
+        world_size: 1,
+        committed_unix_ms: u64::from(writer),
+        shards: vec![ShardRef {
+            rank: 0,
+            manifest: ChunkId::of(&[writer]),
+            logical_bytes: 1,
+        }],
+    };
+    let (strict, _) = l3(inner.clone(), plan.clone());
+    let e = strict.commit(&record(1)).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("not be atomic"), "{e}");
+    assert!(strict.list_steps(JOB).await.unwrap().is_empty());
+
+    let lax = L3Store::with_store(
+        Arc::new(FaultyStore::new(inner, plan)),
+        "root",
+        "no-conditional-puts",
+        L3Options {
+            non_atomic_commits: true,
+            ..L3Options::default()
+        },
+    );
+    lax.commit(&record(1)).await.unwrap();
+    lax.commit(&record(1)).await.unwrap();
+    let e = lax.commit(&record(2)).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::AlreadyExists, "{e}");
+    let steps = lax.list_steps(JOB).await.unwrap();
+    assert_eq!(steps[0].records[&0], record(1));
 }
