@@ -76,6 +76,16 @@ fn start_s3s_fs(data: &Path) -> Result<(Server, u16), String> {
     Ok((server, port))
 }
 
+/// Extra `--l3-option K=V` settings (Strata's own L3 options, e.g.
+/// `concurrency=32`, `range_size=4194304`), applied to Strata's side only.
+static EXTRA: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+fn strata_options(port: u16) -> Vec<(String, String)> {
+    let mut o = options(port);
+    o.extend(EXTRA.get().cloned().unwrap_or_default());
+    o
+}
+
 fn options(port: u16) -> Vec<(String, String)> {
     [
         ("endpoint", format!("http://127.0.0.1:{port}")),
@@ -102,6 +112,41 @@ fn raw_store(port: u16) -> Result<Arc<dyn ObjectStore>, String> {
         .build()
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(store))
+}
+
+/// CPU seconds (user + system) used so far by a process.
+fn cpu_secs(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    // utime and stime are fields 14 and 15 (11 and 12 after the name).
+    (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / 100.0
+}
+
+/// CPU seconds of the bench and of the server, to tell who was busy.
+struct Cpu {
+    server: String,
+}
+
+impl Cpu {
+    fn now(&self) -> (f64, f64) {
+        (cpu_secs("self"), cpu_secs(&self.server))
+    }
+    fn since(&self, t0: (f64, f64), what: &str, wall: Duration) {
+        let (a, b) = self.now();
+        let up = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+        eprintln!(
+            "    [{what}: ended at uptime {}; {:.2} s wall, client {:.2} s CPU, server {:.2} s CPU]",
+            up.split_whitespace().next().unwrap_or("?"),
+            wall.as_secs_f64(),
+            a - t0.0,
+            b - t0.1
+        );
+    }
 }
 
 fn gb(bytes: u64, d: Duration) -> f64 {
@@ -191,7 +236,10 @@ fn real_bf16() -> Result<Vec<u8>, String> {
 
 fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(dir);
-    let (_server, port) = start_s3s_fs(&dir.join("s3"))?;
+    let (server, port) = start_s3s_fs(&dir.join("s3"))?;
+    let cpu = Cpu {
+        server: server.0.id().to_string(),
+    };
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let state = State::new(size);
     let logical: u64 = state.data.iter().map(|d| d.len() as u64).sum();
@@ -210,13 +258,16 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
 
     let best = |v: &mut Vec<Duration>, d: Duration| v.push(d);
     let (mut raw_up, mut raw_down, mut up, mut down) = (vec![], vec![], vec![], vec![]);
+    let mut down_only = vec![];
     let mut stored = 0u64;
     for r in 0..reps {
-        best(
-            &mut raw_up,
-            rt.block_on(raw_put(&raw, &objects, &format!("raw{r}")))?,
-        );
+        let c0 = cpu.now();
+        let d = rt.block_on(raw_put(&raw, &objects, &format!("raw{r}")))?;
+        cpu.since(c0, "raw put", d);
+        best(&mut raw_up, d);
+        let c0 = cpu.now();
         let (d, n) = rt.block_on(raw_get(&raw, objects.len(), &format!("raw{r}")))?;
+        cpu.since(c0, "raw get", d);
         if n != logical {
             return Err(format!("raw GETs returned {n} of {logical} bytes"));
         }
@@ -230,7 +281,7 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
             .gc_grace_secs(0)
             .l3_url(format!("s3://{BUCKET}/strata"));
         let mut cfg = cfg;
-        for (k, v) in options(port) {
+        for (k, v) in strata_options(port) {
             cfg = cfg.l3_option(k, v);
         }
         {
@@ -238,9 +289,10 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
             ck.save(1, &state.entries())
                 .and_then(|h| h.wait())
                 .map_err(|e| e.to_string())?;
-            let t = Instant::now();
+            let (t, c0) = (Instant::now(), cpu.now());
             ck.upload(1).map_err(|e| e.to_string())?;
             ck.wait_uploads();
+            cpu.since(c0, "upload", t.elapsed());
             best(&mut up, t.elapsed());
             match ck.uploads().get(&1) {
                 Some(L3State::Committed { .. }) => {}
@@ -255,24 +307,49 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
                 stored = listed.len() as u64;
             }
         }
-        std::fs::remove_dir_all(&l1).map_err(|e| e.to_string())?;
-        let ck = Checkpointer::new(cfg).map_err(|e| e.to_string())?;
-        let t = Instant::now();
-        let got = ck
-            .restore(StepSelector::Latest)
-            .map_err(|e| e.to_string())?;
-        best(&mut down, t.elapsed());
-        if got.stats.bytes_from_l3 != got.stats.bytes_read {
-            return Err("the restore did not come from L3".into());
-        }
-        for (s, d) in state.specs.iter().zip(&state.data) {
-            if got.get(&s.name).map(|e| &e.bytes) != Some(d) {
-                return Err(format!("{} differs after the L3 restore", s.name));
+        // Restore with L1 gone: reading into memory only, and (the default)
+        // also writing the step back to L1.
+        for write_back in [false, true] {
+            std::fs::remove_dir_all(&l1).map_err(|e| e.to_string())?;
+            let ck = Checkpointer::new(cfg.clone().rehydrate_l1(write_back))
+                .map_err(|e| e.to_string())?;
+            let (t, c0) = (Instant::now(), cpu.now());
+            let got = ck
+                .restore(StepSelector::Latest)
+                .map_err(|e| e.to_string())?;
+            cpu.since(
+                c0,
+                if write_back {
+                    "restore + write-back"
+                } else {
+                    "restore"
+                },
+                t.elapsed(),
+            );
+            best(
+                if write_back {
+                    &mut down
+                } else {
+                    &mut down_only
+                },
+                t.elapsed(),
+            );
+            if got.stats.bytes_from_l3 != got.stats.bytes_read {
+                return Err("the restore did not come from L3".into());
+            }
+            if got.stats.rehydrated != write_back {
+                return Err(format!("rehydrated: {}", got.stats.rehydrated));
+            }
+            for (s, d) in state.specs.iter().zip(&state.data) {
+                if got.get(&s.name).map(|e| &e.bytes) != Some(d) {
+                    return Err(format!("{} differs after the L3 restore", s.name));
+                }
             }
         }
     }
     let min = |v: &[Duration]| v.iter().copied().min().unwrap_or_default();
     let (ru, rd, u, d) = (min(&raw_up), min(&raw_down), min(&up), min(&down));
+    let d_only = min(&down_only);
     println!("  ({stored} chunk objects per step on L3)");
     println!(
         "  {:<44} {:>10}  {:<36} {:>6}  {:>6}",
@@ -295,7 +372,14 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
         0.8,
     );
     row(
-        "restore from L3 onto an empty L1",
+        "restore from L3 into memory",
+        gb(logical, d_only),
+        gb(logical, rd),
+        "raw parallel GETs            ",
+        0.8,
+    );
+    row(
+        "  same, also writing the step back to L1",
         gb(logical, d),
         gb(logical, rd),
         "raw parallel GETs            ",
@@ -310,7 +394,7 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
             .l1_dir(&l1)
             .gc_grace_secs(0)
             .l3_url(format!("s3://{BUCKET}/strata"));
-        for (k, v) in options(port) {
+        for (k, v) in strata_options(port) {
             cfg = cfg.l3_option(k, v);
         }
         let ck = Checkpointer::new(cfg).map_err(|e| e.to_string())?;
@@ -391,6 +475,7 @@ fn main() {
     let mut size: u64 = 1 << 30;
     let mut reps = 2usize;
     let mut dir = PathBuf::from("strata-l3-bench");
+    let mut extra = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next();
@@ -405,12 +490,22 @@ fn main() {
             }
             ("--reps", Some(v)) => reps = v.parse().unwrap_or(reps).max(1),
             ("--dir", Some(v)) => dir = PathBuf::from(v),
+            ("--l3-option", Some(v)) => match v.split_once('=') {
+                Some((k, v)) => extra.push((k.to_string(), v.to_string())),
+                None => {
+                    eprintln!("--l3-option takes KEY=VALUE");
+                    std::process::exit(2);
+                }
+            },
             _ => {
-                eprintln!("l3-bench [--size 1GiB|512MiB] [--reps 2] [--dir DIR]");
+                eprintln!(
+                    "l3-bench [--size 1GiB|512MiB] [--reps 2] [--dir DIR] [--l3-option KEY=VALUE]..."
+                );
                 std::process::exit(2);
             }
         }
     }
+    let _ = EXTRA.set(extra);
     if let Err(e) = run(size, reps, &dir) {
         eprintln!("l3-bench: {e}");
         std::process::exit(1);

@@ -19,6 +19,7 @@
 //! upload_min_interval_secs = 0          # and at most one per this many seconds
 //! upload_bytes_per_sec = 0              # bandwidth cap of uploads (0: none)
 //! keep_last_l3 = 0                      # committed steps kept on L3 (0: all)
+//! rehydrate_l1 = true                   # a restore from L3 also writes the step to L1
 //!
 //! [l3_options]                          # object_store options (win over the environment)
 //! endpoint = "http://127.0.0.1:9000"
@@ -108,6 +109,10 @@ pub struct Config {
     pub upload_bytes_per_sec: u64,
     /// Committed steps this rank keeps on L3 (0: keep all).
     pub keep_last_l3: usize,
+    /// A full restore of a step L1 does not hold (read from L3) also writes
+    /// it to L1 and commits it there, overlapped with the restore, so the
+    /// next save deduplicates against it and the next restore is local.
+    pub rehydrate_l1: bool,
     /// Retention deletes an unreferenced chunk only if it was not written or
     /// deduplicated against for this long, so a save in flight (of any rank
     /// sharing the directory) never loses a chunk it relies on.
@@ -135,6 +140,7 @@ impl Default for Config {
             upload_min_interval_secs: 0,
             upload_bytes_per_sec: 0,
             keep_last_l3: 0,
+            rehydrate_l1: true,
             gc_grace_secs: 600,
         }
     }
@@ -219,6 +225,12 @@ impl Config {
         self
     }
 
+    /// Whether a full restore from L3 also writes the step to L1.
+    pub fn rehydrate_l1(mut self, on: bool) -> Self {
+        self.rehydrate_l1 = on;
+        self
+    }
+
     /// Caps upload bandwidth (bytes per second, 0: none).
     pub fn upload_bytes_per_sec(mut self, bps: u64) -> Self {
         self.upload_bytes_per_sec = bps;
@@ -252,6 +264,11 @@ impl Config {
             };
             let bad = |e: String| Error::Config(format!("{k}={v:?}: {e}"));
             let num = |v: &str| v.parse::<u64>().map_err(|e| bad(e.to_string()));
+            let flag = |v: &str| match v {
+                "1" | "true" | "on" => Ok(true),
+                "0" | "false" | "off" => Ok(false),
+                _ => Err(bad("expected true or false".into())),
+            };
             match key {
                 "JOB" => self.job = v.clone(),
                 "RANK" => self.rank = num(&v)?.try_into().map_err(|_| bad("too large".into()))?,
@@ -266,13 +283,7 @@ impl Config {
                 "KEEP_LAST" => self.keep_last = num(&v)? as usize,
                 "BUSY_POLICY" => self.busy_policy = v.parse().map_err(bad)?,
                 "HASH_THREADS" => self.hash_threads = num(&v)? as usize,
-                "PERSIST_DURING_SNAPSHOT" => {
-                    self.persist_during_snapshot = match v.as_str() {
-                        "1" | "true" | "on" => true,
-                        "0" | "false" | "off" => false,
-                        _ => return Err(bad("expected true or false".into())),
-                    }
-                }
+                "PERSIST_DURING_SNAPSHOT" => self.persist_during_snapshot = flag(&v)?,
                 "COORDINATION_TIMEOUT_SECS" => self.coordination_timeout_secs = num(&v)?,
                 "GC_GRACE_SECS" => self.gc_grace_secs = num(&v)?,
                 "L3_URL" => self.l3_url = (!v.is_empty()).then(|| v.clone()),
@@ -280,6 +291,7 @@ impl Config {
                 "UPLOAD_MIN_INTERVAL_SECS" => self.upload_min_interval_secs = num(&v)?,
                 "UPLOAD_BYTES_PER_SEC" => self.upload_bytes_per_sec = num(&v)?,
                 "KEEP_LAST_L3" => self.keep_last_l3 = num(&v)? as usize,
+                "REHYDRATE_L1" => self.rehydrate_l1 = flag(&v)?,
                 _ => {}
             }
         }

@@ -22,9 +22,6 @@ const FETCH_BATCH: usize = 16;
 const BATCH_BYTES: u64 = 64 << 20;
 /// Restore lanes: one reads while the others verify and copy.
 const RESTORE_LANES: usize = 3;
-/// Lanes for a step read from L3: object stores want many requests in
-/// flight (each lane keeps up to 16), and decoding overlaps the transfers.
-const L3_LANES: usize = 6;
 
 /// Which step to restore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -360,18 +357,86 @@ pub(crate) fn load_manifest(
     Ok((manifest, bytes, record))
 }
 
-/// One segment of a chunk that lands in an entry:
-/// (entry, offset in entry, offset in chunk, length).
-type Use = (usize, usize, usize, usize);
+/// Where one chunk's bytes go: (offset in the chunk, destination), one
+/// pair per segment of a wanted entry. Destinations of different chunks are
+/// disjoint, so lanes fill them without locks.
+type Targets<'a> = Vec<(usize, &'a mut [u8])>;
 
-/// Fetches the chunks the wanted entries need, verified by the tier, and
-/// copies each segment into its entry's buffer.
+/// Splits the destination buffers along the manifest's segments: for each
+/// chunk, the slices it fills (`None` for a chunk no wanted entry uses).
+fn split_targets<'a>(
+    m: &ShardManifest,
+    dests: &'a mut [Option<&mut [u8]>],
+) -> Result<Vec<Mutex<Option<Targets<'a>>>>> {
+    let bad = |reason: String| Error::Manifest {
+        step: m.info.step,
+        rank: m.info.rank,
+        reason,
+    };
+    let mut targets: Vec<Option<Targets<'a>>> = (0..m.chunks.len()).map(|_| None).collect();
+    for (e, dest) in m.entries.iter().zip(dests.iter_mut()) {
+        let Some(dest) = dest.as_mut() else { continue };
+        let mut rest: &'a mut [u8] = std::mem::take(dest);
+        for seg in &e.segments {
+            let len = seg.len as usize;
+            let chunk = m
+                .chunks
+                .get(seg.chunk as usize)
+                .ok_or_else(|| bad(format!("{} names chunk {}", e.name, seg.chunk)))?;
+            if u64::from(seg.offset) + u64::from(seg.len) > u64::from(chunk.len) {
+                return Err(bad(format!(
+                    "segment of {} outside chunk {}",
+                    e.name, chunk.id
+                )));
+            }
+            if len > rest.len() {
+                return Err(bad(format!("segments of {} exceed its length", e.name)));
+            }
+            let (mine, tail) = rest.split_at_mut(len);
+            rest = tail;
+            targets[seg.chunk as usize]
+                .get_or_insert_with(Vec::new)
+                .push((seg.offset as usize, mine));
+        }
+        if !rest.is_empty() {
+            return Err(bad(format!(
+                "segments of {} fall short of its length",
+                e.name
+            )));
+        }
+    }
+    Ok(targets.into_iter().map(Mutex::new).collect())
+}
+
+/// Takes a chunk's destinations (each chunk is handled by one lane once).
+fn take<'a>(slots: &[Mutex<Option<Targets<'a>>>], c: usize) -> Targets<'a> {
+    slots
+        .get(c)
+        .and_then(|m| m.lock().ok().and_then(|mut t| t.take()))
+        .unwrap_or_default()
+}
+
+/// What the restore lanes count together.
+#[derive(Default)]
+struct Counters {
+    /// Chunk bytes placed.
+    bytes: AtomicU64,
+    /// Bytes read from L3 (decoded).
+    from_l3: AtomicU64,
+    /// L1 chunks rewritten from L3.
+    repaired: AtomicU64,
+    /// Chunks read from L3 are being copied to L1 (cleared on a failure).
+    l1_copy: AtomicBool,
+}
+
+/// Fetches the chunks the wanted entries need, verified, and puts each
+/// segment into its entry's buffer.
 ///
-/// [`RESTORE_LANES`] lanes each take the next batch of chunks (at most
-/// [`BATCH_BYTES`]), read it into the lane's own reused buffers, and copy it
+/// From L1, [`RESTORE_LANES`] lanes each take the next batch of chunks (at
+/// most [`BATCH_BYTES`]), read it into the lane's reused buffers and copy it
 /// out: while one lane verifies and copies, another's reads keep the disk
-/// busy. Memory in flight is bounded by lanes × batch bytes, whatever the
-/// shard's size.
+/// busy. From L3 (a step L1 does not hold), see [`l3_lane`]. Memory in
+/// flight is bounded by the lanes, whatever the shard's size.
 fn fetch_into(
     s: &Shared,
     loaded: &Loaded,
@@ -380,97 +445,51 @@ fn fetch_into(
 ) -> Result<RestoreStats> {
     let m = &loaded.manifest;
     let started = Instant::now();
-    let mut uses: Vec<Vec<Use>> = vec![Vec::new(); m.chunks.len()];
-    for (ei, e) in m.entries.iter().enumerate() {
-        if dests.get(ei).is_none_or(Option::is_none) {
-            continue;
-        }
-        let mut at = 0usize;
-        for seg in &e.segments {
-            uses[seg.chunk as usize].push((ei, at, seg.offset as usize, seg.len as usize));
-            at += seg.len as usize;
-        }
-    }
-    // Batches of consecutive needed chunks, bounded in count and bytes.
-    let mut batches: Vec<Vec<usize>> = Vec::new();
-    let mut cur: Vec<usize> = Vec::new();
-    let mut cur_bytes = 0u64;
-    for c in (0..m.chunks.len()).filter(|&c| !uses[c].is_empty()) {
-        let len = u64::from(m.chunks[c].len);
-        if !cur.is_empty() && (cur.len() >= FETCH_BATCH || cur_bytes + len > BATCH_BYTES) {
-            batches.push(std::mem::take(&mut cur));
-            cur_bytes = 0;
-        }
-        cur.push(c);
-        cur_bytes += len;
-    }
-    if !cur.is_empty() {
-        batches.push(cur);
-    }
-    let dests: Vec<Option<Mutex<&mut [u8]>>> = dests
-        .iter_mut()
-        .map(|d| d.as_mut().map(|b| Mutex::new(&mut **b)))
+    let slots = split_targets(m, dests)?;
+    let wanted: Vec<usize> = (0..m.chunks.len())
+        .filter(|&c| slots[c].lock().is_ok_and(|t| t.is_some()))
         .collect();
-    let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let bytes = AtomicU64::new(0);
-    // Chunks read from L3 are also written to L1 (when asked), so the node
-    // holds the step again; any failure there only stops that.
     let counters = Counters {
-        from_l3: AtomicU64::new(0),
-        repaired: AtomicU64::new(0),
-        l1_copy: AtomicBool::new(rehydrate && loaded.from_l3),
+        l1_copy: AtomicBool::new(rehydrate && loaded.from_l3 && s.cfg.rehydrate_l1),
+        ..Counters::default()
     };
-    let lane = |errors: &mut Vec<(usize, Error)>| {
-        let mut spare: Vec<AlignedBuf> = Vec::new();
-        loop {
-            let b = next.fetch_add(1, Ordering::Relaxed);
-            if b >= batches.len() || failed.load(Ordering::Relaxed) {
-                return;
-            }
-            let batch = &batches[b];
-            let ids: Vec<ChunkId> = batch.iter().map(|&c| m.chunks[c].id).collect();
-            let got = {
-                let _span =
-                    tracing::debug_span!("fetch_batch", batch = b, chunks = ids.len()).entered();
-                fetch_batch(
-                    s,
-                    loaded,
-                    batch,
-                    &ids,
-                    std::mem::take(&mut spare),
-                    &counters,
-                )
-            };
-            for (&c, res) in batch.iter().zip(got) {
-                let placed = res
-                    .map_err(|source| Error::Chunk {
-                        chunk: m.chunks[c].id,
-                        entries: entry_names(m, &uses[c]),
-                        source: Box::new(source),
-                    })
-                    .and_then(|data| {
-                        place(m, c, &uses[c], data.as_slice(), &dests)?;
-                        bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-                        Ok(data)
-                    });
-                match placed {
-                    Ok(data) => spare.extend(data.into_buf()),
-                    Err(e) => {
-                        failed.store(true, Ordering::Relaxed);
-                        errors.push((c, e));
-                    }
-                }
-            }
-        }
+    let mut errors: Vec<(usize, Error)> = match (&s.l3, loaded.from_l3) {
+        (Some(l3), true) => l3_restore(s, l3, loaded, &wanted, &slots, &failed, &counters),
+        _ => l1_restore(s, loaded, &wanted, &slots, &failed, &counters),
     };
-    let mut errors: Vec<(usize, Error)> = std::thread::scope(|sc| {
-        let lanes = if loaded.from_l3 {
-            L3_LANES
-        } else {
-            RESTORE_LANES
-        };
-        let handles: Vec<_> = (0..lanes.min(batches.len()))
+    // Report the first damaged chunk in shard order, whichever lane saw it.
+    errors.sort_by_key(|(c, _)| *c);
+    if let Some((_, e)) = errors.into_iter().next() {
+        return Err(e);
+    }
+    Ok(RestoreStats {
+        step: m.info.step,
+        chunks: wanted.len() as u64,
+        bytes_read: counters.bytes.load(Ordering::Relaxed),
+        bytes_from_l3: counters.from_l3.load(Ordering::Relaxed),
+        chunks_repaired: counters.repaired.load(Ordering::Relaxed),
+        rehydrated: counters.l1_copy.load(Ordering::Relaxed),
+        duration: started.elapsed(),
+    })
+}
+
+/// The typed error of a chunk that could not be restored.
+fn chunk_error(m: &ShardManifest, c: usize, source: strata_tiered::StoreError) -> Error {
+    Error::Chunk {
+        chunk: m.chunks[c].id,
+        entries: entry_names(m, c),
+        source: Box::new(source),
+    }
+}
+
+/// Runs `lanes` threads of `lane` and gathers their errors.
+fn run_lanes<F>(lanes: usize, lane: F) -> Vec<(usize, Error)>
+where
+    F: Fn(&mut Vec<(usize, Error)>) + Sync,
+{
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..lanes)
             .map(|_| {
                 sc.spawn(|| {
                     let mut errs = Vec::new();
@@ -483,36 +502,279 @@ fn fetch_into(
             .into_iter()
             .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
             .collect()
-    });
-    // Report the first damaged chunk in shard order, whichever lane saw it.
-    errors.sort_by_key(|(c, _)| *c);
-    if let Some((_, e)) = errors.into_iter().next() {
-        return Err(e);
-    }
-    Ok(RestoreStats {
-        step: m.info.step,
-        chunks: batches.iter().map(Vec::len).sum::<usize>() as u64,
-        bytes_read: bytes.load(Ordering::Relaxed),
-        bytes_from_l3: counters.from_l3.load(Ordering::Relaxed),
-        chunks_repaired: counters.repaired.load(Ordering::Relaxed),
-        rehydrated: counters.l1_copy.load(Ordering::Relaxed),
-        duration: started.elapsed(),
     })
 }
 
-/// What the restore lanes count together.
-struct Counters {
-    /// Bytes read from L3.
-    from_l3: AtomicU64,
-    /// L1 chunks rewritten from L3.
-    repaired: AtomicU64,
-    /// Chunks read from L3 are being copied to L1 (cleared on a failure).
-    l1_copy: AtomicBool,
+/// A step on L1: batches of chunks per lane, with per-chunk fallback to L3.
+fn l1_restore(
+    s: &Shared,
+    loaded: &Loaded,
+    wanted: &[usize],
+    slots: &[Mutex<Option<Targets<'_>>>],
+    failed: &AtomicBool,
+    counters: &Counters,
+) -> Vec<(usize, Error)> {
+    let m = &loaded.manifest;
+    // Batches of consecutive needed chunks, bounded in count and bytes.
+    let mut batches: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut cur_bytes = 0u64;
+    for &c in wanted {
+        let len = u64::from(m.chunks[c].len);
+        if !cur.is_empty() && (cur.len() >= FETCH_BATCH || cur_bytes + len > BATCH_BYTES) {
+            batches.push(std::mem::take(&mut cur));
+            cur_bytes = 0;
+        }
+        cur.push(c);
+        cur_bytes += len;
+    }
+    if !cur.is_empty() {
+        batches.push(cur);
+    }
+    let next = AtomicUsize::new(0);
+    run_lanes(RESTORE_LANES.min(batches.len()), |errors| {
+        let mut spare: Vec<AlignedBuf> = Vec::new();
+        loop {
+            let b = next.fetch_add(1, Ordering::Relaxed);
+            if b >= batches.len() || failed.load(Ordering::Relaxed) {
+                return;
+            }
+            let batch = &batches[b];
+            let ids: Vec<ChunkId> = batch.iter().map(|&c| m.chunks[c].id).collect();
+            let got = {
+                let _span =
+                    tracing::debug_span!("fetch_batch", batch = b, chunks = ids.len()).entered();
+                fetch_batch(s, loaded, batch, &ids, std::mem::take(&mut spare), counters)
+            };
+            for (&c, res) in batch.iter().zip(got) {
+                let placed = res
+                    .map_err(|source| chunk_error(m, c, source))
+                    .and_then(|data| {
+                        place(m, c, data.as_slice(), take(slots, c))?;
+                        counters
+                            .bytes
+                            .fetch_add(data.len() as u64, Ordering::Relaxed);
+                        Ok(data)
+                    });
+                match placed {
+                    Ok(data) => spare.extend(data.into_buf()),
+                    Err(e) => {
+                        failed.store(true, Ordering::Relaxed);
+                        errors.push((c, e));
+                    }
+                }
+            }
+        }
+    })
 }
 
-/// One batch of chunks, verified: from L1 (into the lane's spare buffers),
-/// with each chunk L1 lacks or holds damaged read from L3 instead and its L1
-/// copy repaired; or straight from L3 for a step L1 does not hold.
+/// Chunks queued for the L1 write-back of a restore from L3.
+const WRITE_BACK_QUEUE: usize = 8;
+/// Most bytes the write-back puts to L1 in one call.
+const WRITE_BACK_BATCH: usize = 64 << 20;
+
+/// A step only L3 holds. Each lane keeps two chunk fetches in flight (the
+/// next one is requested before the current one is decoded), each fetch
+/// being ranged GETs issued at once; a chunk that lands whole in one entry
+/// is decoded straight into the destination, verified there. With the
+/// write-back to L1, chunks are decoded into reused aligned buffers, copied
+/// out, and handed to a writer thread (a bounded queue) that puts them to
+/// L1 while the lanes go on. Memory: lanes × (2 frames + 1 chunk) + the
+/// queue.
+fn l3_restore(
+    s: &Shared,
+    l3: &std::sync::Arc<strata_tiered::L3Store>,
+    loaded: &Loaded,
+    wanted: &[usize],
+    slots: &[Mutex<Option<Targets<'_>>>],
+    failed: &AtomicBool,
+    counters: &Counters,
+) -> Vec<(usize, Error)> {
+    let m = &loaded.manifest;
+    // Largest chunks first: the last ones to finish are then small, so no
+    // lane decodes a big chunk alone while the others sit idle.
+    let mut order = wanted.to_vec();
+    order.sort_by_key(|&c| std::cmp::Reverse(m.chunks[c].len));
+    let wanted = &order[..];
+    let next = AtomicUsize::new(0);
+    let lanes = (l3.options().concurrency / 2).clamp(1, wanted.len().max(1));
+    let write_back = counters.l1_copy.load(Ordering::Relaxed);
+    let pool: Mutex<Vec<AlignedBuf>> = Mutex::new(Vec::new());
+    let (tx, rx) = std::sync::mpsc::sync_channel::<ChunkPut>(WRITE_BACK_QUEUE);
+    std::thread::scope(|sc| {
+        let writer = write_back.then(|| sc.spawn(|| write_back_to_l1(s, rx, &pool, counters)));
+        let tx = write_back.then_some(tx);
+        let fetch = |buf: Vec<u8>| {
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            let &c = wanted.get(k)?;
+            let (l3, job, id) = (l3.clone(), s.cfg.job.clone(), m.chunks[c].id);
+            Some((
+                c,
+                s.rt.spawn(async move { l3.get_frame(&job, id, buf).await }),
+            ))
+        };
+        let errors = run_lanes(lanes, |errors| {
+            let mut spare: Option<AlignedBuf> = None;
+            // Two frame buffers per lane, reused chunk after chunk.
+            let mut frame_buf = Vec::new();
+            let mut pending = fetch(Vec::new());
+            while let Some((c, handle)) = pending.take() {
+                if failed.load(Ordering::Relaxed) {
+                    handle.abort();
+                    break;
+                }
+                pending = fetch(std::mem::take(&mut frame_buf));
+                let frame = s.rt.block_on(handle).unwrap_or_else(|e| {
+                    Err(strata_tiered::StoreError::Internal(format!(
+                        "L3 fetch task: {e}"
+                    )))
+                });
+                let done = frame
+                    .map_err(|source| chunk_error(m, c, source))
+                    .and_then(|frame| {
+                        let placed = decode_and_place(
+                            m,
+                            c,
+                            &frame,
+                            take(slots, c),
+                            &mut spare,
+                            tx.as_ref(),
+                            &pool,
+                        );
+                        frame_buf = frame.into_buf();
+                        placed
+                    });
+                match done {
+                    Ok(n) => {
+                        counters.bytes.fetch_add(n, Ordering::Relaxed);
+                        counters.from_l3.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        failed.store(true, Ordering::Relaxed);
+                        errors.push((c, e));
+                    }
+                }
+            }
+            if let Some((_, handle)) = pending {
+                handle.abort();
+            }
+        });
+        // The lanes are done: closing the queue lets the writer finish.
+        drop(tx);
+        if let Some(w) = writer {
+            if w.join().is_err() {
+                counters.l1_copy.store(false, Ordering::Relaxed);
+            }
+        }
+        errors
+    })
+}
+
+/// Decodes one chunk from its L3 frame into its destinations (and, with
+/// `write_back`, queues a copy for L1). Returns the chunk's length.
+fn decode_and_place(
+    m: &ShardManifest,
+    c: usize,
+    frame: &strata_tiered::Frame,
+    mut targets: Targets<'_>,
+    spare: &mut Option<AlignedBuf>,
+    write_back: Option<&std::sync::mpsc::SyncSender<ChunkPut>>,
+    pool: &Mutex<Vec<AlignedBuf>>,
+) -> Result<u64> {
+    let meta = &m.chunks[c];
+    let len = frame.raw_len().map_err(|e| chunk_error(m, c, e))?;
+    if len != meta.len as usize {
+        return Err(Error::Manifest {
+            step: m.info.step,
+            rank: m.info.rank,
+            reason: format!(
+                "chunk {} is {len} bytes, the manifest says {}",
+                meta.id, meta.len
+            ),
+        });
+    }
+    let whole = targets.len() == 1 && targets[0].0 == 0 && targets[0].1.len() == len;
+    match write_back {
+        None if whole => {
+            // The common case: a chunk of one large tensor, decoded and
+            // verified where it belongs, no copy.
+            frame
+                .decode_into(targets[0].1)
+                .map_err(|e| chunk_error(m, c, e))?;
+        }
+        _ => {
+            let reused = match write_back {
+                Some(_) => pool.lock().ok().and_then(|mut p| p.pop()),
+                None => spare.take(),
+            };
+            let mut buf = match reused {
+                Some(mut b) if b.capacity() >= len => {
+                    b.set_len(len);
+                    b
+                }
+                _ => AlignedBuf::zeroed(len),
+            };
+            frame
+                .decode_into(&mut buf)
+                .map_err(|e| chunk_error(m, c, e))?;
+            place(m, c, &buf, std::mem::take(&mut targets))?;
+            match write_back {
+                Some(tx) => {
+                    // A closed queue means the write-back gave up (logged).
+                    let _ = tx.send(ChunkPut {
+                        id: meta.id,
+                        hint: meta.hint,
+                        data: strata_tiered::ChunkData::whole(buf),
+                    });
+                }
+                None => *spare = Some(buf),
+            }
+        }
+    }
+    Ok(len as u64)
+}
+
+/// The write-back of a restore from L3: puts queued chunks to L1 in
+/// batches and returns their buffers to the lanes. On a failure it logs,
+/// clears `l1_copy` and stops (the queue closes; the restore goes on).
+fn write_back_to_l1(
+    s: &Shared,
+    rx: std::sync::mpsc::Receiver<ChunkPut>,
+    pool: &Mutex<Vec<AlignedBuf>>,
+    counters: &Counters,
+) {
+    let _span = tracing::debug_span!("write_back").entered();
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        let mut bytes = batch[0].data.len();
+        while bytes < WRITE_BACK_BATCH {
+            match rx.try_recv() {
+                Ok(p) => {
+                    bytes += p.data.len();
+                    batch.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let bufs: Vec<strata_tiered::ChunkData> = batch.iter().map(|p| p.data.clone()).collect();
+        if let Err(e) = s.rt.block_on(s.l1.put_chunks(&s.cfg.job, batch)) {
+            tracing::warn!(error = %e, "cannot copy the step back to L1; restoring from L3 only");
+            counters.l1_copy.store(false, Ordering::Relaxed);
+            return;
+        }
+        if let Ok(mut p) = pool.lock() {
+            p.extend(
+                bufs.into_iter()
+                    .filter_map(strata_tiered::ChunkData::into_buf),
+            );
+            p.truncate(WRITE_BACK_QUEUE);
+        }
+    }
+}
+
+/// One batch of chunks from L1, verified, into the lane's spare buffers;
+/// each chunk L1 lacks or holds damaged is read from L3 instead (when there
+/// is one) and its L1 copy repaired.
 fn fetch_batch(
     s: &Shared,
     loaded: &Loaded,
@@ -521,39 +783,11 @@ fn fetch_batch(
     spare: Vec<AlignedBuf>,
     counters: &Counters,
 ) -> Vec<strata_tiered::Result<strata_tiered::ChunkData>> {
-    let Counters {
-        from_l3,
-        repaired,
-        l1_copy,
-    } = counters;
     let job = &s.cfg.job;
-    let Some(l3) = &s.l3 else {
-        return s.rt.block_on(s.l1.get_chunks_reusing(job, ids, spare));
-    };
-    if loaded.from_l3 {
-        let got = s.rt.block_on(l3.get_chunks_reusing(job, ids, spare));
-        let n: u64 = got.iter().flatten().map(|d| d.len() as u64).sum();
-        from_l3.fetch_add(n, Ordering::Relaxed);
-        if l1_copy.load(Ordering::Relaxed) {
-            let puts: Vec<ChunkPut> = got
-                .iter()
-                .zip(batch)
-                .filter_map(|(r, &c)| {
-                    r.as_ref().ok().map(|d| ChunkPut {
-                        id: loaded.manifest.chunks[c].id,
-                        hint: loaded.manifest.chunks[c].hint,
-                        data: d.clone(),
-                    })
-                })
-                .collect();
-            if let Err(e) = s.rt.block_on(s.l1.put_chunks(job, puts)) {
-                tracing::warn!(error = %e, "cannot copy the step back to L1; restoring from L3 only");
-                l1_copy.store(false, Ordering::Relaxed);
-            }
-        }
-        return got;
-    }
     let mut got = s.rt.block_on(s.l1.get_chunks_reusing(job, ids, spare));
+    let Some(l3) = &s.l3 else {
+        return got;
+    };
     let retry: Vec<usize> = got
         .iter()
         .enumerate()
@@ -574,7 +808,9 @@ fn fetch_batch(
         match r {
             Ok(data) => {
                 tracing::warn!(chunk = %ids[i], "chunk missing or damaged on L1: read from L3, repairing L1");
-                from_l3.fetch_add(data.len() as u64, Ordering::Relaxed);
+                counters
+                    .from_l3
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
                 repairs.push(ChunkPut {
                     id: ids[i],
                     hint: loaded.manifest.chunks[batch[i]].hint,
@@ -595,7 +831,7 @@ fn fetch_batch(
                 .and_then(|()| s.rt.block_on(s.l1.put_chunks(job, repairs)));
         match fixed {
             Ok(st) => {
-                repaired.fetch_add(st.written, Ordering::Relaxed);
+                counters.repaired.fetch_add(st.written, Ordering::Relaxed);
             }
             Err(e) => tracing::warn!(error = %e, "could not repair L1"),
         }
@@ -604,41 +840,25 @@ fn fetch_batch(
 }
 
 /// The names of the entries a chunk's segments belong to (for errors).
-fn entry_names(m: &ShardManifest, uses: &[Use]) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    for u in uses {
-        if !names.contains(&m.entries[u.0].name) {
-            names.push(m.entries[u.0].name.clone());
-        }
-    }
-    names
+fn entry_names(m: &ShardManifest, c: usize) -> Vec<String> {
+    m.entries
+        .iter()
+        .filter(|e| e.segments.iter().any(|seg| seg.chunk as usize == c))
+        .map(|e| e.name.clone())
+        .collect()
 }
 
-/// Copies a verified chunk's segments into their entries' buffers.
-fn place(
-    m: &ShardManifest,
-    c: usize,
-    uses: &[Use],
-    bytes: &[u8],
-    dests: &[Option<Mutex<&mut [u8]>>],
-) -> Result<()> {
-    for &(ei, eoff, coff, len) in uses {
-        let bad = |reason: String| Error::Manifest {
-            step: m.info.step,
-            rank: m.info.rank,
-            reason,
-        };
+/// Copies a verified chunk's segments into their destinations.
+fn place(m: &ShardManifest, c: usize, bytes: &[u8], targets: Targets<'_>) -> Result<()> {
+    for (coff, dst) in targets {
         let src = bytes
-            .get(coff..coff + len)
-            .ok_or_else(|| bad(format!("segment outside chunk {}", m.chunks[c].id)))?;
-        if let Some(Some(dst)) = dests.get(ei) {
-            let mut dst = dst
-                .lock()
-                .map_err(|_| Error::Pipeline("a restore lane panicked".into()))?;
-            dst.get_mut(eoff..eoff + len)
-                .ok_or_else(|| bad(format!("segment outside entry {}", m.entries[ei].name)))?
-                .copy_from_slice(src);
-        }
+            .get(coff..coff + dst.len())
+            .ok_or_else(|| Error::Manifest {
+                step: m.info.step,
+                rank: m.info.rank,
+                reason: format!("segment outside chunk {}", m.chunks[c].id),
+            })?;
+        dst.copy_from_slice(src);
     }
     Ok(())
 }

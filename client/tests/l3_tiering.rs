@@ -428,3 +428,130 @@ fn the_minimum_upload_interval_skips_policy_uploads() {
     ck.wait_uploads();
     assert!(matches!(ck.uploads()[&3], L3State::Committed { .. }));
 }
+
+/// Large tensors (whole chunks, decoded in place) and small ones (packed
+/// several to a chunk) of every length, for the L3 restore paths.
+fn mixed() -> (Vec<String>, Vec<Vec<u8>>) {
+    let mut names = Vec::new();
+    let mut data = Vec::new();
+    for i in 0..40usize {
+        let len = match i % 4 {
+            0 => 2 * MIB,
+            1 => 2 * (1 + i * 37),
+            2 => MIB / 2 + 2 * i,
+            _ => 3 * MIB + 2,
+        };
+        names.push(format!("t{i}"));
+        data.push(
+            (0..len)
+                .map(|j| {
+                    ((j as u64 ^ (i as u64) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as u8
+                })
+                .collect(),
+        );
+    }
+    (names, data)
+}
+
+/// The mixed state as bf16 tensors (`shapes` holds their element counts).
+fn mixed_entries<'a>(
+    names: &'a [String],
+    data: &'a [Vec<u8>],
+    shapes: &'a [[u64; 1]],
+) -> Vec<Entry<'a>> {
+    names
+        .iter()
+        .zip(data)
+        .zip(shapes)
+        .map(|((n, d), s)| Entry::tensor(n, DType::BF16, s, d))
+        .collect()
+}
+
+fn shapes(data: &[Vec<u8>]) -> Vec<[u64; 1]> {
+    data.iter().map(|d| [d.len() as u64 / 2]).collect()
+}
+
+/// A node with an empty L1 and `rehydrate_l1 = false` restores from L3 into
+/// memory only: every byte of whole and packed chunks right (also through
+/// ranged reads and `restore_into` of a subset), nothing written to L1.
+#[test]
+fn restore_from_l3_without_write_back_leaves_l1_untouched() {
+    let (l1, l3) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let url = format!("file://{}", l3.path().display());
+    let (names, data) = mixed();
+    {
+        let ck = Checkpointer::new(cfg(l1.path(), &url, &[]).upload_every(1)).unwrap();
+        ck.save(1, &mixed_entries(&names, &data, &shapes(&data)))
+            .unwrap()
+            .wait()
+            .unwrap();
+        ck.wait_uploads();
+        assert!(matches!(ck.uploads()[&1], L3State::Committed { .. }));
+    }
+    let fresh = tempfile::tempdir().unwrap();
+    let opts = [("range_size".to_string(), "65536".to_string())];
+    let ck = Checkpointer::new(cfg(fresh.path(), &url, &opts).rehydrate_l1(false)).unwrap();
+    let got = ck.restore(StepSelector::Latest).unwrap();
+    for (n, d) in names.iter().zip(&data) {
+        assert!(&got.get(n).unwrap().bytes == d, "{n}");
+    }
+    assert_eq!(got.stats.bytes_from_l3, got.stats.bytes_read);
+    assert!(!got.stats.rehydrated);
+    assert!(ck.committed_steps().unwrap().is_empty());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert!(rt.block_on(ck.l1().list_chunks("tier")).unwrap().is_empty());
+
+    // A subset into caller buffers: a packed entry and a large one.
+    let (mut a, mut b) = (vec![0u8; data[5].len()], vec![0u8; data[3].len()]);
+    let st = ck
+        .restore_into(
+            StepSelector::Latest,
+            &mut [("t5", a.as_mut_slice()), ("t3", b.as_mut_slice())],
+        )
+        .unwrap();
+    assert!(a == data[5] && b == data[3]);
+    assert!(st.bytes_read < got.stats.bytes_read / 4, "{st:?}");
+    assert!(!st.rehydrated);
+}
+
+/// The write-back of an L3 restore runs into a full L1 (an 8 MiB tmpfs for
+/// a 63 MiB step): the restore still returns every byte, reports that L1
+/// was not rehydrated, and commits nothing there.
+#[test]
+fn a_full_l1_during_the_write_back_still_restores_from_l3() {
+    let (l1, l3) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let url = format!("file://{}", l3.path().display());
+    let (names, data) = mixed();
+    {
+        let ck = Checkpointer::new(cfg(l1.path(), &url, &[]).upload_every(1)).unwrap();
+        ck.save(1, &mixed_entries(&names, &data, &shapes(&data)))
+            .unwrap()
+            .wait()
+            .unwrap();
+        ck.wait_uploads();
+    }
+    let small = tempfile::tempdir().unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(small.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("SKIPPED full-L1 write-back test: cannot mount a tmpfs here (needs root)");
+        return;
+    }
+    struct Mount(std::path::PathBuf);
+    impl Drop for Mount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _mount = Mount(small.path().to_path_buf());
+    let ck = Checkpointer::new(cfg(small.path(), &url, &[])).unwrap();
+    let got = ck.restore(StepSelector::Latest).unwrap();
+    for (n, d) in names.iter().zip(&data) {
+        assert!(&got.get(n).unwrap().bytes == d, "{n}");
+    }
+    assert!(!got.stats.rehydrated);
+    assert!(ck.committed_steps().unwrap().is_empty());
+}

@@ -32,7 +32,8 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjPath;
 use object_store::{
-    ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig, WriteMultipart,
+    GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+    WriteMultipart,
 };
 use strata_format::codec::EncodeOptions;
 use strata_format::frame::{FrameDecoder, FrameEncoder, FRAME_HEADER_LEN, MAX_CHUNK_LEN};
@@ -47,6 +48,8 @@ use crate::store::{
     commit_conflict, commit_slot, slice_range, ChunkPut, ChunkStore, PutStats, StepInfo,
 };
 
+/// Largest chunk object read back: the frame of the largest chunk.
+const MAX_FRAME_LEN: usize = FRAME_HEADER_LEN + MAX_CHUNK_LEN as usize + 1024;
 /// Largest commit record read back (they are a few hundred bytes).
 const MAX_RECORD_LEN: usize = 1 << 20;
 
@@ -59,6 +62,10 @@ pub struct L3Options {
     pub multipart_threshold: usize,
     /// Part size of multipart uploads (S3 needs at least 5 MiB).
     pub part_size: usize,
+    /// Reads of larger objects are split into ranged GETs of this size,
+    /// issued at once (one connection of a cloud store rarely carries more
+    /// than 100 MB/s).
+    pub range_size: usize,
     /// How chunks are encoded.
     pub codec: EncodeOptions,
     /// Accept a store without create-if-absent writes, committing with a
@@ -81,6 +88,7 @@ impl Default for L3Options {
             concurrency: 16,
             multipart_threshold: 8 << 20,
             part_size: 8 << 20,
+            range_size: 8 << 20,
             codec: EncodeOptions::PLANES,
             non_atomic_commits: false,
             max_retries: 10,
@@ -89,6 +97,71 @@ impl Default for L3Options {
                 .map_or(1, |n| n.get() / 4)
                 .max(1),
         }
+    }
+}
+
+impl L3Options {
+    /// Option keys Strata reads itself; every other key goes to the
+    /// `object_store` builder.
+    pub const KEYS: [&'static str; 7] = [
+        "concurrency",
+        "multipart_threshold",
+        "part_size",
+        "range_size",
+        "non_atomic_commits",
+        "max_retries",
+        "encode_threads",
+    ];
+
+    /// Sets the option `key` (one of [`Self::KEYS`]) from text. Returns
+    /// `Ok(false)` for a key that is not Strata's.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<bool> {
+        let num = || {
+            value
+                .parse::<usize>()
+                .map_err(|e| StoreError::invalid("L3 option", format!("{key}={value:?}: {e}")))
+        };
+        let positive = |n: usize| {
+            if n == 0 {
+                Err(StoreError::invalid(
+                    "L3 option",
+                    format!("{key} must be at least 1"),
+                ))
+            } else {
+                Ok(n)
+            }
+        };
+        match key {
+            "concurrency" => self.concurrency = positive(num()?)?,
+            "multipart_threshold" => self.multipart_threshold = num()?,
+            "part_size" => {
+                let n = num()?;
+                if n < 5 << 20 {
+                    return Err(StoreError::invalid(
+                        "L3 option",
+                        format!("part_size {n} is below S3's 5 MiB minimum"),
+                    ));
+                }
+                self.part_size = n;
+            }
+            "range_size" => self.range_size = positive(num()?)?.max(64 << 10),
+            "non_atomic_commits" => {
+                self.non_atomic_commits = match value {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    _ => {
+                        return Err(StoreError::invalid(
+                            "L3 option",
+                            format!("non_atomic_commits={value:?}: true or false"),
+                        ))
+                    }
+                }
+            }
+            "max_retries" => self.max_retries = num()?,
+            "encode_threads" => self.encode_threads = positive(num()?)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 }
 
@@ -129,8 +202,16 @@ impl L3Store {
     /// `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`, ...) and
     /// `options` (the same keys without the prefix, lower case:
     /// `endpoint`, `region`, `access_key_id`, `secret_access_key`,
-    /// `allow_http`, ...), which win.
-    pub fn from_url(url: &str, options: &[(String, String)], opts: L3Options) -> Result<Self> {
+    /// `allow_http`, ...), which win. Keys in [`L3Options::KEYS`] set
+    /// Strata's own options instead (on top of `opts`).
+    pub fn from_url(url: &str, options: &[(String, String)], mut opts: L3Options) -> Result<Self> {
+        let mut provider = Vec::with_capacity(options.len());
+        for (k, v) in options {
+            if !opts.set(k, v)? {
+                provider.push((k.clone(), v.clone()));
+            }
+        }
+        let options = &provider;
         let parsed = url::Url::parse(url)
             .map_err(|e| StoreError::invalid("L3 URL", format!("{url:?}: {e}")))?;
         let retry = RetryConfig {
@@ -351,6 +432,96 @@ impl L3Store {
         Ok((true, raw_len, stored))
     }
 
+    /// Fetches a chunk's stored frame, not yet decoded or verified (see
+    /// [`Frame::decode_into`]): ranged GETs of [`L3Options::range_size`]
+    /// issued at once, retried as a whole on a transient failure, at most
+    /// the largest frame a chunk can have. `buf` is reused for the bytes
+    /// (see [`Frame::into_buf`]).
+    pub async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
+        validate_job_id(job)?;
+        let what = format!("chunk {id} in L3 ({})", self.url);
+        let key = self.chunk_key(job, &id);
+        let spare = std::sync::Mutex::new(Some(buf));
+        let bytes = self
+            .retrying(|| {
+                let buf = spare
+                    .lock()
+                    .ok()
+                    .and_then(|mut b| b.take())
+                    .unwrap_or_default();
+                self.get_ranged(&key, MAX_FRAME_LEN, &what, buf)
+            })
+            .await?;
+        Ok(Frame { id, bytes, what })
+    }
+
+    /// Reads a whole object of at most `max` bytes into `buf`, in ranged
+    /// reads issued at once. The first read learns the size (and is the
+    /// whole object when it is small); each part is streamed into its place
+    /// in the one buffer, so no part is copied twice.
+    async fn get_ranged(
+        &self,
+        key: &ObjPath,
+        max: usize,
+        what: &str,
+        mut buf: Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        let rs = self.opts.range_size.max(1) as u64;
+        let first = self
+            .store
+            .get_opts(key, GetOptions::new().with_range(Some(0..rs)))
+            .await
+            .map_err(|e| os_err(what, e))?;
+        let total = first.meta.size;
+        if total > max as u64 {
+            return Err(StoreError::Corrupt {
+                what: what.to_string(),
+                source: strata_format::FormatError::TooLarge {
+                    what: "object",
+                    value: total,
+                    limit: max as u64,
+                },
+            });
+        }
+        if first.range.start != 0 || first.range.end > total {
+            return Err(StoreError::Unavailable(format!(
+                "{what}: asked for bytes 0..{rs} of {total}, got {:?}",
+                first.range
+            )));
+        }
+        let mut at = first.range.end;
+        // Reused memory is already faulted in; only its length changes.
+        buf.clear();
+        buf.resize(total as usize, 0);
+        let (head, mut rest) = buf.split_at_mut(at as usize);
+        let mut parts: Vec<futures::future::BoxFuture<'_, Result<()>>> =
+            vec![Box::pin(fill(first.into_stream(), head, what))];
+        while at < total {
+            let end = (at + rs).min(total);
+            let (mine, tail) = rest.split_at_mut((end - at) as usize);
+            rest = tail;
+            parts.push(Box::pin(async move {
+                let r = self
+                    .store
+                    .get_opts(key, GetOptions::new().with_range(Some(at..end)))
+                    .await
+                    .map_err(|e| os_err(what, e))?;
+                if r.range != (at..end) || r.meta.size != total {
+                    // Chunk objects never change (same id, same bytes):
+                    // this one was replaced or is being rewritten.
+                    return Err(StoreError::Unavailable(format!(
+                        "{what}: asked for bytes {at}..{end} of {total}, got {:?} of {}",
+                        r.range, r.meta.size
+                    )));
+                }
+                fill(r.into_stream(), mine, what).await
+            }));
+            at = end;
+        }
+        futures::future::try_join_all(parts).await?;
+        Ok(buf)
+    }
+
     /// Fetches, verifies and decodes one chunk, into `spare` if it is large
     /// enough (a reused, already-faulted buffer), else a new buffer.
     async fn get_one_into(
@@ -359,25 +530,9 @@ impl L3Store {
         id: ChunkId,
         spare: Option<AlignedBuf>,
     ) -> Result<ChunkData> {
-        let what = format!("chunk {id} in L3 ({})", self.url);
-        let key = self.chunk_key(job, &id);
-        let frame = self
-            .retrying(|| {
-                self.get_bounded(
-                    &key,
-                    FRAME_HEADER_LEN + MAX_CHUNK_LEN as usize + 1024,
-                    &what,
-                )
-            })
-            .await?;
+        let frame = self.get_frame(job, id, Vec::new()).await?;
         tokio::task::spawn_blocking(move || {
-            let corrupt = |source| StoreError::Corrupt {
-                what: what.clone(),
-                source,
-            };
-            let mut dec = FrameDecoder::new().map_err(corrupt)?;
-            let h = dec.header(&frame).map_err(corrupt)?;
-            let len = h.raw_len as usize;
+            let len = frame.raw_len()?;
             let mut buf = match spare {
                 Some(mut b) if b.capacity() >= len => {
                     b.set_len(len);
@@ -385,8 +540,7 @@ impl L3Store {
                 }
                 _ => AlignedBuf::zeroed(len),
             };
-            dec.decode_into(&frame, Some(&id), &mut buf)
-                .map_err(corrupt)?;
+            frame.decode_into(&mut buf)?;
             Ok(ChunkData::whole(buf))
         })
         .await
@@ -409,6 +563,104 @@ impl L3Store {
             .into_iter()
             .filter_map(|m| m.location.filename().map(str::to_string))
             .collect())
+    }
+}
+
+/// Streams a response body into `dst`, which it must fill exactly.
+async fn fill(
+    mut body: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+    dst: &mut [u8],
+    what: &str,
+) -> Result<()> {
+    let mut at = 0usize;
+    while let Some(piece) = body.next().await {
+        let piece = piece.map_err(|e| os_err(what, e))?;
+        let end = at + piece.len();
+        dst.get_mut(at..end)
+            .ok_or_else(|| {
+                StoreError::Unavailable(format!("{what}: the server sent more than asked for"))
+            })?
+            .copy_from_slice(&piece);
+        at = end;
+    }
+    if at != dst.len() {
+        return Err(StoreError::Unavailable(format!(
+            "{what}: the body ended after {at} of {} bytes",
+            dst.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A chunk's frame as stored on L3, fetched but not yet decoded: decode
+/// it where the bytes belong (the restore decodes straight into the
+/// destination buffers).
+pub struct Frame {
+    id: ChunkId,
+    bytes: Vec<u8>,
+    what: String,
+}
+
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Frame({}, {} bytes)", self.id, self.bytes.len())
+    }
+}
+
+thread_local! {
+    /// One decoder per thread: its scratch planes stay allocated and
+    /// faulted in from one chunk to the next.
+    static DECODER: std::cell::RefCell<Option<FrameDecoder>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+impl Frame {
+    fn corrupt(&self, source: strata_format::FormatError) -> StoreError {
+        StoreError::Corrupt {
+            what: self.what.clone(),
+            source,
+        }
+    }
+
+    /// Runs `f` with this thread's decoder.
+    fn with_decoder<T>(
+        &self,
+        f: impl FnOnce(&mut FrameDecoder) -> strata_format::Result<T>,
+    ) -> Result<T> {
+        DECODER.with(|cell| {
+            let mut slot = cell
+                .try_borrow_mut()
+                .map_err(|_| StoreError::Internal("frame decoder in use".into()))?;
+            let dec = match &mut *slot {
+                Some(d) => d,
+                empty => empty.insert(FrameDecoder::new().map_err(|e| self.corrupt(e))?),
+            };
+            f(dec).map_err(|e| self.corrupt(e))
+        })
+    }
+
+    /// The chunk's length once decoded (from the frame's checked header).
+    pub fn raw_len(&self) -> Result<usize> {
+        let h = self.with_decoder(|d| d.header(&self.bytes))?;
+        Ok(h.raw_len as usize)
+    }
+
+    /// Bytes as stored (after the tier's codec).
+    pub fn stored_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Decodes the chunk into `dst` (exactly [`Self::raw_len`] bytes) and
+    /// verifies it is the chunk asked for. On an error `dst` holds no
+    /// meaningful bytes.
+    pub fn decode_into(&self, dst: &mut [u8]) -> Result<()> {
+        self.with_decoder(|d| d.decode_into(&self.bytes, Some(&self.id), dst))?;
+        Ok(())
+    }
+
+    /// The frame's buffer, for the next [`L3Store::get_frame`].
+    pub fn into_buf(self) -> Vec<u8> {
+        self.bytes
     }
 }
 
@@ -691,5 +943,47 @@ impl ChunkStore for L3Store {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strata_options_parse_and_provider_keys_pass_through() {
+        let mut o = L3Options::default();
+        assert!(o.set("concurrency", "32").unwrap());
+        assert_eq!(o.concurrency, 32);
+        assert!(o.set("range_size", "1").unwrap());
+        assert_eq!(o.range_size, 64 << 10, "clamped to 64 KiB");
+        assert!(o.set("non_atomic_commits", "true").unwrap());
+        assert!(o.non_atomic_commits);
+        assert!(!o.set("endpoint", "http://x").unwrap());
+        for (k, v) in [
+            ("concurrency", "0"),
+            ("concurrency", "many"),
+            ("part_size", "1024"),
+            ("non_atomic_commits", "perhaps"),
+            ("encode_threads", "0"),
+        ] {
+            assert!(o.set(k, v).is_err(), "{k}={v}");
+        }
+        // from_url takes Strata's keys out before the provider sees them
+        // (an unknown provider key would fail the build).
+        let s = L3Store::from_url(
+            "memory://",
+            &[("concurrency".into(), "3".into())],
+            L3Options::default(),
+        )
+        .unwrap();
+        assert_eq!(s.options().concurrency, 3);
+        let err = L3Store::from_url(
+            "s3://b/p",
+            &[("no_such_key".into(), "1".into())],
+            L3Options::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("no_such_key"), "{err}");
     }
 }

@@ -31,6 +31,6 @@ pub use chunk_data::ChunkData;
 pub use error::{Result, StoreError, StoreErrorKind};
 pub use io::EngineChoice;
 pub use l1::L1Store;
-pub use l3::{L3Options, L3Store};
+pub use l3::{Frame, L3Options, L3Store};
 pub use memory::MemoryStore;
 pub use store::{ChunkPut, ChunkStore, PutStats, StepInfo};
