@@ -18,7 +18,6 @@
 //! upload_every = 10                     # every 10th committed step goes to L3 (0: only on request)
 //! upload_min_interval_secs = 0          # and at most one per this many seconds
 //! upload_bytes_per_sec = 0              # bandwidth cap of uploads (0: none)
-//! keep_last_l3 = 0                      # committed steps kept on L3 (0: all)
 //! rehydrate_l1 = true                   # a restore from L3 also writes the step to L1
 //!
 //! [l3_options]                          # object_store options (win over the environment)
@@ -107,8 +106,6 @@ pub struct Config {
     pub upload_min_interval_secs: u64,
     /// Bandwidth cap of uploads in bytes per second (0: none).
     pub upload_bytes_per_sec: u64,
-    /// Committed steps this rank keeps on L3 (0: keep all).
-    pub keep_last_l3: usize,
     /// A full restore of a step L1 does not hold (read from L3) also writes
     /// it to L1 and commits it there, overlapped with the restore, so the
     /// next save deduplicates against it and the next restore is local.
@@ -139,7 +136,6 @@ impl Default for Config {
             upload_every: 0,
             upload_min_interval_secs: 0,
             upload_bytes_per_sec: 0,
-            keep_last_l3: 0,
             rehydrate_l1: true,
             gc_grace_secs: 600,
         }
@@ -290,7 +286,6 @@ impl Config {
                 "UPLOAD_EVERY" => self.upload_every = num(&v)?,
                 "UPLOAD_MIN_INTERVAL_SECS" => self.upload_min_interval_secs = num(&v)?,
                 "UPLOAD_BYTES_PER_SEC" => self.upload_bytes_per_sec = num(&v)?,
-                "KEEP_LAST_L3" => self.keep_last_l3 = num(&v)? as usize,
                 "REHYDRATE_L1" => self.rehydrate_l1 = flag(&v)?,
                 _ => {}
             }

@@ -168,47 +168,69 @@ fn upload_step(s: &Shared, l3: &L3Store, step: u64) -> Result<(u64, u64)> {
     let deduped: u64 = m.chunks.iter().map(|c| u64::from(c.len)).sum::<u64>() - total;
     s.uploads.set(step, L3State::Uploading { done: 0, total });
 
-    let started = Instant::now();
-    let mut done = 0u64;
-    let mut batch: Vec<usize> = Vec::new();
+    // Batches bounded in bytes; the next one is read from L1 (verified)
+    // while the current one is encoded and uploaded, so the read-back costs
+    // no wall time.
+    let mut batches: Vec<Vec<usize>> = Vec::new();
     let mut batch_bytes = 0u64;
-    let flush = |batch: &mut Vec<usize>, done: &mut u64| -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let want: Vec<ChunkId> = batch.iter().map(|&i| ids[i]).collect();
-        let got = s.rt.block_on(s.l1.get_chunks(job, &want));
-        let mut puts = Vec::with_capacity(batch.len());
-        for (&i, data) in batch.iter().zip(got) {
-            puts.push(ChunkPut {
-                id: ids[i],
-                hint: m.chunks[i].hint,
-                data: data.map_err(|source| Error::Chunk {
-                    chunk: ids[i],
-                    entries: Vec::new(),
-                    source: Box::new(source),
-                })?,
-            });
-        }
-        let n: u64 = puts.iter().map(|p| p.data.len() as u64).sum();
-        s.rt.block_on(l3.put_chunks(job, puts))?;
-        *done += n;
-        s.uploads
-            .set(step, L3State::Uploading { done: *done, total });
-        throttle(cfg.upload_bytes_per_sec, *done, started);
-        batch.clear();
-        Ok(())
-    };
     for &i in &missing {
         let len = u64::from(m.chunks[i].len);
-        if !batch.is_empty() && batch_bytes + len > UPLOAD_BATCH_BYTES {
-            flush(&mut batch, &mut done)?;
-            batch_bytes = 0;
+        match batches.last_mut() {
+            Some(b) if batch_bytes + len <= UPLOAD_BATCH_BYTES => b.push(i),
+            _ => {
+                batches.push(vec![i]);
+                batch_bytes = 0;
+            }
         }
-        batch.push(i);
         batch_bytes += len;
     }
-    flush(&mut batch, &mut done)?;
+    let read = |batch: &Vec<usize>| {
+        let (l1, job) = (s.l1.clone(), job.clone());
+        let want: Vec<ChunkId> = batch.iter().map(|&i| ids[i]).collect();
+        s.rt.spawn(async move { l1.get_chunks(&job, &want).await })
+    };
+    let started = Instant::now();
+    let mut done = 0u64;
+    let mut next = batches.first().map(read);
+    for (k, batch) in batches.iter().enumerate() {
+        let Some(pending) = next.take() else { break };
+        let got =
+            s.rt.block_on(pending)
+                .map_err(|e| Error::Pipeline(format!("L1 read task: {e}")))?;
+        next = batches.get(k + 1).map(read);
+        let mut puts = Vec::with_capacity(batch.len());
+        for (&i, data) in batch.iter().zip(got) {
+            let data = data.map_err(|source| Error::Chunk {
+                chunk: ids[i],
+                entries: Vec::new(),
+                source: Box::new(source),
+            });
+            match data {
+                Ok(data) => puts.push(ChunkPut {
+                    id: ids[i],
+                    hint: m.chunks[i].hint,
+                    data,
+                }),
+                Err(e) => {
+                    if let Some(n) = next.take() {
+                        n.abort();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let n: u64 = puts.iter().map(|p| p.data.len() as u64).sum();
+        // These ids were just found missing: no second check per chunk.
+        if let Err(e) = s.rt.block_on(l3.put_missing_chunks(job, puts)) {
+            if let Some(n) = next.take() {
+                n.abort();
+            }
+            return Err(e.into());
+        }
+        done += n;
+        s.uploads.set(step, L3State::Uploading { done, total });
+        throttle(cfg.upload_bytes_per_sec, done, started);
+    }
     s.rt.block_on(l3.put_manifest(job, step, cfg.rank, &bytes))?;
     // L1's own record for this rank, byte for byte: committing it again
     // (an upload asked for twice) finds the identical record and succeeds.

@@ -404,9 +404,9 @@ impl L3Store {
         .await
     }
 
-    async fn put_one(&self, job: &str, c: ChunkPut) -> Result<(bool, u64, u64)> {
+    async fn put_one(&self, job: &str, c: ChunkPut, check: bool) -> Result<(bool, u64, u64)> {
         let raw_len = c.data.len() as u64;
-        if self.has(job, &c.id).await? {
+        if check && self.has(job, &c.id).await? {
             return Ok((false, raw_len, 0));
         }
         let codec = self.opts.codec;
@@ -547,6 +547,53 @@ impl L3Store {
         .map_err(|e| StoreError::Internal(format!("decoder task: {e}")))?
     }
 
+    /// Uploads chunks the caller just found missing (with
+    /// [`ChunkStore::has_chunks`]) without asking again for each one, as
+    /// [`ChunkStore::put_chunks`] does: one request per chunk less. A chunk
+    /// that appeared meanwhile is rewritten with the same bytes (harmless).
+    pub async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        self.put(job, chunks, false).await
+    }
+
+    async fn put(&self, job: &str, chunks: Vec<ChunkPut>, check: bool) -> Result<PutStats> {
+        validate_job_id(job)?;
+        let mut stats = PutStats::default();
+        let mut seen = HashSet::new();
+        let mut todo = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            if c.data.len() > MAX_CHUNK_LEN as usize {
+                return Err(StoreError::invalid(
+                    "chunk",
+                    format!("{} bytes exceeds {MAX_CHUNK_LEN}", c.data.len()),
+                ));
+            }
+            if seen.insert(c.id) {
+                todo.push(c);
+            } else {
+                stats.deduped += 1;
+                stats.bytes_deduped += c.data.len() as u64;
+            }
+        }
+        // The first failure (after retries) ends the call: what landed
+        // stays (ids are idempotent), the rest is sent by the next call.
+        let results: Vec<(bool, u64, u64)> = futures::stream::iter(todo)
+            .map(|c| self.put_one(job, c, check))
+            .buffer_unordered(self.opts.concurrency.max(1))
+            .try_collect()
+            .await?;
+        for (written, raw, stored) in results {
+            if written {
+                stats.written += 1;
+                stats.bytes_written += raw;
+                stats.bytes_stored += stored;
+            } else {
+                stats.deduped += 1;
+                stats.bytes_deduped += raw;
+            }
+        }
+        Ok(stats)
+    }
+
     /// Names of the objects directly under a step.
     async fn step_objects(&self, job: &str, step: u64) -> Result<Vec<String>> {
         let prefix = self.step_key(job, step);
@@ -677,42 +724,7 @@ impl ChunkStore for L3Store {
     }
 
     async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        validate_job_id(job)?;
-        let mut stats = PutStats::default();
-        let mut seen = HashSet::new();
-        let mut todo = Vec::with_capacity(chunks.len());
-        for c in chunks {
-            if c.data.len() > MAX_CHUNK_LEN as usize {
-                return Err(StoreError::invalid(
-                    "chunk",
-                    format!("{} bytes exceeds {MAX_CHUNK_LEN}", c.data.len()),
-                ));
-            }
-            if seen.insert(c.id) {
-                todo.push(c);
-            } else {
-                stats.deduped += 1;
-                stats.bytes_deduped += c.data.len() as u64;
-            }
-        }
-        // The first failure (after retries) ends the call: what landed
-        // stays (ids are idempotent), the rest is sent by the next call.
-        let results: Vec<(bool, u64, u64)> = futures::stream::iter(todo)
-            .map(|c| self.put_one(job, c))
-            .buffer_unordered(self.opts.concurrency.max(1))
-            .try_collect()
-            .await?;
-        for (written, raw, stored) in results {
-            if written {
-                stats.written += 1;
-                stats.bytes_written += raw;
-                stats.bytes_stored += stored;
-            } else {
-                stats.deduped += 1;
-                stats.bytes_deduped += raw;
-            }
-        }
-        Ok(stats)
+        self.put(job, chunks, true).await
     }
 
     async fn get_chunk(
