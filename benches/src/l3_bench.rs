@@ -319,11 +319,15 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             cpu.since(
                 c0,
-                if write_back {
-                    "restore + write-back"
-                } else {
-                    "restore"
-                },
+                &format!(
+                    "{} (fetching {:.2} s)",
+                    if write_back {
+                        "restore + write-back"
+                    } else {
+                        "restore"
+                    },
+                    got.stats.duration.as_secs_f64()
+                ),
                 t.elapsed(),
             );
             best(
