@@ -116,14 +116,16 @@ impl FormatError {
         }
     }
 
-    pub(crate) fn malformed(what: &'static str, reason: impl Into<String>) -> Self {
+    /// A structurally invalid input.
+    pub fn malformed(what: &'static str, reason: impl Into<String>) -> Self {
         FormatError::Malformed {
             what,
             reason: reason.into(),
         }
     }
 
-    pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
+    /// An invalid argument.
+    pub fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
         FormatError::Invalid {
             what,
             reason: reason.into(),

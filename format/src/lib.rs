@@ -41,7 +41,7 @@ pub mod layout;
 pub mod manifest;
 pub mod names;
 pub mod safetensors;
-mod wire;
+pub mod wire;
 
 pub use chunk_id::ChunkId;
 pub use commit::{CommitRecord, ShardRef};

@@ -6,21 +6,24 @@ use crate::ChunkId;
 
 /// A cursor over untrusted bytes. Every read checks the remaining length
 /// first, so a short or hostile input yields [`FormatError::Truncated`].
-pub(crate) struct Reader<'a> {
+pub struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(buf: &'a [u8]) -> Self {
+    /// A reader at the start of `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
         Reader { buf, pos: 0 }
     }
 
-    pub(crate) fn remaining(&self) -> usize {
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
-    pub(crate) fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8]> {
+    /// The next `n` bytes.
+    pub fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8]> {
         if n > self.remaining() {
             return Err(FormatError::Truncated {
                 what,
@@ -39,28 +42,33 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8> {
+    /// One byte.
+    pub fn u8(&mut self, what: &'static str) -> Result<u8> {
         Ok(self.array::<1>(what)?[0])
     }
 
-    pub(crate) fn u16(&mut self, what: &'static str) -> Result<u16> {
+    /// A little-endian u16.
+    pub fn u16(&mut self, what: &'static str) -> Result<u16> {
         Ok(u16::from_le_bytes(self.array(what)?))
     }
 
-    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32> {
+    /// A little-endian u32.
+    pub fn u32(&mut self, what: &'static str) -> Result<u32> {
         Ok(u32::from_le_bytes(self.array(what)?))
     }
 
-    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64> {
+    /// A little-endian u64.
+    pub fn u64(&mut self, what: &'static str) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
-    pub(crate) fn chunk_id(&mut self, what: &'static str) -> Result<ChunkId> {
+    /// A 32-byte chunk id.
+    pub fn chunk_id(&mut self, what: &'static str) -> Result<ChunkId> {
         Ok(ChunkId::from_bytes(self.array(what)?))
     }
 
     /// A UTF-8 string prefixed by its u32 length, at most `limit` bytes.
-    pub(crate) fn string(&mut self, limit: usize, what: &'static str) -> Result<String> {
+    pub fn string(&mut self, limit: usize, what: &'static str) -> Result<String> {
         let len = self.u32(what)? as usize;
         if len > limit {
             return Err(FormatError::TooLarge {
@@ -76,7 +84,7 @@ impl<'a> Reader<'a> {
     /// A u32 item count, checked against `limit` and against the bytes left
     /// (each item takes at least `min_item_len` bytes), so a hostile count
     /// can never make the caller allocate more than the input could fill.
-    pub(crate) fn count(
+    pub fn count(
         &mut self,
         limit: usize,
         min_item_len: usize,
@@ -101,7 +109,8 @@ impl<'a> Reader<'a> {
         Ok(n)
     }
 
-    pub(crate) fn finish(&self, what: &'static str) -> Result<()> {
+    /// Fails if any byte is left unread.
+    pub fn finish(&self, what: &'static str) -> Result<()> {
         if self.remaining() != 0 {
             return Err(FormatError::malformed(
                 what,
@@ -113,42 +122,50 @@ impl<'a> Reader<'a> {
 }
 
 /// Appends little-endian primitives to a buffer.
-pub(crate) struct Writer {
-    pub(crate) buf: Vec<u8>,
+pub struct Writer {
+    /// What was written.
+    pub buf: Vec<u8>,
 }
 
 impl Writer {
-    pub(crate) fn new() -> Self {
+    /// An empty writer.
+    pub fn new() -> Self {
         Writer { buf: Vec::new() }
     }
 
-    pub(crate) fn bytes(&mut self, b: &[u8]) {
+    /// Raw bytes.
+    pub fn bytes(&mut self, b: &[u8]) {
         self.buf.extend_from_slice(b);
     }
 
-    pub(crate) fn u8(&mut self, v: u8) {
+    /// One byte.
+    pub fn u8(&mut self, v: u8) {
         self.buf.push(v);
     }
 
-    pub(crate) fn u16(&mut self, v: u16) {
+    /// A little-endian u16.
+    pub fn u16(&mut self, v: u16) {
         self.bytes(&v.to_le_bytes());
     }
 
-    pub(crate) fn u32(&mut self, v: u32) {
+    /// A little-endian u32.
+    pub fn u32(&mut self, v: u32) {
         self.bytes(&v.to_le_bytes());
     }
 
-    pub(crate) fn u64(&mut self, v: u64) {
+    /// A little-endian u64.
+    pub fn u64(&mut self, v: u64) {
         self.bytes(&v.to_le_bytes());
     }
 
     /// Lengths were validated by the caller against limits far below
     /// `u32::MAX`, so the conversion cannot truncate.
-    pub(crate) fn len32(&mut self, n: usize) {
+    pub fn len32(&mut self, n: usize) {
         self.u32(u32::try_from(n).unwrap_or(u32::MAX));
     }
 
-    pub(crate) fn string(&mut self, s: &str) {
+    /// A u32 length, then the UTF-8 bytes.
+    pub fn string(&mut self, s: &str) {
         self.len32(s.len());
         self.bytes(s.as_bytes());
     }

@@ -1,0 +1,326 @@
+//! Certificates and mutual TLS for the peer protocol.
+//!
+//! A cluster has one CA. Every peer service presents a *node certificate*
+//! (its name, `localhost` and its addresses as subject names); every client
+//! (a training rank, the CLI) presents a *client certificate* whose subject
+//! names say which jobs it may reach: job `J` is the DNS name
+//! [`job_name`]`(J)` (the job id's BLAKE3 in hex under
+//! `job.strata.invalid`, so any job id gives a valid DNS name). A service refuses, during the TLS
+//! handshake, any certificate not issued by the cluster CA, and refuses a
+//! connection whose `Hello` names a job its certificate does not list.
+//!
+//! [`make_certs`] writes a CA and certificates into a directory, for a
+//! test or a small cluster (`strata peer certs`); larger clusters issue
+//! them from their own PKI with the same subject names.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+use crate::proto::ALPN;
+
+/// DNS suffix of job subject names.
+pub const JOB_SUFFIX: &str = "job.strata.invalid";
+
+/// Errors building certificates or TLS configurations.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// Reading or writing a certificate or key file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file holds no usable certificate or key.
+    #[error("{path}: {reason}")]
+    BadPem {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// Certificate generation failed.
+    #[error("generating certificates: {0}")]
+    Generate(String),
+    /// The TLS library refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+type Result<T> = std::result::Result<T, TlsError>;
+
+/// The subject name that lets a client certificate reach job `job`: the
+/// BLAKE3 of the job id in hex, as two 32-character labels (a DNS name
+/// whatever the job id's characters and length).
+pub fn job_name(job: &str) -> String {
+    let hex = blake3::hash(job.as_bytes()).to_hex();
+    format!("{}.{}.{JOB_SUFFIX}", &hex[..32], &hex[32..])
+}
+
+/// True if `cert` (a client's end-entity certificate, already verified
+/// against the CA by the handshake) lists `job`.
+pub fn allows_job(cert: &CertificateDer<'_>, job: &str) -> bool {
+    let Ok(name) = ServerName::try_from(job_name(job)) else {
+        return false;
+    };
+    webpki::EndEntityCert::try_from(cert)
+        .is_ok_and(|ee| ee.verify_is_valid_for_subject_name(&name).is_ok())
+}
+
+fn gen(e: rcgen::Error) -> TlsError {
+    TlsError::Generate(e.to_string())
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|source| TlsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(())
+}
+
+/// Files of one certificate.
+#[derive(Clone, Debug)]
+pub struct CertFiles {
+    /// The cluster CA's certificate.
+    pub ca: PathBuf,
+    /// This party's certificate.
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+}
+
+impl CertFiles {
+    /// `dir/ca.pem`, `dir/<name>.pem`, `dir/<name>.key`.
+    pub fn in_dir(dir: &Path, name: &str) -> Self {
+        CertFiles {
+            ca: dir.join("ca.pem"),
+            cert: dir.join(format!("{name}.pem")),
+            key: dir.join(format!("{name}.key")),
+        }
+    }
+}
+
+/// Writes a new cluster CA (`ca.pem`, `ca.key`) into `dir`, a node
+/// certificate per `nodes` entry (`<node>.pem`, `<node>.key`; subject names:
+/// the node name, `localhost`, `127.0.0.1`, `::1`, and `addrs`), and a
+/// client certificate `client-<job>.pem` for each job in `jobs`. Returns the
+/// files written.
+pub fn make_certs(
+    dir: &Path,
+    nodes: &[String],
+    addrs: &[String],
+    jobs: &[String],
+) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|source| TlsError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let ca_key = rcgen::KeyPair::generate().map_err(gen)?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(gen)?;
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "strata cluster CA");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params.self_signed(&ca_key).map_err(gen)?;
+    let issuer = rcgen::Issuer::new(ca_params, &ca_key);
+    let mut written = Vec::new();
+    let mut put = |name: &str, text: &str| -> Result<()> {
+        let p = dir.join(name);
+        write(&p, text)?;
+        written.push(p);
+        Ok(())
+    };
+    put("ca.pem", &ca_cert.pem())?;
+    put("ca.key", &ca_key.serialize_pem())?;
+    let mut issue = |file: &str, cn: &str, names: Vec<String>, server: bool| -> Result<()> {
+        let key = rcgen::KeyPair::generate().map_err(gen)?;
+        let mut p = rcgen::CertificateParams::new(names).map_err(gen)?;
+        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        p.extended_key_usages = vec![if server {
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth
+        } else {
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth
+        }];
+        let cert = p.signed_by(&key, &issuer).map_err(gen)?;
+        put(&format!("{file}.pem"), &cert.pem())?;
+        put(&format!("{file}.key"), &key.serialize_pem())
+    };
+    for node in nodes {
+        let mut names = vec![
+            node.clone(),
+            "localhost".into(),
+            "127.0.0.1".into(),
+            "::1".into(),
+        ];
+        names.extend(addrs.iter().cloned());
+        issue(node, node, names, true)?;
+    }
+    for job in jobs {
+        strata_format::names::validate_job_id(job)
+            .map_err(|e| TlsError::Generate(e.to_string()))?;
+        issue(
+            &format!("client-{job}"),
+            &format!("strata client of {job}"),
+            vec![job_name(job)],
+            false,
+        )?;
+    }
+    Ok(written)
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| TlsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let bytes = read(path)?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| TlsError::BadPem {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::BadPem {
+            path: path.to_path_buf(),
+            reason: "no certificate".into(),
+        });
+    }
+    Ok(certs)
+}
+
+fn key(path: &Path) -> Result<PrivateKeyDer<'static>> {
+    let bytes = read(path)?;
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| TlsError::BadPem {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+fn roots(ca: &Path) -> Result<Arc<rustls::RootCertStore>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs(ca)? {
+        roots.add(c).map_err(|e| TlsError::BadPem {
+            path: ca.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    }
+    Ok(Arc::new(roots))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+fn cfg_err(e: impl std::fmt::Display) -> TlsError {
+    TlsError::Config(e.to_string())
+}
+
+/// QUIC transport settings shared by services and clients: windows large
+/// enough for 16 MiB chunks in flight on several streams, and a bounded
+/// number of concurrent streams (backpressure: a client opening more waits).
+pub fn transport(max_streams: u32) -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(max_streams.into())
+        .max_concurrent_uni_streams(0u8.into())
+        .stream_receive_window((32u32 << 20).into())
+        .receive_window((256u32 << 20).into())
+        .send_window(256 << 20)
+        .max_idle_timeout(Some(
+            std::time::Duration::from_secs(30)
+                .try_into()
+                .unwrap_or_else(|_| quinn::IdleTimeout::from(quinn::VarInt::from_u32(30_000))),
+        ))
+        .keep_alive_interval(Some(std::time::Duration::from_secs(5)));
+    Arc::new(t)
+}
+
+/// A service's QUIC configuration: its node certificate, client
+/// certificates required and verified against the CA.
+pub fn server_config(files: &CertFiles, max_streams: u32) -> Result<quinn::ServerConfig> {
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots(&files.ca)?, provider())
+            .build()
+            .map_err(cfg_err)?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(cfg_err)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs(&files.cert)?, key(&files.key)?)
+        .map_err(cfg_err)?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(cfg_err)?;
+    let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(quic));
+    cfg.transport_config(transport(max_streams));
+    Ok(cfg)
+}
+
+/// A client's QUIC configuration: trusts only the CA, presents its client
+/// certificate.
+pub fn client_config(files: &CertFiles, max_streams: u32) -> Result<quinn::ClientConfig> {
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(cfg_err)?
+        .with_root_certificates(roots(&files.ca)?)
+        .with_client_auth_cert(certs(&files.cert)?, key(&files.key)?)
+        .map_err(cfg_err)?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(cfg_err)?;
+    let mut cfg = quinn::ClientConfig::new(Arc::new(quic));
+    cfg.transport_config(transport(max_streams));
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn job_names_are_dns_names_and_certificates_list_their_jobs() {
+        let long = "j".repeat(128);
+        for job in ["a", "job-1.x_y", long.as_str()] {
+            assert!(ServerName::try_from(job_name(job)).is_ok(), "{job}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        make_certs(
+            dir.path(),
+            &["node-a".into()],
+            &[],
+            &["train".into(), long.clone()],
+        )
+        .unwrap();
+        let c = &certs(&dir.path().join("client-train.pem")).unwrap()[0];
+        assert!(allows_job(c, "train"));
+        assert!(!allows_job(c, "other"));
+        assert!(!allows_job(c, "trai"));
+        let c = &certs(&dir.path().join(format!("client-{long}.pem"))).unwrap()[0];
+        assert!(allows_job(c, &long));
+        // A node certificate lists no job.
+        let n = &certs(&dir.path().join("node-a.pem")).unwrap()[0];
+        assert!(!allows_job(n, "train"));
+        // Both sides' configurations build from the files.
+        server_config(&CertFiles::in_dir(dir.path(), "node-a"), 16).unwrap();
+        client_config(&CertFiles::in_dir(dir.path(), "client-train"), 16).unwrap();
+        // Bad files are typed errors.
+        std::fs::write(dir.path().join("junk.pem"), "not pem").unwrap();
+        assert!(matches!(
+            client_config(&CertFiles::in_dir(dir.path(), "junk"), 16),
+            Err(TlsError::BadPem { .. } | TlsError::Io { .. })
+        ));
+    }
+}
