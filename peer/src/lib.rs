@@ -10,4 +10,5 @@
 //! * [`client`]: [`PeerStore`], a `ChunkStore` over one peer service.
 
 pub mod proto;
+pub mod replicas;
 pub mod tls;

@@ -111,7 +111,8 @@ impl StoreError {
         }
     }
 
-    pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
+    /// An invalid argument.
+    pub fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
         StoreError::Invalid {
             what,
             reason: reason.into(),

@@ -1,0 +1,453 @@
+//! What a peer service holds: chunk frames in memory up to a byte budget,
+//! then spilled to the service's own disk up to a second budget; shard
+//! manifests and commit records per job; retention of the newest steps.
+//!
+//! Frames are kept as the client sent them (any codec), after the service
+//! decoded and verified each against its id, so a peer never holds or
+//! serves a chunk whose bytes do not match its name. Spilled frames are
+//! written to a temporary name and renamed, without fsync: replicas are
+//! there to survive the loss of *another* node or of the training process,
+//! and a restarted service starts empty (it clears its spill directory).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use strata_format::frame::FrameDecoder;
+use strata_format::names::validate_job_id;
+use strata_format::{ChunkId, CommitRecord, ShardManifest};
+use strata_tiered::{ChunkStore, MemoryStore, Result, StepInfo, StoreError};
+
+/// Where a chunk's frame is.
+enum Place {
+    Memory(Bytes),
+    Disk(u64),
+}
+
+struct Slot {
+    place: Place,
+    /// Last put or presence check: retention spares chunks touched within
+    /// the grace period (a push in flight relies on them).
+    touched: Instant,
+}
+
+#[derive(Default)]
+struct Chunks {
+    map: HashMap<(String, ChunkId), Slot>,
+    memory: u64,
+    disk: u64,
+}
+
+/// Budgets and retention of a service.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Chunk bytes kept in memory.
+    pub memory_bytes: u64,
+    /// Chunk bytes spilled to disk beyond that.
+    pub disk_bytes: u64,
+    /// Committed steps kept per job (older ones are deleted on commit).
+    pub keep_last: usize,
+    /// Chunks touched this recently are never swept.
+    pub grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 4 << 30,
+            disk_bytes: 64 << 30,
+            keep_last: 2,
+            grace: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The replicas a service holds, for every job.
+pub struct Replicas {
+    steps: MemoryStore,
+    chunks: Mutex<Chunks>,
+    spill: PathBuf,
+    limits: Limits,
+    tmp_seq: AtomicU64,
+}
+
+fn poisoned() -> StoreError {
+    StoreError::Internal("replica lock poisoned".into())
+}
+
+impl Replicas {
+    /// Replicas spilling to `spill` (cleared: a restarted service starts
+    /// empty).
+    pub fn new(spill: &Path, limits: Limits) -> Result<Self> {
+        if spill.exists() {
+            std::fs::remove_dir_all(spill)
+                .map_err(|e| StoreError::io("clearing the spill directory", spill, e))?;
+        }
+        std::fs::create_dir_all(spill)
+            .map_err(|e| StoreError::io("creating the spill directory", spill, e))?;
+        Ok(Replicas {
+            steps: MemoryStore::new(),
+            chunks: Mutex::new(Chunks::default()),
+            spill: spill.to_path_buf(),
+            limits,
+            tmp_seq: AtomicU64::new(0),
+        })
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    fn file(&self, job: &str, id: &ChunkId) -> PathBuf {
+        self.spill.join(job).join(id.to_hex())
+    }
+
+    /// Verifies `frame` is chunk `id`, then keeps it (idempotent). Returns
+    /// whether it was new. Blocking (decodes; may write the spill file).
+    pub fn put_chunk(&self, job: &str, id: ChunkId, frame: Vec<u8>) -> Result<bool> {
+        validate_job_id(job)?;
+        let key = (job.to_string(), id);
+        {
+            let mut c = self.chunks.lock().map_err(|_| poisoned())?;
+            if let Some(slot) = c.map.get_mut(&key) {
+                slot.touched = Instant::now();
+                return Ok(false);
+            }
+        }
+        verify_frame(&id, &frame)?;
+        let len = frame.len() as u64;
+        // Reserve the space first, so concurrent puts cannot overshoot.
+        let to_memory = {
+            let mut c = self.chunks.lock().map_err(|_| poisoned())?;
+            if c.map.contains_key(&key) {
+                return Ok(false);
+            }
+            if c.memory + len <= self.limits.memory_bytes {
+                c.memory += len;
+                true
+            } else if c.disk + len <= self.limits.disk_bytes {
+                c.disk += len;
+                false
+            } else {
+                return Err(StoreError::NoSpace {
+                    op: "keeping a replica (memory and disk budgets are full)",
+                    path: self.spill.clone(),
+                });
+            }
+        };
+        let place = if to_memory {
+            Place::Memory(Bytes::from(frame))
+        } else {
+            match self.write_spill(job, &id, &frame) {
+                Ok(()) => Place::Disk(len),
+                Err(e) => {
+                    if let Ok(mut c) = self.chunks.lock() {
+                        c.disk -= len;
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        let mut c = self.chunks.lock().map_err(|_| poisoned())?;
+        if c.map.contains_key(&key) {
+            // Another put of the same chunk won; give the space back.
+            match place {
+                Place::Memory(_) => c.memory -= len,
+                Place::Disk(_) => c.disk -= len,
+            }
+            return Ok(false);
+        }
+        c.map.insert(
+            key,
+            Slot {
+                place,
+                touched: Instant::now(),
+            },
+        );
+        Ok(true)
+    }
+
+    fn write_spill(&self, job: &str, id: &ChunkId, frame: &[u8]) -> Result<()> {
+        let dir = self.spill.join(job);
+        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("creating", &dir, e))?;
+        let n = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".tmp-{n}"));
+        std::fs::write(&tmp, frame).map_err(|e| StoreError::io("spilling", &tmp, e))?;
+        let dst = self.file(job, id);
+        std::fs::rename(&tmp, &dst).map_err(|e| StoreError::io("spilling", &dst, e))
+    }
+
+    /// The stored frame of a chunk. Blocking (may read the spill file).
+    pub fn get_frame(&self, job: &str, id: &ChunkId) -> Result<Bytes> {
+        validate_job_id(job)?;
+        let disk_len = {
+            let c = self.chunks.lock().map_err(|_| poisoned())?;
+            match c.map.get(&(job.to_string(), *id)).map(|s| &s.place) {
+                Some(Place::Memory(b)) => return Ok(b.clone()),
+                Some(Place::Disk(n)) => *n,
+                None => {
+                    return Err(StoreError::NotFound {
+                        what: format!("chunk {id}"),
+                    })
+                }
+            }
+        };
+        let path = self.file(job, id);
+        let bytes = std::fs::read(&path).map_err(|e| StoreError::io("reading", &path, e))?;
+        if bytes.len() as u64 != disk_len {
+            return Err(StoreError::Corrupt {
+                what: format!("spilled chunk {id}"),
+                source: strata_format::FormatError::malformed(
+                    "spill file",
+                    format!("{} bytes, {disk_len} written", bytes.len()),
+                ),
+            });
+        }
+        Ok(Bytes::from(bytes))
+    }
+
+    /// Bytes `start..end` of a chunk, decoded and verified here.
+    pub fn get_range(&self, job: &str, id: &ChunkId, start: u32, end: u32) -> Result<Vec<u8>> {
+        let frame = self.get_frame(job, id)?;
+        let what = || format!("chunk {id}");
+        let mut dec = FrameDecoder::new().map_err(|source| StoreError::Corrupt {
+            what: what(),
+            source,
+        })?;
+        let (_, raw) = dec
+            .decode(&frame, Some(id))
+            .map_err(|source| StoreError::Corrupt {
+                what: what(),
+                source,
+            })?;
+        raw.get(start as usize..end as usize)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| {
+                StoreError::invalid(
+                    "chunk range",
+                    format!("{start}..{end} outside chunk {id} of {} bytes", raw.len()),
+                )
+            })
+    }
+
+    /// Which ids are held (and marks them touched).
+    pub fn has(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
+        validate_job_id(job)?;
+        let mut c = self.chunks.lock().map_err(|_| poisoned())?;
+        let now = Instant::now();
+        Ok(ids
+            .iter()
+            .map(|id| match c.map.get_mut(&(job.to_string(), *id)) {
+                Some(s) => {
+                    s.touched = now;
+                    true
+                }
+                None => false,
+            })
+            .collect())
+    }
+
+    /// Every chunk id held for `job`.
+    pub fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
+        validate_job_id(job)?;
+        let c = self.chunks.lock().map_err(|_| poisoned())?;
+        Ok(c.map
+            .keys()
+            .filter(|(j, _)| j == job)
+            .map(|(_, id)| *id)
+            .collect())
+    }
+
+    /// Deletes chunks (absent ones are fine).
+    pub fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
+        validate_job_id(job)?;
+        let mut files = Vec::new();
+        {
+            let mut c = self.chunks.lock().map_err(|_| poisoned())?;
+            for id in ids {
+                if let Some(slot) = c.map.remove(&(job.to_string(), *id)) {
+                    match slot.place {
+                        Place::Memory(b) => c.memory -= b.len() as u64,
+                        Place::Disk(n) => {
+                            c.disk -= n;
+                            files.push(self.file(job, id));
+                        }
+                    }
+                }
+            }
+        }
+        for f in files {
+            let _ = std::fs::remove_file(f);
+        }
+        Ok(())
+    }
+
+    /// Stores a manifest.
+    pub async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
+        self.steps.put_manifest(job, step, rank, bytes).await
+    }
+
+    /// Reads a manifest.
+    pub async fn get_manifest(&self, job: &str, step: u64, rank: u32) -> Result<Vec<u8>> {
+        self.steps.get_manifest(job, step, rank).await
+    }
+
+    /// Steps with their manifests and records.
+    pub async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>> {
+        self.steps.list_steps(job).await
+    }
+
+    /// Deletes a step's manifests and records.
+    pub async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
+        self.steps.delete_step(job, step).await
+    }
+
+    /// Writes a commit record (create-only), then applies retention: the
+    /// newest `keep_last` committed steps stay; older steps go, then every
+    /// chunk no remaining manifest names and not touched within the grace
+    /// period. Returns the chunk bytes freed.
+    pub async fn commit(&self, record: &CommitRecord) -> Result<u64> {
+        self.steps.commit(record).await?;
+        self.retain(&record.job).await
+    }
+
+    async fn retain(&self, job: &str) -> Result<u64> {
+        let steps = self.steps.list_steps(job).await?;
+        let committed: BTreeSet<u64> = steps
+            .iter()
+            .filter(|s| !s.records.is_empty())
+            .map(|s| s.step)
+            .collect();
+        if committed.len() <= self.limits.keep_last {
+            return Ok(0);
+        }
+        let keep: BTreeSet<u64> = committed
+            .iter()
+            .rev()
+            .take(self.limits.keep_last)
+            .copied()
+            .collect();
+        let oldest_kept = keep.iter().next().copied().unwrap_or(0);
+        for s in &steps {
+            if s.step < oldest_kept {
+                self.steps.delete_step(job, s.step).await?;
+            }
+        }
+        let mut referenced = HashSet::new();
+        for s in self.steps.list_steps(job).await? {
+            for rank in &s.manifests {
+                let bytes = self.steps.get_manifest(job, s.step, *rank).await?;
+                match ShardManifest::decode(&bytes) {
+                    Ok(m) => referenced.extend(m.chunks.iter().map(|c| c.id)),
+                    // Keep everything rather than guess.
+                    Err(_) => return Ok(0),
+                }
+            }
+        }
+        let now = Instant::now();
+        let doomed: Vec<ChunkId> = {
+            let c = self.chunks.lock().map_err(|_| poisoned())?;
+            c.map
+                .iter()
+                .filter(|((j, id), slot)| {
+                    j == job
+                        && !referenced.contains(id)
+                        && now.duration_since(slot.touched) >= self.limits.grace
+                })
+                .map(|((_, id), _)| *id)
+                .collect()
+        };
+        let before = self.stats()?;
+        self.delete_chunks(job, &doomed)?;
+        let after = self.stats()?;
+        Ok((before.0 + before.1).saturating_sub(after.0 + after.1))
+    }
+
+    /// (bytes in memory, bytes on disk, chunks, jobs).
+    pub fn stats(&self) -> Result<(u64, u64, u64, u64)> {
+        let c = self.chunks.lock().map_err(|_| poisoned())?;
+        let jobs: HashSet<&String> = c.map.keys().map(|(j, _)| j).collect();
+        Ok((c.memory, c.disk, c.map.len() as u64, jobs.len() as u64))
+    }
+}
+
+/// Decodes `frame` and checks it is chunk `id`.
+fn verify_frame(id: &ChunkId, frame: &[u8]) -> Result<()> {
+    let corrupt = |source| StoreError::Corrupt {
+        what: format!("chunk {id} sent by a client"),
+        source,
+    };
+    let mut dec = FrameDecoder::new().map_err(corrupt)?;
+    dec.decode(frame, Some(id)).map_err(corrupt)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use strata_format::codec::{ElemHint, EncodeOptions};
+    use strata_format::frame::encode_frame;
+
+    fn frame(data: &[u8]) -> Vec<u8> {
+        encode_frame(data, ElemHint::BYTES, EncodeOptions::RAW).unwrap()
+    }
+
+    #[test]
+    fn budgets_spill_then_refuse_and_bad_frames_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Replicas::new(
+            &dir.path().join("spill"),
+            Limits {
+                memory_bytes: 3000,
+                disk_bytes: 3000,
+                ..Limits::default()
+            },
+        )
+        .unwrap();
+        let chunks: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i; 1000]).collect();
+        let mut placed = 0;
+        for c in &chunks {
+            match r.put_chunk("j", ChunkId::of(c), frame(c)) {
+                Ok(new) => {
+                    assert!(new);
+                    placed += 1;
+                }
+                Err(e) => assert_eq!(e.kind(), strata_tiered::StoreErrorKind::NoSpace, "{e}"),
+            }
+        }
+        // Two fit in memory, two more on disk, the fifth is refused.
+        assert_eq!(placed, 4);
+        let (mem, disk, n, jobs) = r.stats().unwrap();
+        assert!(mem <= 3000 && disk <= 3000 && disk > 0, "{mem} {disk}");
+        assert_eq!((n, jobs), (4, 1));
+        for c in &chunks[..4] {
+            let f = r.get_frame("j", &ChunkId::of(c)).unwrap();
+            assert_eq!(f.as_ref(), frame(c).as_slice());
+        }
+        assert_eq!(
+            r.get_range("j", &ChunkId::of(&chunks[3]), 10, 20).unwrap(),
+            vec![3u8; 10]
+        );
+        // Idempotent; a frame that is not its id; garbage.
+        assert!(!r
+            .put_chunk("j", ChunkId::of(&chunks[0]), frame(&chunks[0]))
+            .unwrap());
+        let e = r
+            .put_chunk("j", ChunkId::of(b"other"), frame(&chunks[4]))
+            .unwrap_err();
+        assert_eq!(e.kind(), strata_tiered::StoreErrorKind::Corrupt);
+        let e = r
+            .put_chunk("j", ChunkId::of(b"x"), vec![1, 2, 3])
+            .unwrap_err();
+        assert_eq!(e.kind(), strata_tiered::StoreErrorKind::Corrupt);
+        // Deleting gives the space back.
+        let ids: Vec<ChunkId> = chunks.iter().map(|c| ChunkId::of(c)).collect();
+        r.delete_chunks("j", &ids).unwrap();
+        assert_eq!(r.stats().unwrap(), (0, 0, 0, 0));
+    }
+}
