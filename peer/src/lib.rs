@@ -9,6 +9,9 @@
 //! * [`service`]: the peer service behind `strata peer serve`;
 //! * [`client`]: [`PeerStore`], a `ChunkStore` over one peer service.
 
+pub mod client;
 pub mod proto;
 pub mod replicas;
+pub mod service;
 pub mod tls;
+pub use client::{PeerOptions, PeerStore};

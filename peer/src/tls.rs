@@ -122,40 +122,15 @@ pub fn make_certs(
         source,
     })?;
     let ca_key = rcgen::KeyPair::generate().map_err(gen)?;
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(gen)?;
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "strata cluster CA");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::CrlSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
+    let ca_params = ca_params()?;
     let ca_cert = ca_params.self_signed(&ca_key).map_err(gen)?;
     let issuer = rcgen::Issuer::new(ca_params, &ca_key);
     let mut written = Vec::new();
-    let mut put = |name: &str, text: &str| -> Result<()> {
+    for (name, text) in [("ca.pem", ca_cert.pem()), ("ca.key", ca_key.serialize_pem())] {
         let p = dir.join(name);
-        write(&p, text)?;
+        write(&p, &text)?;
         written.push(p);
-        Ok(())
-    };
-    put("ca.pem", &ca_cert.pem())?;
-    put("ca.key", &ca_key.serialize_pem())?;
-    let mut issue = |file: &str, cn: &str, names: Vec<String>, server: bool| -> Result<()> {
-        let key = rcgen::KeyPair::generate().map_err(gen)?;
-        let mut p = rcgen::CertificateParams::new(names).map_err(gen)?;
-        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
-        p.extended_key_usages = vec![if server {
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth
-        } else {
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth
-        }];
-        let cert = p.signed_by(&key, &issuer).map_err(gen)?;
-        put(&format!("{file}.pem"), &cert.pem())?;
-        put(&format!("{file}.key"), &key.serialize_pem())
-    };
+    }
     for node in nodes {
         let mut names = vec![
             node.clone(),
@@ -164,19 +139,85 @@ pub fn make_certs(
             "::1".into(),
         ];
         names.extend(addrs.iter().cloned());
-        issue(node, node, names, true)?;
+        written.extend(issue(dir, &issuer, node, node, names, true)?);
     }
+    for job in jobs {
+        written.extend(issue_job(dir, &issuer, job, std::slice::from_ref(job))?);
+    }
+    Ok(written)
+}
+
+/// The CA's parameters. Issuing from an existing CA rebuilds them (the
+/// issuer name and key identifier of issued certificates come from these
+/// and the CA key), so no certificate parser is needed.
+fn ca_params() -> Result<rcgen::CertificateParams> {
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(gen)?;
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, "strata cluster CA");
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(p)
+}
+
+/// Issues, from the CA in `dir` (`ca.pem`, `ca.key`), a client certificate
+/// `client-<name>.pem` allowing every job in `jobs`. Returns the files.
+pub fn issue_client(dir: &Path, name: &str, jobs: &[String]) -> Result<Vec<PathBuf>> {
+    let key_pem = String::from_utf8_lossy(&read(&dir.join("ca.key"))?).into_owned();
+    let key = rcgen::KeyPair::from_pem(&key_pem).map_err(|e| TlsError::BadPem {
+        path: dir.join("ca.key"),
+        reason: e.to_string(),
+    })?;
+    let issuer = rcgen::Issuer::new(ca_params()?, key);
+    issue_job(dir, &issuer, name, jobs)
+}
+
+fn issue_job(
+    dir: &Path,
+    issuer: &rcgen::Issuer<'_, impl rcgen::SigningKey>,
+    name: &str,
+    jobs: &[String],
+) -> Result<Vec<PathBuf>> {
     for job in jobs {
         strata_format::names::validate_job_id(job)
             .map_err(|e| TlsError::Generate(e.to_string()))?;
-        issue(
-            &format!("client-{job}"),
-            &format!("strata client of {job}"),
-            vec![job_name(job)],
-            false,
-        )?;
     }
-    Ok(written)
+    issue(
+        dir,
+        issuer,
+        &format!("client-{name}"),
+        &format!("strata client {name}"),
+        jobs.iter().map(|j| job_name(j)).collect(),
+        false,
+    )
+}
+
+/// Writes `<file>.pem` and `<file>.key`: a certificate for `names` signed
+/// by `issuer`, for a server or a client.
+fn issue(
+    dir: &Path,
+    issuer: &rcgen::Issuer<'_, impl rcgen::SigningKey>,
+    file: &str,
+    cn: &str,
+    names: Vec<String>,
+    server: bool,
+) -> Result<Vec<PathBuf>> {
+    let key = rcgen::KeyPair::generate().map_err(gen)?;
+    let mut p = rcgen::CertificateParams::new(names).map_err(gen)?;
+    p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    p.extended_key_usages = vec![if server {
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth
+    } else {
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth
+    }];
+    let cert = p.signed_by(&key, issuer).map_err(gen)?;
+    let (c, k) = (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")));
+    write(&c, &cert.pem())?;
+    write(&k, &key.serialize_pem())?;
+    Ok(vec![c, k])
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {

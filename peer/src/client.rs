@@ -1,0 +1,470 @@
+//! [`PeerStore`]: a [`ChunkStore`] over one peer service.
+//!
+//! One QUIC connection per job (each opened with a `Hello` naming it),
+//! reopened after a failure; each request on a stream of its own, many at
+//! once. Chunks go up as frames in the store's codec after one presence
+//! check for the whole batch, so a step that changed 5% sends about 5%;
+//! whole chunks come back as frames that are decoded and verified here.
+//! Ranged reads are decoded and verified by the peer (the range alone
+//! cannot be checked against the chunk's id).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::{StreamExt, TryStreamExt};
+use strata_format::codec::EncodeOptions;
+use strata_format::frame::{FrameDecoder, FrameEncoder, MAX_CHUNK_LEN};
+use strata_format::names::validate_job_id;
+use strata_format::{ChunkId, CommitRecord};
+use strata_tiered::{
+    AlignedBuf, ChunkData, ChunkPut, ChunkStore, PutStats, Result, StepInfo, StoreError,
+};
+
+use crate::proto::{message_len, ErrorCode, Request, Response, MAX_IDS, VERSION};
+use crate::tls::{client_config, CertFiles};
+
+/// Time to connect and say hello.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time for one request and its response.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Settings of a peer client.
+#[derive(Clone, Debug)]
+pub struct PeerOptions {
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// How chunks are encoded for the wire and the peer's memory.
+    pub codec: EncodeOptions,
+}
+
+impl Default for PeerOptions {
+    fn default() -> Self {
+        PeerOptions {
+            concurrency: 8,
+            // Loopback and datacenter links outrun the codecs on few cores.
+            codec: EncodeOptions::RAW,
+        }
+    }
+}
+
+/// A peer service as a chunk store.
+pub struct PeerStore {
+    endpoint: quinn::Endpoint,
+    addr: SocketAddr,
+    server_name: String,
+    label: String,
+    opts: PeerOptions,
+    conns: tokio::sync::Mutex<HashMap<String, quinn::Connection>>,
+}
+
+impl std::fmt::Debug for PeerStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PeerStore({})", self.label)
+    }
+}
+
+fn unavailable(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(what.to_string())
+}
+
+impl PeerStore {
+    /// A store talking to the service at `addr`, whose node certificate
+    /// names `server_name`, presenting the client certificate in `certs`.
+    /// Connects lazily. Must be called inside a tokio runtime.
+    pub fn new(
+        addr: SocketAddr,
+        server_name: &str,
+        certs: &CertFiles,
+        opts: PeerOptions,
+    ) -> Result<Self> {
+        let cfg = client_config(certs, 64).map_err(|e| StoreError::invalid("peer TLS", e.to_string()))?;
+        let bind: SocketAddr = if addr.is_ipv6() {
+            "[::]:0".parse()
+        } else {
+            "0.0.0.0:0".parse()
+        }
+        .map_err(|e| StoreError::Internal(format!("{e}")))?;
+        let mut endpoint = quinn::Endpoint::client(bind)
+            .map_err(|e| StoreError::io("binding a UDP socket", "peer client", e))?;
+        endpoint.set_default_client_config(cfg);
+        Ok(PeerStore {
+            endpoint,
+            addr,
+            server_name: server_name.to_string(),
+            label: format!("peer {server_name} at {addr}"),
+            opts,
+            conns: tokio::sync::Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The peer's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The live connection for `job`, opened (with its `Hello`) if needed.
+    async fn conn(&self, job: &str) -> Result<quinn::Connection> {
+        let mut conns = self.conns.lock().await;
+        if let Some(c) = conns.get(job) {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+        }
+        let connect = async {
+            let conn = self
+                .endpoint
+                .connect(self.addr, &self.server_name)
+                .map_err(|e| unavailable(format!("{}: {e}", self.label)))?
+                .await
+                .map_err(|e| unavailable(format!("{}: {e}", self.label)))?;
+            let hello = Request::Hello {
+                version: VERSION,
+                job: job.to_string(),
+            };
+            match roundtrip(&conn, &hello, &self.label).await? {
+                Response::HelloOk { .. } => Ok(conn),
+                Response::Error { code, message } => Err(to_store(code, message, &self.label)),
+                other => Err(unavailable(format!(
+                    "{}: unexpected answer to hello: {other:?}",
+                    self.label
+                ))),
+            }
+        };
+        let conn = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+            .await
+            .map_err(|_| unavailable(format!("{}: no answer in time", self.label)))??;
+        conns.insert(job.to_string(), conn.clone());
+        Ok(conn)
+    }
+
+    /// Sends one request for `job` and returns the answer; a service error
+    /// becomes the matching store error.
+    pub async fn request(&self, job: &str, req: &Request) -> Result<Response> {
+        validate_job_id(job)?;
+        let conn = self.conn(job).await?;
+        match roundtrip(&conn, req, &self.label).await? {
+            Response::Error { code, message } => Err(to_store(code, message, &self.label)),
+            r => Ok(r),
+        }
+    }
+
+    async fn get_frame(&self, job: &str, id: ChunkId) -> Result<Vec<u8>> {
+        match self
+            .request(job, &Request::GetChunk { id, range: None })
+            .await?
+        {
+            Response::Frame(f) => Ok(f),
+            other => Err(unexpected(&self.label, &other)),
+        }
+    }
+
+    async fn get_one(&self, job: &str, id: ChunkId, spare: Option<AlignedBuf>) -> Result<ChunkData> {
+        let frame = self.get_frame(job, id).await?;
+        let label = self.label.clone();
+        tokio::task::spawn_blocking(move || {
+            let corrupt = |source| StoreError::Corrupt {
+                what: format!("chunk {id} from {label}"),
+                source,
+            };
+            let mut dec = FrameDecoder::new().map_err(corrupt)?;
+            let len = dec.header(&frame).map_err(corrupt)?.raw_len as usize;
+            let mut buf = match spare {
+                Some(mut b) if b.capacity() >= len => {
+                    b.set_len(len);
+                    b
+                }
+                _ => AlignedBuf::zeroed(len),
+            };
+            dec.decode_into(&frame, Some(&id), &mut buf)
+                .map_err(corrupt)?;
+            Ok(ChunkData::whole(buf))
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("decoder task: {e}")))?
+    }
+
+    /// Closes the connections.
+    pub async fn close(&self) {
+        self.endpoint.close(0u32.into(), b"bye");
+        self.endpoint.wait_idle().await;
+    }
+}
+
+fn unexpected(label: &str, r: &Response) -> StoreError {
+    let kind = match r {
+        Response::Frame(_) => "a frame",
+        Response::Bytes(_) => "bytes",
+        Response::Present(_) => "presence bits",
+        Response::Steps(_) => "steps",
+        Response::Ids(_) => "ids",
+        Response::Stats(_) => "stats",
+        _ => "another answer",
+    };
+    unavailable(format!("{label}: unexpected answer ({kind})"))
+}
+
+/// One request on a new stream of `conn`, and its answer (bounded).
+async fn roundtrip(conn: &quinn::Connection, req: &Request, label: &str) -> Result<Response> {
+    let io = async {
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| unavailable(format!("{label}: {e}")))?;
+        send.write_all(&req.encode())
+            .await
+            .map_err(|e| unavailable(format!("{label}: {e}")))?;
+        let _ = send.finish();
+        let mut prefix = [0u8; 4];
+        recv.read_exact(&mut prefix)
+            .await
+            .map_err(|e| unavailable(format!("{label}: {e}")))?;
+        let bad = |e: strata_format::FormatError| StoreError::Corrupt {
+            what: format!("answer from {label}"),
+            source: e,
+        };
+        let len = message_len(prefix).map_err(bad)?;
+        let mut msg = vec![0u8; len];
+        recv.read_exact(&mut msg)
+            .await
+            .map_err(|e| unavailable(format!("{label}: {e}")))?;
+        Response::decode(&msg).map_err(bad)
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, io)
+        .await
+        .map_err(|_| unavailable(format!("{label}: no answer in time")))?
+}
+
+fn to_store(code: ErrorCode, message: String, label: &str) -> StoreError {
+    let what = format!("{label}: {message}");
+    match code {
+        ErrorCode::NotFound => StoreError::NotFound { what },
+        ErrorCode::AlreadyExists => StoreError::AlreadyExists { what },
+        ErrorCode::Corrupt => StoreError::Corrupt {
+            what,
+            source: strata_format::FormatError::malformed("peer copy", message),
+        },
+        ErrorCode::NoSpace => StoreError::NoSpace {
+            op: "replicating to a peer (its budget is full)",
+            path: label.into(),
+        },
+        ErrorCode::Invalid => StoreError::invalid("peer request", what),
+        ErrorCode::Forbidden => StoreError::invalid("peer authorization", what),
+        ErrorCode::Unavailable => StoreError::Unavailable(what),
+        ErrorCode::Internal => StoreError::Internal(what),
+    }
+}
+
+#[async_trait]
+impl ChunkStore for PeerStore {
+    fn name(&self) -> &str {
+        "l2"
+    }
+
+    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        validate_job_id(job)?;
+        let mut stats = PutStats::default();
+        let mut seen = HashSet::new();
+        let mut todo = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            if c.data.len() > MAX_CHUNK_LEN as usize {
+                return Err(StoreError::invalid(
+                    "chunk",
+                    format!("{} bytes exceeds {MAX_CHUNK_LEN}", c.data.len()),
+                ));
+            }
+            if seen.insert(c.id) {
+                todo.push(c);
+            } else {
+                stats.deduped += 1;
+                stats.bytes_deduped += c.data.len() as u64;
+            }
+        }
+        let ids: Vec<ChunkId> = todo.iter().map(|c| c.id).collect();
+        let present = self.has_chunks(job, &ids).await?;
+        let mut send = Vec::new();
+        for (c, p) in todo.into_iter().zip(present) {
+            if p {
+                stats.deduped += 1;
+                stats.bytes_deduped += c.data.len() as u64;
+            } else {
+                send.push(c);
+            }
+        }
+        let codec = self.opts.codec;
+        let results: Vec<(u64, u64, bool)> = futures::stream::iter(send)
+            .map(|c| async move {
+                let raw = c.data.len() as u64;
+                let id = c.id;
+                let frame = tokio::task::spawn_blocking(move || {
+                    FrameEncoder::new(codec)?.encode(c.data.as_slice(), c.hint, Some(c.id))
+                })
+                .await
+                .map_err(|e| StoreError::Internal(format!("encoder task: {e}")))?
+                .map_err(|e| StoreError::invalid("chunk", e.to_string()))?;
+                let stored = frame.len() as u64;
+                match self.request(job, &Request::PutChunk { id, frame }).await? {
+                    Response::Stored { new } => Ok((raw, stored, new)),
+                    other => Err(unexpected(&self.label, &other)),
+                }
+            })
+            .buffer_unordered(self.opts.concurrency.max(1))
+            .try_collect()
+            .await?;
+        for (raw, stored, new) in results {
+            if new {
+                stats.written += 1;
+                stats.bytes_written += raw;
+                stats.bytes_stored += stored;
+            } else {
+                stats.deduped += 1;
+                stats.bytes_deduped += raw;
+            }
+        }
+        Ok(stats)
+    }
+
+    async fn get_chunk(
+        &self,
+        job: &str,
+        id: &ChunkId,
+        range: Option<Range<u32>>,
+    ) -> Result<ChunkData> {
+        match range {
+            None => self.get_one(job, *id, None).await,
+            Some(r) => {
+                if r.start > r.end {
+                    return Err(StoreError::invalid("chunk range", format!("{r:?}")));
+                }
+                match self
+                    .request(
+                        job,
+                        &Request::GetChunk {
+                            id: *id,
+                            range: Some((r.start, r.end)),
+                        },
+                    )
+                    .await?
+                {
+                    Response::Bytes(b) if b.len() == (r.end - r.start) as usize => {
+                        Ok(ChunkData::copy_from(&b))
+                    }
+                    other => Err(unexpected(&self.label, &other)),
+                }
+            }
+        }
+    }
+
+    async fn get_chunks_reusing(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        spare: Vec<AlignedBuf>,
+    ) -> Vec<Result<ChunkData>> {
+        let mut spare = spare.into_iter();
+        let jobs: Vec<(ChunkId, Option<AlignedBuf>)> =
+            ids.iter().map(|id| (*id, spare.next())).collect();
+        futures::stream::iter(jobs)
+            .map(|(id, buf)| self.get_one(job, id, buf))
+            .buffered(self.opts.concurrency.max(1))
+            .collect()
+            .await
+    }
+
+    async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for part in ids.chunks(MAX_IDS) {
+            match self
+                .request(job, &Request::HasChunks(part.to_vec()))
+                .await?
+            {
+                Response::Present(p) if p.len() == part.len() => out.extend(p),
+                other => return Err(unexpected(&self.label, &other)),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
+        match self.request(job, &Request::ListChunks).await? {
+            Response::Ids(v) => Ok(v),
+            other => Err(unexpected(&self.label, &other)),
+        }
+    }
+
+    async fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
+        for part in ids.chunks(MAX_IDS) {
+            match self
+                .request(job, &Request::DeleteChunks(part.to_vec()))
+                .await?
+            {
+                Response::Ok => {}
+                other => return Err(unexpected(&self.label, &other)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
+        let req = Request::PutManifest {
+            step,
+            rank,
+            bytes: bytes.to_vec(),
+        };
+        match self.request(job, &req).await? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(&self.label, &other)),
+        }
+    }
+
+    async fn get_manifest(&self, job: &str, step: u64, rank: u32) -> Result<Vec<u8>> {
+        match self
+            .request(job, &Request::GetManifest { step, rank })
+            .await?
+        {
+            Response::Bytes(b) => Ok(b),
+            other => Err(unexpected(&self.label, &other)),
+        }
+    }
+
+    async fn commit(&self, record: &CommitRecord) -> Result<()> {
+        let bytes = record
+            .encode()
+            .map_err(|e| StoreError::invalid("commit record", e.to_string()))?;
+        match self.request(&record.job, &Request::Commit(bytes)).await? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(&self.label, &other)),
+        }
+    }
+
+    async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>> {
+        let steps = match self.request(job, &Request::ListSteps).await? {
+            Response::Steps(s) => s,
+            other => return Err(unexpected(&self.label, &other)),
+        };
+        let mut out = Vec::with_capacity(steps.len());
+        for s in steps {
+            let mut records = BTreeMap::new();
+            for bytes in s.records {
+                let r = CommitRecord::decode(&bytes).map_err(|source| StoreError::Corrupt {
+                    what: format!("commit record of step {} from {}", s.step, self.label),
+                    source,
+                })?;
+                let first = r.shards.first().map_or(0, |sh| sh.rank);
+                records.insert(first, r);
+            }
+            out.push(StepInfo {
+                step: s.step,
+                records,
+                manifests: s.manifests.into_iter().collect(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
+        match self.request(job, &Request::DeleteStep(step)).await? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(&self.label, &other)),
+        }
+    }
+}

@@ -1,0 +1,457 @@
+//! The peer service (`strata peer serve`): QUIC with mutual TLS, one
+//! request per bidirectional stream, replicas in [`Replicas`].
+//!
+//! Bounds: a connection has at most `max_streams` requests open (QUIC flow
+//! control makes a client wait for more); every request's length is checked
+//! before anything is allocated, and all requests in flight on the service
+//! together hold at most `inflight_bytes` (a semaphore); a request must
+//! arrive whole within [`REQUEST_TIMEOUT`]. A connection must say `Hello`
+//! within [`HELLO_TIMEOUT`] naming a job its certificate lists, or it is
+//! closed unread. A bad request gets an error response and the connection
+//! stays usable; the service keeps serving everyone else.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::CertificateDer;
+use strata_format::CommitRecord;
+use strata_tiered::{StoreError, StoreErrorKind};
+use tokio::sync::Semaphore;
+
+use crate::proto::{
+    message_len, ErrorCode, Request, Response, ServiceStats, StepEntry, MAX_MESSAGE, VERSION,
+};
+use crate::replicas::{Limits, Replicas};
+use crate::tls::{allows_job, server_config, CertFiles, TlsError};
+
+/// Time a new connection has to complete its `Hello`.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a request has to arrive whole once its first byte did.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// A request's share of the connection's and the service's budgets.
+type Permits<'a> = (
+    tokio::sync::SemaphorePermit<'a>,
+    tokio::sync::OwnedSemaphorePermit,
+);
+
+/// Semaphore unit for in-flight bytes.
+const UNIT: usize = 1024;
+
+/// Settings of a service.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    /// This node's name (reported in `HelloOk`).
+    pub node: String,
+    /// UDP address to listen on.
+    pub listen: SocketAddr,
+    /// CA, node certificate and key.
+    pub certs: CertFiles,
+    /// Spill directory (cleared at start).
+    pub spill: std::path::PathBuf,
+    /// Budgets and retention.
+    pub limits: Limits,
+    /// Requests open at once per connection.
+    pub max_streams: u32,
+    /// Request bytes held at once by the whole service.
+    pub inflight_bytes: usize,
+}
+
+/// Errors starting a service.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Certificates or TLS settings.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The spill directory.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Binding the socket.
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Counters exported on `/metrics` and by `Stats`.
+#[derive(Default, Debug)]
+pub struct Counters {
+    /// Request bytes received.
+    pub bytes_in: AtomicU64,
+    /// Response bytes sent.
+    pub bytes_out: AtomicU64,
+    /// Connections open now.
+    pub connections: AtomicU64,
+    /// Connections refused (TLS, authorization, handshake).
+    pub refused: AtomicU64,
+    /// Requests answered with an error.
+    pub errors: AtomicU64,
+    /// Requests served.
+    pub requests: AtomicU64,
+}
+
+/// A running peer service.
+pub struct Service {
+    endpoint: quinn::Endpoint,
+    replicas: Arc<Replicas>,
+    counters: Arc<Counters>,
+    inflight: Arc<Semaphore>,
+    inflight_units: usize,
+    node: String,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Service({})", self.node)
+    }
+}
+
+impl Service {
+    /// Binds the service (inside a tokio runtime). Call [`Self::run`] to
+    /// serve.
+    pub fn bind(cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
+        let server = server_config(&cfg.certs, cfg.max_streams)?;
+        let replicas = Replicas::new(&cfg.spill, cfg.limits.clone())?;
+        let endpoint =
+            quinn::Endpoint::server(server, cfg.listen).map_err(|source| ServiceError::Bind {
+                addr: cfg.listen,
+                source,
+            })?;
+        let units = (cfg.inflight_bytes / UNIT).max(MAX_MESSAGE.div_ceil(UNIT));
+        Ok(Arc::new(Service {
+            endpoint,
+            replicas: Arc::new(replicas),
+            counters: Arc::new(Counters::default()),
+            inflight: Arc::new(Semaphore::new(units)),
+            inflight_units: units,
+            node: cfg.node.clone(),
+        }))
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.endpoint.local_addr()
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// Serves until [`Self::shutdown`].
+    pub async fn run(self: Arc<Self>) {
+        while let Some(incoming) = self.endpoint.accept().await {
+            let me = self.clone();
+            tokio::spawn(async move { me.connection(incoming).await });
+        }
+    }
+
+    /// Stops accepting, closes connections, and waits until they are gone.
+    pub async fn shutdown(&self) {
+        self.endpoint.close(0u32.into(), b"shutting down");
+        self.endpoint.wait_idle().await;
+    }
+
+    /// Counters and holdings as the protocol reports them.
+    pub fn stats(&self) -> ServiceStats {
+        let (mem, disk, chunks, jobs) = self.replicas.stats().unwrap_or_default();
+        let c = &self.counters;
+        ServiceStats {
+            bytes_in_memory: mem,
+            bytes_on_disk: disk,
+            chunks,
+            jobs,
+            bytes_in: c.bytes_in.load(Ordering::Relaxed),
+            bytes_out: c.bytes_out.load(Ordering::Relaxed),
+            connections: c.connections.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
+        }
+    }
+
+    fn refuse(&self, why: &str, remote: SocketAddr) {
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(%remote, why, "connection refused");
+    }
+
+    async fn connection(self: Arc<Self>, incoming: quinn::Incoming) {
+        let remote = incoming.remote_address();
+        // The TLS handshake refuses a missing certificate or one from
+        // another CA before any request is read.
+        let conn = match incoming.await {
+            Ok(c) => c,
+            Err(e) => return self.refuse(&e.to_string(), remote),
+        };
+        let cert: Option<CertificateDer<'static>> = conn
+            .peer_identity()
+            .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
+            .and_then(|v| v.into_iter().next());
+        let Some(cert) = cert else {
+            conn.close(1u32.into(), b"no client certificate");
+            return self.refuse("no client certificate", remote);
+        };
+        let job = match tokio::time::timeout(HELLO_TIMEOUT, self.hello(&conn, &cert)).await {
+            Ok(Ok(job)) => job,
+            Ok(Err(why)) => {
+                conn.close(2u32.into(), why.as_bytes());
+                return self.refuse(&why, remote);
+            }
+            Err(_) => {
+                conn.close(2u32.into(), b"no hello in time");
+                return self.refuse("no hello in time", remote);
+            }
+        };
+        tracing::info!(%remote, job, "client connected");
+        self.counters.connections.fetch_add(1, Ordering::Relaxed);
+        let job: Arc<str> = job.into();
+        // One connection may hold at most a quarter of the service's
+        // in-flight budget: a client that announces large requests and
+        // sends them slowly cannot starve the others.
+        let mine = Arc::new(Semaphore::new(
+            (self.inflight_units / 4).max(MAX_MESSAGE.div_ceil(UNIT)),
+        ));
+        while let Ok((send, recv)) = conn.accept_bi().await {
+            let (me, job, mine) = (self.clone(), job.clone(), mine.clone());
+            tokio::spawn(async move { me.stream(&job, &mine, send, recv).await });
+        }
+        self.counters.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The first stream: `Hello` with our version and an allowed job.
+    async fn hello(
+        &self,
+        conn: &quinn::Connection,
+        cert: &CertificateDer<'_>,
+    ) -> Result<String, String> {
+        let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
+        let mine = Semaphore::new(MAX_MESSAGE.div_ceil(UNIT));
+        let (msg, _permit) = self
+            .read_request(&mut recv, &mine)
+            .await
+            .map_err(|e| e.to_string())?;
+        let refuse = |code, text: String| Response::Error {
+            code,
+            message: text,
+        };
+        let (answer, outcome) = match Request::decode(&msg) {
+            Ok(Request::Hello { version, .. }) if version != VERSION => (
+                refuse(
+                    ErrorCode::Invalid,
+                    format!("protocol version {version}; this service speaks {VERSION}"),
+                ),
+                Err(format!("version {version}")),
+            ),
+            Ok(Request::Hello { job, .. }) if !allows_job(cert, &job) => (
+                refuse(
+                    ErrorCode::Forbidden,
+                    format!("this certificate does not allow job {job:?}"),
+                ),
+                Err(format!("certificate does not allow job {job:?}")),
+            ),
+            Ok(Request::Hello { job, .. }) => (
+                Response::HelloOk {
+                    version: VERSION,
+                    node: self.node.clone(),
+                },
+                Ok(job),
+            ),
+            Ok(_) => (
+                refuse(ErrorCode::Invalid, "the first request must be Hello".into()),
+                Err("no hello".into()),
+            ),
+            Err(e) => (
+                refuse(ErrorCode::Invalid, e.to_string()),
+                Err(e.to_string()),
+            ),
+        };
+        let _ = send.write_all(&answer.encode()).await;
+        let _ = send.finish();
+        if outcome.is_err() {
+            // Let the refusal reach the client before the close.
+            let _ = tokio::time::timeout(Duration::from_millis(200), send.stopped()).await;
+        }
+        outcome
+    }
+
+    /// Reads one length-prefixed request, holding its size in the
+    /// service-wide in-flight budget until the permit drops.
+    async fn read_request<'a>(
+        &self,
+        recv: &mut quinn::RecvStream,
+        mine: &'a Semaphore,
+    ) -> Result<(Vec<u8>, Permits<'a>), StoreError> {
+        let bad = |e: String| StoreError::invalid("peer request", e);
+        let mut prefix = [0u8; 4];
+        recv.read_exact(&mut prefix)
+            .await
+            .map_err(|e| bad(e.to_string()))?;
+        let len = message_len(prefix).map_err(|e| bad(e.to_string()))?;
+        let units = u32::try_from(len.div_ceil(UNIT)).unwrap_or(u32::MAX);
+        let closed = |_| StoreError::Unavailable("shutting down".into());
+        // The connection's share first, then the service's.
+        let local = mine.acquire_many(units).await.map_err(closed)?;
+        let global = self
+            .inflight
+            .clone()
+            .acquire_many_owned(units)
+            .await
+            .map_err(closed)?;
+        let permit = (local, global);
+        let mut msg = vec![0u8; len];
+        tokio::time::timeout(REQUEST_TIMEOUT, recv.read_exact(&mut msg))
+            .await
+            .map_err(|_| bad("request not received in time".into()))?
+            .map_err(|e| bad(e.to_string()))?;
+        self.counters
+            .bytes_in
+            .fetch_add(4 + len as u64, Ordering::Relaxed);
+        Ok((msg, permit))
+    }
+
+    async fn stream(
+        &self,
+        job: &str,
+        mine: &Semaphore,
+        mut send: quinn::SendStream,
+        mut recv: quinn::RecvStream,
+    ) {
+        let resp = match self.read_request(&mut recv, mine).await {
+            Ok((msg, _permit)) => match Request::decode(&msg) {
+                Ok(req) => self.dispatch(job, req).await,
+                Err(e) => error(ErrorCode::Invalid, e.to_string()),
+            },
+            Err(e) => from_store(&e),
+        };
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        if matches!(resp, Response::Error { .. }) {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let bytes = resp.encode();
+        self.counters
+            .bytes_out
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        if send.write_all(&bytes).await.is_ok() {
+            let _ = send.finish();
+        }
+    }
+
+    async fn dispatch(&self, job: &str, req: Request) -> Response {
+        match self.serve(job, req).await {
+            Ok(r) => r,
+            Err(e) => from_store(&e),
+        }
+    }
+
+    async fn serve(&self, job: &str, req: Request) -> Result<Response, StoreError> {
+        let r = self.replicas.clone();
+        let job_s = job.to_string();
+        // Decoding, hashing and spill I/O block: off the async workers.
+        let blocking = |f: Box<dyn FnOnce() -> Result<Response, StoreError> + Send>| async move {
+            tokio::task::spawn_blocking(f)
+                .await
+                .map_err(|e| StoreError::Internal(format!("request task: {e}")))?
+        };
+        Ok(match req {
+            Request::Hello { .. } => error(ErrorCode::Invalid, "already said hello".into()),
+            Request::PutChunk { id, frame } => {
+                blocking(Box::new(move || {
+                    r.put_chunk(&job_s, id, frame)
+                        .map(|new| Response::Stored { new })
+                }))
+                .await?
+            }
+            Request::HasChunks(ids) => Response::Present(self.replicas.has(job, &ids)?),
+            Request::GetChunk { id, range: None } => {
+                blocking(Box::new(move || {
+                    r.get_frame(&job_s, &id).map(|b| Response::Frame(b.to_vec()))
+                }))
+                .await?
+            }
+            Request::GetChunk {
+                id,
+                range: Some((a, b)),
+            } => {
+                blocking(Box::new(move || {
+                    r.get_range(&job_s, &id, a, b).map(Response::Bytes)
+                }))
+                .await?
+            }
+            Request::PutManifest { step, rank, bytes } => {
+                self.replicas.put_manifest(job, step, rank, &bytes).await?;
+                Response::Ok
+            }
+            Request::GetManifest { step, rank } => {
+                Response::Bytes(self.replicas.get_manifest(job, step, rank).await?)
+            }
+            Request::ListSteps => {
+                let steps = self.replicas.list_steps(job).await?;
+                let mut out = Vec::with_capacity(steps.len());
+                for s in steps {
+                    let records = s
+                        .records
+                        .values()
+                        .map(CommitRecord::encode)
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| StoreError::Internal(e.to_string()))?;
+                    out.push(StepEntry {
+                        step: s.step,
+                        manifests: s.manifests.into_iter().collect(),
+                        records,
+                    });
+                }
+                Response::Steps(out)
+            }
+            Request::Commit(bytes) => {
+                let record = CommitRecord::decode(&bytes).map_err(|e| {
+                    StoreError::invalid("commit record", e.to_string())
+                })?;
+                if record.job != job {
+                    return Ok(error(
+                        ErrorCode::Forbidden,
+                        format!("a record of job {:?} on a connection of {job:?}", record.job),
+                    ));
+                }
+                let freed = self.replicas.commit(&record).await?;
+                if freed > 0 {
+                    tracing::info!(job, step = record.step, freed, "retention freed chunk bytes");
+                }
+                Response::Ok
+            }
+            Request::DeleteStep(step) => {
+                self.replicas.delete_step(job, step).await?;
+                Response::Ok
+            }
+            Request::DeleteChunks(ids) => {
+                blocking(Box::new(move || {
+                    r.delete_chunks(&job_s, &ids).map(|()| Response::Ok)
+                }))
+                .await?
+            }
+            Request::ListChunks => Response::Ids(self.replicas.list_chunks(job)?),
+            Request::Stats => Response::Stats(self.stats()),
+        })
+    }
+}
+
+fn error(code: ErrorCode, message: String) -> Response {
+    Response::Error { code, message }
+}
+
+/// The protocol error for a store error.
+fn from_store(e: &StoreError) -> Response {
+    let code = match e.kind() {
+        StoreErrorKind::NotFound => ErrorCode::NotFound,
+        StoreErrorKind::Corrupt => ErrorCode::Corrupt,
+        StoreErrorKind::AlreadyExists => ErrorCode::AlreadyExists,
+        StoreErrorKind::NoSpace => ErrorCode::NoSpace,
+        StoreErrorKind::Invalid => ErrorCode::Invalid,
+        StoreErrorKind::Unavailable => ErrorCode::Unavailable,
+        _ => ErrorCode::Internal,
+    };
+    error(code, e.to_string())
+}
