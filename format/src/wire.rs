@@ -122,6 +122,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Appends little-endian primitives to a buffer.
+#[derive(Default)]
 pub struct Writer {
     /// What was written.
     pub buf: Vec<u8>,

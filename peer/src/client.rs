@@ -80,7 +80,8 @@ impl PeerStore {
         certs: &CertFiles,
         opts: PeerOptions,
     ) -> Result<Self> {
-        let cfg = client_config(certs, 64).map_err(|e| StoreError::invalid("peer TLS", e.to_string()))?;
+        let cfg =
+            client_config(certs, 64).map_err(|e| StoreError::invalid("peer TLS", e.to_string()))?;
         let bind: SocketAddr = if addr.is_ipv6() {
             "[::]:0".parse()
         } else {
@@ -161,7 +162,12 @@ impl PeerStore {
         }
     }
 
-    async fn get_one(&self, job: &str, id: ChunkId, spare: Option<AlignedBuf>) -> Result<ChunkData> {
+    async fn get_one(
+        &self,
+        job: &str,
+        id: ChunkId,
+        spare: Option<AlignedBuf>,
+    ) -> Result<ChunkData> {
         let frame = self.get_frame(job, id).await?;
         let label = self.label.clone();
         tokio::task::spawn_blocking(move || {
@@ -209,7 +215,10 @@ fn unexpected(label: &str, r: &Response) -> StoreError {
 /// One request on a new stream of `conn`, and its answer (bounded).
 async fn roundtrip(conn: &quinn::Connection, req: &Request, label: &str) -> Result<Response> {
     let io = async {
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| unavailable(format!("{label}: {e}")))?;
+        let (mut send, mut recv) = conn
+            .open_bi()
+            .await
+            .map_err(|e| unavailable(format!("{label}: {e}")))?;
         send.write_all(&req.encode())
             .await
             .map_err(|e| unavailable(format!("{label}: {e}")))?;

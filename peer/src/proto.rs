@@ -672,7 +672,9 @@ mod tests {
             Response::Stored { new: true },
             Response::Frame(vec![1; 100]),
             Response::Bytes(vec![]),
-            Response::Present(vec![true, false, true, true, false, false, false, false, true]),
+            Response::Present(vec![
+                true, false, true, true, false, false, false, false, true,
+            ]),
             Response::Steps(vec![
                 StepEntry {
                     step: 1,

@@ -54,8 +54,17 @@ pub struct ServiceConfig {
     pub limits: Limits,
     /// Requests open at once per connection.
     pub max_streams: u32,
-    /// Request bytes held at once by the whole service.
+    /// Request bytes held at once by the whole service (at least four
+    /// times `max_request`); one connection holds at most a quarter.
     pub inflight_bytes: usize,
+    /// Largest request accepted (a chunk frame and its envelope); chunks
+    /// larger than this cannot be replicated to this service.
+    pub max_request: usize,
+}
+
+impl ServiceConfig {
+    /// Default largest request: a 64 MiB chunk frame and its envelope.
+    pub const DEFAULT_MAX_REQUEST: usize = (64 << 20) + 8192;
 }
 
 /// Errors starting a service.
@@ -102,6 +111,7 @@ pub struct Service {
     counters: Arc<Counters>,
     inflight: Arc<Semaphore>,
     inflight_units: usize,
+    max_request: usize,
     node: String,
 }
 
@@ -122,13 +132,15 @@ impl Service {
                 addr: cfg.listen,
                 source,
             })?;
-        let units = (cfg.inflight_bytes / UNIT).max(MAX_MESSAGE.div_ceil(UNIT));
+        let max_request = cfg.max_request.clamp(4096, MAX_MESSAGE);
+        let units = (cfg.inflight_bytes / UNIT).max(4 * max_request.div_ceil(UNIT));
         Ok(Arc::new(Service {
             endpoint,
             replicas: Arc::new(replicas),
             counters: Arc::new(Counters::default()),
             inflight: Arc::new(Semaphore::new(units)),
             inflight_units: units,
+            max_request,
             node: cfg.node.clone(),
         }))
     }
@@ -213,7 +225,7 @@ impl Service {
         // in-flight budget: a client that announces large requests and
         // sends them slowly cannot starve the others.
         let mine = Arc::new(Semaphore::new(
-            (self.inflight_units / 4).max(MAX_MESSAGE.div_ceil(UNIT)),
+            (self.inflight_units / 4).max(self.max_request.div_ceil(UNIT)),
         ));
         while let Ok((send, recv)) = conn.accept_bi().await {
             let (me, job, mine) = (self.clone(), job.clone(), mine.clone());
@@ -229,7 +241,7 @@ impl Service {
         cert: &CertificateDer<'_>,
     ) -> Result<String, String> {
         let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
-        let mine = Semaphore::new(MAX_MESSAGE.div_ceil(UNIT));
+        let mine = Semaphore::new(self.max_request.div_ceil(UNIT));
         let (msg, _permit) = self
             .read_request(&mut recv, &mine)
             .await
@@ -291,6 +303,12 @@ impl Service {
             .await
             .map_err(|e| bad(e.to_string()))?;
         let len = message_len(prefix).map_err(|e| bad(e.to_string()))?;
+        if len > self.max_request {
+            return Err(bad(format!(
+                "a request of {len} bytes exceeds this service's limit of {}",
+                self.max_request
+            )));
+        }
         let units = u32::try_from(len.div_ceil(UNIT)).unwrap_or(u32::MAX);
         let closed = |_| StoreError::Unavailable("shutting down".into());
         // The connection's share first, then the service's.
@@ -368,7 +386,8 @@ impl Service {
             Request::HasChunks(ids) => Response::Present(self.replicas.has(job, &ids)?),
             Request::GetChunk { id, range: None } => {
                 blocking(Box::new(move || {
-                    r.get_frame(&job_s, &id).map(|b| Response::Frame(b.to_vec()))
+                    r.get_frame(&job_s, &id)
+                        .map(|b| Response::Frame(b.to_vec()))
                 }))
                 .await?
             }
@@ -407,18 +426,25 @@ impl Service {
                 Response::Steps(out)
             }
             Request::Commit(bytes) => {
-                let record = CommitRecord::decode(&bytes).map_err(|e| {
-                    StoreError::invalid("commit record", e.to_string())
-                })?;
+                let record = CommitRecord::decode(&bytes)
+                    .map_err(|e| StoreError::invalid("commit record", e.to_string()))?;
                 if record.job != job {
                     return Ok(error(
                         ErrorCode::Forbidden,
-                        format!("a record of job {:?} on a connection of {job:?}", record.job),
+                        format!(
+                            "a record of job {:?} on a connection of {job:?}",
+                            record.job
+                        ),
                     ));
                 }
                 let freed = self.replicas.commit(&record).await?;
                 if freed > 0 {
-                    tracing::info!(job, step = record.step, freed, "retention freed chunk bytes");
+                    tracing::info!(
+                        job,
+                        step = record.step,
+                        freed,
+                        "retention freed chunk bytes"
+                    );
                 }
                 Response::Ok
             }

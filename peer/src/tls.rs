@@ -126,7 +126,10 @@ pub fn make_certs(
     let ca_cert = ca_params.self_signed(&ca_key).map_err(gen)?;
     let issuer = rcgen::Issuer::new(ca_params, &ca_key);
     let mut written = Vec::new();
-    for (name, text) in [("ca.pem", ca_cert.pem()), ("ca.key", ca_key.serialize_pem())] {
+    for (name, text) in [
+        ("ca.pem", ca_cert.pem()),
+        ("ca.key", ca_key.serialize_pem()),
+    ] {
         let p = dir.join(name);
         write(&p, &text)?;
         written.push(p);
@@ -214,7 +217,10 @@ fn issue(
         rcgen::ExtendedKeyUsagePurpose::ClientAuth
     }];
     let cert = p.signed_by(&key, issuer).map_err(gen)?;
-    let (c, k) = (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")));
+    let (c, k) = (
+        dir.join(format!("{file}.pem")),
+        dir.join(format!("{file}.key")),
+    );
     write(&c, &cert.pem())?;
     write(&k, &key.serialize_pem())?;
     Ok(vec![c, k])

@@ -10,7 +10,10 @@ fn store() -> (strata_peer::PeerStore, support::Local) {
     let jobs: Vec<String> = support::JOBS.iter().map(|s| s.to_string()).collect();
     // One certificate listing all jobs: issued from the same CA files.
     strata_peer::tls::issue_client(local.dir.path(), "multi", &jobs).unwrap();
-    let s = local.client_with(&strata_peer::tls::CertFiles::in_dir(local.dir.path(), "client-multi"));
+    let s = local.client_with(&strata_peer::tls::CertFiles::in_dir(
+        local.dir.path(),
+        "client-multi",
+    ));
     (s, local)
 }
 

@@ -31,6 +31,7 @@ impl Local {
             limits,
             max_streams: 16,
             inflight_bytes: 256 << 20,
+            max_request: ServiceConfig::DEFAULT_MAX_REQUEST,
         };
         let service = Service::bind(&cfg).unwrap();
         tokio::spawn(service.clone().run());
@@ -39,7 +40,10 @@ impl Local {
 
     /// A client store with the test client certificate for `job`.
     pub(crate) fn client(&self, job: &str) -> PeerStore {
-        self.client_with(&CertFiles::in_dir(self.dir.path(), &format!("client-{job}")))
+        self.client_with(&CertFiles::in_dir(
+            self.dir.path(),
+            &format!("client-{job}"),
+        ))
     }
 
     /// A client store presenting `certs`.
