@@ -7,6 +7,7 @@
 mod codec_report;
 mod demo;
 mod out;
+mod peer;
 mod size;
 
 use std::process::ExitCode;
@@ -28,6 +29,9 @@ enum Command {
     ///
     /// Example: strata demo --state-size 2GiB
     Demo(demo::DemoArgs),
+    /// The L2 peer service and its certificates.
+    #[command(subcommand)]
+    Peer(peer::PeerCmd),
 }
 
 /// Errors the CLI reports in one line before exiting non-zero.
@@ -65,6 +69,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
+        Command::Peer(cmd) => peer::run(&cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

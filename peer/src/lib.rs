@@ -10,6 +10,7 @@
 //! * [`client`]: [`PeerStore`], a `ChunkStore` over one peer service.
 
 pub mod client;
+pub mod metrics;
 pub mod proto;
 pub mod replicas;
 pub mod service;

@@ -277,6 +277,9 @@ fn cfg_err(e: impl std::fmt::Display) -> TlsError {
     TlsError::Config(e.to_string())
 }
 
+/// Milliseconds without a packet after which a connection is dead.
+pub const IDLE_TIMEOUT_MS: u32 = 6000;
+
 /// QUIC transport settings shared by services and clients: windows large
 /// enough for 16 MiB chunks in flight on several streams, and a bounded
 /// number of concurrent streams (backpressure: a client opening more waits).
@@ -287,12 +290,14 @@ pub fn transport(max_streams: u32) -> Arc<quinn::TransportConfig> {
         .stream_receive_window((32u32 << 20).into())
         .receive_window((256u32 << 20).into())
         .send_window(256 << 20)
-        .max_idle_timeout(Some(
-            std::time::Duration::from_secs(30)
-                .try_into()
-                .unwrap_or_else(|_| quinn::IdleTimeout::from(quinn::VarInt::from_u32(30_000))),
-        ))
-        .keep_alive_interval(Some(std::time::Duration::from_secs(5)));
+        // A peer that vanished (killed, cut off) is noticed after this long
+        // without a packet; live connections send keep-alives well within it.
+        .max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(
+            IDLE_TIMEOUT_MS,
+        ))))
+        .keep_alive_interval(Some(std::time::Duration::from_millis(
+            u64::from(IDLE_TIMEOUT_MS) / 4,
+        )));
     Arc::new(t)
 }
 

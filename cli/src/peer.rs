@@ -1,0 +1,171 @@
+//! `strata peer serve` (the L2 peer service) and `strata peer certs`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use strata_peer::replicas::Limits;
+use strata_peer::service::{Service, ServiceConfig};
+use strata_peer::tls::{issue_client, make_certs, CertFiles};
+
+use crate::out::say;
+use crate::size::parse_size;
+use crate::CliError;
+
+/// `strata peer ...`
+#[derive(Subcommand, Debug)]
+pub(crate) enum PeerCmd {
+    /// Run the peer service: holds replicas of other nodes' checkpoints,
+    /// serves them over QUIC with mutual TLS.
+    ///
+    /// Example: strata peer serve --listen 0.0.0.0:7070 --certs /etc/strata --node node-a
+    Serve(ServeArgs),
+    /// Make a cluster CA and certificates for nodes and jobs (a test or a
+    /// small cluster), or, with --client, issue one more client certificate
+    /// from the CA in --out.
+    ///
+    /// Example: strata peer certs --out certs --node node-a --node node-b --job llama
+    Certs(CertsArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ServeArgs {
+    /// UDP address to listen on (port 0: any free port; the one bound is printed).
+    #[arg(long, default_value = "0.0.0.0:7070")]
+    listen: SocketAddr,
+    /// Directory with ca.pem and this node's <node>.pem / <node>.key.
+    #[arg(long)]
+    certs: PathBuf,
+    /// This node's name (its certificate file name).
+    #[arg(long)]
+    node: String,
+    /// Spill directory (cleared at start).
+    #[arg(long, default_value = "strata-peer-spill")]
+    spill: PathBuf,
+    /// Chunk bytes kept in memory.
+    #[arg(long, default_value = "4GiB", value_parser = parse_size)]
+    memory: u64,
+    /// Chunk bytes spilled to disk beyond the memory budget.
+    #[arg(long, default_value = "64GiB", value_parser = parse_size)]
+    disk: u64,
+    /// Committed steps kept per job.
+    #[arg(long, default_value_t = 2)]
+    keep_last: usize,
+    /// Chunks touched this recently are never deleted by retention.
+    #[arg(long, default_value_t = 600)]
+    grace_secs: u64,
+    /// Largest request (a chunk frame): chunks above it cannot be replicated here.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    max_chunk: u64,
+    /// Request bytes held at once by the service.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    inflight: u64,
+    /// Serve Prometheus metrics over HTTP on this address (`/metrics`).
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct CertsArgs {
+    /// Directory to write into (created).
+    #[arg(long)]
+    out: PathBuf,
+    /// A node certificate per name (repeat).
+    #[arg(long = "node")]
+    nodes: Vec<String>,
+    /// Extra IP addresses or DNS names for every node certificate (repeat).
+    #[arg(long = "addr")]
+    addrs: Vec<String>,
+    /// A client certificate per job, `client-<job>.pem` (repeat); with
+    /// --client, the jobs that one certificate allows.
+    #[arg(long = "job")]
+    jobs: Vec<String>,
+    /// Issue only `client-<NAME>.pem` for --job ... from the existing CA in --out.
+    #[arg(long)]
+    client: Option<String>,
+}
+
+pub(crate) fn run(cmd: &PeerCmd) -> Result<(), CliError> {
+    match cmd {
+        PeerCmd::Serve(a) => serve(a),
+        PeerCmd::Certs(a) => certs(a),
+    }
+}
+
+fn certs(a: &CertsArgs) -> Result<(), CliError> {
+    let written = match &a.client {
+        Some(name) => issue_client(&a.out, name, &a.jobs),
+        None => make_certs(&a.out, &a.nodes, &a.addrs, &a.jobs),
+    }
+    .map_err(|e| CliError::Arg(e.to_string()))?;
+    for f in written {
+        say!("wrote {}", f.display());
+    }
+    Ok(())
+}
+
+fn serve(a: &ServeArgs) -> Result<(), CliError> {
+    let cfg = ServiceConfig {
+        node: a.node.clone(),
+        listen: a.listen,
+        certs: CertFiles::in_dir(&a.certs, &a.node),
+        spill: a.spill.clone(),
+        limits: Limits {
+            memory_bytes: a.memory,
+            disk_bytes: a.disk,
+            keep_last: a.keep_last.max(1),
+            grace: Duration::from_secs(a.grace_secs),
+        },
+        max_streams: 32,
+        inflight_bytes: usize::try_from(a.inflight).unwrap_or(usize::MAX),
+        max_request: usize::try_from(a.max_chunk)
+            .unwrap_or(usize::MAX)
+            .saturating_add(8192),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("strata-peer")
+        .build()
+        .map_err(|e| CliError::Arg(format!("cannot start the runtime: {e}")))?;
+    rt.block_on(async {
+        let service = Service::bind(&cfg).map_err(|e| CliError::Arg(e.to_string()))?;
+        let addr = service
+            .local_addr()
+            .map_err(|e| CliError::Arg(e.to_string()))?;
+        let metrics = match a.metrics {
+            Some(m) => {
+                let l = tokio::net::TcpListener::bind(m)
+                    .await
+                    .map_err(|e| CliError::Arg(format!("metrics on {m}: {e}")))?;
+                let bound = l.local_addr().map_err(|e| CliError::Arg(e.to_string()))?;
+                tokio::spawn(strata_peer::metrics::serve(l, service.clone()));
+                format!(", metrics on http://{bound}/metrics")
+            }
+            None => String::new(),
+        };
+        say!("strata peer {}: listening on {addr}{metrics}", cfg.node);
+        let runner = tokio::spawn(service.clone().run());
+        wait_for_signal().await;
+        say!("strata peer {}: shutting down", cfg.node);
+        service.shutdown().await;
+        runner.abort();
+        Ok(())
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

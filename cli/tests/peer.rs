@@ -1,0 +1,170 @@
+//! `strata peer certs` and `strata peer serve` as real processes on
+//! loopback: replicas pushed to two services over QUIC and read back
+//! verified; one service killed during a push (the push fails with a typed
+//! error, the other replica serves every chunk); `/metrics`; a graceful
+//! stop on SIGTERM.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use strata_format::codec::ElemHint;
+use strata_format::ChunkId;
+use strata_peer::tls::CertFiles;
+use strata_peer::{PeerOptions, PeerStore};
+use strata_tiered::{ChunkData, ChunkPut, ChunkStore, StoreErrorKind};
+
+const JOB: &str = "peer-job";
+
+struct Peer {
+    child: Child,
+    addr: SocketAddr,
+    metrics: SocketAddr,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(certs: &Path, node: &str) -> Peer {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["peer", "serve", "--listen", "127.0.0.1:0", "--node", node])
+        .args(["--metrics", "127.0.0.1:0", "--memory", "64MiB", "--certs"])
+        .arg(certs)
+        .arg("--spill")
+        .arg(certs.join(format!("spill-{node}")))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // "strata peer node-a: listening on 127.0.0.1:PORT, metrics on http://127.0.0.1:PORT/metrics"
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .trim()
+        .parse()
+        .unwrap();
+    let metrics = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    Peer {
+        child,
+        addr,
+        metrics,
+    }
+}
+
+fn chunks(n: usize, len: usize, seed: u8) -> Vec<ChunkPut> {
+    (0..n)
+        .map(|i| {
+            let d: Vec<u8> = (0..len)
+                .map(|j| (j as u8).wrapping_mul(31) ^ (i as u8) ^ seed)
+                .collect();
+            ChunkPut {
+                id: ChunkId::of(&d),
+                hint: ElemHint::BYTES,
+                data: ChunkData::copy_from(&d),
+            }
+        })
+        .collect()
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing in {text}"))
+}
+
+#[test]
+fn two_peer_processes_hold_replicas_and_survive_a_killed_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path();
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["peer", "certs", "--node", "node-a", "--node", "node-b"])
+        .args(["--job", JOB, "--out"])
+        .arg(certs)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(certs.join("client-peer-job.pem").is_file());
+
+    let mut a = serve(certs, "node-a");
+    let b = serve(certs, "node-b");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = CertFiles::in_dir(certs, &format!("client-{JOB}"));
+    let (pa, pb) = rt.block_on(async {
+        (
+            PeerStore::new(a.addr, "node-a", &client, PeerOptions::default()).unwrap(),
+            PeerStore::new(b.addr, "node-b", &client, PeerOptions::default()).unwrap(),
+        )
+    });
+    // Both replicas take the same chunks; a second push sends nothing.
+    let first = chunks(8, 1 << 20, 1);
+    for p in [&pa, &pb] {
+        let st = rt.block_on(p.put_chunks(JOB, first.clone())).unwrap();
+        assert_eq!(st.written, 8);
+        let again = rt.block_on(p.put_chunks(JOB, first.clone())).unwrap();
+        assert_eq!((again.written, again.deduped), (0, 8));
+    }
+    // Node a dies during a push of more chunks: a typed error, no hang.
+    let more = chunks(48, 1 << 20, 2);
+    let push = {
+        let more = more.clone();
+        rt.spawn(async move { pa.put_chunks(JOB, more).await })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    match rt.block_on(push).unwrap() {
+        Ok(st) => assert_eq!(st.written + st.deduped, 48, "finished before the kill"),
+        Err(e) => assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}"),
+    }
+    // The other replica serves every chunk, verified.
+    for c in &first {
+        let got = rt.block_on(pb.get_chunk(JOB, &c.id, None)).unwrap();
+        assert_eq!(got.as_slice(), c.data.as_slice());
+    }
+    let text = http_get(b.metrics, "/metrics");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(metric(&text, "strata_peer_chunks"), 8);
+    assert!(metric(&text, "strata_peer_bytes_held{place=\"memory\"}") >= 8 << 20);
+    assert!(metric(&text, "strata_peer_requests_total") >= 10);
+    assert!(http_get(b.metrics, "/other").starts_with("HTTP/1.1 404"));
+
+    // SIGTERM: a graceful stop.
+    let mut b = b;
+    // SAFETY: sending a signal to our own child process by its pid.
+    let rc = unsafe { libc::kill(b.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let status = b.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
