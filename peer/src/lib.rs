@@ -3,16 +3,25 @@
 //! L2: replicas of a node's checkpoints on its peers.
 //!
 //! * [`proto`]: the versioned peer protocol, a pure, bounded message codec
-//!   (fuzzed: `fuzz/fuzz_targets/peer_message.rs`);
-//! * [`tls`]: the cluster CA, node and job certificates (rcgen), and the
+//!   (fuzzed: `fuzz/fuzz_targets/peer_message.rs`; built alone without the
+//!   default `net` feature);
+//! * `tls`: the cluster CA, node and job certificates (rcgen), and the
 //!   mutual-TLS configurations of services and clients;
-//! * [`service`]: the peer service behind `strata peer serve`;
-//! * [`client`]: [`PeerStore`], a `ChunkStore` over one peer service.
+//! * `replicas` and `service`: the peer service behind `strata peer serve`,
+//!   and `metrics` for Prometheus;
+//! * `client`: `PeerStore`, a `ChunkStore` over one peer service.
 
+#[cfg(feature = "net")]
 pub mod client;
+#[cfg(feature = "net")]
 pub mod metrics;
 pub mod proto;
+#[cfg(feature = "net")]
 pub mod replicas;
+#[cfg(feature = "net")]
 pub mod service;
+#[cfg(feature = "net")]
 pub mod tls;
+
+#[cfg(feature = "net")]
 pub use client::{PeerOptions, PeerStore};
