@@ -169,6 +169,12 @@ pub(crate) struct Shared {
     pub(crate) uploads: Uploads,
     /// The uploader's queue (taken on drop so the uploader finishes).
     pub(crate) upload_tx: Mutex<Option<mpsc::Sender<UploadJob>>>,
+    /// L2 peers in ring order (empty: no replication).
+    pub(crate) l2: Vec<crate::replication::Peer>,
+    /// Replication progress.
+    pub(crate) replication: crate::replication::Replication,
+    /// The replication worker's queue.
+    pub(crate) repl_tx: Mutex<Option<mpsc::Sender<u64>>>,
 }
 
 impl Shared {
@@ -219,6 +225,7 @@ pub struct Checkpointer {
     tx: Option<mpsc::Sender<PersistJob>>,
     worker: Option<std::thread::JoinHandle<()>>,
     uploader: Option<std::thread::JoinHandle<()>>,
+    replicator: Option<std::thread::JoinHandle<()>>,
     inflight: Mutex<Option<(u64, Arc<Completion>)>>,
     skipped: std::sync::atomic::AtomicU64,
 }
@@ -271,7 +278,9 @@ impl Checkpointer {
             .build()
             .map_err(|e| Error::Config(format!("cannot start the runtime: {e}")))?;
         let l1 = L1Store::open(&cfg.l1_dir, cfg.engine()?)?;
+        let l2 = crate::replication::open_peers(&cfg, &rt)?;
         let (upload_tx, upload_rx) = mpsc::channel::<UploadJob>();
+        let (repl_tx, repl_rx) = mpsc::channel::<u64>();
         tracing::info!(engine = l1.engine_name(), dir = %cfg.l1_dir.display(), rank = cfg.rank, "strata checkpointer ready");
         let shared = Arc::new(Shared {
             cfg,
@@ -284,7 +293,21 @@ impl Checkpointer {
             l3,
             uploads: Uploads::default(),
             upload_tx: Mutex::new(Some(upload_tx)),
+            l2,
+            replication: Default::default(),
+            repl_tx: Mutex::new(Some(repl_tx)),
         });
+        let replicator = if shared.l2.is_empty() {
+            None
+        } else {
+            let s2 = shared.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("strata-replicate".into())
+                    .spawn(move || crate::replication::run(&s2, &repl_rx))
+                    .map_err(|e| Error::Config(format!("cannot start replication: {e}")))?,
+            )
+        };
         let uploader = match shared.l3.clone() {
             Some(l3) => {
                 let s3 = shared.clone();
@@ -318,6 +341,7 @@ impl Checkpointer {
             tx: Some(tx),
             worker: Some(worker),
             uploader,
+            replicator,
             inflight: Mutex::new(None),
             skipped: std::sync::atomic::AtomicU64::new(0),
         })
@@ -500,6 +524,12 @@ impl Drop for Checkpointer {
         }
         if let Some(u) = self.uploader.take() {
             let _ = u.join();
+        }
+        if let Ok(mut tx) = self.shared.repl_tx.lock() {
+            tx.take();
+        }
+        if let Some(r) = self.replicator.take() {
+            let _ = r.join();
         }
     }
 }

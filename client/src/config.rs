@@ -19,6 +19,10 @@
 //! upload_min_interval_secs = 0          # and at most one per this many seconds
 //! upload_bytes_per_sec = 0              # bandwidth cap of uploads (0: none)
 //! rehydrate_l1 = true                   # a restore from L3 also writes the step to L1
+//! node = "node-a"                       # this node's name among the peers
+//! peers = ["node-a=10.0.0.1:7070", "node-b=10.0.0.2:7070"]   # L2 peer services
+//! replicas = 1                          # replicas of each step on other nodes
+//! peer_certs = "/etc/strata/certs"      # ca.pem, client-<job>.pem, client-<job>.key
 //!
 //! [l3_options]                          # object_store options (win over the environment)
 //! endpoint = "http://127.0.0.1:9000"
@@ -106,6 +110,16 @@ pub struct Config {
     pub upload_min_interval_secs: u64,
     /// Bandwidth cap of uploads in bytes per second (0: none).
     pub upload_bytes_per_sec: u64,
+    /// This node's name in `peers` (replicas go to other nodes).
+    pub node: String,
+    /// The peer services of the cluster, `name=host:port` each (L2; empty:
+    /// no replication). Every node lists the same set.
+    pub peers: Vec<String>,
+    /// Replicas of each committed step on other nodes.
+    pub replicas: usize,
+    /// Directory with the cluster CA (`ca.pem`) and this job's client
+    /// certificate (`client-<job>.pem`, `client-<job>.key`).
+    pub peer_certs: Option<PathBuf>,
     /// A full restore of a step L1 does not hold (read from L3) also writes
     /// it to L1 and commits it there, overlapped with the restore, so the
     /// next save deduplicates against it and the next restore is local.
@@ -137,6 +151,10 @@ impl Default for Config {
             upload_min_interval_secs: 0,
             upload_bytes_per_sec: 0,
             rehydrate_l1: true,
+            node: "local".into(),
+            peers: Vec::new(),
+            replicas: 1,
+            peer_certs: None,
             gc_grace_secs: 600,
         }
     }
@@ -221,6 +239,27 @@ impl Config {
         self
     }
 
+    /// Sets this node's name and the cluster's peer services
+    /// (`name=host:port`), with the directory of the CA and client
+    /// certificate.
+    pub fn peers(
+        mut self,
+        node: impl Into<String>,
+        peers: impl IntoIterator<Item = String>,
+        certs: impl Into<PathBuf>,
+    ) -> Self {
+        self.node = node.into();
+        self.peers = peers.into_iter().collect();
+        self.peer_certs = Some(certs.into());
+        self
+    }
+
+    /// Replicas of each step on other nodes.
+    pub fn replicas(mut self, r: usize) -> Self {
+        self.replicas = r;
+        self
+    }
+
     /// Whether a full restore from L3 also writes the step to L1.
     pub fn rehydrate_l1(mut self, on: bool) -> Self {
         self.rehydrate_l1 = on;
@@ -287,6 +326,17 @@ impl Config {
                 "UPLOAD_MIN_INTERVAL_SECS" => self.upload_min_interval_secs = num(&v)?,
                 "UPLOAD_BYTES_PER_SEC" => self.upload_bytes_per_sec = num(&v)?,
                 "REHYDRATE_L1" => self.rehydrate_l1 = flag(&v)?,
+                "NODE" => self.node = v.clone(),
+                "PEERS" => {
+                    self.peers = v
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|p| !p.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                }
+                "REPLICAS" => self.replicas = num(&v)? as usize,
+                "PEER_CERTS" => self.peer_certs = (!v.is_empty()).then(|| PathBuf::from(&v)),
                 _ => {}
             }
         }
@@ -307,7 +357,30 @@ impl Config {
         if self.keep_last == 0 {
             return Err(Error::Config("keep_last must be at least 1".into()));
         }
+        let peers = self.peer_list()?;
+        if !peers.is_empty() && self.peer_certs.is_none() {
+            return Err(Error::Config(
+                "peers need peer_certs (the CA and this job's client certificate)".into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// The peers as (name, address), checked.
+    pub fn peer_list(&self) -> Result<Vec<(String, std::net::SocketAddr)>> {
+        self.peers
+            .iter()
+            .map(|p| {
+                let (name, addr) = p
+                    .split_once('=')
+                    .ok_or_else(|| Error::Config(format!("peer {p:?}: expected name=host:port")))?;
+                let addr = std::net::ToSocketAddrs::to_socket_addrs(addr.trim())
+                    .ok()
+                    .and_then(|mut a| a.next())
+                    .ok_or_else(|| Error::Config(format!("peer {p:?}: cannot resolve {addr:?}")))?;
+                Ok((name.trim().to_string(), addr))
+            })
+            .collect()
     }
 
     /// The I/O engine choice.

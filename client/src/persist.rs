@@ -116,6 +116,7 @@ pub(crate) fn persist(
     stats.to_durable = job.started.elapsed();
 
     crate::tiering::after_commit(s, job.step);
+    crate::replication::after_commit(s, job.step);
     match tracing::info_span!("retention").in_scope(|| retention(s)) {
         Ok((steps, bytes)) => {
             stats.retired_steps = steps;
@@ -263,6 +264,7 @@ fn retention(s: &Shared) -> Result<(u64, u64)> {
     let mut keep: HashSet<u64> = mine.iter().rev().take(cfg.keep_last).copied().collect();
     // Steps waiting for (or in) an upload to L3 stay until it is done.
     keep.extend(s.uploads.pinned());
+    keep.extend(s.replication.pinned());
     let oldest_kept = keep.iter().min().copied().unwrap_or(newest);
     let mut retired = 0;
     for st in &steps {

@@ -233,7 +233,24 @@ impl Checkpointer {
             None => Vec::new(),
         };
         let on_l3 = restorable(cfg, &l3_steps);
-        let mine: BTreeSet<u64> = on_l1.union(&on_l3).copied().collect();
+        // Each peer is listed too; one that cannot be reached is logged and
+        // skipped.
+        let l2_steps: Vec<Vec<StepInfo>> = s
+            .l2
+            .iter()
+            .map(|p| match s.rt.block_on(p.store.list_steps(&cfg.job)) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(peer = %p.name, error = %e, "cannot list a peer; skipping it");
+                    Vec::new()
+                }
+            })
+            .collect();
+        let on_l2: Vec<BTreeSet<u64>> = l2_steps.iter().map(|v| restorable(cfg, v)).collect();
+        let mut mine: BTreeSet<u64> = on_l1.union(&on_l3).copied().collect();
+        for set in &on_l2 {
+            mine.extend(set.iter().copied());
+        }
         let n = s.restores.fetch_add(1, Ordering::Relaxed);
         let payload: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
         let all = s.coord.all_gather(
@@ -275,15 +292,37 @@ impl Checkpointer {
                         step,
                         Loaded {
                             manifest,
-                            from_l3: false,
+                            source: Source::L1,
                             bytes,
                             record,
                         },
                     ))
                 }
                 Err(e) => {
-                    tracing::warn!(step, error = %e, "L1 manifest unusable; trying L3");
+                    tracing::warn!(step, error = %e, "L1 manifest unusable; trying peers and L3");
                     first_err = Some(e);
+                }
+            }
+        }
+        for (i, p) in s.l2.iter().enumerate() {
+            if !on_l2[i].contains(&step) {
+                continue;
+            }
+            match load_manifest(s, &*p.store, &l2_steps[i], step) {
+                Ok((manifest, bytes, record)) => {
+                    return Ok((
+                        step,
+                        Loaded {
+                            manifest,
+                            source: Source::L2(i),
+                            bytes,
+                            record,
+                        },
+                    ))
+                }
+                Err(e) => {
+                    tracing::warn!(step, peer = %p.name, error = %e, "peer manifest unusable");
+                    first_err.get_or_insert(e);
                 }
             }
         }
@@ -294,7 +333,7 @@ impl Checkpointer {
                     step,
                     Loaded {
                         manifest,
-                        from_l3: true,
+                        source: Source::L3,
                         bytes,
                         record,
                     },
@@ -305,12 +344,22 @@ impl Checkpointer {
     }
 }
 
+/// The tier a step is read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// This node's disk.
+    L1,
+    /// The peer at this index of `Shared::l2` (L1 lacks the step).
+    L2(usize),
+    /// Object storage (neither L1 nor a reachable peer holds it).
+    L3,
+}
+
 /// A step's manifest and where it came from.
 pub(crate) struct Loaded {
     manifest: ShardManifest,
-    /// The step is read from L3 (L1 does not hold it, or its manifest there
-    /// is damaged).
-    from_l3: bool,
+    /// Where the step is read from.
+    source: Source,
     /// The manifest's encoding.
     bytes: Vec<u8>,
     /// The commit record naming this rank's shard.
@@ -423,6 +472,8 @@ struct Counters {
     bytes: AtomicU64,
     /// Bytes read from L3 (decoded).
     from_l3: AtomicU64,
+    /// Bytes read from peers.
+    from_l2: AtomicU64,
     /// L1 chunks rewritten from L3.
     repaired: AtomicU64,
     /// Chunks read from L3 are being copied to L1 (cleared on a failure).
@@ -451,12 +502,12 @@ fn fetch_into(
         .collect();
     let failed = AtomicBool::new(false);
     let counters = Counters {
-        l1_copy: AtomicBool::new(rehydrate && loaded.from_l3 && s.cfg.rehydrate_l1),
+        l1_copy: AtomicBool::new(rehydrate && loaded.source == Source::L3 && s.cfg.rehydrate_l1),
         ..Counters::default()
     };
-    let mut errors: Vec<(usize, Error)> = match (&s.l3, loaded.from_l3) {
-        (Some(l3), true) => l3_restore(s, l3, loaded, &wanted, &slots, &failed, &counters),
-        _ => l1_restore(s, loaded, &wanted, &slots, &failed, &counters),
+    let mut errors: Vec<(usize, Error)> = match (&s.l3, loaded.source) {
+        (Some(l3), Source::L3) => l3_restore(s, l3, loaded, &wanted, &slots, &failed, &counters),
+        _ => batch_restore(s, loaded, &wanted, &slots, &failed, &counters),
     };
     // Report the first damaged chunk in shard order, whichever lane saw it.
     errors.sort_by_key(|(c, _)| *c);
@@ -468,6 +519,7 @@ fn fetch_into(
         chunks: wanted.len() as u64,
         bytes_read: counters.bytes.load(Ordering::Relaxed),
         bytes_from_l3: counters.from_l3.load(Ordering::Relaxed),
+        bytes_from_l2: counters.from_l2.load(Ordering::Relaxed),
         chunks_repaired: counters.repaired.load(Ordering::Relaxed),
         rehydrated: counters.l1_copy.load(Ordering::Relaxed),
         duration: started.elapsed(),
@@ -505,8 +557,9 @@ where
     })
 }
 
-/// A step on L1: batches of chunks per lane, with per-chunk fallback to L3.
-fn l1_restore(
+/// A step on L1 (or on a peer): batches of chunks per lane, with
+/// per-chunk fallback to the peers, then L3.
+fn batch_restore(
     s: &Shared,
     loaded: &Loaded,
     wanted: &[usize],
@@ -772,9 +825,10 @@ fn write_back_to_l1(
     }
 }
 
-/// One batch of chunks from L1, verified, into the lane's spare buffers;
-/// each chunk L1 lacks or holds damaged is read from L3 instead (when there
-/// is one) and its L1 copy repaired.
+/// One batch of chunks from the step's tier (L1 or a peer), verified, into
+/// the lane's spare buffers; each chunk that tier lacks or holds damaged is
+/// read from the next tier that has it (the peers in ring order, then L3),
+/// and, when the step is read from L1, its L1 copy is repaired.
 fn fetch_batch(
     s: &Shared,
     loaded: &Loaded,
@@ -784,43 +838,72 @@ fn fetch_batch(
     counters: &Counters,
 ) -> Vec<strata_tiered::Result<strata_tiered::ChunkData>> {
     let job = &s.cfg.job;
-    let mut got = s.rt.block_on(s.l1.get_chunks_reusing(job, ids, spare));
-    let Some(l3) = &s.l3 else {
-        return got;
+    let primary: &dyn ChunkStore = match loaded.source {
+        Source::L2(i) => &*s.l2[i].store,
+        _ => &s.l1,
     };
-    let retry: Vec<usize> = got
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| {
-            r.as_ref().err().is_some_and(|e| {
-                matches!(e.kind(), StoreErrorKind::NotFound | StoreErrorKind::Corrupt)
-            })
-        })
-        .map(|(i, _)| i)
-        .collect();
-    if retry.is_empty() {
-        return got;
+    let mut got = s.rt.block_on(primary.get_chunks_reusing(job, ids, spare));
+    if let Source::L2(_) = loaded.source {
+        let n: u64 = got.iter().flatten().map(|d| d.len() as u64).sum();
+        counters.from_l2.fetch_add(n, Ordering::Relaxed);
     }
-    let want: Vec<ChunkId> = retry.iter().map(|&i| ids[i]).collect();
-    let fetched = s.rt.block_on(l3.get_chunks(job, &want));
+    // Fallback tiers, in order: peers other than the primary, then L3.
+    let mut fallbacks: Vec<(&dyn ChunkStore, bool)> =
+        s.l2.iter()
+            .enumerate()
+            .filter(|(i, _)| loaded.source != Source::L2(*i))
+            .map(|(_, p)| (&*p.store as &dyn ChunkStore, true))
+            .collect();
+    if let Some(l3) = &s.l3 {
+        fallbacks.push((&**l3, false));
+    }
     let mut repairs = Vec::new();
-    for (&i, r) in retry.iter().zip(fetched) {
-        match r {
-            Ok(data) => {
-                tracing::warn!(chunk = %ids[i], "chunk missing or damaged on L1: read from L3, repairing L1");
-                counters
-                    .from_l3
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
-                repairs.push(ChunkPut {
-                    id: ids[i],
-                    hint: loaded.manifest.chunks[batch[i]].hint,
-                    data: data.clone(),
-                });
-                got[i] = Ok(data);
+    for (tier, is_peer) in fallbacks {
+        let retry: Vec<usize> = got
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                r.as_ref().err().is_some_and(|e| {
+                    matches!(
+                        e.kind(),
+                        StoreErrorKind::NotFound
+                            | StoreErrorKind::Corrupt
+                            | StoreErrorKind::Unavailable
+                    )
+                })
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if retry.is_empty() {
+            break;
+        }
+        let want: Vec<ChunkId> = retry.iter().map(|&i| ids[i]).collect();
+        let fetched = s.rt.block_on(tier.get_chunks(job, &want));
+        for (&i, r) in retry.iter().zip(fetched) {
+            match r {
+                Ok(data) => {
+                    tracing::warn!(chunk = %ids[i], from = tier.name(), "chunk missing or damaged where the step was read: read from another tier");
+                    let n = data.len() as u64;
+                    if is_peer {
+                        counters.from_l2.fetch_add(n, Ordering::Relaxed);
+                    } else {
+                        counters.from_l3.fetch_add(n, Ordering::Relaxed);
+                    }
+                    if loaded.source == Source::L1 {
+                        repairs.push(ChunkPut {
+                            id: ids[i],
+                            hint: loaded.manifest.chunks[batch[i]].hint,
+                            data: data.clone(),
+                        });
+                    }
+                    got[i] = Ok(data);
+                }
+                // Keep the first tier's error: it says what is wrong with
+                // the copy the step was read from; the others are logged.
+                Err(e) => {
+                    tracing::warn!(chunk = %ids[i], tier = tier.name(), error = %e, "copy unreadable there too")
+                }
             }
-            // Keep L1's error: it says what is wrong with the local copy;
-            // L3's is logged.
-            Err(e) => tracing::warn!(chunk = %ids[i], error = %e, "L3 copy unreadable too"),
         }
     }
     if !repairs.is_empty() {

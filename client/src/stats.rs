@@ -54,7 +54,11 @@ pub struct RestoreStats {
     /// Of those, bytes read from L3 (the step is not on L1, or L1's copy
     /// of a chunk was missing or damaged).
     pub bytes_from_l3: u64,
-    /// Chunks whose missing or damaged L1 copy was rewritten from L3.
+    /// Of those, bytes read from peers (the step is not on L1, or L1's
+    /// copy of a chunk was missing or damaged).
+    pub bytes_from_l2: u64,
+    /// Chunks whose missing or damaged L1 copy was rewritten from another
+    /// tier.
     pub chunks_repaired: u64,
     /// A step restored from L3 was written back to L1 and committed there
     /// (`restore` does this; `restore_into`, which may read a subset, not).

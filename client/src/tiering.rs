@@ -19,6 +19,7 @@ use strata_tiered::{ChunkPut, ChunkStore, L3Store};
 
 use crate::checkpointer::{Checkpointer, Shared};
 use crate::error::{Error, Result};
+use crate::replication::L2State;
 
 /// Chunk bytes read from L1 and uploaded per batch (bounds upload memory).
 const UPLOAD_BATCH_BYTES: u64 = 64 << 20;
@@ -260,6 +261,8 @@ pub struct StepTiers {
     pub l3: bool,
     /// This process's upload of it, if any.
     pub upload: Option<L3State>,
+    /// This process's replication of it to peers, if any.
+    pub replication: Option<L2State>,
 }
 
 impl Checkpointer {
@@ -275,6 +278,7 @@ impl Checkpointer {
             None => Default::default(),
         };
         let uploads = s.uploads.snapshot();
+        let repl = s.replication.snapshot();
         Ok(l1
             .union(&l3)
             .map(|&step| StepTiers {
@@ -282,6 +286,7 @@ impl Checkpointer {
                 l1: l1.contains(&step),
                 l3: l3.contains(&step),
                 upload: uploads.get(&step).cloned(),
+                replication: repl.get(&step).cloned(),
             })
             .collect())
     }
@@ -314,6 +319,20 @@ impl Checkpointer {
                 Ok((ng, _)) => g = ng,
                 Err(_) => return,
             }
+        }
+    }
+
+    /// The L2 state of every step this process replicated (or is
+    /// replicating) to peers.
+    pub fn replication(&self) -> BTreeMap<u64, L2State> {
+        self.shared.replication.snapshot()
+    }
+
+    /// Blocks until every step queued for replication has been pushed (or
+    /// found degraded).
+    pub fn wait_replication(&self) {
+        while !self.shared.replication.pinned().is_empty() {
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

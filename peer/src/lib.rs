@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod proto;
 #[cfg(feature = "net")]
 pub mod replicas;
+pub mod ring;
 #[cfg(feature = "net")]
 pub mod service;
 #[cfg(feature = "net")]

@@ -1,0 +1,222 @@
+//! L2 replication from a checkpointer to peer services (in this process,
+//! over QUIC on loopback): the ring's choice of peer, dedup of unchanged
+//! chunks, restore of a node whose disk is gone from its peer, a dead peer
+//! replaced by the next one in the ring, degraded steps, and per-chunk
+//! fallback from a damaged L1 to a peer with repair.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use strata::format::DType;
+use strata::{Checkpointer, Config, Entry, L2State, StepSelector};
+use strata_peer::replicas::Limits;
+use strata_peer::service::{Service, ServiceConfig};
+use strata_peer::tls::{make_certs, CertFiles};
+use strata_tiered::ChunkStore;
+
+const MIB: usize = 1 << 20;
+const JOB: &str = "repl";
+
+/// Ten 2 MiB tensors; `step` changes tensor `step % 10` only.
+fn state(step: u64) -> Vec<Vec<u8>> {
+    (0..10u64)
+        .map(|i| {
+            let version = if i == step % 10 { step } else { 0 };
+            let key = (i << 40) ^ (version << 20);
+            (0..2 * MIB as u64)
+                .map(|j| ((j ^ key).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+                .collect()
+        })
+        .collect()
+}
+
+fn names() -> Vec<String> {
+    (0..10).map(|i| format!("layer.{i}.weight")).collect()
+}
+
+fn entries<'a>(names: &'a [String], data: &'a [Vec<u8>]) -> Vec<Entry<'a>> {
+    const SHAPE: [u64; 1] = [MIB as u64];
+    names
+        .iter()
+        .zip(data)
+        .map(|(n, d)| Entry::tensor(n, DType::BF16, &SHAPE, d))
+        .collect()
+}
+
+/// Three peer services (node-a, node-b, node-c) and their certificates.
+struct Cluster {
+    rt: tokio::runtime::Runtime,
+    services: Vec<(String, Arc<Service>)>,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes: Vec<String> = ["node-a", "node-b", "node-c"].map(String::from).to_vec();
+        make_certs(dir.path(), &nodes, &[], &[JOB.into()]).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let services = nodes
+            .iter()
+            .map(|n| {
+                let cfg = ServiceConfig {
+                    node: n.clone(),
+                    listen: "127.0.0.1:0".parse().unwrap(),
+                    certs: CertFiles::in_dir(dir.path(), n),
+                    spill: dir.path().join(format!("spill-{n}")),
+                    limits: Limits::default(),
+                    max_streams: 32,
+                    inflight_bytes: 256 << 20,
+                    max_request: ServiceConfig::DEFAULT_MAX_REQUEST,
+                };
+                let svc = rt.block_on(async { Service::bind(&cfg).unwrap() });
+                rt.spawn(svc.clone().run());
+                (n.clone(), svc)
+            })
+            .collect();
+        Cluster { rt, services, dir }
+    }
+
+    fn peers(&self) -> Vec<String> {
+        self.services
+            .iter()
+            .map(|(n, s)| format!("{n}={}", s.local_addr().unwrap()))
+            .collect()
+    }
+
+    fn stop(&self, node: &str) {
+        let svc = &self.services.iter().find(|(n, _)| n == node).unwrap().1;
+        self.rt.block_on(svc.shutdown());
+    }
+
+    fn cfg(&self, l1: &std::path::Path, replicas: usize) -> Config {
+        Config::builder()
+            .job(JOB)
+            .l1_dir(l1)
+            .chunk_size(MIB as u32)
+            .keep_last(2)
+            .gc_grace_secs(0)
+            .peers("node-a", self.peers(), self.dir.path())
+            .replicas(replicas)
+    }
+}
+
+#[test]
+fn steps_replicate_to_the_ring_and_a_lost_disk_restores_from_the_peer() {
+    let cluster = Cluster::start();
+    let l1 = tempfile::tempdir().unwrap();
+    let names = names();
+    {
+        let ck = Checkpointer::new(cluster.cfg(l1.path(), 1)).unwrap();
+        for step in 1..=3 {
+            let data = state(step);
+            ck.save(step, &entries(&names, &data))
+                .unwrap()
+                .wait()
+                .unwrap();
+            ck.wait_replication();
+        }
+        let repl = ck.replication();
+        // Rank 0 on node-a: its first peer in the ring is node-b.
+        for step in 1..=3 {
+            match &repl[&step] {
+                L2State::Replicated { peers, wanted, .. } => {
+                    assert_eq!(peers, &vec!["node-b".to_string()]);
+                    assert_eq!(*wanted, 1);
+                }
+                other => panic!("step {step}: {other:?}"),
+            }
+        }
+        // Only what changed went again (1 tensor of 10, plus nothing else).
+        match &repl[&3] {
+            L2State::Replicated { sent, .. } => assert!(*sent <= 4 * MIB as u64, "sent {sent}"),
+            other => panic!("{other:?}"),
+        }
+        let tiers = ck.steps().unwrap();
+        assert!(tiers.iter().any(|t| t.step == 3 && t.replication.is_some()));
+    }
+    // The node's disk is lost; its peer still holds step 3.
+    std::fs::remove_dir_all(l1.path()).unwrap();
+    let ck = Checkpointer::new(cluster.cfg(l1.path(), 1)).unwrap();
+    assert!(ck.committed_steps().unwrap().is_empty());
+    let got = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(got.step, 3);
+    assert_eq!(got.stats.bytes_from_l2, got.stats.bytes_read);
+    for (n, d) in names.iter().zip(&state(3)) {
+        assert!(&got.get(n).unwrap().bytes == d, "{n}");
+    }
+}
+
+#[test]
+fn a_dead_peer_is_replaced_by_the_next_in_the_ring_and_too_few_is_degraded() {
+    let cluster = Cluster::start();
+    let l1 = tempfile::tempdir().unwrap();
+    let names = names();
+    let ck = Checkpointer::new(cluster.cfg(l1.path(), 1)).unwrap();
+    ck.save(1, &entries(&names, &state(1)))
+        .unwrap()
+        .wait()
+        .unwrap();
+    ck.wait_replication();
+    cluster.stop("node-b");
+    // The save does not wait for or fail on the dead peer.
+    ck.save(2, &entries(&names, &state(2)))
+        .unwrap()
+        .wait()
+        .unwrap();
+    ck.wait_replication();
+    match &ck.replication()[&2] {
+        L2State::Replicated { peers, .. } => assert_eq!(peers, &vec!["node-c".to_string()]),
+        other => panic!("{other:?}"),
+    }
+    drop(ck);
+    // Two replicas wanted, one live peer left: degraded, naming the error.
+    let ck = Checkpointer::new(cluster.cfg(l1.path(), 2)).unwrap();
+    ck.save(3, &entries(&names, &state(3)))
+        .unwrap()
+        .wait()
+        .unwrap();
+    ck.wait_replication();
+    match &ck.replication()[&3] {
+        L2State::Degraded {
+            peers,
+            wanted,
+            errors,
+        } => {
+            assert_eq!(peers, &vec!["node-c".to_string()]);
+            assert_eq!(*wanted, 2);
+            assert!(errors.iter().any(|e| e.starts_with("node-b")), "{errors:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The step is committed on L1 all the same.
+    assert!(ck.committed_steps().unwrap().contains(&3));
+}
+
+#[test]
+fn a_damaged_l1_chunk_is_read_from_the_peer_and_repaired() {
+    let cluster = Cluster::start();
+    let l1 = tempfile::tempdir().unwrap();
+    let names = names();
+    let ck = Checkpointer::new(cluster.cfg(l1.path(), 1)).unwrap();
+    let data = state(4);
+    ck.save(4, &entries(&names, &data)).unwrap().wait().unwrap();
+    ck.wait_replication();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let m = strata::format::ShardManifest::decode(
+        &rt.block_on(ck.l1().get_manifest(JOB, 4, 0)).unwrap(),
+    )
+    .unwrap();
+    let p = ck.l1().chunk_path(JOB, &m.chunks[5].id);
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes[7] ^= 0x40;
+    std::fs::write(&p, &bytes).unwrap();
+    let got = ck.restore(StepSelector::Latest).unwrap();
+    for (n, d) in names.iter().zip(&data) {
+        assert!(&got.get(n).unwrap().bytes == d, "{n}");
+    }
+    assert_eq!(got.stats.bytes_from_l2, MIB as u64);
+    assert_eq!(got.stats.chunks_repaired, 1);
+    let again = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(again.stats.bytes_from_l2, 0);
+}
