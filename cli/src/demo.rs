@@ -18,7 +18,7 @@ use strata::format::layout::DEFAULT_CHUNK_SIZE;
 use strata::format::EntrySpec;
 use strata::par::{default_threads, par_map};
 use strata::synthetic::{self, SynthEntry};
-use strata::{Checkpointer, Config, Entry, L3State, StepSelector};
+use strata::{Checkpointer, Config, Entry, L2State, L3State, RestoreStats, StepSelector};
 
 use crate::out::say;
 use crate::size::{human, parse_size};
@@ -68,6 +68,69 @@ pub(crate) struct DemoArgs {
     /// No L3: no uploads, no simulated loss of the node's disk.
     #[arg(long)]
     no_l3: bool,
+    /// No peers: do not start the two local peer services (L2) nor
+    /// replicate to them.
+    #[arg(long)]
+    no_peers: bool,
+}
+
+/// Two peer services on loopback (node-b, node-c) for the demo's node-a,
+/// with a fresh CA and certificates under DIR/peer-certs.
+struct LocalPeers {
+    rt: tokio::runtime::Runtime,
+    services: Vec<std::sync::Arc<strata_peer::service::Service>>,
+    peers: Vec<String>,
+    certs: PathBuf,
+}
+
+impl LocalPeers {
+    fn start(dir: &std::path::Path) -> Result<Self, CliError> {
+        use strata_peer::service::{Service, ServiceConfig};
+        let err = |e: String| CliError::Arg(format!("starting the local peers: {e}"));
+        let certs = dir.join("peer-certs");
+        let nodes: Vec<String> = ["node-a", "node-b", "node-c"].map(String::from).to_vec();
+        strata_peer::tls::make_certs(&certs, &nodes, &[], &["demo".into()])
+            .map_err(|e| err(e.to_string()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .thread_name("demo-peer")
+            .build()
+            .map_err(|e| err(e.to_string()))?;
+        let mut services = Vec::new();
+        let mut peers = Vec::new();
+        for n in &nodes[1..] {
+            let cfg = ServiceConfig {
+                node: n.clone(),
+                listen: "127.0.0.1:0".parse().map_err(|e| err(format!("{e}")))?,
+                certs: strata_peer::tls::CertFiles::in_dir(&certs, n),
+                spill: dir.join(format!("peer-spill-{n}")),
+                limits: strata_peer::replicas::Limits::default(),
+                max_streams: 32,
+                inflight_bytes: 1 << 30,
+                max_request: ServiceConfig::DEFAULT_MAX_REQUEST,
+            };
+            let svc = rt
+                .block_on(async { Service::bind(&cfg) })
+                .map_err(|e| err(e.to_string()))?;
+            let addr = svc.local_addr().map_err(|e| err(e.to_string()))?;
+            rt.spawn(svc.clone().run());
+            peers.push(format!("{n}={addr}"));
+            services.push(svc);
+        }
+        Ok(LocalPeers {
+            rt,
+            services,
+            peers,
+            certs,
+        })
+    }
+
+    fn stop(&self) {
+        for s in &self.services {
+            self.rt.block_on(s.shutdown());
+        }
+    }
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -182,7 +245,7 @@ fn restore_and_check(
     ck: &Checkpointer,
     want: &SynthState,
     step: u64,
-) -> Result<(Duration, bool), CliError> {
+) -> Result<(Duration, RestoreStats), CliError> {
     let t = Instant::now();
     let r = ck
         .restore(StepSelector::Step(step))
@@ -203,7 +266,18 @@ fn restore_and_check(
             )));
         }
     }
-    Ok((took, r.stats.bytes_from_l3 > 0))
+    Ok((took, r.stats))
+}
+
+/// The tier most of a restore's bytes came from.
+fn source(st: &RestoreStats) -> &'static str {
+    if st.bytes_from_l2 * 2 > st.bytes_read {
+        "a peer (L2)"
+    } else if st.bytes_from_l3 * 2 > st.bytes_read {
+        "L3"
+    } else {
+        "L1"
+    }
 }
 
 /// Runs the demo.
@@ -235,6 +309,15 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
             cfg = cfg.l3_option(k.clone(), v.clone());
         }
     }
+    let peers = if args.no_peers {
+        None
+    } else {
+        let p = LocalPeers::start(&args.dir)?;
+        cfg = cfg
+            .peers("node-a", p.peers.clone(), p.certs.clone())
+            .replicas(1);
+        Some(p)
+    };
     let ck = Checkpointer::new(cfg.clone()).map_err(|e| CliError::Arg(e.to_string()))?;
     let mut state = SynthState::new(args.state_size);
     let logical = state.logical();
@@ -247,6 +330,13 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         ck.engine_name()
     );
 
+    if let Some(p) = &peers {
+        say!(
+            "  L2: this is node-a; peer services on loopback: {} (mutual TLS, CA in {}); 1 replica per step",
+            p.peers.join(", "),
+            p.certs.display()
+        );
+    }
     if let Some(url) = &cfg.l3_url {
         say!(
             "  L3 at {url}: every {} step(s) uploaded in the background",
@@ -261,10 +351,10 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
     if let Some(last) = committed.last() {
         let last_step = last.step;
         state.advance(args.seed, 0, last_step, threads);
-        let (took, from_l3) = restore_and_check(&ck, &state, last_step)?;
+        let (took, stats) = restore_and_check(&ck, &state, last_step)?;
         say!(
             "recovered step {last_step} from {}: {} restored and verified in {:.2} s ({:.2} GB/s); resuming at step {}",
-            if from_l3 { "L3" } else { "L1" },
+            source(&stats),
             human(logical),
             took.as_secs_f64(),
             gbps(logical, took),
@@ -339,8 +429,24 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         say!("codec report (what a compressing tier would store):");
         crate::codec_report::report(&state.specs, &state.data, chunk_size, threads)?;
     }
+    let mut ck = Some(ck);
+    if let (Some(p), Some(_)) = (&peers, last) {
+        if let Some(c) = ck.take() {
+            ck = Some(lose_l1_and_restore_from_a_peer(
+                c, &cfg, args, &mut state, threads, p,
+            )?);
+        }
+    }
     if cfg.l3_url.is_some() && last.is_some() {
-        lose_l1_and_restore_from_l3(ck, &cfg, args, &mut state, threads)?;
+        if let Some(c) = ck.take() {
+            // The whole cluster is gone now: no peers either.
+            if let Some(p) = &peers {
+                p.stop();
+            }
+            let mut no_peers = cfg.clone();
+            no_peers.peers.clear();
+            lose_l1_and_restore_from_l3(c, &no_peers, args, &mut state, threads)?;
+        }
     }
     match last {
         Some(last) => say!(
@@ -368,25 +474,7 @@ fn lose_l1_and_restore_from_l3(
         "uploads finished {:.2} s after the last save:",
         t.elapsed().as_secs_f64()
     );
-    let steps = ck.steps().map_err(|e| CliError::Verify(e.to_string()))?;
-    for st in &steps {
-        let upload = match &st.upload {
-            Some(L3State::Committed { sent, deduped }) => format!(
-                ", uploaded {} (L3 already held {})",
-                human(*sent),
-                human(*deduped)
-            ),
-            Some(L3State::Failed(e)) => format!(", upload FAILED: {e}"),
-            Some(other) => format!(", upload {other:?}"),
-            None => String::new(),
-        };
-        say!(
-            "  step {:>4}: L1 {}, L3 {}{upload}",
-            st.step,
-            if st.l1 { "committed" } else { "-" },
-            if st.l3 { "committed" } else { "-" }
-        );
-    }
+    let steps = print_tiers(&ck)?;
     if let Some(failed) = steps
         .iter()
         .find(|s| matches!(s.upload, Some(L3State::Failed(_))))
@@ -406,16 +494,23 @@ fn lose_l1_and_restore_from_l3(
     let newest = newest.step;
     drop(ck);
     let job_dir = cfg.l1_dir.join(&cfg.job);
-    std::fs::remove_dir_all(&job_dir)
-        .map_err(|e| CliError::Verify(format!("removing {}: {e}", job_dir.display())))?;
+    match std::fs::remove_dir_all(&job_dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(CliError::Verify(format!(
+                "removing {}: {e}",
+                job_dir.display()
+            )))
+        }
+        _ => {}
+    }
     say!(
-        "simulated the loss of this node's disk: removed {}",
+        "simulated the loss of this node's disk (and of its peers): removed {}",
         job_dir.display()
     );
     let fresh = Checkpointer::new(cfg.clone()).map_err(|e| CliError::Arg(e.to_string()))?;
     state.advance(args.seed, 0, newest, threads);
-    let (took, from_l3) = restore_and_check(&fresh, state, newest)?;
-    if !from_l3 {
+    let (took, stats) = restore_and_check(&fresh, state, newest)?;
+    if stats.bytes_from_l3 == 0 {
         return Err(CliError::Verify("the restore did not read from L3".into()));
     }
     let logical = state.logical();
@@ -426,4 +521,100 @@ fn lose_l1_and_restore_from_l3(
         gbps(logical, took)
     );
     Ok(())
+}
+
+/// Waits for replication, then deletes this node's L1 data (its disk is
+/// lost, its peers are up), restores the newest replicated step from the
+/// peer with a fresh checkpointer, and checks it. Returns the checkpointer.
+fn lose_l1_and_restore_from_a_peer(
+    ck: Checkpointer,
+    cfg: &Config,
+    args: &DemoArgs,
+    state: &mut SynthState,
+    threads: usize,
+    peers: &LocalPeers,
+) -> Result<Checkpointer, CliError> {
+    let t = Instant::now();
+    ck.wait_replication();
+    let repl_done = t.elapsed();
+    ck.wait_uploads();
+    say!(
+        "replication finished {:.2} s, uploads {:.2} s after the last save:",
+        repl_done.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
+    print_tiers(&ck)?;
+    let repl = ck.replication();
+    let Some(newest) = repl
+        .iter()
+        .rev()
+        .find(|(_, st)| matches!(st, L2State::Replicated { .. }))
+        .map(|(s, _)| *s)
+    else {
+        return Err(CliError::Verify("no step was replicated".into()));
+    };
+    drop(ck);
+    let job_dir = cfg.l1_dir.join(&cfg.job);
+    std::fs::remove_dir_all(&job_dir)
+        .map_err(|e| CliError::Verify(format!("removing {}: {e}", job_dir.display())))?;
+    say!(
+        "simulated the loss of node-a's disk (peers {} still up): removed {}",
+        peers.peers.len(),
+        job_dir.display()
+    );
+    let fresh = Checkpointer::new(cfg.clone()).map_err(|e| CliError::Arg(e.to_string()))?;
+    state.advance(args.seed, 0, newest, threads);
+    let (took, stats) = restore_and_check(&fresh, state, newest)?;
+    if stats.bytes_from_l2 == 0 {
+        return Err(CliError::Verify(
+            "the restore did not read from a peer".into(),
+        ));
+    }
+    let logical = state.logical();
+    say!(
+        "restored step {newest} from its peer onto an empty L1: {} verified byte-identical in {:.2} s ({:.2} GB/s)",
+        human(logical),
+        took.as_secs_f64(),
+        gbps(logical, took)
+    );
+    Ok(fresh)
+}
+
+/// Prints where each step lives (L1, L3 with its upload, L2 with its
+/// replication) and returns the list.
+fn print_tiers(ck: &Checkpointer) -> Result<Vec<strata::StepTiers>, CliError> {
+    let steps = ck.steps().map_err(|e| CliError::Verify(e.to_string()))?;
+    for st in &steps {
+        let repl = match &st.replication {
+            Some(L2State::Replicated { peers, wanted, .. }) => {
+                format!(", L2 {}/{wanted} on {}", peers.len(), peers.join(","))
+            }
+            Some(L2State::Degraded { peers, wanted, .. }) => {
+                format!(", L2 DEGRADED {}/{wanted}", peers.len())
+            }
+            Some(L2State::Pending) => ", L2 pending".into(),
+            None => String::new(),
+        };
+        let upload = match &st.upload {
+            Some(L3State::Committed { sent, deduped }) => format!(
+                ", uploaded {} (L3 already held {})",
+                human(*sent),
+                human(*deduped)
+            ),
+            Some(L3State::Failed(e)) => format!(", upload FAILED: {e}"),
+            Some(other) => format!(", upload {other:?}"),
+            None => String::new(),
+        };
+        let l3 = match (ck.l3().is_some(), st.l3) {
+            (false, _) => String::new(),
+            (true, true) => ", L3 committed".into(),
+            (true, false) => ", L3 -".into(),
+        };
+        say!(
+            "  step {:>4}: L1 {}{l3}{upload}{repl}",
+            st.step,
+            if st.l1 { "committed" } else { "-" },
+        );
+    }
+    Ok(steps)
 }

@@ -43,6 +43,8 @@ fn demo_saves_restores_and_resumes() {
         "every chunk byte-identical",
         "BF16",
         "step    2: L1 committed, L3 committed, uploaded",
+        "L2 1/1 on node-b",
+        "restored step 2 from its peer onto an empty L1",
         "simulated the loss of this node's disk",
         "restored step 2 from L3 onto an empty L1",
         "ok: steps 1..=2",

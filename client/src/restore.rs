@@ -502,7 +502,7 @@ fn fetch_into(
         .collect();
     let failed = AtomicBool::new(false);
     let counters = Counters {
-        l1_copy: AtomicBool::new(rehydrate && loaded.source == Source::L3 && s.cfg.rehydrate_l1),
+        l1_copy: AtomicBool::new(rehydrate && loaded.source != Source::L1 && s.cfg.rehydrate_l1),
         ..Counters::default()
     };
     let mut errors: Vec<(usize, Error)> = match (&s.l3, loaded.source) {
@@ -846,6 +846,25 @@ fn fetch_batch(
     if let Source::L2(_) = loaded.source {
         let n: u64 = got.iter().flatten().map(|d| d.len() as u64).sum();
         counters.from_l2.fetch_add(n, Ordering::Relaxed);
+        // A step read from a peer is written back to L1 too (see
+        // `rehydrate_l1`), so the node holds it again.
+        if counters.l1_copy.load(Ordering::Relaxed) {
+            let puts: Vec<ChunkPut> = got
+                .iter()
+                .zip(batch)
+                .filter_map(|(r, &c)| {
+                    r.as_ref().ok().map(|d| ChunkPut {
+                        id: loaded.manifest.chunks[c].id,
+                        hint: loaded.manifest.chunks[c].hint,
+                        data: d.clone(),
+                    })
+                })
+                .collect();
+            if let Err(e) = s.rt.block_on(s.l1.put_chunks(job, puts)) {
+                tracing::warn!(error = %e, "cannot copy the step back to L1");
+                counters.l1_copy.store(false, Ordering::Relaxed);
+            }
+        }
     }
     // Fallback tiers, in order: peers other than the primary, then L3.
     let mut fallbacks: Vec<(&dyn ChunkStore, bool)> =

@@ -145,6 +145,11 @@ fn steps_replicate_to_the_ring_and_a_lost_disk_restores_from_the_peer() {
     for (n, d) in names.iter().zip(&state(3)) {
         assert!(&got.get(n).unwrap().bytes == d, "{n}");
     }
+    // Written back to L1 and committed there: the next restore is local.
+    assert!(got.stats.rehydrated);
+    assert_eq!(ck.committed_steps().unwrap(), vec![3]);
+    let again = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(again.stats.bytes_from_l2, 0);
 }
 
 #[test]
