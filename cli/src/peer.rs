@@ -27,6 +27,23 @@ pub(crate) enum PeerCmd {
     ///
     /// Example: strata peer certs --out certs --node node-a --node node-b --job llama
     Certs(CertsArgs),
+    /// A raw QUIC endpoint with the same TLS as `serve` that only moves
+    /// bytes: the baseline of the L2 benchmark (benches/l2-bench.sh).
+    #[command(hide = true)]
+    Sink(SinkArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SinkArgs {
+    /// UDP address to listen on.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Directory with ca.pem and this node's certificate.
+    #[arg(long)]
+    certs: PathBuf,
+    /// This node's name.
+    #[arg(long)]
+    node: String,
 }
 
 #[derive(Args, Debug)]
@@ -90,6 +107,7 @@ pub(crate) fn run(cmd: &PeerCmd) -> Result<(), CliError> {
     match cmd {
         PeerCmd::Serve(a) => serve(a),
         PeerCmd::Certs(a) => certs(a),
+        PeerCmd::Sink(a) => sink(a),
     }
 }
 
@@ -168,4 +186,63 @@ async fn wait_for_signal() {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+/// The benchmark's raw baseline. On each stream: u8 op and u64 n; op 0:
+/// read n bytes, answer the u64 count; op 1: send n bytes.
+fn sink(a: &SinkArgs) -> Result<(), CliError> {
+    let server = strata_peer::tls::server_config(&CertFiles::in_dir(&a.certs, &a.node), 32)
+        .map_err(|e| CliError::Arg(e.to_string()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Arg(e.to_string()))?;
+    rt.block_on(async {
+        let ep = quinn::Endpoint::server(server, a.listen)
+            .map_err(|e| CliError::Arg(format!("{}: {e}", a.listen)))?;
+        let addr = ep.local_addr().map_err(|e| CliError::Arg(e.to_string()))?;
+        say!("strata peer sink {}: listening on {addr}", a.node);
+        let accept = async {
+            while let Some(inc) = ep.accept().await {
+                tokio::spawn(async move {
+                    let Ok(conn) = inc.await else { return };
+                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                        tokio::spawn(async move {
+                            let mut head = [0u8; 9];
+                            if recv.read_exact(&mut head).await.is_err() {
+                                return;
+                            }
+                            let mut n = [0u8; 8];
+                            n.copy_from_slice(&head[1..]);
+                            let n = u64::from_le_bytes(n);
+                            let buf = vec![0u8; 1 << 20];
+                            if head[0] == 0 {
+                                let mut got = 0u64;
+                                while let Ok(Some(c)) = recv.read_chunk(usize::MAX, true).await {
+                                    got += c.bytes.len() as u64;
+                                }
+                                let _ = send.write_all(&got.to_le_bytes()).await;
+                            } else {
+                                let mut left = n;
+                                while left > 0 {
+                                    let k = left.min(buf.len() as u64) as usize;
+                                    if send.write_all(&buf[..k]).await.is_err() {
+                                        return;
+                                    }
+                                    left -= k as u64;
+                                }
+                            }
+                            let _ = send.finish();
+                            let _ = send.stopped().await;
+                        });
+                    }
+                });
+            }
+        };
+        tokio::select! {
+            _ = accept => {}
+            _ = wait_for_signal() => {}
+        }
+        Ok(())
+    })
 }

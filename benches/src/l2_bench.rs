@@ -1,0 +1,304 @@
+//! L2 benchmark, between this process and peer processes on loopback:
+//!
+//! ```text
+//! benches/l2-bench.sh [--size 2GiB] [--reps 2]
+//! ```
+//!
+//! - push: a checkpointer saves the state and replicates it to a
+//!   `strata peer serve` process (read back from L1, presence check, one
+//!   request per chunk, several at once) vs a raw quinn single-stream upload
+//!   of the same number of bytes to a `strata peer sink` process (same TLS);
+//! - restore of the shard from that peer onto an empty L1 (many streams,
+//!   every chunk verified) vs a raw single-stream download of the same bytes;
+//! - bytes pushed for a step with 1 tensor in 20 changed, over the first push.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use strata::par::default_threads;
+use strata::{synthetic, Checkpointer, Config, Entry, L2State, StepSelector};
+use strata_peer::tls::{client_config, make_certs, CertFiles};
+
+const JOB: &str = "bench";
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn strata_bin() -> PathBuf {
+    std::env::var_os("STRATA_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/strata"))
+}
+
+/// Starts `strata peer <what>` and returns it with its address.
+fn start(
+    what: &str,
+    certs: &Path,
+    node: &str,
+    extra: &[&str],
+) -> Result<(Proc, SocketAddr), String> {
+    let mut child = Command::new(strata_bin())
+        .args([
+            "peer",
+            what,
+            "--listen",
+            "127.0.0.1:0",
+            "--node",
+            node,
+            "--certs",
+        ])
+        .arg(certs)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "{}: {e} (benches/l2-bench.sh builds it)",
+                strata_bin().display()
+            )
+        })?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.as_mut() {
+        BufReader::new(out)
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+    }
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(|a| a.trim().parse().ok())
+        .ok_or_else(|| format!("no address in {line:?}"))?;
+    Ok((Proc(child), addr))
+}
+
+fn gb(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64().max(1e-9) / 1e9
+}
+
+/// One raw stream: upload (op 0) or download (op 1) of `n` bytes.
+async fn raw(ep: &quinn::Endpoint, addr: SocketAddr, op: u8, n: u64) -> Result<Duration, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let conn = ep
+        .connect(addr, "sink")
+        .map_err(|x| e(&x))?
+        .await
+        .map_err(|x| e(&x))?;
+    let t = Instant::now();
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|x| e(&x))?;
+    let mut head = vec![op];
+    head.extend_from_slice(&n.to_le_bytes());
+    send.write_all(&head).await.map_err(|x| e(&x))?;
+    if op == 0 {
+        let buf = vec![7u8; 1 << 20];
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(buf.len() as u64) as usize;
+            send.write_all(&buf[..k]).await.map_err(|x| e(&x))?;
+            left -= k as u64;
+        }
+        send.finish().map_err(|x| e(&x))?;
+        let mut got = [0u8; 8];
+        recv.read_exact(&mut got).await.map_err(|x| e(&x))?;
+        if u64::from_le_bytes(got) != n {
+            return Err("the sink got fewer bytes".into());
+        }
+    } else {
+        send.finish().map_err(|x| e(&x))?;
+        let mut got = 0u64;
+        while let Some(c) = recv.read_chunk(usize::MAX, true).await.map_err(|x| e(&x))? {
+            got += c.bytes.len() as u64;
+        }
+        if got != n {
+            return Err(format!("downloaded {got} of {n} bytes"));
+        }
+    }
+    let d = t.elapsed();
+    conn.close(0u32.into(), b"done");
+    Ok(d)
+}
+
+fn cfg(l1: &Path, peer: SocketAddr, certs: &Path) -> Config {
+    Config::builder()
+        .job(JOB)
+        .l1_dir(l1)
+        .keep_last(2)
+        .gc_grace_secs(0)
+        .peers("node-a", vec![format!("node-b={peer}")], certs)
+        .replicas(1)
+}
+
+fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
+    let _ = std::fs::remove_dir_all(dir);
+    let certs = dir.join("certs");
+    make_certs(
+        &certs,
+        &["node-a".into(), "node-b".into(), "sink".into()],
+        &[],
+        &[JOB.into()],
+    )
+    .map_err(|e| e.to_string())?;
+    let (specs, mut data) = synthetic::generate(size, 7, default_threads());
+    let logical: u64 = data.iter().map(|d| d.len() as u64).sum();
+    println!(
+        "l2-bench: {:.2} GiB synthetic state ({} entries), peer processes on loopback, best of {reps}",
+        logical as f64 / f64::from(1u32 << 30),
+        specs.len()
+    );
+    let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    let (_sink, sink_addr) = start("sink", &certs, "sink", &[])?;
+    let ep = rt.block_on(async {
+        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().map_err(|e| format!("{e}"))?)
+            .map_err(|e| e.to_string())?;
+        ep.set_default_client_config(
+            client_config(&CertFiles::in_dir(&certs, &format!("client-{JOB}")), 64)
+                .map_err(|e| e.to_string())?,
+        );
+        Ok::<_, String>(ep)
+    })?;
+
+    let (mut raw_up, mut raw_down, mut push, mut restore) = (vec![], vec![], vec![], vec![]);
+    let mut sent = (0u64, 0u64);
+    for r in 0..reps {
+        raw_up.push(rt.block_on(raw(&ep, sink_addr, 0, logical))?);
+        raw_down.push(rt.block_on(raw(&ep, sink_addr, 1, logical))?);
+
+        let (_peer, peer_addr) = start(
+            "serve",
+            &certs,
+            "node-b",
+            &[
+                "--memory",
+                "8GiB",
+                "--spill",
+                &dir.join(format!("spill-{r}")).display().to_string(),
+            ],
+        )?;
+        let l1 = dir.join(format!("l1-{r}"));
+        {
+            let ck = Checkpointer::new(cfg(&l1, peer_addr, &certs)).map_err(|e| e.to_string())?;
+            let entries: Vec<Entry<'_>> = synthetic::as_entries(&specs, &data);
+            ck.save(1, &entries)
+                .and_then(|h| h.wait())
+                .map_err(|e| e.to_string())?;
+            // The push starts when the step commits on L1.
+            let t = Instant::now();
+            ck.wait_replication();
+            let d = t.elapsed();
+            match ck.replication().get(&1) {
+                Some(L2State::Replicated { sent: s, .. }) => sent.0 = *s,
+                other => return Err(format!("replication: {other:?}")),
+            }
+            push.push(d);
+            if r == 0 {
+                // 1 tensor in 20 changed.
+                for d in data.iter_mut().skip(7).step_by(20) {
+                    for at in (0..d.len()).step_by(1 << 20) {
+                        d[at] ^= 0x5A;
+                    }
+                }
+                let entries: Vec<Entry<'_>> = synthetic::as_entries(&specs, &data);
+                ck.save(2, &entries)
+                    .and_then(|h| h.wait())
+                    .map_err(|e| e.to_string())?;
+                ck.wait_replication();
+                match ck.replication().get(&2) {
+                    Some(L2State::Replicated { sent: s, .. }) => sent.1 = *s,
+                    other => return Err(format!("replication of step 2: {other:?}")),
+                }
+            }
+        }
+        // The node's disk is lost: restore from the peer.
+        std::fs::remove_dir_all(&l1).map_err(|e| e.to_string())?;
+        let ck = Checkpointer::new(cfg(&l1, peer_addr, &certs).rehydrate_l1(false))
+            .map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        let got = ck
+            .restore(StepSelector::Latest)
+            .map_err(|e| e.to_string())?;
+        restore.push(t.elapsed());
+        if got.stats.bytes_from_l2 != got.stats.bytes_read {
+            return Err("the restore did not come from the peer".into());
+        }
+        for (s, d) in specs.iter().zip(&data) {
+            if got.get(&s.name).map(|e| &e.bytes) != Some(d) {
+                return Err(format!("{} differs after the restore", s.name));
+            }
+        }
+    }
+    let min = |v: &[Duration]| v.iter().copied().min().unwrap_or_default();
+    let row = |what: &str, ours: Duration, base: Duration, label: &str, goal: &str| {
+        let (o, b) = (gb(logical, ours), gb(logical, base));
+        println!(
+            "  {what:<44} {o:>5.2} GB/s  {label} {b:>5.2} GB/s {:>8.2}  {goal}",
+            o / b
+        );
+    };
+    println!(
+        "  {:<44} {:>10}  {:<34} {:>6}  goal",
+        "measure", "Strata", "baseline (same run)", "ratio"
+    );
+    row(
+        "push to a peer (L1 read, check, put)",
+        min(&push),
+        min(&raw_up),
+        "raw quinn, one stream, upload  ",
+        ">=0.8",
+    );
+    row(
+        "restore from a peer (verify every chunk)",
+        min(&restore),
+        min(&raw_down),
+        "raw quinn, one stream, download",
+        "",
+    );
+    println!(
+        "  {:<44} {:>7.1} MiB  first push {:.1} MiB {:>16.3}  ~0.05",
+        "push of a step with 1 tensor in 20 changed",
+        sent.1 as f64 / f64::from(1u32 << 20),
+        sent.0 as f64 / f64::from(1u32 << 20),
+        sent.1 as f64 / sent.0.max(1) as f64
+    );
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+fn main() {
+    let mut size: u64 = 2 << 30;
+    let mut reps = 2usize;
+    let mut dir = PathBuf::from("strata-l2-bench");
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let v = args.next();
+        match (a.as_str(), v) {
+            ("--size", Some(v)) => {
+                size = v
+                    .trim_end_matches("GiB")
+                    .trim_end_matches("MiB")
+                    .parse::<u64>()
+                    .map(|n| if v.ends_with("MiB") { n << 20 } else { n << 30 })
+                    .unwrap_or(size)
+            }
+            ("--reps", Some(v)) => reps = v.parse().unwrap_or(reps).max(1),
+            ("--dir", Some(v)) => dir = PathBuf::from(v),
+            _ => {
+                eprintln!("l2-bench [--size 2GiB|512MiB] [--reps 2] [--dir DIR]");
+                std::process::exit(2);
+            }
+        }
+    }
+    if let Err(e) = run(size, reps, &dir) {
+        eprintln!("l2-bench: {e}");
+        std::process::exit(1);
+    }
+}
