@@ -193,45 +193,68 @@ fn push(s: &Shared, peer: &PeerStore, step: u64) -> Result<u64> {
     let (m, bytes, record) = crate::restore::load_manifest(s, &s.l1, &steps, step)?;
     let ids: Vec<ChunkId> = m.chunks.iter().map(|c| c.id).collect();
     let present = s.rt.block_on(peer.has_chunks(job, &ids))?;
-    let mut sent = 0u64;
-    let mut batch: Vec<usize> = Vec::new();
-    let mut batch_bytes = 0u64;
     let missing: Vec<usize> = (0..ids.len())
         .filter(|&i| present.get(i) != Some(&true))
         .collect();
-    let mut flush = |batch: &mut Vec<usize>| -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let want: Vec<ChunkId> = batch.iter().map(|&i| ids[i]).collect();
-        let got = s.rt.block_on(s.l1.get_chunks(job, &want));
-        let mut puts = Vec::with_capacity(batch.len());
-        for (&i, data) in batch.iter().zip(got) {
-            puts.push(ChunkPut {
-                id: ids[i],
-                hint: m.chunks[i].hint,
-                data: data.map_err(|source| Error::Chunk {
-                    chunk: ids[i],
-                    entries: Vec::new(),
-                    source: Box::new(source),
-                })?,
-            });
-        }
-        let st = s.rt.block_on(peer.put_chunks(job, puts))?;
-        sent += st.bytes_written;
-        batch.clear();
-        Ok(())
-    };
+    // Batches bounded in bytes; the next is read from L1 (verified) while
+    // the current one is pushed.
+    let mut batches: Vec<Vec<usize>> = Vec::new();
+    let mut batch_bytes = 0u64;
     for &i in &missing {
         let len = u64::from(m.chunks[i].len);
-        if !batch.is_empty() && batch_bytes + len > PUSH_BATCH_BYTES {
-            flush(&mut batch)?;
-            batch_bytes = 0;
+        match batches.last_mut() {
+            Some(b) if batch_bytes + len <= PUSH_BATCH_BYTES => b.push(i),
+            _ => {
+                batches.push(vec![i]);
+                batch_bytes = 0;
+            }
         }
-        batch.push(i);
         batch_bytes += len;
     }
-    flush(&mut batch)?;
+    let read = |batch: &Vec<usize>| {
+        let (l1, job) = (s.l1.clone(), job.clone());
+        let want: Vec<ChunkId> = batch.iter().map(|&i| ids[i]).collect();
+        s.rt.spawn(async move { l1.get_chunks(&job, &want).await })
+    };
+    let mut sent = 0u64;
+    let mut next = batches.first().map(read);
+    for (k, batch) in batches.iter().enumerate() {
+        let Some(pending) = next.take() else { break };
+        let got =
+            s.rt.block_on(pending)
+                .map_err(|e| Error::Pipeline(format!("L1 read task: {e}")))?;
+        next = batches.get(k + 1).map(read);
+        let abort = |next: &mut Option<tokio::task::JoinHandle<_>>| {
+            if let Some(n) = next.take() {
+                n.abort();
+            }
+        };
+        let mut puts = Vec::with_capacity(batch.len());
+        for (&i, data) in batch.iter().zip(got) {
+            match data {
+                Ok(data) => puts.push(ChunkPut {
+                    id: ids[i],
+                    hint: m.chunks[i].hint,
+                    data,
+                }),
+                Err(source) => {
+                    abort(&mut next);
+                    return Err(Error::Chunk {
+                        chunk: ids[i],
+                        entries: Vec::new(),
+                        source: Box::new(source),
+                    });
+                }
+            }
+        }
+        match s.rt.block_on(peer.put_missing_chunks(job, puts)) {
+            Ok(st) => sent += st.bytes_written,
+            Err(e) => {
+                abort(&mut next);
+                return Err(e.into());
+            }
+        }
+    }
     s.rt.block_on(peer.put_manifest(job, step, s.cfg.rank, &bytes))?;
     s.rt.block_on(peer.commit(&record))?;
     Ok(sent)

@@ -192,6 +192,57 @@ impl PeerStore {
         .map_err(|e| StoreError::Internal(format!("decoder task: {e}")))?
     }
 
+    /// Sends chunks the caller just found missing (with `has_chunks`)
+    /// without asking again: one request per chunk, several at once.
+    pub async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        validate_job_id(job)?;
+        if let Some(c) = chunks
+            .iter()
+            .find(|c| c.data.len() > MAX_CHUNK_LEN as usize)
+        {
+            return Err(StoreError::invalid(
+                "chunk",
+                format!("{} bytes exceeds {MAX_CHUNK_LEN}", c.data.len()),
+            ));
+        }
+        self.send(job, chunks).await
+    }
+
+    async fn send(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        let codec = self.opts.codec;
+        let results: Vec<(u64, u64, bool)> = futures::stream::iter(chunks)
+            .map(|c| async move {
+                let raw = c.data.len() as u64;
+                let id = c.id;
+                let frame = tokio::task::spawn_blocking(move || {
+                    FrameEncoder::new(codec)?.encode(c.data.as_slice(), c.hint, Some(c.id))
+                })
+                .await
+                .map_err(|e| StoreError::Internal(format!("encoder task: {e}")))?
+                .map_err(|e| StoreError::invalid("chunk", e.to_string()))?;
+                let stored = frame.len() as u64;
+                match self.request(job, &Request::PutChunk { id, frame }).await? {
+                    Response::Stored { new } => Ok((raw, stored, new)),
+                    other => Err(unexpected(&self.label, &other)),
+                }
+            })
+            .buffer_unordered(self.opts.concurrency.max(1))
+            .try_collect()
+            .await?;
+        let mut stats = PutStats::default();
+        for (raw, stored, new) in results {
+            if new {
+                stats.written += 1;
+                stats.bytes_written += raw;
+                stats.bytes_stored += stored;
+            } else {
+                stats.deduped += 1;
+                stats.bytes_deduped += raw;
+            }
+        }
+        Ok(stats)
+    }
+
     /// Closes the connections.
     pub async fn close(&self) {
         self.endpoint.close(0u32.into(), b"bye");
@@ -299,36 +350,7 @@ impl ChunkStore for PeerStore {
                 send.push(c);
             }
         }
-        let codec = self.opts.codec;
-        let results: Vec<(u64, u64, bool)> = futures::stream::iter(send)
-            .map(|c| async move {
-                let raw = c.data.len() as u64;
-                let id = c.id;
-                let frame = tokio::task::spawn_blocking(move || {
-                    FrameEncoder::new(codec)?.encode(c.data.as_slice(), c.hint, Some(c.id))
-                })
-                .await
-                .map_err(|e| StoreError::Internal(format!("encoder task: {e}")))?
-                .map_err(|e| StoreError::invalid("chunk", e.to_string()))?;
-                let stored = frame.len() as u64;
-                match self.request(job, &Request::PutChunk { id, frame }).await? {
-                    Response::Stored { new } => Ok((raw, stored, new)),
-                    other => Err(unexpected(&self.label, &other)),
-                }
-            })
-            .buffer_unordered(self.opts.concurrency.max(1))
-            .try_collect()
-            .await?;
-        for (raw, stored, new) in results {
-            if new {
-                stats.written += 1;
-                stats.bytes_written += raw;
-                stats.bytes_stored += stored;
-            } else {
-                stats.deduped += 1;
-                stats.bytes_deduped += raw;
-            }
-        }
+        stats += self.send(job, send).await?;
         Ok(stats)
     }
 
