@@ -92,7 +92,7 @@ impl LocalPeers {
         strata_peer::tls::make_certs(&certs, &nodes, &[], &["demo".into()])
             .map_err(|e| err(e.to_string()))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
+            .worker_threads(2)
             .enable_all()
             .thread_name("demo-peer")
             .build()

@@ -152,12 +152,21 @@ impl PeerStore {
         }
     }
 
-    async fn get_frame(&self, job: &str, id: ChunkId) -> Result<Vec<u8>> {
-        match self
-            .request(job, &Request::GetChunk { id, range: None })
-            .await?
-        {
-            Response::Frame(f) => Ok(f),
+    /// A chunk's frame, in place in the response message (returned with
+    /// the offset where the frame starts): no copy beyond the receive.
+    async fn get_frame(&self, job: &str, id: ChunkId) -> Result<(Vec<u8>, usize)> {
+        validate_job_id(job)?;
+        let conn = self.conn(job).await?;
+        let msg = roundtrip_raw(&conn, &Request::GetChunk { id, range: None }, &self.label).await?;
+        if crate::proto::frame_in(&msg).is_some() {
+            return Ok((msg, 5));
+        }
+        let bad = |e: strata_format::FormatError| StoreError::Corrupt {
+            what: format!("answer from {}", self.label),
+            source: e,
+        };
+        match Response::decode(&msg).map_err(bad)? {
+            Response::Error { code, message } => Err(to_store(code, message, &self.label)),
             other => Err(unexpected(&self.label, &other)),
         }
     }
@@ -168,15 +177,16 @@ impl PeerStore {
         id: ChunkId,
         spare: Option<AlignedBuf>,
     ) -> Result<ChunkData> {
-        let frame = self.get_frame(job, id).await?;
+        let (msg, at) = self.get_frame(job, id).await?;
         let label = self.label.clone();
         tokio::task::spawn_blocking(move || {
+            let frame = &msg[at..];
             let corrupt = |source| StoreError::Corrupt {
                 what: format!("chunk {id} from {label}"),
                 source,
             };
             let mut dec = FrameDecoder::new().map_err(corrupt)?;
-            let len = dec.header(&frame).map_err(corrupt)?.raw_len as usize;
+            let len = dec.header(frame).map_err(corrupt)?.raw_len as usize;
             let mut buf = match spare {
                 Some(mut b) if b.capacity() >= len => {
                     b.set_len(len);
@@ -184,7 +194,7 @@ impl PeerStore {
                 }
                 _ => AlignedBuf::zeroed(len),
             };
-            dec.decode_into(&frame, Some(&id), &mut buf)
+            dec.decode_into(frame, Some(&id), &mut buf)
                 .map_err(corrupt)?;
             Ok(ChunkData::whole(buf))
         })
@@ -265,6 +275,15 @@ fn unexpected(label: &str, r: &Response) -> StoreError {
 
 /// One request on a new stream of `conn`, and its answer (bounded).
 async fn roundtrip(conn: &quinn::Connection, req: &Request, label: &str) -> Result<Response> {
+    let msg = roundtrip_raw(conn, req, label).await?;
+    Response::decode(&msg).map_err(|e| StoreError::Corrupt {
+        what: format!("answer from {label}"),
+        source: e,
+    })
+}
+
+/// One request and its answer's body (after the length prefix), undecoded.
+async fn roundtrip_raw(conn: &quinn::Connection, req: &Request, label: &str) -> Result<Vec<u8>> {
     let io = async {
         let (mut send, mut recv) = conn
             .open_bi()
@@ -278,16 +297,15 @@ async fn roundtrip(conn: &quinn::Connection, req: &Request, label: &str) -> Resu
         recv.read_exact(&mut prefix)
             .await
             .map_err(|e| unavailable(format!("{label}: {e}")))?;
-        let bad = |e: strata_format::FormatError| StoreError::Corrupt {
+        let len = message_len(prefix).map_err(|e| StoreError::Corrupt {
             what: format!("answer from {label}"),
             source: e,
-        };
-        let len = message_len(prefix).map_err(bad)?;
+        })?;
         let mut msg = vec![0u8; len];
         recv.read_exact(&mut msg)
             .await
             .map_err(|e| unavailable(format!("{label}: {e}")))?;
-        Response::decode(&msg).map_err(bad)
+        Ok(msg)
     };
     tokio::time::timeout(REQUEST_TIMEOUT, io)
         .await

@@ -226,6 +226,27 @@ mod kind {
     pub(super) const STATS_R: u8 = 137;
 }
 
+/// The first bytes of a `Frame` response carrying `len` frame bytes (the
+/// frame follows): lets a sender write a stored frame without copying it
+/// into the message.
+pub fn frame_envelope(len: usize) -> [u8; 9] {
+    let mut h = [0u8; 9];
+    h[..4].copy_from_slice(&((len + 5) as u32).to_le_bytes());
+    h[4] = kind::FRAME;
+    h[5..].copy_from_slice(&(len as u32).to_le_bytes());
+    h
+}
+
+/// If `msg` (a response body, after the length prefix) is a `Frame`,
+/// the frame bytes in place, checked against the stated length.
+pub fn frame_in(msg: &[u8]) -> Option<&[u8]> {
+    if msg.len() < 5 || msg[0] != kind::FRAME {
+        return None;
+    }
+    let n = u32::from_le_bytes([msg[1], msg[2], msg[3], msg[4]]) as usize;
+    (n == msg.len() - 5).then(|| &msg[5..])
+}
+
 /// Reads the 4-byte length prefix of a message and checks it.
 pub fn message_len(prefix: [u8; 4]) -> Result<usize> {
     let n = u32::from_le_bytes(prefix) as usize;
@@ -704,6 +725,16 @@ mod tests {
             let enc = r.encode();
             assert_eq!(Response::decode(&enc[4..]).unwrap(), r);
         }
+    }
+
+    #[test]
+    fn frame_envelopes_match_the_encoder() {
+        let f = vec![9u8; 1000];
+        let enc = Response::Frame(f.clone()).encode();
+        assert_eq!(&enc[..9], &frame_envelope(f.len()));
+        assert_eq!(frame_in(&enc[4..]), Some(f.as_slice()));
+        assert_eq!(frame_in(&Response::Ok.encode()[4..]), None);
+        assert_eq!(frame_in(&enc[4..enc.len() - 1]), None);
     }
 
     #[test]

@@ -340,6 +340,20 @@ impl Service {
     ) {
         let resp = match self.read_request(&mut recv, mine).await {
             Ok((msg, _permit)) => match Request::decode(&msg) {
+                // Whole frames go out without being copied into a message:
+                // the envelope, then the stored bytes.
+                Ok(Request::GetChunk { id, range: None }) => {
+                    let r = self.replicas.clone();
+                    let job_s = job.to_string();
+                    let got = tokio::task::spawn_blocking(move || r.get_frame(&job_s, &id))
+                        .await
+                        .map_err(|e| StoreError::Internal(format!("request task: {e}")))
+                        .and_then(|x| x);
+                    match got {
+                        Ok(frame) => return self.send_frame(send, frame).await,
+                        Err(e) => from_store(&e),
+                    }
+                }
                 Ok(req) => self.dispatch(job, req).await,
                 Err(e) => error(ErrorCode::Invalid, e.to_string()),
             },
@@ -354,6 +368,19 @@ impl Service {
             .bytes_out
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         if send.write_all(&bytes).await.is_ok() {
+            let _ = send.finish();
+        }
+    }
+
+    /// A `Frame` response: its envelope (the same bytes `Response::encode`
+    /// writes), then the frame itself, uncopied.
+    async fn send_frame(&self, mut send: quinn::SendStream, frame: bytes::Bytes) {
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let head = crate::proto::frame_envelope(frame.len());
+        self.counters
+            .bytes_out
+            .fetch_add((head.len() + frame.len()) as u64, Ordering::Relaxed);
+        if send.write_all(&head).await.is_ok() && send.write_chunk(frame).await.is_ok() {
             let _ = send.finish();
         }
     }
