@@ -34,6 +34,12 @@ command -v s3s-fs moto_server
 # The L3 tests fail (instead of skipping) if a server is missing.
 export STRATA_REQUIRE_SERVERS=1
 
+log "iproute2 (the network-namespace test; it skips without root or ip netns)"
+if ! command -v ip >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq iproute2) \
+    || echo "iproute2 unavailable: the network-namespace test will say SKIPPED"
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
