@@ -168,3 +168,68 @@ fn two_peer_processes_hold_replicas_and_survive_a_killed_peer() {
     let status = b.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// Two peer processes hold replicas of a step (replicas = 2); the node's
+/// disk is lost, and the peer the restore reads from is SIGKILLed while the
+/// restore runs: the restore completes from the other replica, verified.
+#[test]
+fn a_peer_killed_during_a_restore_is_replaced_by_the_other_replica() {
+    use strata::format::DType;
+    use strata::{Checkpointer, Config, Entry, L2State, StepSelector};
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path();
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "peer", "certs", "--node", "node-a", "--node", "node-b", "--node", "node-c",
+        ])
+        .args(["--job", JOB, "--out"])
+        .arg(certs)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let mut b = serve(certs, "node-b");
+    let c = serve(certs, "node-c");
+    let l1 = dir.path().join("l1");
+    let cfg = Config::builder()
+        .job(JOB)
+        .l1_dir(&l1)
+        .chunk_size(1 << 20)
+        .peers(
+            "node-a",
+            vec![format!("node-b={}", b.addr), format!("node-c={}", c.addr)],
+            certs,
+        )
+        .replicas(2);
+    let data: Vec<Vec<u8>> = chunks(96, 1 << 20, 5)
+        .into_iter()
+        .map(|p| p.data.as_slice().to_vec())
+        .collect();
+    let names: Vec<String> = (0..data.len()).map(|i| format!("t{i}")).collect();
+    const SHAPE: [u64; 1] = [1 << 19];
+    let entries: Vec<Entry<'_>> = names
+        .iter()
+        .zip(&data)
+        .map(|(n, d)| Entry::tensor(n, DType::BF16, &SHAPE, d))
+        .collect();
+    {
+        let ck = Checkpointer::new(cfg.clone()).unwrap();
+        ck.save(1, &entries).unwrap().wait().unwrap();
+        ck.wait_replication();
+        match &ck.replication()[&1] {
+            L2State::Replicated { peers, .. } => assert_eq!(peers.len(), 2),
+            other => panic!("{other:?}"),
+        }
+    }
+    std::fs::remove_dir_all(&l1).unwrap();
+    let ck = Checkpointer::new(cfg.rehydrate_l1(false)).unwrap();
+    let restore = std::thread::spawn(move || ck.restore(StepSelector::Latest));
+    std::thread::sleep(std::time::Duration::from_millis(40));
+    // node-b is the ring's first peer for rank 0 of node-a: the one read.
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    let got = restore.join().unwrap().unwrap();
+    assert_eq!(got.stats.bytes_from_l2, got.stats.bytes_read);
+    for (n, d) in names.iter().zip(&data) {
+        assert!(&got.get(n).unwrap().bytes == d, "{n}");
+    }
+}

@@ -50,6 +50,17 @@ impl Default for PeerOptions {
     }
 }
 
+/// After a failed connection attempt, requests fail at once for this long
+/// instead of each waiting for a peer that is down.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// The connection for one job.
+enum Link {
+    Up(quinn::Connection),
+    /// The last attempt failed, at this time, for this reason.
+    Down(std::time::Instant, String),
+}
+
 /// A peer service as a chunk store.
 pub struct PeerStore {
     endpoint: quinn::Endpoint,
@@ -57,7 +68,7 @@ pub struct PeerStore {
     server_name: String,
     label: String,
     opts: PeerOptions,
-    conns: tokio::sync::Mutex<HashMap<String, quinn::Connection>>,
+    conns: tokio::sync::Mutex<HashMap<String, Link>>,
 }
 
 impl std::fmt::Debug for PeerStore {
@@ -108,11 +119,15 @@ impl PeerStore {
 
     /// The live connection for `job`, opened (with its `Hello`) if needed.
     async fn conn(&self, job: &str) -> Result<quinn::Connection> {
+        // Held across the attempt: one attempt at a time; requests queued
+        // behind a failed one fail at once (see RETRY_AFTER).
         let mut conns = self.conns.lock().await;
-        if let Some(c) = conns.get(job) {
-            if c.close_reason().is_none() {
-                return Ok(c.clone());
+        match conns.get(job) {
+            Some(Link::Up(c)) if c.close_reason().is_none() => return Ok(c.clone()),
+            Some(Link::Down(at, why)) if at.elapsed() < RETRY_AFTER => {
+                return Err(unavailable(format!("{} is down: {why}", self.label)))
             }
+            _ => {}
         }
         let connect = async {
             let conn = self
@@ -134,11 +149,27 @@ impl PeerStore {
                 ))),
             }
         };
-        let conn = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        let outcome = tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await
-            .map_err(|_| unavailable(format!("{}: no answer in time", self.label)))??;
-        conns.insert(job.to_string(), conn.clone());
-        Ok(conn)
+            .map_err(|_| unavailable(format!("{}: no answer in time", self.label)))
+            .and_then(|r| r);
+        match outcome {
+            Ok(conn) => {
+                conns.insert(job.to_string(), Link::Up(conn.clone()));
+                Ok(conn)
+            }
+            Err(e) => {
+                // A refusal (wrong job, bad certificate) is not a peer
+                // being down: do not hold it against later requests.
+                if e.kind() == strata_tiered::StoreErrorKind::Unavailable {
+                    conns.insert(
+                        job.to_string(),
+                        Link::Down(std::time::Instant::now(), e.to_string()),
+                    );
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Sends one request for `job` and returns the answer; a service error
