@@ -14,7 +14,7 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use strata_format::ChunkId;
 use strata_peer::PeerStore;
-use strata_tiered::{ChunkPut, ChunkStore};
+use strata_tiered::ChunkStore;
 
 use crate::checkpointer::Shared;
 use crate::error::{Error, Result};
@@ -196,65 +196,12 @@ fn push(s: &Shared, peer: &PeerStore, step: u64) -> Result<u64> {
     let missing: Vec<usize> = (0..ids.len())
         .filter(|&i| present.get(i) != Some(&true))
         .collect();
-    // Batches bounded in bytes; the next is read from L1 (verified) while
-    // the current one is pushed.
-    let mut batches: Vec<Vec<usize>> = Vec::new();
-    let mut batch_bytes = 0u64;
-    for &i in &missing {
-        let len = u64::from(m.chunks[i].len);
-        match batches.last_mut() {
-            Some(b) if batch_bytes + len <= PUSH_BATCH_BYTES => b.push(i),
-            _ => {
-                batches.push(vec![i]);
-                batch_bytes = 0;
-            }
-        }
-        batch_bytes += len;
-    }
-    let read = |batch: &Vec<usize>| {
-        let (l1, job) = (s.l1.clone(), job.clone());
-        let want: Vec<ChunkId> = batch.iter().map(|&i| ids[i]).collect();
-        s.rt.spawn(async move { l1.get_chunks(&job, &want).await })
-    };
-    let mut sent = 0u64;
-    let mut next = batches.first().map(read);
-    for (k, batch) in batches.iter().enumerate() {
-        let Some(pending) = next.take() else { break };
-        let got =
-            s.rt.block_on(pending)
-                .map_err(|e| Error::Pipeline(format!("L1 read task: {e}")))?;
-        next = batches.get(k + 1).map(read);
-        let abort = |next: &mut Option<tokio::task::JoinHandle<_>>| {
-            if let Some(n) = next.take() {
-                n.abort();
-            }
-        };
-        let mut puts = Vec::with_capacity(batch.len());
-        for (&i, data) in batch.iter().zip(got) {
-            match data {
-                Ok(data) => puts.push(ChunkPut {
-                    id: ids[i],
-                    hint: m.chunks[i].hint,
-                    data,
-                }),
-                Err(source) => {
-                    abort(&mut next);
-                    return Err(Error::Chunk {
-                        chunk: ids[i],
-                        entries: Vec::new(),
-                        source: Box::new(source),
-                    });
-                }
-            }
-        }
-        match s.rt.block_on(peer.put_missing_chunks(job, puts)) {
-            Ok(st) => sent += st.bytes_written,
-            Err(e) => {
-                abort(&mut next);
-                return Err(e.into());
-            }
-        }
-    }
+    let sent = crate::readback::send_from_l1(s, &m, &missing, PUSH_BATCH_BYTES, |puts| {
+        // These ids were just found missing: no second check per chunk.
+        Ok(s.rt
+            .block_on(peer.put_missing_chunks(job, puts))?
+            .bytes_written)
+    })?;
     s.rt.block_on(peer.put_manifest(job, step, s.cfg.rank, &bytes))?;
     s.rt.block_on(peer.commit(&record))?;
     Ok(sent)

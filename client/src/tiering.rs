@@ -15,7 +15,7 @@ use std::sync::{mpsc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use strata_format::ChunkId;
-use strata_tiered::{ChunkPut, ChunkStore, L3Store};
+use strata_tiered::{ChunkStore, L3Store};
 
 use crate::checkpointer::{Checkpointer, Shared};
 use crate::error::{Error, Result};
@@ -62,6 +62,21 @@ impl Uploads {
             m.insert(step, st);
         }
         self.changed.notify_all();
+    }
+
+    /// Adds `n` to an upload's progress; returns the bytes done so far.
+    fn add_done(&self, step: u64, n: u64, total: u64) -> u64 {
+        let Ok(mut m) = self.state.lock() else {
+            return 0;
+        };
+        let done = match m.get(&step) {
+            Some(L3State::Uploading { done, .. }) => done + n,
+            _ => n,
+        };
+        m.insert(step, L3State::Uploading { done, total });
+        drop(m);
+        self.changed.notify_all();
+        done
     }
 
     /// The state of every step this process queued for upload.
@@ -169,69 +184,16 @@ fn upload_step(s: &Shared, l3: &L3Store, step: u64) -> Result<(u64, u64)> {
     let deduped: u64 = m.chunks.iter().map(|c| u64::from(c.len)).sum::<u64>() - total;
     s.uploads.set(step, L3State::Uploading { done: 0, total });
 
-    // Batches bounded in bytes; the next one is read from L1 (verified)
-    // while the current one is encoded and uploaded, so the read-back costs
-    // no wall time.
-    let mut batches: Vec<Vec<usize>> = Vec::new();
-    let mut batch_bytes = 0u64;
-    for &i in &missing {
-        let len = u64::from(m.chunks[i].len);
-        match batches.last_mut() {
-            Some(b) if batch_bytes + len <= UPLOAD_BATCH_BYTES => b.push(i),
-            _ => {
-                batches.push(vec![i]);
-                batch_bytes = 0;
-            }
-        }
-        batch_bytes += len;
-    }
-    let read = |batch: &Vec<usize>| {
-        let (l1, job) = (s.l1.clone(), job.clone());
-        let want: Vec<ChunkId> = batch.iter().map(|&i| ids[i]).collect();
-        s.rt.spawn(async move { l1.get_chunks(&job, &want).await })
-    };
     let started = Instant::now();
-    let mut done = 0u64;
-    let mut next = batches.first().map(read);
-    for (k, batch) in batches.iter().enumerate() {
-        let Some(pending) = next.take() else { break };
-        let got =
-            s.rt.block_on(pending)
-                .map_err(|e| Error::Pipeline(format!("L1 read task: {e}")))?;
-        next = batches.get(k + 1).map(read);
-        let mut puts = Vec::with_capacity(batch.len());
-        for (&i, data) in batch.iter().zip(got) {
-            let data = data.map_err(|source| Error::Chunk {
-                chunk: ids[i],
-                entries: Vec::new(),
-                source: Box::new(source),
-            });
-            match data {
-                Ok(data) => puts.push(ChunkPut {
-                    id: ids[i],
-                    hint: m.chunks[i].hint,
-                    data,
-                }),
-                Err(e) => {
-                    if let Some(n) = next.take() {
-                        n.abort();
-                    }
-                    return Err(e);
-                }
-            }
-        }
+    let done = crate::readback::send_from_l1(s, &m, &missing, UPLOAD_BATCH_BYTES, |puts| {
         let n: u64 = puts.iter().map(|p| p.data.len() as u64).sum();
         // These ids were just found missing: no second check per chunk.
-        if let Err(e) = s.rt.block_on(l3.put_missing_chunks(job, puts)) {
-            if let Some(n) = next.take() {
-                n.abort();
-            }
-            return Err(e.into());
-        }
-        done += n;
-        s.uploads.set(step, L3State::Uploading { done, total });
+        s.rt.block_on(l3.put_missing_chunks(job, puts))?;
+        // Progress counts every byte read, sent or found there meanwhile.
+        let done = s.uploads.add_done(step, n, total);
         throttle(cfg.upload_bytes_per_sec, done, started);
-    }
+        Ok(n)
+    })?;
     s.rt.block_on(l3.put_manifest(job, step, cfg.rank, &bytes))?;
     // L1's own record for this rank, byte for byte: committing it again
     // (an upload asked for twice) finds the identical record and succeeds.

@@ -35,8 +35,7 @@ use object_store::{
     GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
     WriteMultipart,
 };
-use strata_format::codec::EncodeOptions;
-use strata_format::frame::{FrameDecoder, FrameEncoder, FRAME_HEADER_LEN, MAX_CHUNK_LEN};
+use strata_format::frame::{FrameEncoder, FRAME_HEADER_LEN, MAX_CHUNK_LEN};
 use strata_format::manifest::MAX_MANIFEST_LEN;
 use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
@@ -44,6 +43,9 @@ use strata_format::{ChunkId, CommitRecord};
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
+use crate::l3_frame::fill;
+pub use crate::l3_frame::Frame;
+pub use crate::l3_options::L3Options;
 use crate::store::{
     commit_conflict, commit_slot, slice_range, ChunkPut, ChunkStore, PutStats, StepInfo,
 };
@@ -52,118 +54,6 @@ use crate::store::{
 const MAX_FRAME_LEN: usize = FRAME_HEADER_LEN + MAX_CHUNK_LEN as usize + 1024;
 /// Largest commit record read back (they are a few hundred bytes).
 const MAX_RECORD_LEN: usize = 1 << 20;
-
-/// Settings of an L3 store.
-#[derive(Clone, Debug)]
-pub struct L3Options {
-    /// Requests in flight at once.
-    pub concurrency: usize,
-    /// Frames larger than this are uploaded in parts.
-    pub multipart_threshold: usize,
-    /// Part size of multipart uploads (S3 needs at least 5 MiB).
-    pub part_size: usize,
-    /// Reads of larger objects are split into ranged GETs of this size,
-    /// issued at once (one connection of a cloud store rarely carries more
-    /// than 100 MB/s).
-    pub range_size: usize,
-    /// How chunks are encoded.
-    pub codec: EncodeOptions,
-    /// Accept a store without create-if-absent writes, committing with a
-    /// check then a put (not atomic; see the module documentation).
-    pub non_atomic_commits: bool,
-    /// Retries of failed requests (throttling, 5xx, timeouts, dropped
-    /// connections) with exponential backoff.
-    pub max_retries: usize,
-    /// Give up retrying a request after this long.
-    pub retry_timeout: Duration,
-    /// Chunks encoded (compressed) at once for uploads. Uploads run beside
-    /// training, so by default they take a quarter of the cores (at least
-    /// one); reads decode on as many as they need.
-    pub encode_threads: usize,
-}
-
-impl Default for L3Options {
-    fn default() -> Self {
-        L3Options {
-            concurrency: 16,
-            multipart_threshold: 8 << 20,
-            part_size: 8 << 20,
-            range_size: 8 << 20,
-            codec: EncodeOptions::PLANES,
-            non_atomic_commits: false,
-            max_retries: 10,
-            retry_timeout: Duration::from_secs(180),
-            encode_threads: std::thread::available_parallelism()
-                .map_or(1, |n| n.get() / 4)
-                .max(1),
-        }
-    }
-}
-
-impl L3Options {
-    /// Option keys Strata reads itself; every other key goes to the
-    /// `object_store` builder.
-    pub const KEYS: [&'static str; 7] = [
-        "concurrency",
-        "multipart_threshold",
-        "part_size",
-        "range_size",
-        "non_atomic_commits",
-        "max_retries",
-        "encode_threads",
-    ];
-
-    /// Sets the option `key` (one of [`Self::KEYS`]) from text. Returns
-    /// `Ok(false)` for a key that is not Strata's.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<bool> {
-        let num = || {
-            value
-                .parse::<usize>()
-                .map_err(|e| StoreError::invalid("L3 option", format!("{key}={value:?}: {e}")))
-        };
-        let positive = |n: usize| {
-            if n == 0 {
-                Err(StoreError::invalid(
-                    "L3 option",
-                    format!("{key} must be at least 1"),
-                ))
-            } else {
-                Ok(n)
-            }
-        };
-        match key {
-            "concurrency" => self.concurrency = positive(num()?)?,
-            "multipart_threshold" => self.multipart_threshold = num()?,
-            "part_size" => {
-                let n = num()?;
-                if n < 5 << 20 {
-                    return Err(StoreError::invalid(
-                        "L3 option",
-                        format!("part_size {n} is below S3's 5 MiB minimum"),
-                    ));
-                }
-                self.part_size = n;
-            }
-            "range_size" => self.range_size = positive(num()?)?.max(64 << 10),
-            "non_atomic_commits" => {
-                self.non_atomic_commits = match value {
-                    "true" | "1" | "yes" => true,
-                    "false" | "0" | "no" => false,
-                    _ => {
-                        return Err(StoreError::invalid(
-                            "L3 option",
-                            format!("non_atomic_commits={value:?}: true or false"),
-                        ))
-                    }
-                }
-            }
-            "max_retries" => self.max_retries = num()?,
-            "encode_threads" => self.encode_threads = positive(num()?)?,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-}
 
 /// Object storage as a [`ChunkStore`]. See the module documentation.
 pub struct L3Store {
@@ -181,7 +71,7 @@ impl std::fmt::Debug for L3Store {
 }
 
 /// Maps an object-store error to a tier error.
-fn os_err(what: impl Into<String>, e: object_store::Error) -> StoreError {
+pub(crate) fn os_err(what: impl Into<String>, e: object_store::Error) -> StoreError {
     match e {
         object_store::Error::NotFound { .. } => StoreError::NotFound { what: what.into() },
         object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
@@ -610,104 +500,6 @@ impl L3Store {
             .into_iter()
             .filter_map(|m| m.location.filename().map(str::to_string))
             .collect())
-    }
-}
-
-/// Streams a response body into `dst`, which it must fill exactly.
-async fn fill(
-    mut body: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
-    dst: &mut [u8],
-    what: &str,
-) -> Result<()> {
-    let mut at = 0usize;
-    while let Some(piece) = body.next().await {
-        let piece = piece.map_err(|e| os_err(what, e))?;
-        let end = at + piece.len();
-        dst.get_mut(at..end)
-            .ok_or_else(|| {
-                StoreError::Unavailable(format!("{what}: the server sent more than asked for"))
-            })?
-            .copy_from_slice(&piece);
-        at = end;
-    }
-    if at != dst.len() {
-        return Err(StoreError::Unavailable(format!(
-            "{what}: the body ended after {at} of {} bytes",
-            dst.len()
-        )));
-    }
-    Ok(())
-}
-
-/// A chunk's frame as stored on L3, fetched but not yet decoded: decode
-/// it where the bytes belong (the restore decodes straight into the
-/// destination buffers).
-pub struct Frame {
-    id: ChunkId,
-    bytes: Vec<u8>,
-    what: String,
-}
-
-impl std::fmt::Debug for Frame {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Frame({}, {} bytes)", self.id, self.bytes.len())
-    }
-}
-
-thread_local! {
-    /// One decoder per thread: its scratch planes stay allocated and
-    /// faulted in from one chunk to the next.
-    static DECODER: std::cell::RefCell<Option<FrameDecoder>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-impl Frame {
-    fn corrupt(&self, source: strata_format::FormatError) -> StoreError {
-        StoreError::Corrupt {
-            what: self.what.clone(),
-            source,
-        }
-    }
-
-    /// Runs `f` with this thread's decoder.
-    fn with_decoder<T>(
-        &self,
-        f: impl FnOnce(&mut FrameDecoder) -> strata_format::Result<T>,
-    ) -> Result<T> {
-        DECODER.with(|cell| {
-            let mut slot = cell
-                .try_borrow_mut()
-                .map_err(|_| StoreError::Internal("frame decoder in use".into()))?;
-            let dec = match &mut *slot {
-                Some(d) => d,
-                empty => empty.insert(FrameDecoder::new().map_err(|e| self.corrupt(e))?),
-            };
-            f(dec).map_err(|e| self.corrupt(e))
-        })
-    }
-
-    /// The chunk's length once decoded (from the frame's checked header).
-    pub fn raw_len(&self) -> Result<usize> {
-        let h = self.with_decoder(|d| d.header(&self.bytes))?;
-        Ok(h.raw_len as usize)
-    }
-
-    /// Bytes as stored (after the tier's codec).
-    pub fn stored_len(&self) -> usize {
-        self.bytes.len()
-    }
-
-    /// Decodes the chunk into `dst` (exactly [`Self::raw_len`] bytes) and
-    /// verifies it is the chunk asked for. On an error `dst` holds no
-    /// meaningful bytes.
-    pub fn decode_into(&self, dst: &mut [u8]) -> Result<()> {
-        self.with_decoder(|d| d.decode_into(&self.bytes, Some(&self.id), dst))?;
-        Ok(())
-    }
-
-    /// The frame's buffer, for the next [`L3Store::get_frame`].
-    pub fn into_buf(self) -> Vec<u8> {
-        self.bytes
     }
 }
 

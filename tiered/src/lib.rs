@@ -23,6 +23,8 @@ mod fsutil;
 pub mod io;
 mod l1;
 mod l3;
+mod l3_frame;
+mod l3_options;
 mod memory;
 pub mod store;
 

@@ -1,0 +1,108 @@
+//! A chunk frame fetched from L3, decoded where the bytes belong, and the
+//! streaming of a response body into its place in a buffer.
+
+use bytes::Bytes;
+use futures::StreamExt;
+use strata_format::frame::FrameDecoder;
+use strata_format::ChunkId;
+
+use crate::error::{Result, StoreError};
+use crate::l3::os_err;
+
+/// Streams a response body into `dst`, which it must fill exactly.
+pub(crate) async fn fill(
+    mut body: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+    dst: &mut [u8],
+    what: &str,
+) -> Result<()> {
+    let mut at = 0usize;
+    while let Some(piece) = body.next().await {
+        let piece = piece.map_err(|e| os_err(what, e))?;
+        let end = at + piece.len();
+        dst.get_mut(at..end)
+            .ok_or_else(|| {
+                StoreError::Unavailable(format!("{what}: the server sent more than asked for"))
+            })?
+            .copy_from_slice(&piece);
+        at = end;
+    }
+    if at != dst.len() {
+        return Err(StoreError::Unavailable(format!(
+            "{what}: the body ended after {at} of {} bytes",
+            dst.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A chunk's frame as stored on L3, fetched but not yet decoded: decode
+/// it where the bytes belong (the restore decodes straight into the
+/// destination buffers).
+pub struct Frame {
+    pub(crate) id: ChunkId,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) what: String,
+}
+
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Frame({}, {} bytes)", self.id, self.bytes.len())
+    }
+}
+
+thread_local! {
+    /// One decoder per thread: its scratch planes stay allocated and
+    /// faulted in from one chunk to the next.
+    static DECODER: std::cell::RefCell<Option<FrameDecoder>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+impl Frame {
+    fn corrupt(&self, source: strata_format::FormatError) -> StoreError {
+        StoreError::Corrupt {
+            what: self.what.clone(),
+            source,
+        }
+    }
+
+    /// Runs `f` with this thread's decoder.
+    fn with_decoder<T>(
+        &self,
+        f: impl FnOnce(&mut FrameDecoder) -> strata_format::Result<T>,
+    ) -> Result<T> {
+        DECODER.with(|cell| {
+            let mut slot = cell
+                .try_borrow_mut()
+                .map_err(|_| StoreError::Internal("frame decoder in use".into()))?;
+            let dec = match &mut *slot {
+                Some(d) => d,
+                empty => empty.insert(FrameDecoder::new().map_err(|e| self.corrupt(e))?),
+            };
+            f(dec).map_err(|e| self.corrupt(e))
+        })
+    }
+
+    /// The chunk's length once decoded (from the frame's checked header).
+    pub fn raw_len(&self) -> Result<usize> {
+        let h = self.with_decoder(|d| d.header(&self.bytes))?;
+        Ok(h.raw_len as usize)
+    }
+
+    /// Bytes as stored (after the tier's codec).
+    pub fn stored_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Decodes the chunk into `dst` (exactly [`Self::raw_len`] bytes) and
+    /// verifies it is the chunk asked for. On an error `dst` holds no
+    /// meaningful bytes.
+    pub fn decode_into(&self, dst: &mut [u8]) -> Result<()> {
+        self.with_decoder(|d| d.decode_into(&self.bytes, Some(&self.id), dst))?;
+        Ok(())
+    }
+
+    /// The frame's buffer, for the next [`L3Store::get_frame`].
+    pub fn into_buf(self) -> Vec<u8> {
+        self.bytes
+    }
+}

@@ -1,0 +1,119 @@
+//! Settings of an L3 store, and the option keys Strata reads itself.
+
+use std::time::Duration;
+
+use strata_format::codec::EncodeOptions;
+
+use crate::error::{Result, StoreError};
+
+/// Settings of an L3 store.
+#[derive(Clone, Debug)]
+pub struct L3Options {
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// Frames larger than this are uploaded in parts.
+    pub multipart_threshold: usize,
+    /// Part size of multipart uploads (S3 needs at least 5 MiB).
+    pub part_size: usize,
+    /// Reads of larger objects are split into ranged GETs of this size,
+    /// issued at once (one connection of a cloud store rarely carries more
+    /// than 100 MB/s).
+    pub range_size: usize,
+    /// How chunks are encoded.
+    pub codec: EncodeOptions,
+    /// Accept a store without create-if-absent writes, committing with a
+    /// check then a put (not atomic; see the module documentation).
+    pub non_atomic_commits: bool,
+    /// Retries of failed requests (throttling, 5xx, timeouts, dropped
+    /// connections) with exponential backoff.
+    pub max_retries: usize,
+    /// Give up retrying a request after this long.
+    pub retry_timeout: Duration,
+    /// Chunks encoded (compressed) at once for uploads. Uploads run beside
+    /// training, so by default they take a quarter of the cores (at least
+    /// one); reads decode on as many as they need.
+    pub encode_threads: usize,
+}
+
+impl Default for L3Options {
+    fn default() -> Self {
+        L3Options {
+            concurrency: 16,
+            multipart_threshold: 8 << 20,
+            part_size: 8 << 20,
+            range_size: 8 << 20,
+            codec: EncodeOptions::PLANES,
+            non_atomic_commits: false,
+            max_retries: 10,
+            retry_timeout: Duration::from_secs(180),
+            encode_threads: std::thread::available_parallelism()
+                .map_or(1, |n| n.get() / 4)
+                .max(1),
+        }
+    }
+}
+
+impl L3Options {
+    /// Option keys Strata reads itself; every other key goes to the
+    /// `object_store` builder.
+    pub const KEYS: [&'static str; 7] = [
+        "concurrency",
+        "multipart_threshold",
+        "part_size",
+        "range_size",
+        "non_atomic_commits",
+        "max_retries",
+        "encode_threads",
+    ];
+
+    /// Sets the option `key` (one of [`Self::KEYS`]) from text. Returns
+    /// `Ok(false)` for a key that is not Strata's.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<bool> {
+        let num = || {
+            value
+                .parse::<usize>()
+                .map_err(|e| StoreError::invalid("L3 option", format!("{key}={value:?}: {e}")))
+        };
+        let positive = |n: usize| {
+            if n == 0 {
+                Err(StoreError::invalid(
+                    "L3 option",
+                    format!("{key} must be at least 1"),
+                ))
+            } else {
+                Ok(n)
+            }
+        };
+        match key {
+            "concurrency" => self.concurrency = positive(num()?)?,
+            "multipart_threshold" => self.multipart_threshold = num()?,
+            "part_size" => {
+                let n = num()?;
+                if n < 5 << 20 {
+                    return Err(StoreError::invalid(
+                        "L3 option",
+                        format!("part_size {n} is below S3's 5 MiB minimum"),
+                    ));
+                }
+                self.part_size = n;
+            }
+            "range_size" => self.range_size = positive(num()?)?.max(64 << 10),
+            "non_atomic_commits" => {
+                self.non_atomic_commits = match value {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    _ => {
+                        return Err(StoreError::invalid(
+                            "L3 option",
+                            format!("non_atomic_commits={value:?}: true or false"),
+                        ))
+                    }
+                }
+            }
+            "max_retries" => self.max_retries = num()?,
+            "encode_threads" => self.encode_threads = positive(num()?)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
