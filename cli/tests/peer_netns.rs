@@ -211,6 +211,11 @@ fn a_peer_cut_off_and_back_degrades_then_replicates_again() {
         "{:?}",
         ck.replication()
     );
+    // And step 2, degraded while the link was down, is pushed again.
+    match &ck.replication()[&2] {
+        L2State::Replicated { peers, .. } => assert_eq!(peers, &vec!["node-b".to_string()]),
+        other => panic!("step 2 after the link came back: {other:?}"),
+    }
     drop(ck);
 
     // The node's disk is lost: step 3 comes back from the peer.

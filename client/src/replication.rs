@@ -2,7 +2,9 @@
 //! background, to `replicas` peer services chosen by the ring
 //! (`strata_peer::ring`), the preferred ones first; a peer that is down is
 //! replaced by the next node in the ring, and a step that reaches fewer than
-//! `replicas` peers is marked degraded (the save itself never fails for it).
+//! `replicas` peers is marked degraded (the save itself never fails for it);
+//! once a later step replicates fully, degraded steps still on L1 are
+//! pushed again.
 //!
 //! A push sends only the chunk ids the peer lacks (one presence check for
 //! the shard), read back verified from L1 in bounded batches, then the
@@ -149,7 +151,51 @@ pub(crate) fn run(s: &Shared, rx: &mpsc::Receiver<u64>) {
             }
             L2State::Pending => {}
         }
+        // Older degraded steps are marked pending before this step's state
+        // is final, so `wait_replication` waits for their retry too.
+        let retry = if matches!(st, L2State::Replicated { .. }) {
+            degraded_on_l1(s, step)
+        } else {
+            Vec::new()
+        };
+        for old in &retry {
+            s.replication.set(*old, L2State::Pending);
+        }
         s.replication.set(step, st);
+        for old in retry {
+            let _span = tracing::info_span!("re-replicate", step = old).entered();
+            let st = replicate(s, old);
+            if matches!(st, L2State::Replicated { .. }) {
+                tracing::info!(step = old, "degraded step replicated again");
+            }
+            s.replication.set(old, st);
+        }
+    }
+}
+
+/// Once a step replicates fully again (a peer came back, a link was
+/// restored), the older steps left degraded and still on L1 are pushed
+/// again (chunks the peers already hold are not resent): these.
+fn degraded_on_l1(s: &Shared, newer_than: u64) -> Vec<u64> {
+    let degraded: Vec<u64> = s
+        .replication
+        .snapshot()
+        .into_iter()
+        .filter(|(st, state)| *st < newer_than && matches!(state, L2State::Degraded { .. }))
+        .map(|(st, _)| st)
+        .collect();
+    if degraded.is_empty() {
+        return degraded;
+    }
+    match s.rt.block_on(s.l1.list_steps(&s.cfg.job)) {
+        Ok(steps) => {
+            let on_l1 = crate::restore::restorable(&s.cfg, &steps);
+            degraded
+                .into_iter()
+                .filter(|st| on_l1.contains(st))
+                .collect()
+        }
+        Err(_) => Vec::new(),
     }
 }
 
