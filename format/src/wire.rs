@@ -67,8 +67,9 @@ impl<'a> Reader<'a> {
         Ok(ChunkId::from_bytes(self.array(what)?))
     }
 
-    /// A UTF-8 string prefixed by its u32 length, at most `limit` bytes.
-    pub fn string(&mut self, limit: usize, what: &'static str) -> Result<String> {
+    /// Bytes prefixed by their u32 length, at most `limit` of them (a
+    /// longer length is refused before anything is read).
+    pub fn blob(&mut self, limit: usize, what: &'static str) -> Result<&'a [u8]> {
         let len = self.u32(what)? as usize;
         if len > limit {
             return Err(FormatError::TooLarge {
@@ -77,7 +78,12 @@ impl<'a> Reader<'a> {
                 limit: limit as u64,
             });
         }
-        let raw = self.bytes(len, what)?;
+        self.bytes(len, what)
+    }
+
+    /// A UTF-8 string prefixed by its u32 length, at most `limit` bytes.
+    pub fn string(&mut self, limit: usize, what: &'static str) -> Result<String> {
+        let raw = self.blob(limit, what)?;
         String::from_utf8(raw.to_vec()).map_err(|_| FormatError::malformed(what, "not valid UTF-8"))
     }
 

@@ -8,7 +8,7 @@
 //! Ranged reads are decoded and verified by the peer (the range alone
 //! cannot be checked against the chunk's id).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 use strata_format::codec::EncodeOptions;
-use strata_format::frame::{FrameDecoder, FrameEncoder, MAX_CHUNK_LEN};
+use strata_format::frame::{FrameDecoder, FrameEncoder};
 use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
 use strata_tiered::{
@@ -237,16 +237,10 @@ impl PeerStore {
     /// without asking again: one request per chunk, several at once.
     pub async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
         validate_job_id(job)?;
-        if let Some(c) = chunks
-            .iter()
-            .find(|c| c.data.len() > MAX_CHUNK_LEN as usize)
-        {
-            return Err(StoreError::invalid(
-                "chunk",
-                format!("{} bytes exceeds {MAX_CHUNK_LEN}", c.data.len()),
-            ));
-        }
-        self.send(job, chunks).await
+        let (todo, stats) = strata_tiered::store::dedup_call(chunks)?;
+        let mut sent = self.send(job, todo).await?;
+        sent += stats;
+        Ok(sent)
     }
 
     async fn send(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
@@ -272,14 +266,7 @@ impl PeerStore {
             .await?;
         let mut stats = PutStats::default();
         for (raw, stored, new) in results {
-            if new {
-                stats.written += 1;
-                stats.bytes_written += raw;
-                stats.bytes_stored += stored;
-            } else {
-                stats.deduped += 1;
-                stats.bytes_deduped += raw;
-            }
+            stats.count(raw, stored, new);
         }
         Ok(stats)
     }
@@ -371,23 +358,7 @@ impl ChunkStore for PeerStore {
 
     async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
         validate_job_id(job)?;
-        let mut stats = PutStats::default();
-        let mut seen = HashSet::new();
-        let mut todo = Vec::with_capacity(chunks.len());
-        for c in chunks {
-            if c.data.len() > MAX_CHUNK_LEN as usize {
-                return Err(StoreError::invalid(
-                    "chunk",
-                    format!("{} bytes exceeds {MAX_CHUNK_LEN}", c.data.len()),
-                ));
-            }
-            if seen.insert(c.id) {
-                todo.push(c);
-            } else {
-                stats.deduped += 1;
-                stats.bytes_deduped += c.data.len() as u64;
-            }
-        }
+        let (todo, mut stats) = strata_tiered::store::dedup_call(chunks)?;
         let ids: Vec<ChunkId> = todo.iter().map(|c| c.id).collect();
         let present = self.has_chunks(job, &ids).await?;
         let mut send = Vec::new();

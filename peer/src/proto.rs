@@ -293,15 +293,7 @@ fn ids(w: &mut Writer, v: &[ChunkId]) {
 }
 
 fn read_blob(r: &mut Reader<'_>, limit: usize, what: &'static str) -> Result<Vec<u8>> {
-    let n = r.u32(what)? as usize;
-    if n > limit {
-        return Err(FormatError::TooLarge {
-            what,
-            value: n as u64,
-            limit: limit as u64,
-        });
-    }
-    Ok(r.bytes(n, what)?.to_vec())
+    Ok(r.blob(limit, what)?.to_vec())
 }
 
 fn read_ids(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<ChunkId>> {

@@ -22,7 +22,7 @@
 //! followed by a put, and two writers racing on one step can both "win".
 //! Strata never claims atomic commits there.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,7 +47,7 @@ use crate::l3_frame::fill;
 pub use crate::l3_frame::Frame;
 pub use crate::l3_options::L3Options;
 use crate::store::{
-    commit_conflict, commit_slot, slice_range, ChunkPut, ChunkStore, PutStats, StepInfo,
+    commit_conflict, commit_slot, dedup_call, slice_range, ChunkPut, ChunkStore, PutStats, StepInfo,
 };
 
 /// Largest chunk object read back: the frame of the largest chunk.
@@ -447,23 +447,7 @@ impl L3Store {
 
     async fn put(&self, job: &str, chunks: Vec<ChunkPut>, check: bool) -> Result<PutStats> {
         validate_job_id(job)?;
-        let mut stats = PutStats::default();
-        let mut seen = HashSet::new();
-        let mut todo = Vec::with_capacity(chunks.len());
-        for c in chunks {
-            if c.data.len() > MAX_CHUNK_LEN as usize {
-                return Err(StoreError::invalid(
-                    "chunk",
-                    format!("{} bytes exceeds {MAX_CHUNK_LEN}", c.data.len()),
-                ));
-            }
-            if seen.insert(c.id) {
-                todo.push(c);
-            } else {
-                stats.deduped += 1;
-                stats.bytes_deduped += c.data.len() as u64;
-            }
-        }
+        let (todo, mut stats) = dedup_call(chunks)?;
         // The first failure (after retries) ends the call: what landed
         // stays (ids are idempotent), the rest is sent by the next call.
         let results: Vec<(bool, u64, u64)> = futures::stream::iter(todo)
@@ -472,14 +456,7 @@ impl L3Store {
             .try_collect()
             .await?;
         for (written, raw, stored) in results {
-            if written {
-                stats.written += 1;
-                stats.bytes_written += raw;
-                stats.bytes_stored += stored;
-            } else {
-                stats.deduped += 1;
-                stats.bytes_deduped += raw;
-            }
+            stats.count(raw, stored, written);
         }
         Ok(stats)
     }

@@ -199,6 +199,46 @@ pub(crate) fn commit_slot(record: &CommitRecord) -> Result<(u32, Vec<u8>)> {
     Ok((first, bytes))
 }
 
+/// The first step of a `put_chunks`: refuses a chunk above the frame
+/// limit, and keeps one of each id (repeats in the call count as
+/// deduplicated). Returns the chunks to store and the stats so far.
+pub fn dedup_call(chunks: Vec<ChunkPut>) -> Result<(Vec<ChunkPut>, PutStats)> {
+    let mut stats = PutStats::default();
+    let mut seen = std::collections::HashSet::new();
+    let mut todo = Vec::with_capacity(chunks.len());
+    for c in chunks {
+        let limit = strata_format::frame::MAX_CHUNK_LEN as usize;
+        if c.data.len() > limit {
+            return Err(crate::error::StoreError::invalid(
+                "chunk",
+                format!("{} bytes exceeds {limit}", c.data.len()),
+            ));
+        }
+        if seen.insert(c.id) {
+            todo.push(c);
+        } else {
+            stats.deduped += 1;
+            stats.bytes_deduped += c.data.len() as u64;
+        }
+    }
+    Ok((todo, stats))
+}
+
+impl PutStats {
+    /// Counts one chunk of `raw` bytes: written (stored as `stored` bytes)
+    /// if `new`, else found already there.
+    pub fn count(&mut self, raw: u64, stored: u64, new: bool) {
+        if new {
+            self.written += 1;
+            self.bytes_written += raw;
+            self.bytes_stored += stored;
+        } else {
+            self.deduped += 1;
+            self.bytes_deduped += raw;
+        }
+    }
+}
+
 /// The error for a create-only commit that found a different record.
 pub(crate) fn commit_conflict(step: u64, first: u32) -> crate::error::StoreError {
     crate::error::StoreError::AlreadyExists {
