@@ -634,11 +634,18 @@ impl ChunkStore for L3Store {
             Ok(_) => Ok(()),
             Err(object_store::Error::AlreadyExists { .. })
             | Err(object_store::Error::Precondition { .. }) => {
-                same_is_there(self.get_bounded(&key, MAX_RECORD_LEN, &what).await?)
+                // Reading the record back is idempotent: retried like the put.
+                same_is_there(
+                    self.retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
+                        .await?,
+                )
             }
             Err(object_store::Error::NotImplemented { .. }) if self.opts.non_atomic_commits => {
                 tracing::warn!(url = %self.url, "L3 store cannot create-if-absent: committing with check-then-put (not atomic)");
-                match self.get_bounded(&key, MAX_RECORD_LEN, &what).await {
+                match self
+                    .retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
+                    .await
+                {
                     Ok(existing) => same_is_there(existing),
                     Err(StoreError::NotFound { .. }) => {
                         self.store
