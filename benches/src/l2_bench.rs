@@ -138,7 +138,7 @@ fn cfg(l1: &Path, peer: SocketAddr, certs: &Path) -> Config {
         .replicas(1)
 }
 
-fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
+fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(dir);
     let certs = dir.join("certs");
     make_certs(
@@ -158,8 +158,9 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let (_sink, sink_addr) = start("sink", &certs, "sink", &[])?;
     let ep = rt.block_on(async {
-        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().map_err(|e| format!("{e}"))?)
-            .map_err(|e| e.to_string())?;
+        let mut ep =
+            strata_peer::tls::endpoint("127.0.0.1:0".parse().map_err(|e| format!("{e}"))?, None)
+                .map_err(|e| e.to_string())?;
         ep.set_default_client_config(
             client_config(&CertFiles::in_dir(&certs, &format!("client-{JOB}")), 64)
                 .map_err(|e| e.to_string())?,
@@ -172,6 +173,14 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
     for r in 0..reps {
         raw_up.push(rt.block_on(raw(&ep, sink_addr, 0, logical))?);
         raw_down.push(rt.block_on(raw(&ep, sink_addr, 1, logical))?);
+        if transport_only {
+            println!(
+                "  raw quinn, one stream: upload {:.2} GB/s, download {:.2} GB/s",
+                gb(logical, raw_up[r]),
+                gb(logical, raw_down[r])
+            );
+            continue;
+        }
 
         let (_peer, peer_addr) = start(
             "serve",
@@ -236,6 +245,9 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
             }
         }
     }
+    if transport_only {
+        return Ok(());
+    }
     let min = |v: &[Duration]| v.iter().copied().min().unwrap_or_default();
     let row = |what: &str, ours: Duration, base: Duration, label: &str, goal: &str| {
         let (o, b) = (gb(logical, ours), gb(logical, base));
@@ -277,8 +289,13 @@ fn main() {
     let mut size: u64 = 2 << 30;
     let mut reps = 2usize;
     let mut dir = PathBuf::from("strata-l2-bench");
+    let mut transport_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        if a == "--transport-only" {
+            transport_only = true;
+            continue;
+        }
         let v = args.next();
         match (a.as_str(), v) {
             ("--size", Some(v)) => {
@@ -292,12 +309,14 @@ fn main() {
             ("--reps", Some(v)) => reps = v.parse().unwrap_or(reps).max(1),
             ("--dir", Some(v)) => dir = PathBuf::from(v),
             _ => {
-                eprintln!("l2-bench [--size 2GiB|512MiB] [--reps 2] [--dir DIR]");
+                eprintln!(
+                    "l2-bench [--size 2GiB|512MiB] [--reps 2] [--dir DIR] [--transport-only]"
+                );
                 std::process::exit(2);
             }
         }
     }
-    if let Err(e) = run(size, reps, &dir) {
+    if let Err(e) = run(size, reps, &dir, transport_only) {
         eprintln!("l2-bench: {e}");
         std::process::exit(1);
     }

@@ -198,7 +198,7 @@ fn sink(a: &SinkArgs) -> Result<(), CliError> {
         .build()
         .map_err(|e| CliError::Arg(e.to_string()))?;
     rt.block_on(async {
-        let ep = quinn::Endpoint::server(server, a.listen)
+        let ep = strata_peer::tls::endpoint(a.listen, Some(server))
             .map_err(|e| CliError::Arg(format!("{}: {e}", a.listen)))?;
         let addr = ep.local_addr().map_err(|e| CliError::Arg(e.to_string()))?;
         say!("strata peer sink {}: listening on {addr}", a.node);

@@ -32,6 +32,7 @@ pub mod config;
 pub mod coordinator;
 mod error;
 pub mod gpu;
+pub mod inspect;
 pub mod par;
 mod persist;
 mod readback;

@@ -9,15 +9,29 @@ use strata_tiered::{ChunkPut, ChunkStore};
 use crate::checkpointer::Shared;
 use crate::error::{Error, Result};
 
+/// Who hashes the chunks read back from L1.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Check {
+    /// Here, before sending (the receiver stores what it gets).
+    Here,
+    /// The receiver, which verifies every chunk against its id.
+    Receiver,
+}
+
 /// Reads the chunks at indices `missing` of `m` from L1 in batches of at
 /// most `batch_bytes` and hands each batch to `send` (which returns the
 /// bytes it sent), reading the next batch meanwhile. Stops at the first
 /// error (a damaged L1 chunk is an [`Error::Chunk`]). Returns the bytes sent.
+///
+/// With [`Check::Receiver`], chunks are not hashed on the way out: for a
+/// receiver that verifies every chunk against its id itself (a peer
+/// service), so the hash is paid once; it then refuses a damaged chunk.
 pub(crate) fn send_from_l1(
     s: &Shared,
     m: &ShardManifest,
     missing: &[usize],
     batch_bytes: u64,
+    check: Check,
     mut send: impl FnMut(Vec<ChunkPut>) -> Result<u64>,
 ) -> Result<u64> {
     let mut batches: Vec<Vec<usize>> = Vec::new();
@@ -36,7 +50,12 @@ pub(crate) fn send_from_l1(
     let read = |batch: &Vec<usize>| {
         let (l1, job) = (s.l1.clone(), s.cfg.job.clone());
         let want: Vec<_> = batch.iter().map(|&i| m.chunks[i].id).collect();
-        s.rt.spawn(async move { l1.get_chunks(&job, &want).await })
+        s.rt.spawn(async move {
+            match check {
+                Check::Here => l1.get_chunks(&job, &want).await,
+                Check::Receiver => l1.get_chunks_unverified(&job, &want).await,
+            }
+        })
     };
     let mut sent = 0u64;
     let mut next = batches.first().map(read);

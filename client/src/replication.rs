@@ -242,12 +242,19 @@ fn push(s: &Shared, peer: &PeerStore, step: u64) -> Result<u64> {
     let missing: Vec<usize> = (0..ids.len())
         .filter(|&i| present.get(i) != Some(&true))
         .collect();
-    let sent = crate::readback::send_from_l1(s, &m, &missing, PUSH_BATCH_BYTES, |puts| {
-        // These ids were just found missing: no second check per chunk.
-        Ok(s.rt
-            .block_on(peer.put_missing_chunks(job, puts))?
-            .bytes_written)
-    })?;
+    let sent = crate::readback::send_from_l1(
+        s,
+        &m,
+        &missing,
+        PUSH_BATCH_BYTES,
+        crate::readback::Check::Receiver,
+        |puts| {
+            // These ids were just found missing: no second check per chunk.
+            Ok(s.rt
+                .block_on(peer.put_missing_chunks(job, puts))?
+                .bytes_written)
+        },
+    )?;
     s.rt.block_on(peer.put_manifest(job, step, s.cfg.rank, &bytes))?;
     s.rt.block_on(peer.commit(&record))?;
     Ok(sent)

@@ -374,36 +374,10 @@ pub(crate) fn load_manifest(
     steps: &[StepInfo],
     step: u64,
 ) -> Result<(ShardManifest, Vec<u8>, CommitRecord)> {
-    let cfg = &s.cfg;
-    let (record, expected) = steps
-        .iter()
-        .find(|st| st.step == step)
-        .and_then(|info| {
-            info.records.values().find_map(|r| {
-                r.shards
-                    .iter()
-                    .find(|sh| sh.rank == cfg.rank)
-                    .map(|sh| (r.clone(), sh.manifest))
-            })
-        })
-        .ok_or(Error::NothingToRestore(None))?;
-    let bad = |reason: String| Error::Manifest {
-        step,
-        rank: cfg.rank,
-        reason: format!("{} ({})", reason, tier.name()),
-    };
-    let bytes =
-        s.rt.block_on(tier.get_manifest(&cfg.job, step, cfg.rank))
-            .map_err(|e| bad(e.to_string()))?;
-    if ShardManifest::id_of(&bytes) != expected {
-        return Err(bad("manifest does not match its commit record".into()));
-    }
-    let manifest = ShardManifest::decode(&bytes).map_err(|e| bad(e.to_string()))?;
-    if manifest.info.step != step || manifest.info.rank != cfg.rank || manifest.info.job != cfg.job
-    {
-        return Err(bad("manifest names another job, step or rank".into()));
-    }
-    Ok((manifest, bytes, record))
+    let got = s.rt.block_on(crate::inspect::load_shard(
+        tier, &s.cfg.job, steps, step, s.cfg.rank,
+    ))?;
+    Ok((got.manifest, got.bytes, got.record))
 }
 
 /// Where one chunk's bytes go: (offset in the chunk, destination), one

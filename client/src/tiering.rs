@@ -185,15 +185,22 @@ fn upload_step(s: &Shared, l3: &L3Store, step: u64) -> Result<(u64, u64)> {
     s.uploads.set(step, L3State::Uploading { done: 0, total });
 
     let started = Instant::now();
-    let done = crate::readback::send_from_l1(s, &m, &missing, UPLOAD_BATCH_BYTES, |puts| {
-        let n: u64 = puts.iter().map(|p| p.data.len() as u64).sum();
-        // These ids were just found missing: no second check per chunk.
-        s.rt.block_on(l3.put_missing_chunks(job, puts))?;
-        // Progress counts every byte read, sent or found there meanwhile.
-        let done = s.uploads.add_done(step, n, total);
-        throttle(cfg.upload_bytes_per_sec, done, started);
-        Ok(n)
-    })?;
+    let done = crate::readback::send_from_l1(
+        s,
+        &m,
+        &missing,
+        UPLOAD_BATCH_BYTES,
+        crate::readback::Check::Here,
+        |puts| {
+            let n: u64 = puts.iter().map(|p| p.data.len() as u64).sum();
+            // These ids were just found missing: no second check per chunk.
+            s.rt.block_on(l3.put_missing_chunks(job, puts))?;
+            // Progress counts every byte read, sent or found there meanwhile.
+            let done = s.uploads.add_done(step, n, total);
+            throttle(cfg.upload_bytes_per_sec, done, started);
+            Ok(n)
+        },
+    )?;
     s.rt.block_on(l3.put_manifest(job, step, cfg.rank, &bytes))?;
     // L1's own record for this rank, byte for byte: committing it again
     // (an upload asked for twice) finds the identical record and succeeds.

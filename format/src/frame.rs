@@ -256,6 +256,46 @@ impl FrameDecoder {
         Ok(h)
     }
 
+    /// Checks that `frame` is well formed and holds chunk `expected` (when
+    /// given) without keeping the decoded bytes: a raw payload is hashed
+    /// where it lies; others are decoded into `scratch` (grown, never
+    /// shrunk, so a caller verifying many frames allocates once).
+    pub fn verify(
+        &mut self,
+        frame: &[u8],
+        expected: Option<&ChunkId>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<FrameHeader> {
+        let h = self.header(frame)?;
+        if h.codec != Codec::Raw {
+            scratch.resize(h.raw_len as usize, 0);
+            return self.decode_into(frame, expected, scratch);
+        }
+        if let Some(want) = expected {
+            if *want != h.id {
+                return Err(FormatError::HashMismatch {
+                    expected: want.to_hex(),
+                    actual: h.id.to_hex(),
+                });
+            }
+        }
+        let payload = &frame[FRAME_HEADER_LEN..];
+        if payload.len() != h.raw_len as usize {
+            return Err(FormatError::malformed(
+                "raw payload",
+                format!("{} bytes stored for {} raw", payload.len(), h.raw_len),
+            ));
+        }
+        let actual = ChunkId::of(payload);
+        if actual != h.id {
+            return Err(FormatError::HashMismatch {
+                expected: h.id.to_hex(),
+                actual: actual.to_hex(),
+            });
+        }
+        Ok(h)
+    }
+
     /// Decodes and verifies `frame` into a new buffer.
     pub fn decode(
         &mut self,
@@ -267,6 +307,27 @@ impl FrameDecoder {
         let h = self.decode_into(frame, expected, &mut out)?;
         Ok((h, out))
     }
+}
+
+/// The header of a raw frame holding `raw_len` bytes of chunk `id`: a
+/// sender that writes these 48 bytes and then the chunk's bytes has sent a
+/// frame without copying the chunk.
+pub fn raw_frame_header(id: ChunkId, raw_len: usize) -> Result<[u8; FRAME_HEADER_LEN]> {
+    let raw_len = u32::try_from(raw_len)
+        .ok()
+        .filter(|&l| l <= MAX_CHUNK_LEN)
+        .ok_or_else(|| {
+            FormatError::invalid("chunk", format!("{raw_len} bytes exceeds MAX_CHUNK_LEN"))
+        })?;
+    Ok(FrameHeader {
+        version: FRAME_VERSION,
+        codec: Codec::Raw,
+        elem_size: 1,
+        raw_len,
+        stored_len: raw_len,
+        id,
+    }
+    .encode())
 }
 
 /// Encodes one chunk into a frame (convenience; allocates a fresh encoder).

@@ -5,7 +5,9 @@
 
 use proptest::prelude::*;
 use strata_format::codec::{Codec, ElemHint, EncodeOptions, PlaneCoder, PlaneSelect};
-use strata_format::frame::{FrameDecoder, FrameEncoder, FrameHeader, FRAME_HEADER_LEN};
+use strata_format::frame::{
+    raw_frame_header, FrameDecoder, FrameEncoder, FrameHeader, FRAME_HEADER_LEN,
+};
 use strata_format::{ChunkId, FormatError};
 
 fn hints() -> impl Strategy<Value = ElemHint> {
@@ -83,6 +85,31 @@ proptest! {
             Err(_) => {}
             Ok((_, back)) => prop_assert_eq!(back, raw),
         }
+    }
+
+    #[test]
+    fn verify_accepts_exactly_what_decode_accepts(raw in chunk_bytes(), hint in hints(), opts in options(), pos in any::<prop::sample::Index>(), xor in 0u8..=255) {
+        let mut frame = FrameEncoder::new(opts).unwrap().encode(&raw, hint, None).unwrap();
+        let i = pos.index(frame.len());
+        frame[i] ^= xor;
+        let id = ChunkId::of(&raw);
+        let mut dec = FrameDecoder::new().unwrap();
+        let mut scratch = Vec::new();
+        let verified = dec.verify(&frame, Some(&id), &mut scratch).is_ok();
+        let decoded = dec.decode(&frame, Some(&id)).is_ok();
+        prop_assert_eq!(verified, decoded);
+        if xor == 0 {
+            prop_assert!(verified, "an undamaged frame verifies");
+        }
+    }
+
+    #[test]
+    fn a_raw_header_and_the_bytes_are_the_raw_frame(raw in chunk_bytes()) {
+        let id = ChunkId::of(&raw);
+        let mut sent = raw_frame_header(id, raw.len()).unwrap().to_vec();
+        sent.extend_from_slice(&raw);
+        let encoded = FrameEncoder::new(EncodeOptions::RAW).unwrap().encode(&raw, ElemHint::BYTES, None).unwrap();
+        prop_assert_eq!(&sent, &encoded);
     }
 
     #[test]

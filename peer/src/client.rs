@@ -14,20 +14,24 @@ use std::ops::Range;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use strata_format::codec::EncodeOptions;
-use strata_format::frame::{FrameDecoder, FrameEncoder};
+use strata_format::codec::{Codec, EncodeOptions};
+use strata_format::frame::{raw_frame_header, FrameDecoder, FrameEncoder};
 use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
 use strata_tiered::{
     AlignedBuf, ChunkData, ChunkPut, ChunkStore, PutStats, Result, StepInfo, StoreError,
 };
 
-use crate::proto::{message_len, ErrorCode, Request, Response, MAX_IDS, VERSION};
+use crate::proto::{
+    message_len, put_chunk_envelope, ErrorCode, Request, Response, MAX_IDS, VERSION,
+};
 use crate::tls::{client_config, CertFiles};
 
-/// Time to connect and say hello.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time to connect and say hello (a handshake with a dead address gives
+/// up after the idle timeout anyway).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(4);
 /// Time for one request and its response.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -99,7 +103,7 @@ impl PeerStore {
             "0.0.0.0:0".parse()
         }
         .map_err(|e| StoreError::Internal(format!("{e}")))?;
-        let mut endpoint = quinn::Endpoint::client(bind)
+        let mut endpoint = crate::tls::endpoint(bind, None)
             .map_err(|e| StoreError::io("binding a UDP socket", "peer client", e))?;
         endpoint.set_default_client_config(cfg);
         Ok(PeerStore {
@@ -183,6 +187,20 @@ impl PeerStore {
         }
     }
 
+    /// Sends one request given as the pieces of its encoded message.
+    async fn request_parts(&self, job: &str, parts: Vec<Bytes>) -> Result<Response> {
+        validate_job_id(job)?;
+        let conn = self.conn(job).await?;
+        let msg = roundtrip_parts(&conn, parts, &self.label).await?;
+        match Response::decode(&msg).map_err(|e| StoreError::Corrupt {
+            what: format!("answer from {}", self.label),
+            source: e,
+        })? {
+            Response::Error { code, message } => Err(to_store(code, message, &self.label)),
+            r => Ok(r),
+        }
+    }
+
     /// A chunk's frame, in place in the response message (returned with
     /// the offset where the frame starts): no copy beyond the receive.
     async fn get_frame(&self, job: &str, id: ChunkId) -> Result<(Vec<u8>, usize)> {
@@ -249,14 +267,27 @@ impl PeerStore {
             .map(|c| async move {
                 let raw = c.data.len() as u64;
                 let id = c.id;
-                let frame = tokio::task::spawn_blocking(move || {
-                    FrameEncoder::new(codec)?.encode(c.data.as_slice(), c.hint, Some(c.id))
-                })
-                .await
-                .map_err(|e| StoreError::Internal(format!("encoder task: {e}")))?
-                .map_err(|e| StoreError::invalid("chunk", e.to_string()))?;
-                let stored = frame.len() as u64;
-                match self.request(job, &Request::PutChunk { id, frame }).await? {
+                let parts = if codec.codec == Codec::Raw {
+                    // The message is its envelope, a raw frame header and
+                    // the chunk's own buffer: the chunk is never copied.
+                    let header = raw_frame_header(id, c.data.len())
+                        .map_err(|e| StoreError::invalid("chunk", e.to_string()))?;
+                    let envelope = put_chunk_envelope(&id, header.len() + c.data.len())
+                        .ok_or_else(|| StoreError::invalid("chunk", "too large for a message"))?;
+                    let mut head = envelope.to_vec();
+                    head.extend_from_slice(&header);
+                    vec![Bytes::from(head), Bytes::from_owner(c.data)]
+                } else {
+                    let frame = tokio::task::spawn_blocking(move || {
+                        FrameEncoder::new(codec)?.encode(c.data.as_slice(), c.hint, Some(c.id))
+                    })
+                    .await
+                    .map_err(|e| StoreError::Internal(format!("encoder task: {e}")))?
+                    .map_err(|e| StoreError::invalid("chunk", e.to_string()))?;
+                    vec![Bytes::from(Request::PutChunk { id, frame }.encode())]
+                };
+                let stored = parts.iter().map(|p| p.len() as u64).sum::<u64>() - 41;
+                match self.request_parts(job, parts).await? {
                     Response::Stored { new } => Ok((raw, stored, new)),
                     other => Err(unexpected(&self.label, &other)),
                 }
@@ -302,12 +333,22 @@ async fn roundtrip(conn: &quinn::Connection, req: &Request, label: &str) -> Resu
 
 /// One request and its answer's body (after the length prefix), undecoded.
 async fn roundtrip_raw(conn: &quinn::Connection, req: &Request, label: &str) -> Result<Vec<u8>> {
+    roundtrip_parts(conn, vec![Bytes::from(req.encode())], label).await
+}
+
+/// One request, given as the pieces of its encoded message (handed to the
+/// transport as they are), and its answer's body, undecoded.
+async fn roundtrip_parts(
+    conn: &quinn::Connection,
+    mut parts: Vec<Bytes>,
+    label: &str,
+) -> Result<Vec<u8>> {
     let io = async {
         let (mut send, mut recv) = conn
             .open_bi()
             .await
             .map_err(|e| unavailable(format!("{label}: {e}")))?;
-        send.write_all(&req.encode())
+        send.write_all_chunks(&mut parts)
             .await
             .map_err(|e| unavailable(format!("{label}: {e}")))?;
         let _ = send.finish();

@@ -247,6 +247,36 @@ pub fn frame_in(msg: &[u8]) -> Option<&[u8]> {
     (n == msg.len() - 5).then(|| &msg[5..])
 }
 
+/// The bytes of a `PutChunk` message that come before its frame (length
+/// prefix, kind, id, frame length): a sender writes these, then the frame's
+/// pieces, and has sent the same message [`Request::encode`] would build,
+/// without copying the chunk into it. `None` if the frame is too large for
+/// one message.
+pub fn put_chunk_envelope(id: &ChunkId, frame_len: usize) -> Option<[u8; 41]> {
+    let total = 1 + 32 + 4 + frame_len;
+    if total > MAX_MESSAGE {
+        return None;
+    }
+    let mut h = [0u8; 41];
+    h[..4].copy_from_slice(&(total as u32).to_le_bytes());
+    h[4] = kind::PUT_CHUNK;
+    h[5..37].copy_from_slice(id.as_bytes());
+    h[37..].copy_from_slice(&(frame_len as u32).to_le_bytes());
+    Some(h)
+}
+
+/// If `msg` (a request body, after the length prefix) is a well-formed
+/// `PutChunk`, its chunk id and the offset at which its frame starts: the
+/// receiver keeps the frame in place instead of copying it out.
+pub fn put_chunk_in(msg: &[u8]) -> Option<(ChunkId, usize)> {
+    if msg.len() < 37 || msg[0] != kind::PUT_CHUNK {
+        return None;
+    }
+    let id: [u8; 32] = msg[1..33].try_into().ok()?;
+    let n = u32::from_le_bytes([msg[33], msg[34], msg[35], msg[36]]) as usize;
+    (n == msg.len() - 37).then_some((ChunkId::from_bytes(id), 37))
+}
+
 /// Reads the 4-byte length prefix of a message and checks it.
 pub fn message_len(prefix: [u8; 4]) -> Result<usize> {
     let n = u32::from_le_bytes(prefix) as usize;
@@ -727,6 +757,28 @@ mod tests {
         assert_eq!(frame_in(&enc[4..]), Some(f.as_slice()));
         assert_eq!(frame_in(&Response::Ok.encode()[4..]), None);
         assert_eq!(frame_in(&enc[4..enc.len() - 1]), None);
+    }
+
+    #[test]
+    fn put_chunk_envelopes_match_the_encoder() {
+        let frame = vec![7u8; 1000];
+        let req = Request::PutChunk {
+            id: id(5),
+            frame: frame.clone(),
+        };
+        let enc = req.encode();
+        let head = put_chunk_envelope(&id(5), frame.len()).unwrap();
+        assert_eq!(&enc[..41], &head);
+        assert_eq!(&enc[41..], frame.as_slice());
+        assert_eq!(put_chunk_in(&enc[4..]), Some((id(5), 37)));
+        // Short, long, or another kind: not a put.
+        assert_eq!(put_chunk_in(&enc[4..enc.len() - 1]), None);
+        let mut long = enc[4..].to_vec();
+        long.push(0);
+        assert_eq!(put_chunk_in(&long), None);
+        assert_eq!(put_chunk_in(&Request::Stats.encode()[4..]), None);
+        assert_eq!(put_chunk_in(&enc[4..20]), None);
+        assert!(put_chunk_envelope(&id(5), MAX_MESSAGE).is_none());
     }
 
     #[test]

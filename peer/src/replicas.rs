@@ -108,7 +108,7 @@ impl Replicas {
 
     /// Verifies `frame` is chunk `id`, then keeps it (idempotent). Returns
     /// whether it was new. Blocking (decodes; may write the spill file).
-    pub fn put_chunk(&self, job: &str, id: ChunkId, frame: Vec<u8>) -> Result<bool> {
+    pub fn put_chunk(&self, job: &str, id: ChunkId, frame: Bytes) -> Result<bool> {
         validate_job_id(job)?;
         let key = (job.to_string(), id);
         {
@@ -140,7 +140,7 @@ impl Replicas {
             }
         };
         let place = if to_memory {
-            Place::Memory(Bytes::from(frame))
+            Place::Memory(frame)
         } else {
             match self.write_spill(job, &id, &frame) {
                 Ok(()) => Place::Disk(len),
@@ -375,14 +375,17 @@ impl Replicas {
     }
 }
 
-/// Decodes `frame` and checks it is chunk `id`.
+/// Checks `frame` is chunk `id`: a raw frame (what clients send by
+/// default) is hashed in place, others are decoded into a buffer freed on
+/// return.
 fn verify_frame(id: &ChunkId, frame: &[u8]) -> Result<()> {
     let corrupt = |source| StoreError::Corrupt {
         what: format!("chunk {id} sent by a client"),
         source,
     };
     let mut dec = FrameDecoder::new().map_err(corrupt)?;
-    dec.decode(frame, Some(id)).map_err(corrupt)?;
+    dec.verify(frame, Some(id), &mut Vec::new())
+        .map_err(corrupt)?;
     Ok(())
 }
 
@@ -393,8 +396,10 @@ mod tests {
     use strata_format::codec::{ElemHint, EncodeOptions};
     use strata_format::frame::encode_frame;
 
-    fn frame(data: &[u8]) -> Vec<u8> {
-        encode_frame(data, ElemHint::BYTES, EncodeOptions::RAW).unwrap()
+    fn frame(data: &[u8]) -> Bytes {
+        encode_frame(data, ElemHint::BYTES, EncodeOptions::RAW)
+            .unwrap()
+            .into()
     }
 
     #[test]
@@ -427,7 +432,7 @@ mod tests {
         assert_eq!((n, jobs), (4, 1));
         for c in &chunks[..4] {
             let f = r.get_frame("j", &ChunkId::of(c)).unwrap();
-            assert_eq!(f.as_ref(), frame(c).as_slice());
+            assert_eq!(f.as_ref(), &frame(c)[..]);
         }
         assert_eq!(
             r.get_range("j", &ChunkId::of(&chunks[3]), 10, 20).unwrap(),
@@ -442,7 +447,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.kind(), strata_tiered::StoreErrorKind::Corrupt);
         let e = r
-            .put_chunk("j", ChunkId::of(b"x"), vec![1, 2, 3])
+            .put_chunk("j", ChunkId::of(b"x"), Bytes::from_static(&[1, 2, 3]))
             .unwrap_err();
         assert_eq!(e.kind(), strata_tiered::StoreErrorKind::Corrupt);
         // Deleting gives the space back.

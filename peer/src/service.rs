@@ -127,11 +127,12 @@ impl Service {
     pub fn bind(cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
         let server = server_config(&cfg.certs, cfg.max_streams)?;
         let replicas = Replicas::new(&cfg.spill, cfg.limits.clone())?;
-        let endpoint =
-            quinn::Endpoint::server(server, cfg.listen).map_err(|source| ServiceError::Bind {
+        let endpoint = crate::tls::endpoint(cfg.listen, Some(server)).map_err(|source| {
+            ServiceError::Bind {
                 addr: cfg.listen,
                 source,
-            })?;
+            }
+        })?;
         let max_request = cfg.max_request.clamp(4096, MAX_MESSAGE);
         let units = (cfg.inflight_bytes / UNIT).max(4 * max_request.div_ceil(UNIT));
         Ok(Arc::new(Service {
@@ -339,6 +340,17 @@ impl Service {
         mut recv: quinn::RecvStream,
     ) {
         let resp = match self.read_request(&mut recv, mine).await {
+            // A chunk is kept where it was received: no copy out of the
+            // message.
+            Ok((msg, _permit)) if crate::proto::put_chunk_in(&msg).is_some() => {
+                match crate::proto::put_chunk_in(&msg) {
+                    Some((id, at)) => {
+                        let frame = bytes::Bytes::from(msg).slice(at..);
+                        self.put_chunk(job, id, frame).await
+                    }
+                    None => error(ErrorCode::Invalid, "not a put".into()),
+                }
+            }
             Ok((msg, _permit)) => match Request::decode(&msg) {
                 // Whole frames go out without being copied into a message:
                 // the envelope, then the stored bytes.
@@ -385,6 +397,25 @@ impl Service {
         }
     }
 
+    /// Verifies and keeps one chunk (hashing blocks: off the async workers).
+    async fn put_chunk(
+        &self,
+        job: &str,
+        id: strata_format::ChunkId,
+        frame: bytes::Bytes,
+    ) -> Response {
+        let r = self.replicas.clone();
+        let job_s = job.to_string();
+        let done = tokio::task::spawn_blocking(move || r.put_chunk(&job_s, id, frame))
+            .await
+            .map_err(|e| StoreError::Internal(format!("request task: {e}")))
+            .and_then(|x| x);
+        match done {
+            Ok(new) => Response::Stored { new },
+            Err(e) => from_store(&e),
+        }
+    }
+
     async fn dispatch(&self, job: &str, req: Request) -> Response {
         match self.serve(job, req).await {
             Ok(r) => r,
@@ -405,7 +436,7 @@ impl Service {
             Request::Hello { .. } => error(ErrorCode::Invalid, "already said hello".into()),
             Request::PutChunk { id, frame } => {
                 blocking(Box::new(move || {
-                    r.put_chunk(&job_s, id, frame)
+                    r.put_chunk(&job_s, id, frame.into())
                         .map(|new| Response::Stored { new })
                 }))
                 .await?

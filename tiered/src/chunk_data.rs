@@ -88,6 +88,14 @@ impl ChunkData {
     }
 }
 
+/// So a chunk can be handed to byte-buffer owners (e.g. `bytes::Bytes::from_owner`)
+/// without a copy.
+impl AsRef<[u8]> for ChunkData {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
 impl std::fmt::Debug for ChunkData {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ChunkData({} bytes at {})", self.len, self.start)

@@ -437,6 +437,28 @@ impl L3Store {
         .map_err(|e| StoreError::Internal(format!("decoder task: {e}")))?
     }
 
+    /// Every chunk object the job holds here, with its stored (encoded)
+    /// size: one listing.
+    pub async fn chunk_sizes(&self, job: &str) -> Result<std::collections::BTreeMap<ChunkId, u64>> {
+        validate_job_id(job)?;
+        let prefix = self.key(&[job, "chunks"]);
+        let listed: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| os_err("listing chunks", e))?;
+        Ok(listed
+            .iter()
+            .filter_map(|m| {
+                m.location
+                    .filename()
+                    .and_then(|n| ChunkId::from_hex(n).ok())
+                    .map(|id| (id, m.size))
+            })
+            .collect())
+    }
+
     /// Uploads chunks the caller just found missing (with
     /// [`ChunkStore::has_chunks`]) without asking again for each one, as
     /// [`ChunkStore::put_chunks`] does: one request per chunk less. A chunk
@@ -540,22 +562,7 @@ impl ChunkStore for L3Store {
     }
 
     async fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
-        validate_job_id(job)?;
-        let prefix = self.key(&[job, "chunks"]);
-        let listed: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| os_err("listing chunks", e))?;
-        Ok(listed
-            .iter()
-            .filter_map(|m| {
-                m.location
-                    .filename()
-                    .and_then(|n| ChunkId::from_hex(n).ok())
-            })
-            .collect())
+        Ok(self.chunk_sizes(job).await?.into_keys().collect())
     }
 
     async fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
