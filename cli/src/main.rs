@@ -1,22 +1,41 @@
-//! The `strata` command-line tool.
-//!
-//! Today: `strata demo`, which lays out, hashes, encodes and verifies a
-//! synthetic multi-GiB training state and prints throughput and ratios. The
-//! inspection commands (`ls`, `show`, `verify`, ...) arrive with the tiers.
+//! The `strata` command-line tool: `demo` (the whole pipeline on embedded
+//! defaults), the inspection commands people on call reach for (`ls`,
+//! `show`, `verify`, `diff`, `stat`), `export`/`import` of safetensors
+//! files, and the L2 peer service (`peer serve`). Exit codes and the JSON
+//! schemas are in docs/cli.md.
 
+mod catalog;
 mod codec_report;
 mod demo;
+mod diff;
+mod ls;
 mod out;
 mod peer;
+mod progress;
+mod safetensors_io;
+mod show;
 mod size;
+mod stat;
+mod store_args;
+mod table;
+mod verify;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 /// Strata: a multi-tier checkpoint store for large-scale AI training.
+///
+/// The store is found from --config strata.toml, then STRATA_* environment
+/// variables (STRATA_JOB, STRATA_L1_DIR, STRATA_L3_URL, STRATA_PEERS, ...),
+/// then flags (--job, --l1, --l3, --peers); later ones win.
 #[derive(Parser, Debug)]
-#[command(name = "strata", version, about, long_about = None)]
+#[command(
+    name = "strata",
+    version,
+    about,
+    after_help = "Examples:\n  strata demo\n  strata ls --l1 /nvme/strata --job llama-70b\n  strata verify --all --config strata.toml\n  strata export 1200 -o model.safetensors --job llama-70b\n\nExit status: 0 success; 1 verify found damage; 2 bad arguments; 3 a store or file could not be read or is corrupt; 4 no such step or rank; 5 verify --repair repaired everything it found."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -29,6 +48,22 @@ enum Command {
     ///
     /// Example: strata demo --state-size 2GiB
     Demo(demo::DemoArgs),
+    /// The job's steps, newest first, with their state in every tier.
+    Ls(ls::LsArgs),
+    /// The entries of one step's shard: dtype, shape, size, chunks, stored
+    /// size, codec ratio, change since the previous step.
+    Show(show::ShowArgs),
+    /// Re-hash every chunk; name damaged or missing ones and where a good
+    /// copy is; --repair rewrites bad copies.
+    Verify(verify::VerifyArgs),
+    /// Entries added, removed and changed between two steps.
+    Diff(diff::DiffArgs),
+    /// Per tier: logical and stored bytes, dedup and compression ratios.
+    Stat(stat::StatArgs),
+    /// Write a step's shard as a safetensors file.
+    Export(safetensors_io::ExportArgs),
+    /// Make a checkpoint step from a safetensors file.
+    Import(safetensors_io::ImportArgs),
     /// The L2 peer service and its certificates.
     #[command(subcommand)]
     Peer(peer::PeerCmd),
@@ -43,9 +78,60 @@ pub(crate) enum CliError {
     /// A check failed: the bytes read back differ from the bytes written.
     #[error("verification failed: {0}")]
     Verify(String),
-    /// A bad argument.
+    /// A bad argument or configuration.
     #[error("invalid argument: {0}")]
     Arg(String),
+    /// A tier or file could not be opened or read, or holds corrupt data.
+    #[error("{0}")]
+    Store(String),
+    /// The step or rank asked for does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// `verify` found damage that is still there.
+    #[error("damage found: {0}")]
+    Damage(String),
+    /// `verify --repair` found damage and repaired all of it.
+    #[error("damage found and repaired ({0} cop{s})", s = if *.0 == 1 { "y" } else { "ies" })]
+    Repaired(usize),
+}
+
+impl CliError {
+    /// The exit status (docs/cli.md).
+    fn code(&self) -> u8 {
+        match self {
+            CliError::Verify(_) | CliError::Damage(_) => 1,
+            CliError::Arg(_) => 2,
+            CliError::Format(_) | CliError::Store(_) => 3,
+            CliError::NotFound(_) => 4,
+            CliError::Repaired(_) => 5,
+        }
+    }
+}
+
+impl From<strata::Error> for CliError {
+    fn from(e: strata::Error) -> Self {
+        match e {
+            strata::Error::Config(m) => CliError::Arg(m),
+            strata::Error::NothingToRestore(_) => CliError::NotFound(e.to_string()),
+            other => CliError::Store(other.to_string()),
+        }
+    }
+}
+
+impl From<strata::tiered::StoreError> for CliError {
+    fn from(e: strata::tiered::StoreError) -> Self {
+        match e.kind() {
+            strata::tiered::StoreErrorKind::NotFound => CliError::NotFound(e.to_string()),
+            _ => CliError::Store(e.to_string()),
+        }
+    }
+}
+
+/// Prints `v` as pretty JSON on stdout.
+pub(crate) fn print_json<T: serde::Serialize>(v: &T) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| CliError::Arg(e.to_string()))?;
+    out::say!("{text}");
+    Ok(())
 }
 
 /// Logs to stderr, filtered by `STRATA_LOG` (default `warn`). With
@@ -69,13 +155,22 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
+        Command::Ls(a) => ls::run(&a),
+        Command::Show(a) => show::run(&a),
+        Command::Verify(a) => verify::run(&a),
+        Command::Diff(a) => diff::run(&a),
+        Command::Stat(a) => stat::run(&a),
+        Command::Export(a) => safetensors_io::export(&a),
+        Command::Import(a) => safetensors_io::import(&a),
         Command::Peer(cmd) => peer::run(&cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("strata: error: {e}");
-            ExitCode::FAILURE
+            // One line: the reader is on call, not debugging.
+            let msg = e.to_string().replace('\n', " ");
+            eprintln!("strata: error: {msg}");
+            ExitCode::from(e.code())
         }
     }
 }

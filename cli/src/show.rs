@@ -1,0 +1,225 @@
+//! `strata show STEP`: the entries of one rank's shard.
+
+use std::collections::BTreeMap;
+
+use clap::Args;
+use serde::Serialize;
+use strata_format::{ChunkId, EntryKind, ShardManifest};
+
+use crate::catalog::{packed_and_same, Catalog};
+use crate::out::say;
+use crate::size::human;
+use crate::store_args::{select, StoreArgs};
+use crate::table::Table;
+use crate::CliError;
+
+/// `strata show`.
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  strata show 1200 --l1 /nvme/strata --job llama-70b\n  strata show 1200 --rank 3 --tier l3 --json"
+)]
+pub(crate) struct ShowArgs {
+    /// The step (default: the newest committed).
+    pub(crate) step: Option<u64>,
+    /// The rank.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) rank: u32,
+    /// Read from this tier only (l1, l3, l2, or a peer's name); stored sizes
+    /// and codec ratios are that tier's.
+    #[arg(long)]
+    pub(crate) tier: Vec<String>,
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
+    /// Print JSON (schema in docs/cli.md).
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// One entry of the shard.
+#[derive(Serialize, Debug)]
+pub(crate) struct EntryRow {
+    pub(crate) name: String,
+    /// `tensor` or `blob`.
+    pub(crate) kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) dtype: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) shape: Option<Vec<u64>>,
+    pub(crate) bytes: u64,
+    /// Chunks holding its bytes.
+    pub(crate) chunks: usize,
+    /// Its share of the stored bytes of those chunks in the tier read
+    /// (a chunk shared by several entries is split by bytes); `null` if
+    /// the tier does not report sizes.
+    pub(crate) stored_bytes: Option<u64>,
+    /// bytes / stored_bytes.
+    pub(crate) codec_ratio: Option<f64>,
+    /// `new` (not in the previous step), `changed` (other chunks),
+    /// `same`, or `null` when there is no previous step.
+    pub(crate) change: Option<&'static str>,
+}
+
+/// The shard.
+#[derive(Serialize, Debug)]
+pub(crate) struct Shown {
+    pub(crate) job: String,
+    pub(crate) step: u64,
+    pub(crate) rank: u32,
+    pub(crate) world_size: u32,
+    /// The tier the manifest and sizes come from.
+    pub(crate) tier: String,
+    /// The step compared against for `change`.
+    pub(crate) previous_step: Option<u64>,
+    pub(crate) logical_bytes: u64,
+    pub(crate) chunks: usize,
+    pub(crate) metadata: BTreeMap<String, String>,
+    pub(crate) entries: Vec<EntryRow>,
+}
+
+pub(crate) fn run(a: &ShowArgs) -> Result<(), CliError> {
+    let t = a.store.open()?;
+    let cat = Catalog::load(&t, select(&t, &a.tier)?);
+    let order: Vec<_> = t.tiers().iter().collect();
+    let step = cat.pick(a.step)?;
+    let (tier, shard, _) = cat.shard(&t, step, a.rank)?;
+    let m = &shard.manifest;
+    let sizes = t.chunk_sizes(tier)?;
+    // The previous committed step of this rank, in any tier.
+    let previous = cat
+        .committed_steps()
+        .into_iter()
+        .filter(|&s| s < step)
+        .rev()
+        .find_map(|s| cat.shard(&t, s, a.rank).ok().map(|(_, p, _)| (s, p)));
+    let before: Option<BTreeMap<&str, Vec<(ChunkId, u32, u32)>>> =
+        previous.as_ref().map(|(_, p)| segments(&p.manifest));
+    let now = segments(m);
+    let entries = m
+        .entries
+        .iter()
+        .map(|e| {
+            let mut ids: Vec<u32> = e.segments.iter().map(|s| s.chunk).collect();
+            ids.dedup();
+            let stored = sizes.as_ref().map(|sz| {
+                e.segments
+                    .iter()
+                    .map(|s| {
+                        let c = &m.chunks[s.chunk as usize];
+                        let on_tier = sz.get(&c.id).copied().unwrap_or(u64::from(c.len));
+                        // This entry's share of the chunk's stored bytes.
+                        (on_tier as f64 * f64::from(s.len) / f64::from(c.len.max(1))).round() as u64
+                    })
+                    .sum::<u64>()
+            });
+            let (kind, dtype, shape) = match &e.kind {
+                EntryKind::Tensor { dtype, shape } => (
+                    "tensor",
+                    Some(dtype.name().to_string()),
+                    Some(shape.clone()),
+                ),
+                EntryKind::Blob => ("blob", None, None),
+            };
+            let change = before.as_ref().map(|b| match b.get(e.name.as_str()) {
+                None => "new",
+                Some(old) if Some(old) == now.get(e.name.as_str()) => "same",
+                Some(_) => match &previous {
+                    Some((_, p)) if packed_and_same(&t, &order, &p.manifest, m, &e.name) => "same",
+                    _ => "changed",
+                },
+            });
+            EntryRow {
+                name: e.name.clone(),
+                kind,
+                dtype,
+                shape,
+                bytes: e.len,
+                chunks: ids.len(),
+                stored_bytes: stored,
+                codec_ratio: stored.map(|s| ratio(e.len, s)),
+                change,
+            }
+        })
+        .collect();
+    let shown = Shown {
+        job: t.job().to_string(),
+        step,
+        rank: a.rank,
+        world_size: m.info.world_size,
+        tier: tier.name.clone(),
+        previous_step: previous.map(|(s, _)| s),
+        logical_bytes: m.logical_bytes(),
+        chunks: m.chunks.len(),
+        metadata: m.metadata.clone(),
+        entries,
+    };
+    if a.json {
+        return crate::print_json(&shown);
+    }
+    say!(
+        "job {} step {} rank {}/{} from {}: {} in {} entries, {} chunks{}",
+        shown.job,
+        shown.step,
+        shown.rank,
+        shown.world_size,
+        shown.tier,
+        human(shown.logical_bytes),
+        shown.entries.len(),
+        shown.chunks,
+        shown
+            .previous_step
+            .map_or(String::new(), |p| format!(", compared with step {p}"))
+    );
+    for (k, v) in &shown.metadata {
+        say!("  metadata {k} = {v}");
+    }
+    let mut table = Table::new(
+        [
+            "NAME", "DTYPE", "SHAPE", "BYTES", "CHUNKS", "STORED", "RATIO", "CHANGE",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    for e in &shown.entries {
+        table.row(vec![
+            e.name.clone(),
+            e.dtype.clone().unwrap_or_else(|| "blob".into()),
+            e.shape.as_ref().map_or("-".into(), |s| format!("{s:?}")),
+            human(e.bytes),
+            e.chunks.to_string(),
+            e.stored_bytes.map_or("-".into(), human),
+            e.codec_ratio.map_or("-".into(), |r| format!("{r:.2}")),
+            e.change.unwrap_or("-").to_string(),
+        ]);
+    }
+    table.print();
+    Ok(())
+}
+
+/// raw / stored, rounded to 3 decimals (1.0 for an empty entry).
+pub(crate) fn ratio(raw: u64, stored: u64) -> f64 {
+    if stored == 0 {
+        return 1.0;
+    }
+    (raw as f64 / stored as f64 * 1000.0).round() / 1000.0
+}
+
+/// Each entry's bytes as (chunk id, offset in chunk, length) pieces.
+pub(crate) fn segments(m: &ShardManifest) -> BTreeMap<&str, Vec<(ChunkId, u32, u32)>> {
+    m.entries
+        .iter()
+        .map(|e| {
+            let segs = e
+                .segments
+                .iter()
+                .map(|s| {
+                    let id = m
+                        .chunks
+                        .get(s.chunk as usize)
+                        .map_or(ChunkId::of(b""), |c| c.id);
+                    (id, s.offset, s.len)
+                })
+                .collect();
+            (e.name.as_str(), segs)
+        })
+        .collect()
+}

@@ -1,0 +1,391 @@
+//! `strata verify`: re-hash every chunk of the chosen steps in the chosen
+//! tiers, name what is damaged or missing, where a good copy is, and with
+//! `--repair` rewrite the bad copies from a good one.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use clap::Args;
+use serde::Serialize;
+use strata::inspect::{Tier, Tiers};
+use strata::tiered::{ChunkData, ChunkPut, StoreErrorKind};
+use strata_format::codec::ElemHint;
+use strata_format::ChunkId;
+
+use crate::catalog::{Catalog, Held};
+use crate::out::say;
+use crate::progress::Progress;
+use crate::size::human;
+use crate::store_args::{select, StoreArgs};
+use crate::CliError;
+
+/// Bytes read per batch (bounded memory: one batch in flight).
+const BATCH_BYTES: u64 = 256 << 20;
+
+/// `strata verify`.
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  strata verify --l1 /nvme/strata --job llama-70b          # the newest step, every tier\n  strata verify --all --tier l3 --config strata.toml\n  strata verify 1200 --repair\n\nExit status: 0 nothing damaged; 1 damage remains; 5 damage was found and every bad copy was repaired; 3 a tier could not be read; 4 no such step."
+)]
+pub(crate) struct VerifyArgs {
+    /// The step (default: the newest committed).
+    pub(crate) step: Option<u64>,
+    /// Every step committed in each tier.
+    #[arg(long, conflicts_with = "step")]
+    pub(crate) all: bool,
+    /// Only this tier (l1, l3, l2, or a peer's name; repeatable).
+    #[arg(long)]
+    pub(crate) tier: Vec<String>,
+    /// Only this rank.
+    #[arg(long)]
+    pub(crate) rank: Option<u32>,
+    /// Rewrite every damaged or missing copy from a good copy in another
+    /// tier, and say what was rewritten.
+    #[arg(long)]
+    pub(crate) repair: bool,
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
+    /// Print JSON (schema in docs/cli.md).
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Where an entry uses a chunk.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Use {
+    pub(crate) step: u64,
+    pub(crate) rank: u32,
+    pub(crate) entry: String,
+}
+
+/// One damaged, missing or unreadable copy.
+#[derive(Serialize, Debug)]
+pub(crate) struct Problem {
+    pub(crate) tier: String,
+    /// `chunk` or `manifest`.
+    pub(crate) object: &'static str,
+    /// The chunk id (hex), or `step/rank` for a manifest.
+    pub(crate) id: String,
+    /// `damaged`, `missing` or `unreadable`.
+    pub(crate) state: &'static str,
+    pub(crate) error: String,
+    /// The entries that use the chunk.
+    pub(crate) entries: Vec<Use>,
+    /// Tiers holding a verified good copy.
+    pub(crate) good_copies: Vec<String>,
+    /// True once `--repair` rewrote it and read it back verified.
+    pub(crate) repaired: bool,
+}
+
+/// The outcome.
+#[derive(Serialize, Debug)]
+pub(crate) struct Report {
+    pub(crate) job: String,
+    pub(crate) tiers: Vec<String>,
+    pub(crate) steps: Vec<u64>,
+    pub(crate) chunks_verified: u64,
+    pub(crate) bytes_verified: u64,
+    pub(crate) manifests_verified: u64,
+    pub(crate) problems: Vec<Problem>,
+    pub(crate) repaired: usize,
+    /// No problem left (after repairs).
+    pub(crate) clean: bool,
+}
+
+/// What one tier must hold: each chunk with its length, hint and users.
+type Wanted = BTreeMap<ChunkId, (u32, ElemHint, Vec<Use>)>;
+
+pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
+    let t = a.store.open()?;
+    let all = Catalog::load(&t, t.tiers().iter().collect());
+    let chosen = select(&t, &a.tier)?;
+    let steps: Vec<u64> = if a.all {
+        all.committed_steps().into_iter().collect()
+    } else {
+        vec![all.pick(a.step)?]
+    };
+    if steps.is_empty() {
+        return Err(CliError::NotFound("no committed step in any tier".into()));
+    }
+    let mut problems = Vec::new();
+    let (mut chunks_verified, mut bytes_verified, mut manifests) = (0u64, 0u64, 0u64);
+    let mut plans: Vec<(&Tier, Wanted)> = Vec::new();
+    // Manifests first: each tier's, checked against its commit records.
+    for &tier in &chosen {
+        let mut wanted = Wanted::new();
+        let steps_here = all.steps_of(tier);
+        for &step in &steps {
+            if all.held(tier, step) == Held::Absent {
+                continue;
+            }
+            let ranks: BTreeSet<u32> = all
+                .info(tier, step)
+                .map(|i| i.committed_ranks())
+                .unwrap_or_default();
+            for rank in ranks {
+                if a.rank.is_some_and(|r| r != rank) {
+                    continue;
+                }
+                manifests += 1;
+                let shard = match t.load_shard(tier, steps_here, step, rank) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let mut p = Problem {
+                            tier: tier.name.clone(),
+                            object: "manifest",
+                            id: format!("{step}/{rank}"),
+                            state: state_of_error(&e),
+                            error: e.to_string(),
+                            entries: Vec::new(),
+                            good_copies: Vec::new(),
+                            repaired: false,
+                        };
+                        let good = good_manifest(&t, &all, tier, step, rank);
+                        p.good_copies = good.iter().map(|(n, _)| n.clone()).collect();
+                        if a.repair {
+                            if let Some((_, bytes)) = good.first() {
+                                p.repaired = t
+                                    .block_on(tier.store.put_manifest(t.job(), step, rank, bytes))
+                                    .is_ok()
+                                    && t.load_shard(tier, steps_here, step, rank).is_ok();
+                            }
+                        }
+                        problems.push(p);
+                        // The chunks are still checked, from a good manifest.
+                        match all.shard(&t, step, rank) {
+                            Ok((_, s, _)) => s,
+                            Err(_) => continue,
+                        }
+                    }
+                };
+                let m = &shard.manifest;
+                let users = crate::catalog::entries_by_chunk(m);
+                for (i, c) in m.chunks.iter().enumerate() {
+                    let w = wanted.entry(c.id).or_insert((c.len, c.hint, Vec::new()));
+                    for name in users.get(&(i as u32)).into_iter().flatten() {
+                        w.2.push(Use {
+                            step,
+                            rank,
+                            entry: name.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        plans.push((tier, wanted));
+    }
+    let total: u64 = plans
+        .iter()
+        .flat_map(|(_, w)| w.values().map(|(l, _, _)| u64::from(*l)))
+        .sum();
+    let progress = Progress::bytes(total, "verifying", a.json);
+    for (tier, wanted) in &plans {
+        let ids: Vec<ChunkId> = wanted.keys().copied().collect();
+        for batch in batches(&ids, wanted) {
+            let got = t.block_on(tier.store.get_chunks(t.job(), &batch));
+            for (id, r) in batch.iter().zip(got) {
+                let (len, hint, users) = &wanted[id];
+                progress.inc(u64::from(*len));
+                match r {
+                    Ok(_) => {
+                        chunks_verified += 1;
+                        bytes_verified += u64::from(*len);
+                    }
+                    Err(e) => {
+                        let state = match e.kind() {
+                            StoreErrorKind::Corrupt => "damaged",
+                            StoreErrorKind::NotFound => "missing",
+                            _ => "unreadable",
+                        };
+                        let mut users = users.clone();
+                        users.sort();
+                        users.dedup();
+                        let good = good_chunk(&t, tier, id);
+                        let mut p = Problem {
+                            tier: tier.name.clone(),
+                            object: "chunk",
+                            id: id.to_hex(),
+                            state,
+                            error: e.to_string(),
+                            entries: users,
+                            good_copies: good.iter().map(|(n, _)| n.clone()).collect(),
+                            repaired: false,
+                        };
+                        if a.repair && state != "unreadable" {
+                            if let Some((_, data)) = good.into_iter().next() {
+                                p.repaired = rewrite(&t, tier, *id, *hint, data);
+                            }
+                        }
+                        problems.push(p);
+                    }
+                }
+            }
+        }
+    }
+    progress.finish();
+    let repaired = problems.iter().filter(|p| p.repaired).count();
+    let report = Report {
+        job: t.job().to_string(),
+        tiers: chosen.iter().map(|x| x.name.clone()).collect(),
+        steps,
+        chunks_verified,
+        bytes_verified,
+        manifests_verified: manifests,
+        clean: problems.iter().all(|p| p.repaired),
+        repaired,
+        problems,
+    };
+    if a.json {
+        crate::print_json(&report)?;
+    } else {
+        print(&report);
+    }
+    if report.problems.is_empty() {
+        Ok(())
+    } else if report.clean {
+        Err(CliError::Repaired(report.repaired))
+    } else {
+        let left = report.problems.iter().filter(|p| !p.repaired).count();
+        Err(CliError::Damage(format!(
+            "{left} damaged, missing or unreadable cop{} left",
+            if left == 1 { "y" } else { "ies" }
+        )))
+    }
+}
+
+fn state_of_error(e: &strata::Error) -> &'static str {
+    match e {
+        strata::Error::Store(s) if s.kind() == StoreErrorKind::NotFound => "missing",
+        strata::Error::Store(s) if s.kind() == StoreErrorKind::Corrupt => "damaged",
+        strata::Error::Manifest { reason, .. } if reason.contains("not found") => "missing",
+        strata::Error::Manifest { .. } => "damaged",
+        _ => "unreadable",
+    }
+}
+
+/// Splits `ids` into batches of at most [`BATCH_BYTES`].
+fn batches(ids: &[ChunkId], wanted: &Wanted) -> Vec<Vec<ChunkId>> {
+    let mut out: Vec<Vec<ChunkId>> = Vec::new();
+    let mut bytes = 0u64;
+    for id in ids {
+        let len = u64::from(wanted[id].0);
+        match out.last_mut() {
+            Some(b) if bytes + len <= BATCH_BYTES => b.push(*id),
+            _ => {
+                out.push(vec![*id]);
+                bytes = 0;
+            }
+        }
+        bytes += len;
+    }
+    out
+}
+
+/// Verified copies of chunk `id` in the tiers other than `bad`.
+fn good_chunk(t: &Tiers, bad: &Tier, id: &ChunkId) -> Vec<(String, ChunkData)> {
+    t.tiers()
+        .iter()
+        .filter(|x| x.name != bad.name)
+        .filter_map(|x| {
+            t.block_on(x.store.get_chunk(t.job(), id, None))
+                .ok()
+                .map(|d| (x.name.clone(), d))
+        })
+        .collect()
+}
+
+/// Good copies of a manifest in the tiers other than `bad`.
+fn good_manifest(
+    t: &Tiers,
+    all: &Catalog<'_>,
+    bad: &Tier,
+    step: u64,
+    rank: u32,
+) -> Vec<(String, Vec<u8>)> {
+    t.tiers()
+        .iter()
+        .filter(|x| x.name != bad.name)
+        .filter_map(|x| {
+            t.load_shard(x, all.steps_of(x), step, rank)
+                .ok()
+                .map(|s| (x.name.clone(), s.bytes))
+        })
+        .collect()
+}
+
+/// Replaces `tier`'s copy of chunk `id` with `data` and reads it back.
+fn rewrite(t: &Tiers, tier: &Tier, id: ChunkId, hint: ElemHint, data: ChunkData) -> bool {
+    let job = t.job();
+    // Stores skip a put of a chunk they hold: drop the bad copy first.
+    let _ = t.block_on(tier.store.delete_chunks(job, &[id]));
+    let put = t.block_on(
+        tier.store
+            .put_chunks(job, vec![ChunkPut { id, hint, data }]),
+    );
+    put.is_ok() && t.block_on(tier.store.get_chunk(job, &id, None)).is_ok()
+}
+
+fn short(id: &str) -> &str {
+    id.get(..16).unwrap_or(id)
+}
+
+fn print(r: &Report) {
+    say!(
+        "job {}: verified step{} {} in {}",
+        r.job,
+        if r.steps.len() == 1 { "" } else { "s" },
+        r.steps
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        r.tiers.join(", ")
+    );
+    for p in &r.problems {
+        let users: Vec<String> = p
+            .entries
+            .iter()
+            .map(|u| format!("{} (step {} rank {})", u.entry, u.step, u.rank))
+            .collect();
+        let good = if p.good_copies.is_empty() {
+            "no good copy in any other tier".to_string()
+        } else {
+            format!("good copy in {}", p.good_copies.join(", "))
+        };
+        say!(
+            "{:<10} {} {} in {}: {}",
+            p.state.to_uppercase(),
+            p.object,
+            short(&p.id),
+            p.tier,
+            p.error
+        );
+        if !users.is_empty() {
+            say!("           used by {}", users.join(", "));
+        }
+        say!("           {good}");
+        if p.repaired {
+            say!(
+                "           REPAIRED: rewrote {} {} in {} from {}",
+                p.object,
+                short(&p.id),
+                p.tier,
+                p.good_copies.first().map_or("?", |s| s.as_str())
+            );
+        }
+    }
+    let count = |s: &str| r.problems.iter().filter(|p| p.state == s).count();
+    say!(
+        "{} manifests, {} chunks ({}) verified good; {} damaged, {} missing, {} unreadable{}",
+        r.manifests_verified,
+        r.chunks_verified,
+        human(r.bytes_verified),
+        count("damaged"),
+        count("missing"),
+        count("unreadable"),
+        if r.repaired > 0 {
+            format!(", {} repaired", r.repaired)
+        } else {
+            String::new()
+        }
+    );
+}

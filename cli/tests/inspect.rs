@@ -1,0 +1,553 @@
+//! The inspection commands (`ls`, `show`, `verify`, `diff`, `stat`,
+//! `export`, `import`) run as the real binary on stores written by the
+//! library: an L1 directory and an L3 object store (a local directory
+//! behind `object_store`), healthy and then damaged.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use strata::format::DType;
+use strata::{Checkpointer, Config, Entry};
+
+const JOB: &str = "insp";
+
+/// A store with steps 1..=3 on L1 and L3. Step 2 changes `layer.1.w`;
+/// step 3 also adds `extra.bias` and drops `old.scale`.
+struct Store {
+    _dir: tempfile::TempDir,
+    l1: PathBuf,
+    l3: PathBuf,
+}
+
+fn tensor(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Small-magnitude values: compressible like real weights.
+            (x >> 60) as u8
+        })
+        .collect()
+}
+
+fn cfg(l1: &Path, l3: &Path) -> Config {
+    Config::builder()
+        .job(JOB)
+        .l1_dir(l1)
+        .chunk_size(1 << 20)
+        .keep_last(10)
+        .l3_url(format!("file://{}", l3.display()))
+        .upload_every(1)
+}
+
+impl Store {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (l1, l3) = (dir.path().join("l1"), dir.path().join("l3"));
+        std::fs::create_dir_all(&l3).unwrap();
+        let ck = Checkpointer::new(cfg(&l1, &l3)).unwrap();
+        for step in 1..=3u64 {
+            let w0 = tensor(1, 3 << 20);
+            let w1 = tensor(if step >= 2 { 20 + step } else { 2 }, 2 << 20);
+            let bias = tensor(3, 4096);
+            let extra = tensor(4, 8192);
+            let scale = tensor(5, 64);
+            let opt = tensor(6, 1000);
+            let shape0 = [768u64, 1024];
+            let shape1 = [1024u64, 1024];
+            let shape_b = [1024u64];
+            let shape_e = [2048u64];
+            let shape_s = [16u64];
+            let mut entries = vec![
+                Entry::tensor("layer.0.w", DType::F32, &shape0, &w0),
+                Entry::tensor("layer.1.w", DType::BF16, &shape1, &w1),
+                Entry::tensor("layer.1.b", DType::F32, &shape_b, &bias),
+                Entry::blob("optimizer.state", &opt),
+            ];
+            if step == 3 {
+                entries.push(Entry::tensor("extra.bias", DType::F32, &shape_e, &extra));
+            } else {
+                entries.push(Entry::tensor("old.scale", DType::F32, &shape_s, &scale));
+            }
+            let meta = [("arch".to_string(), "tiny".to_string())].into();
+            ck.save_with_metadata(step, &entries, meta)
+                .unwrap()
+                .wait()
+                .unwrap();
+        }
+        drop(ck); // waits for the uploads
+        Store { _dir: dir, l1, l3 }
+    }
+
+    fn args(&self) -> Vec<String> {
+        vec![
+            "--job".into(),
+            JOB.into(),
+            "--l1".into(),
+            self.l1.display().to_string(),
+            "--l3".into(),
+            format!("file://{}", self.l3.display()),
+        ]
+    }
+
+    fn run(&self, cmd: &[&str]) -> Out {
+        let mut all: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        all.extend(self.args());
+        run(&all)
+    }
+
+    /// The L1 file of the `i`-th chunk of step `step`'s manifest.
+    fn l1_chunk(&self, step: u64, i: usize) -> (PathBuf, String) {
+        let out = self.run(&["show", &step.to_string(), "--tier", "l1", "--json"]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let _ = out;
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let l1 = strata::tiered::L1Store::open(&self.l1, "psync".parse().unwrap()).unwrap();
+        use strata::tiered::ChunkStore;
+        let m = strata::format::ShardManifest::decode(
+            &rt.block_on(l1.get_manifest(JOB, step, 0)).unwrap(),
+        )
+        .unwrap();
+        let id = m.chunks[i].id;
+        (l1.chunk_path(JOB, &id), id.to_hex())
+    }
+
+    /// The L3 object of chunk `hex`.
+    fn l3_chunk(&self, hex: &str) -> PathBuf {
+        find(&self.l3, hex).unwrap_or_else(|| panic!("no object {hex} under L3"))
+    }
+}
+
+fn find(dir: &Path, name: &str) -> Option<PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            if let Some(f) = find(&p, name) {
+                return Some(f);
+            }
+        } else if p.file_name().and_then(|n| n.to_str()) == Some(name) {
+            return Some(p);
+        }
+    }
+    None
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("{e}: not JSON:\n{}\n{}", self.stdout, self.stderr))
+    }
+}
+
+fn run(args: &[String]) -> Out {
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .env_remove("STRATA_L1_DIR")
+        .env_remove("STRATA_JOB")
+        .env_remove("STRATA_L3_URL")
+        .env_remove("STRATA_PEERS")
+        .output()
+        .unwrap();
+    let o = Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    };
+    assert!(
+        !o.stderr.contains("panicked") && !o.stderr.contains("RUST_BACKTRACE"),
+        "{}",
+        o.stderr
+    );
+    o
+}
+
+/// Every file under `dir` with its bytes, to prove a command wrote nothing.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn ls_show_diff_and_stat_describe_every_tier_and_write_nothing() {
+    let s = Store::new();
+    let before = (snapshot(&s.l1), snapshot(&s.l3));
+
+    let ls = s.run(&["ls", "--json"]).json();
+    let steps: Vec<u64> = ls["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, vec![3, 2, 1], "newest first");
+    let three = &ls["steps"][0];
+    assert_eq!(three["world_size"], 1);
+    assert_eq!(
+        three["logical_bytes"].as_u64().unwrap(),
+        (3 << 20) + (2 << 20) + 4096 + 1000 + 8192
+    );
+    for t in three["tiers"].as_array().unwrap() {
+        assert_eq!(t["state"], "committed", "{t}");
+    }
+    assert!(three["stored_bytes"].as_u64().unwrap() > 0);
+    let human = s.run(&["ls"]);
+    assert_eq!(human.code, 0, "{}", human.stderr);
+    assert!(human.stdout.contains("STEP"), "{}", human.stdout);
+    assert!(human.stdout.contains("committed"), "{}", human.stdout);
+
+    let show = s.run(&["show", "2", "--json"]).json();
+    assert_eq!(show["step"], 2);
+    assert_eq!(show["previous_step"], 1);
+    assert_eq!(show["metadata"]["arch"], "tiny");
+    let entry = |name: &str| -> Value {
+        show["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    assert_eq!(entry("layer.1.w")["change"], "changed");
+    assert_eq!(entry("layer.0.w")["change"], "same");
+    assert_eq!(entry("layer.1.w")["dtype"], "BF16");
+    assert_eq!(entry("layer.1.w")["shape"], serde_json::json!([1024, 1024]));
+    assert_eq!(entry("layer.0.w")["bytes"].as_u64().unwrap(), 3 << 20);
+    assert_eq!(entry("layer.0.w")["chunks"].as_u64().unwrap(), 3);
+    assert_eq!(entry("optimizer.state")["kind"], "blob");
+    // From L3 the sizes are the compressed objects'.
+    let from_l3 = s.run(&["show", "2", "--tier", "l3", "--json"]).json();
+    assert_eq!(from_l3["tier"], "L3");
+    let w0 = from_l3["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "layer.0.w")
+        .unwrap()
+        .clone();
+    assert!(w0["codec_ratio"].as_f64().unwrap() > 1.2, "{w0}");
+    let table = s.run(&["show", "2"]);
+    assert!(table.stdout.contains("layer.1.w"), "{}", table.stdout);
+    assert!(table.stdout.contains("changed"), "{}", table.stdout);
+
+    let diff = s.run(&["diff", "1", "3", "--json"]).json();
+    assert_eq!(diff["added"], 1);
+    assert_eq!(diff["removed"], 1);
+    assert_eq!(diff["changed"], 1);
+    assert_eq!(diff["unchanged"], 3);
+    let names: Vec<(&str, &str)> = diff["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap(), c["change"].as_str().unwrap()))
+        .collect();
+    assert!(names.contains(&("extra.bias", "added")), "{names:?}");
+    assert!(names.contains(&("old.scale", "removed")), "{names:?}");
+    assert!(names.contains(&("layer.1.w", "changed")), "{names:?}");
+    assert_eq!(diff["bytes_differ"].as_u64().unwrap(), (2 << 20) + 8192);
+    let same = s.run(&["diff", "2", "2", "--json"]).json();
+    assert_eq!(same["changed"], 0);
+    assert_eq!(same["bytes_differ"], 0);
+
+    let stat = s.run(&["stat", "--json"]).json();
+    let tiers = stat["tiers"].as_array().unwrap();
+    assert_eq!(tiers.len(), 2);
+    for t in tiers {
+        assert_eq!(t["steps"], 3, "{t}");
+        // 15.75 MB of steps in 9.45 MB of distinct chunks.
+        assert!(t["dedup_ratio"].as_f64().unwrap() > 1.6, "{t}");
+    }
+    let l3 = tiers.iter().find(|t| t["tier"] == "L3").unwrap();
+    assert!(l3["compression_ratio"].as_f64().unwrap() > 1.2, "{l3}");
+    let l1 = tiers.iter().find(|t| t["tier"] == "L1").unwrap();
+    assert!(
+        (l1["compression_ratio"].as_f64().unwrap() - 1.0).abs() < 0.01,
+        "{l1}"
+    );
+    assert!(s.run(&["stat"]).stdout.contains("DEDUP"));
+
+    assert!(
+        before == (snapshot(&s.l1), snapshot(&s.l3)),
+        "a read-only command wrote"
+    );
+}
+
+#[test]
+fn verify_names_damage_and_where_a_good_copy_is_and_repair_fixes_it() {
+    let s = Store::new();
+    let clean = s.run(&["verify", "--all"]);
+    assert_eq!(clean.code, 0, "{}\n{}", clean.stdout, clean.stderr);
+    assert!(clean.stdout.contains("0 damaged"), "{}", clean.stdout);
+
+    // Damage one L1 chunk of layer.1.w in step 2 and drop one L3 object.
+    let (l1_file, l1_hex) = s.l1_chunk(2, 3);
+    let mut bytes = std::fs::read(&l1_file).unwrap();
+    bytes[100] ^= 0x5a;
+    std::fs::write(&l1_file, &bytes).unwrap();
+    let (_, l3_hex) = s.l1_chunk(1, 0);
+    std::fs::remove_file(s.l3_chunk(&l3_hex)).unwrap();
+    let before = (snapshot(&s.l1), snapshot(&s.l3));
+
+    let found = s.run(&["verify", "--all", "--json"]);
+    assert_eq!(found.code, 1, "{}\n{}", found.stdout, found.stderr);
+    assert!(
+        found.stderr.starts_with("strata: error: damage found"),
+        "{}",
+        found.stderr
+    );
+    assert_eq!(found.stderr.lines().count(), 1, "{}", found.stderr);
+    let r = found.json();
+    let problems = r["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 2, "{r}");
+    let damaged = problems.iter().find(|p| p["state"] == "damaged").unwrap();
+    assert_eq!(damaged["tier"], "L1");
+    assert_eq!(damaged["id"], l1_hex.as_str());
+    assert_eq!(damaged["good_copies"], serde_json::json!(["L3"]));
+    let users: Vec<&str> = damaged["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["entry"].as_str().unwrap())
+        .collect();
+    assert!(users.contains(&"layer.1.w"), "{users:?}");
+    let missing = problems.iter().find(|p| p["state"] == "missing").unwrap();
+    assert_eq!(missing["tier"], "L3");
+    assert_eq!(missing["id"], l3_hex.as_str());
+    assert_eq!(missing["good_copies"], serde_json::json!(["L1"]));
+    assert!(
+        before == (snapshot(&s.l1), snapshot(&s.l3)),
+        "verify without --repair wrote"
+    );
+
+    // One tier only.
+    let l3_only = s.run(&["verify", "1", "--tier", "l3", "--json"]).json();
+    assert_eq!(l3_only["tiers"], serde_json::json!(["L3"]));
+    assert_eq!(l3_only["problems"].as_array().unwrap().len(), 1);
+
+    let human = s.run(&["verify", "--all"]);
+    assert!(human.stdout.contains("DAMAGED"), "{}", human.stdout);
+    assert!(human.stdout.contains("good copy in L3"), "{}", human.stdout);
+    assert!(human.stdout.contains("layer.1.w"), "{}", human.stdout);
+
+    let repaired = s.run(&["verify", "--all", "--repair"]);
+    assert_eq!(repaired.code, 5, "{}\n{}", repaired.stdout, repaired.stderr);
+    assert_eq!(
+        repaired.stdout.matches("REPAIRED").count(),
+        2,
+        "{}",
+        repaired.stdout
+    );
+    let after = s.run(&["verify", "--all"]);
+    assert_eq!(after.code, 0, "{}\n{}", after.stdout, after.stderr);
+    assert_eq!(std::fs::read(&l1_file).unwrap().len(), bytes.len());
+}
+
+#[test]
+fn a_damaged_manifest_is_named_and_repaired_and_other_tiers_still_serve() {
+    let s = Store::new();
+    let m = s.l1.join(JOB).join("steps");
+    let file = find(&m, "m-0").map(|_| ()).and_then(|()| {
+        // The manifest of step 3 (the newest step's directory).
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&m)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        dirs.sort();
+        dirs.last().map(|d| d.join("m-0"))
+    });
+    let file = file.expect("an L1 manifest");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    // `show` falls back to L3's good manifest.
+    let show = s.run(&["show", "3", "--json"]).json();
+    assert_eq!(show["tier"], "L3");
+    let v = s.run(&["verify", "3", "--tier", "l1", "--json"]);
+    assert_eq!(v.code, 1, "{}", v.stderr);
+    let r = v.json();
+    assert_eq!(r["problems"][0]["object"], "manifest");
+    assert_eq!(r["problems"][0]["good_copies"], serde_json::json!(["L3"]));
+    // The chunks were still checked, from the good manifest.
+    assert!(r["chunks_verified"].as_u64().unwrap() > 0);
+    let fixed = s.run(&["verify", "3", "--tier", "l1", "--repair"]);
+    assert_eq!(fixed.code, 5, "{}\n{}", fixed.stdout, fixed.stderr);
+    assert_eq!(s.run(&["verify", "3"]).code, 0);
+    assert_eq!(s.run(&["show", "3", "--json"]).json()["tier"], "L1");
+}
+
+#[test]
+fn bad_input_gets_one_line_and_a_documented_exit_code() {
+    let s = Store::new();
+    let nostep = s.run(&["show", "99"]);
+    assert_eq!(nostep.code, 4, "{}", nostep.stderr);
+    assert_eq!(nostep.stderr.lines().count(), 1, "{}", nostep.stderr);
+    assert!(nostep.stderr.contains("step 99"), "{}", nostep.stderr);
+    assert_eq!(s.run(&["diff", "1", "42"]).code, 4);
+    assert_eq!(
+        s.run(&["export", "7", "-o", "/tmp/never.safetensors"]).code,
+        4
+    );
+
+    let flag = run(&["ls".into(), "--bogus".into()]);
+    assert_eq!(flag.code, 2, "{}", flag.stderr);
+    let nol1 = run(&[
+        "ls".into(),
+        "--job".into(),
+        JOB.into(),
+        "--l1".into(),
+        "/nonexistent/strata".into(),
+    ]);
+    assert_eq!(nol1.code, 2, "{}", nol1.stderr);
+    assert!(
+        nol1.stderr.contains("/nonexistent/strata"),
+        "{}",
+        nol1.stderr
+    );
+    assert_eq!(nol1.stderr.lines().count(), 1, "{}", nol1.stderr);
+    let badjob = s.run(&["ls", "--job", "../x"]);
+    assert_ne!(badjob.code, 0);
+    let dead_l3 = run(&[
+        "ls".into(),
+        "--job".into(),
+        JOB.into(),
+        "--l1".into(),
+        "/nonexistent".into(),
+        "--l3".into(),
+        "bogus://x".into(),
+    ]);
+    assert_ne!(dead_l3.code, 0, "{}", dead_l3.stdout);
+    assert_eq!(dead_l3.stderr.lines().count(), 1, "{}", dead_l3.stderr);
+
+    // Garbage where a safetensors file should be.
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.safetensors");
+    std::fs::write(&junk, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot json").unwrap();
+    let imp = s.run(&["import", junk.to_str().unwrap(), "--step", "9"]);
+    assert_eq!(imp.code, 3, "{}", imp.stderr);
+    assert_eq!(imp.stderr.lines().count(), 1, "{}", imp.stderr);
+    let empty = dir.path().join("empty.safetensors");
+    std::fs::write(&empty, b"").unwrap();
+    assert_eq!(
+        s.run(&["import", empty.to_str().unwrap(), "--step", "9"])
+            .code,
+        3
+    );
+    // Nothing was imported.
+    assert!(!s.run(&["ls"]).stdout.contains(" 9 "));
+}
+
+#[test]
+fn export_then_import_then_export_gives_the_same_file() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.safetensors");
+    let out = s.run(&["export", "3", "-o", a.to_str().unwrap(), "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json()["tensors"], 4);
+    assert_eq!(out.json()["blobs"], 1);
+
+    // Readable by the safetensors crate, with the saved bytes.
+    let bytes = std::fs::read(&a).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let w1 = st.tensor("layer.1.w").unwrap();
+    assert_eq!(w1.dtype(), safetensors::Dtype::BF16);
+    assert_eq!(w1.shape(), &[1024, 1024]);
+    assert_eq!(w1.data(), tensor(23, 2 << 20).as_slice());
+    assert_eq!(
+        st.tensor("optimizer.state").unwrap().data(),
+        tensor(6, 1000).as_slice()
+    );
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = meta.metadata().clone().unwrap();
+    assert_eq!(meta.get("arch").map(String::as_str), Some("tiny"));
+
+    // Into another job's L1, then out again: the same file.
+    let l1b = dir.path().join("l1b");
+    let imp = run(&[
+        "import".into(),
+        a.display().to_string(),
+        "--step".into(),
+        "7".into(),
+        "--job".into(),
+        "imported".into(),
+        "--l1".into(),
+        l1b.display().to_string(),
+    ]);
+    assert_eq!(imp.code, 0, "{}", imp.stderr);
+    assert!(
+        imp.stdout.contains("imported 4 tensors and 1 blobs"),
+        "{}",
+        imp.stdout
+    );
+    let b = dir.path().join("b.safetensors");
+    let again = run(&[
+        "export".into(),
+        "7".into(),
+        "-o".into(),
+        b.display().to_string(),
+        "--job".into(),
+        "imported".into(),
+        "--l1".into(),
+        l1b.display().to_string(),
+    ]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert!(
+        std::fs::read(&b).unwrap() == bytes,
+        "export, import, export differ"
+    );
+    let shown = run(&[
+        "show".into(),
+        "7".into(),
+        "--json".into(),
+        "--job".into(),
+        "imported".into(),
+        "--l1".into(),
+        l1b.display().to_string(),
+    ])
+    .json();
+    let blob = shown["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "optimizer.state")
+        .unwrap()
+        .clone();
+    assert_eq!(blob["kind"], "blob");
+    assert!(shown["metadata"].get("strata.blobs").is_none());
+
+    // A damaged L1 chunk is read from L3 instead; the export is the same.
+    let (f, _) = s.l1_chunk(3, 0);
+    let mut c = std::fs::read(&f).unwrap();
+    c[0] ^= 1;
+    std::fs::write(&f, &c).unwrap();
+    let d = dir.path().join("d.safetensors");
+    let out = s.run(&["export", "3", "-o", d.to_str().unwrap(), "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.json()["sources"]["L3"].as_u64().unwrap() > 0);
+    assert!(std::fs::read(&d).unwrap() == bytes);
+}
