@@ -31,6 +31,14 @@ if ! command -v moto_server >/dev/null 2>&1; then
     || python3 -m pip install --quiet --break-system-packages 'moto[server]'
 fi
 command -v s3s-fs moto_server
+
+log "python: numpy and safetensors (the export/import test against the reference package)"
+if ! python3 -c 'import numpy, safetensors.numpy' 2>/dev/null; then
+  python3 -m pip install --quiet numpy safetensors 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages numpy safetensors
+fi
+python3 -c 'import numpy, safetensors; print("numpy", numpy.__version__, "safetensors", safetensors.__version__)'
+export STRATA_REQUIRE_PYTHON=1
 # The L3 tests fail (instead of skipping) if a server is missing.
 export STRATA_REQUIRE_SERVERS=1
 

@@ -38,6 +38,10 @@ pub(crate) struct StoreArgs {
     /// (overrides `peer_certs` and STRATA_PEER_CERTS).
     #[arg(long, value_name = "DIR", global = true)]
     pub(crate) peer_certs: Option<PathBuf>,
+    /// Replicas each step should have on peers, for `ls` to call a step
+    /// degraded (overrides `replicas` and STRATA_REPLICAS).
+    #[arg(long, value_name = "N", global = true)]
+    pub(crate) replicas: Option<usize>,
 }
 
 impl StoreArgs {
@@ -68,6 +72,9 @@ impl StoreArgs {
         }
         if let Some(dir) = &self.peer_certs {
             cfg.peer_certs = Some(dir.clone());
+        }
+        if let Some(r) = self.replicas {
+            cfg.replicas = r;
         }
         Ok(cfg)
     }
