@@ -91,8 +91,7 @@ pub(crate) fn run(a: &ShowArgs) -> Result<(), CliError> {
         .filter(|&s| s < step)
         .rev()
         .find_map(|s| cat.shard(&t, s, a.rank).ok().map(|(_, p, _)| (s, p)));
-    let before: Option<BTreeMap<&str, Vec<(ChunkId, u32, u32)>>> =
-        previous.as_ref().map(|(_, p)| segments(&p.manifest));
+    let before: Option<Pieces<'_>> = previous.as_ref().map(|(_, p)| segments(&p.manifest));
     let now = segments(m);
     let entries = m
         .entries
@@ -203,8 +202,11 @@ pub(crate) fn ratio(raw: u64, stored: u64) -> f64 {
     (raw as f64 / stored as f64 * 1000.0).round() / 1000.0
 }
 
-/// Each entry's bytes as (chunk id, offset in chunk, length) pieces.
-pub(crate) fn segments(m: &ShardManifest) -> BTreeMap<&str, Vec<(ChunkId, u32, u32)>> {
+/// Each entry's bytes as (chunk id, offset in chunk, length) pieces, by name.
+pub(crate) type Pieces<'a> = BTreeMap<&'a str, Vec<(ChunkId, u32, u32)>>;
+
+/// The [`Pieces`] of a manifest.
+pub(crate) fn segments(m: &ShardManifest) -> Pieces<'_> {
     m.entries
         .iter()
         .map(|e| {
