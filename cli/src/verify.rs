@@ -352,13 +352,13 @@ fn print(r: &Report) {
             format!("good copy in {}", p.good_copies.join(", "))
         };
         say!(
-            "{:<10} {} {} in {}: {}",
+            "{:<10} {} {} in {}",
             p.state.to_uppercase(),
             p.object,
             short(&p.id),
-            p.tier,
-            p.error
+            p.tier
         );
+        say!("           {}", p.error);
         if !users.is_empty() {
             say!("           used by {}", users.join(", "));
         }
