@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use strata::par::default_threads;
 use strata::{synthetic, Checkpointer, Config, Entry, L2State, StepSelector};
+use strata_benches::cpu::Cpu;
 use strata_peer::tls::{client_config, make_certs, CertFiles};
 
 const JOB: &str = "bench";
@@ -156,7 +157,7 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
         specs.len()
     );
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    let (_sink, sink_addr) = start("sink", &certs, "sink", &[])?;
+    let (sink, sink_addr) = start("sink", &certs, "sink", &[])?;
     let ep = rt.block_on(async {
         let mut ep =
             strata_peer::tls::endpoint("127.0.0.1:0".parse().map_err(|e| format!("{e}"))?, None)
@@ -171,8 +172,15 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
     let (mut raw_up, mut raw_down, mut push, mut restore) = (vec![], vec![], vec![], vec![]);
     let mut sent = (0u64, 0u64);
     for r in 0..reps {
+        let sink_cpu = Cpu {
+            server: sink.0.id().to_string(),
+        };
+        let c0 = sink_cpu.now();
         raw_up.push(rt.block_on(raw(&ep, sink_addr, 0, logical))?);
+        sink_cpu.since(c0, "raw upload", raw_up[r]);
+        let c0 = sink_cpu.now();
         raw_down.push(rt.block_on(raw(&ep, sink_addr, 1, logical))?);
+        sink_cpu.since(c0, "raw download", raw_down[r]);
         if transport_only {
             println!(
                 "  raw quinn, one stream: upload {:.2} GB/s, download {:.2} GB/s",
@@ -182,7 +190,7 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
             continue;
         }
 
-        let (_peer, peer_addr) = start(
+        let (peer, peer_addr) = start(
             "serve",
             &certs,
             "node-b",
@@ -193,6 +201,9 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
                 &dir.join(format!("spill-{r}")).display().to_string(),
             ],
         )?;
+        let peer_cpu = Cpu {
+            server: peer.0.id().to_string(),
+        };
         let l1 = dir.join(format!("l1-{r}"));
         {
             let ck = Checkpointer::new(cfg(&l1, peer_addr, &certs)).map_err(|e| e.to_string())?;
@@ -201,9 +212,10 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
                 .and_then(|h| h.wait())
                 .map_err(|e| e.to_string())?;
             // The push starts when the step commits on L1.
-            let t = Instant::now();
+            let (t, c0) = (Instant::now(), peer_cpu.now());
             ck.wait_replication();
             let d = t.elapsed();
+            peer_cpu.since(c0, "push", d);
             match ck.replication().get(&1) {
                 Some(L2State::Replicated { sent: s, .. }) => sent.0 = *s,
                 other => return Err(format!("replication: {other:?}")),
@@ -231,11 +243,12 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
         std::fs::remove_dir_all(&l1).map_err(|e| e.to_string())?;
         let ck = Checkpointer::new(cfg(&l1, peer_addr, &certs).rehydrate_l1(false))
             .map_err(|e| e.to_string())?;
-        let t = Instant::now();
+        let (t, c0) = (Instant::now(), peer_cpu.now());
         let got = ck
             .restore(StepSelector::Latest)
             .map_err(|e| e.to_string())?;
         restore.push(t.elapsed());
+        peer_cpu.since(c0, "restore", t.elapsed());
         if got.stats.bytes_from_l2 != got.stats.bytes_read {
             return Err("the restore did not come from the peer".into());
         }

@@ -26,6 +26,7 @@ use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use strata::format::{DType, EntrySpec};
 use strata::par::default_threads;
 use strata::{synthetic, Checkpointer, Config, Entry, L3State, StepSelector};
+use strata_benches::cpu::Cpu;
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, L3Store};
 
 const KEY: &str = "bench-key";
@@ -112,41 +113,6 @@ fn raw_store(port: u16) -> Result<Arc<dyn ObjectStore>, String> {
         .build()
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(store))
-}
-
-/// CPU seconds (user + system) used so far by a process.
-fn cpu_secs(pid: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<f64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0.0))
-        .collect();
-    // utime and stime are fields 14 and 15 (11 and 12 after the name).
-    (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / 100.0
-}
-
-/// CPU seconds of the bench and of the server, to tell who was busy.
-struct Cpu {
-    server: String,
-}
-
-impl Cpu {
-    fn now(&self) -> (f64, f64) {
-        (cpu_secs("self"), cpu_secs(&self.server))
-    }
-    fn since(&self, t0: (f64, f64), what: &str, wall: Duration) {
-        let (a, b) = self.now();
-        let up = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
-        eprintln!(
-            "    [{what}: ended at uptime {}; {:.2} s wall, client {:.2} s CPU, server {:.2} s CPU]",
-            up.split_whitespace().next().unwrap_or("?"),
-            wall.as_secs_f64(),
-            a - t0.0,
-            b - t0.1
-        );
-    }
 }
 
 fn gb(bytes: u64, d: Duration) -> f64 {

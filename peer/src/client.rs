@@ -17,7 +17,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use strata_format::codec::{Codec, EncodeOptions};
-use strata_format::frame::{raw_frame_header, FrameDecoder, FrameEncoder};
+use strata_format::frame::{
+    raw_frame_header, FrameDecoder, FrameEncoder, FrameHeader, FRAME_HEADER_LEN, MAX_CHUNK_LEN,
+};
 use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
 use strata_tiered::{
@@ -201,50 +203,110 @@ impl PeerStore {
         }
     }
 
-    /// A chunk's frame, in place in the response message (returned with
-    /// the offset where the frame starts): no copy beyond the receive.
-    async fn get_frame(&self, job: &str, id: ChunkId) -> Result<(Vec<u8>, usize)> {
-        validate_job_id(job)?;
-        let conn = self.conn(job).await?;
-        let msg = roundtrip_raw(&conn, &Request::GetChunk { id, range: None }, &self.label).await?;
-        if crate::proto::frame_in(&msg).is_some() {
-            return Ok((msg, 5));
-        }
-        let bad = |e: strata_format::FormatError| StoreError::Corrupt {
-            what: format!("answer from {}", self.label),
-            source: e,
-        };
-        match Response::decode(&msg).map_err(bad)? {
-            Response::Error { code, message } => Err(to_store(code, message, &self.label)),
-            other => Err(unexpected(&self.label, &other)),
-        }
-    }
-
+    /// One whole chunk, verified. A raw frame's payload is read from the
+    /// stream straight into `spare` (reused when large enough) and hashed
+    /// there: no message buffer, no decode copy. Other codecs are read
+    /// whole and decoded into `spare`.
     async fn get_one(
         &self,
         job: &str,
         id: ChunkId,
         spare: Option<AlignedBuf>,
     ) -> Result<ChunkData> {
-        let (msg, at) = self.get_frame(job, id).await?;
+        validate_job_id(job)?;
+        let conn = self.conn(job).await?;
         let label = self.label.clone();
-        tokio::task::spawn_blocking(move || {
-            let frame = &msg[at..];
+        let io = async {
+            let lost = |e: &dyn std::fmt::Display| unavailable(format!("{label}: {e}"));
             let corrupt = |source| StoreError::Corrupt {
                 what: format!("chunk {id} from {label}"),
                 source,
             };
-            let mut dec = FrameDecoder::new().map_err(corrupt)?;
-            let len = dec.header(frame).map_err(corrupt)?.raw_len as usize;
+            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| lost(&e))?;
+            send.write_all(&Request::GetChunk { id, range: None }.encode())
+                .await
+                .map_err(|e| lost(&e))?;
+            let _ = send.finish();
+            let mut prefix = [0u8; 4];
+            recv.read_exact(&mut prefix).await.map_err(|e| lost(&e))?;
+            let len = message_len(prefix).map_err(|e| StoreError::Corrupt {
+                what: format!("answer from {label}"),
+                source: e,
+            })?;
+            // The frame envelope and header, if the answer is a frame.
+            let head_len = 5 + FRAME_HEADER_LEN;
+            let mut head = vec![0u8; len.min(head_len)];
+            recv.read_exact(&mut head).await.map_err(|e| lost(&e))?;
+            if len < head_len || crate::proto::frame_len_in(&head) != Some(len - 5) {
+                // An error, or something unexpected: read the rest, decode.
+                let mut msg = head;
+                msg.resize(len, 0);
+                recv.read_exact(&mut msg[len.min(head_len)..])
+                    .await
+                    .map_err(|e| lost(&e))?;
+                return Err(
+                    match Response::decode(&msg).map_err(|e| StoreError::Corrupt {
+                        what: format!("answer from {label}"),
+                        source: e,
+                    })? {
+                        Response::Error { code, message } => to_store(code, message, &label),
+                        other => unexpected(&label, &other),
+                    },
+                );
+            }
+            let h = FrameHeader::decode(&head[5..], MAX_CHUNK_LEN).map_err(corrupt)?;
+            if h.id != id {
+                return Err(corrupt(strata_format::FormatError::HashMismatch {
+                    expected: id.to_hex(),
+                    actual: h.id.to_hex(),
+                }));
+            }
+            let raw_len = h.raw_len as usize;
             let mut buf = match spare {
-                Some(mut b) if b.capacity() >= len => {
-                    b.set_len(len);
+                Some(mut b) if b.capacity() >= raw_len => {
+                    b.set_len(raw_len);
                     b
                 }
-                _ => AlignedBuf::zeroed(len),
+                _ => AlignedBuf::zeroed(raw_len),
             };
-            dec.decode_into(frame, Some(&id), &mut buf)
-                .map_err(corrupt)?;
+            if h.codec == Codec::Raw && h.stored_len == h.raw_len && len == head_len + raw_len {
+                recv.read_exact(&mut buf).await.map_err(|e| lost(&e))?;
+                return Ok((buf, None));
+            }
+            let mut frame = head[5..].to_vec();
+            frame.resize(len - 5, 0);
+            recv.read_exact(&mut frame[FRAME_HEADER_LEN..])
+                .await
+                .map_err(|e| lost(&e))?;
+            Ok((buf, Some(frame)))
+        };
+        let (buf, frame) = tokio::time::timeout(REQUEST_TIMEOUT, io)
+            .await
+            .map_err(|_| unavailable(format!("{}: no answer in time", self.label)))??;
+        let label = self.label.clone();
+        // Hashing (and decoding) blocks: off the async workers.
+        tokio::task::spawn_blocking(move || {
+            let corrupt = |source| StoreError::Corrupt {
+                what: format!("chunk {id} from {label}"),
+                source,
+            };
+            let mut buf = buf;
+            match frame {
+                None => {
+                    let actual = ChunkId::of(&buf);
+                    if actual != id {
+                        return Err(corrupt(strata_format::FormatError::HashMismatch {
+                            expected: id.to_hex(),
+                            actual: actual.to_hex(),
+                        }));
+                    }
+                }
+                Some(frame) => {
+                    let mut dec = FrameDecoder::new().map_err(corrupt)?;
+                    dec.decode_into(&frame, Some(&id), &mut buf)
+                        .map_err(corrupt)?;
+                }
+            }
             Ok(ChunkData::whole(buf))
         })
         .await

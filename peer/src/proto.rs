@@ -277,6 +277,16 @@ pub fn put_chunk_in(msg: &[u8]) -> Option<(ChunkId, usize)> {
     (n == msg.len() - 37).then_some((ChunkId::from_bytes(id), 37))
 }
 
+/// If `head` (the first bytes of a response body) starts a `Frame`, the
+/// frame length it states: a reader then takes the frame from the stream
+/// into a buffer of its own.
+pub fn frame_len_in(head: &[u8]) -> Option<usize> {
+    if head.len() < 5 || head[0] != kind::FRAME {
+        return None;
+    }
+    Some(u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize)
+}
+
 /// Reads the 4-byte length prefix of a message and checks it.
 pub fn message_len(prefix: [u8; 4]) -> Result<usize> {
     let n = u32::from_le_bytes(prefix) as usize;
@@ -757,6 +767,9 @@ mod tests {
         assert_eq!(frame_in(&enc[4..]), Some(f.as_slice()));
         assert_eq!(frame_in(&Response::Ok.encode()[4..]), None);
         assert_eq!(frame_in(&enc[4..enc.len() - 1]), None);
+        assert_eq!(frame_len_in(&enc[4..20]), Some(f.len()));
+        assert_eq!(frame_len_in(&Response::Ok.encode()[4..]), None);
+        assert_eq!(frame_len_in(&enc[4..7]), None);
     }
 
     #[test]

@@ -322,6 +322,8 @@ impl Service {
             .map_err(closed)?;
         let permit = (local, global);
         let mut msg = vec![0u8; len];
+        // A chunk put is kept as it lands: large pages fault in faster.
+        strata_tiered::aligned::advise_huge_pages(&mut msg);
         tokio::time::timeout(REQUEST_TIMEOUT, recv.read_exact(&mut msg))
             .await
             .map_err(|_| bad("request not received in time".into()))?

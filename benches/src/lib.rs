@@ -1,0 +1,3 @@
+//! Helpers shared by the benchmark commands.
+
+pub mod cpu;
