@@ -129,6 +129,78 @@ async fn raw(ep: &quinn::Endpoint, addr: SocketAddr, op: u8, n: u64) -> Result<D
     Ok(d)
 }
 
+/// `n` bytes up (op 0) or down (op 1) over `conns` connections with
+/// `streams` streams each, all at once: how far QUIC goes with more
+/// parallelism than one stream.
+async fn raw_parallel(
+    ep: &quinn::Endpoint,
+    addr: SocketAddr,
+    op: u8,
+    n: u64,
+    conns: usize,
+    streams: usize,
+) -> Result<Duration, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let mut links = Vec::new();
+    for _ in 0..conns.max(1) {
+        links.push(
+            ep.connect(addr, "sink")
+                .map_err(|x| e(&x))?
+                .await
+                .map_err(|x| e(&x))?,
+        );
+    }
+    let per = n / (conns.max(1) * streams.max(1)) as u64;
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for conn in &links {
+        for _ in 0..streams.max(1) {
+            let conn = conn.clone();
+            tasks.push(tokio::spawn(async move {
+                let e = |e: &dyn std::fmt::Display| e.to_string();
+                let (mut send, mut recv) = conn.open_bi().await.map_err(|x| e(&x))?;
+                let mut head = vec![op];
+                head.extend_from_slice(&per.to_le_bytes());
+                send.write_all(&head).await.map_err(|x| e(&x))?;
+                let mut got = 0u64;
+                if op == 0 {
+                    let buf = vec![7u8; 1 << 20];
+                    let mut left = per;
+                    while left > 0 {
+                        let k = left.min(buf.len() as u64) as usize;
+                        send.write_all(&buf[..k]).await.map_err(|x| e(&x))?;
+                        left -= k as u64;
+                    }
+                    send.finish().map_err(|x| e(&x))?;
+                    let mut ack = [0u8; 8];
+                    recv.read_exact(&mut ack).await.map_err(|x| e(&x))?;
+                    got = u64::from_le_bytes(ack);
+                } else {
+                    send.finish().map_err(|x| e(&x))?;
+                    while let Some(c) =
+                        recv.read_chunk(usize::MAX, true).await.map_err(|x| e(&x))?
+                    {
+                        got += c.bytes.len() as u64;
+                    }
+                }
+                if got == per {
+                    Ok(())
+                } else {
+                    Err(format!("moved {got} of {per} bytes"))
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.map_err(|x| x.to_string())??;
+    }
+    let d = t.elapsed();
+    for c in links {
+        c.close(0u32.into(), b"done");
+    }
+    Ok(d)
+}
+
 fn cfg(l1: &Path, peer: SocketAddr, certs: &Path) -> Config {
     Config::builder()
         .job(JOB)
@@ -187,6 +259,15 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
                 gb(logical, raw_up[r]),
                 gb(logical, raw_down[r])
             );
+            for (conns, streams) in [(1, 4), (1, 8), (2, 4), (4, 2)] {
+                let up = rt.block_on(raw_parallel(&ep, sink_addr, 0, logical, conns, streams))?;
+                let down = rt.block_on(raw_parallel(&ep, sink_addr, 1, logical, conns, streams))?;
+                println!(
+                    "  raw quinn, {conns} connection(s) x {streams} streams: upload {:.2} GB/s, download {:.2} GB/s",
+                    gb(logical, up),
+                    gb(logical, down)
+                );
+            }
             continue;
         }
 
