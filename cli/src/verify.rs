@@ -89,6 +89,8 @@ pub(crate) struct Report {
     pub(crate) repaired: usize,
     /// No problem left (after repairs).
     pub(crate) clean: bool,
+    /// Chosen tiers that could not be listed (nothing in them was checked).
+    pub(crate) unreadable_tiers: Vec<String>,
 }
 
 /// What one tier must hold: each chunk with its length, hint and users.
@@ -233,11 +235,23 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
         clean: problems.iter().all(|p| p.repaired),
         repaired,
         problems,
+        unreadable_tiers: all
+            .tiers
+            .iter()
+            .filter(|(x, _)| chosen.iter().any(|c| c.name == x.name))
+            .filter_map(|(x, r)| r.as_ref().err().map(|e| format!("{}: {e}", x.name)))
+            .collect(),
     };
     if a.json {
         crate::print_json(&report)?;
     } else {
         print(&report);
+    }
+    if report.problems.is_empty() && !report.unreadable_tiers.is_empty() {
+        return Err(CliError::Store(format!(
+            "not verified: {}",
+            report.unreadable_tiers.join("; ")
+        )));
     }
     if report.problems.is_empty() {
         Ok(())
@@ -372,6 +386,9 @@ fn print(r: &Report) {
                 p.good_copies.first().map_or("?", |s| s.as_str())
             );
         }
+    }
+    for u in &r.unreadable_tiers {
+        say!("UNREADABLE tier {u}: nothing in it was verified");
     }
     let count = |s: &str| r.problems.iter().filter(|p| p.state == s).count();
     say!(

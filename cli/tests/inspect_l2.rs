@@ -201,6 +201,18 @@ fn peers_are_tiers_for_ls_verify_repair_and_export() {
     let ls = json(&ls);
     assert_eq!(ls["steps"][0]["l2"]["state"], "degraded", "{ls}");
     assert!(ls["errors"][0].as_str().unwrap().contains("node-c"), "{ls}");
+    // verify of the dead peer checked nothing there: not a pass.
+    let v = run(&base(&["verify", "--tier", "node-c", "--json"]));
+    assert_eq!(v.0, 3, "{}\n{}", v.1, v.2);
+    assert!(json(&v)["unreadable_tiers"][0]
+        .as_str()
+        .unwrap()
+        .contains("node-c"));
+    // The other tiers still verify clean.
+    assert_eq!(
+        run(&base(&["verify", "--tier", "l1", "--tier", "node-b"])).0,
+        0
+    );
 
     // L1 lost: export comes from node-b.
     std::fs::remove_dir_all(l1.path().join(JOB)).unwrap();
