@@ -664,6 +664,17 @@ pub fn fuzz_decode(data: &[u8]) -> bool {
     if data.len() >= 4 {
         let _ = message_len([data[0], data[1], data[2], data[3]]);
     }
+    // The in-place readers agree with the decoder: a put the fast path
+    // takes is a put the decoder takes, with the same id and frame.
+    if let Some((id, at)) = put_chunk_in(data) {
+        let decoded = Request::decode(data);
+        assert!(
+            matches!(&decoded, Ok(Request::PutChunk { id: want, frame })
+                if *want == id && frame.as_slice() == &data[at..]),
+            "put_chunk_in took what decode gives as {decoded:?}"
+        );
+    }
+    let _ = frame_len_in(data);
     ok
 }
 
@@ -832,6 +843,21 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = fuzz_decode(&data);
+        }
+
+        #[test]
+        fn the_in_place_put_reader_agrees_with_the_decoder(
+            frame in proptest::collection::vec(any::<u8>(), 0..200),
+            cut in 0usize..260,
+            stated in proptest::option::of(0u32..300),
+        ) {
+            let mut m = Request::PutChunk { id: id(1), frame }.encode()[4..].to_vec();
+            if let Some(n) = stated {
+                m[33..37].copy_from_slice(&n.to_le_bytes());
+            }
+            m.truncate(cut.max(1));
+            // Panics if the two disagree.
+            let _ = fuzz_decode(&m);
         }
 
         #[test]
