@@ -77,18 +77,50 @@ impl<'a> Catalog<'a> {
             .map_or(&[], |v| v.as_slice())
     }
 
-    /// How far `tier` holds `step`.
+    /// How far `tier` holds `step`. A node's L1 and a peer hold only the
+    /// ranks that ran or replicated there: the step is committed in the
+    /// tier when every rank it holds a manifest of is committed.
     pub(crate) fn held(&self, tier: &Tier, step: u64) -> Held {
         let Some(info) = self.info(tier, step) else {
             return Held::Absent;
         };
-        let world = info.world_size();
         let ranks = info.committed_ranks();
-        match world {
-            Some(w) if w > 0 && (0..w).all(|r| ranks.contains(&r)) => Held::Committed,
-            _ if !ranks.is_empty() || !info.manifests.is_empty() => Held::Partial,
-            _ => Held::Absent,
+        if !ranks.is_empty() && info.manifests.iter().all(|r| ranks.contains(r)) {
+            Held::Committed
+        } else if !ranks.is_empty() || !info.manifests.is_empty() {
+            Held::Partial
+        } else {
+            Held::Absent
         }
+    }
+
+    /// The step's logical bytes: each rank's shard counted once, from the
+    /// commit records of every tier (each rank commits a record of its own).
+    pub(crate) fn logical_bytes(&self, step: u64) -> u64 {
+        let mut per_rank: BTreeMap<u32, u64> = BTreeMap::new();
+        for (t, _) in &self.tiers {
+            if let Some(i) = self.info(t, step) {
+                for r in i.records.values() {
+                    for sh in &r.shards {
+                        per_rank.insert(sh.rank, sh.logical_bytes);
+                    }
+                }
+            }
+        }
+        per_rank.values().sum()
+    }
+
+    /// The step's logical bytes as `tier`'s own records give them.
+    pub(crate) fn logical_bytes_in(&self, tier: &Tier, step: u64) -> u64 {
+        let mut per_rank: BTreeMap<u32, u64> = BTreeMap::new();
+        if let Some(i) = self.info(tier, step) {
+            for r in i.records.values() {
+                for sh in &r.shards {
+                    per_rank.insert(sh.rank, sh.logical_bytes);
+                }
+            }
+        }
+        per_rank.values().sum()
     }
 
     /// A commit record of `step` from any tier (the fastest first).

@@ -33,11 +33,15 @@ pub(crate) struct LsArgs {
 pub(crate) struct TierState {
     /// Tier name: L1, L3, L2:<peer>.
     pub(crate) tier: String,
-    /// committed, partial, uploading, absent, unreadable.
+    /// committed, partial, chunks (L3: some of the step's chunks, no
+    /// manifest yet), absent, unreadable.
     pub(crate) state: &'static str,
-    /// For `uploading`: percent of the step's chunk bytes already there.
+    /// For `chunks`: percent of the step's chunk bytes already there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) percent: Option<f64>,
+    /// Ranks with a commit record in this tier (a node's L1 holds its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ranks: Option<usize>,
 }
 
 /// The replication of a step over the peers.
@@ -145,13 +149,16 @@ fn list(t: &Tiers) -> Result<Listing, CliError> {
                         tier: tier.name.clone(),
                         state: "unreadable",
                         percent: None,
+                        ranks: None,
                     };
                 }
                 let (state, percent) = match cat.held(tier, step) {
                     Held::Committed => ("committed", None),
                     Held::Partial => ("partial", None),
                     Held::Absent => {
-                        // L3 fills lazily: how much of the step is there.
+                        // L3 fills lazily: how much of the step's data is
+                        // there already (uploaded, or shared with steps
+                        // uploaded before).
                         let there = sizes.get(&tier.name).map(|s| {
                             chunks
                                 .iter()
@@ -161,17 +168,22 @@ fn list(t: &Tiers) -> Result<Listing, CliError> {
                         });
                         match there {
                             Some(b) if tier.kind == TierKind::L3 && b > 0 && raw_total > 0 => (
-                                "uploading",
+                                "chunks",
                                 Some((b as f64 * 100.0 / raw_total as f64 * 10.0).round() / 10.0),
                             ),
                             _ => ("absent", None),
                         }
                     }
                 };
+                let ranks = cat
+                    .info(tier, step)
+                    .map(|i| i.committed_ranks().len())
+                    .filter(|&n| n > 0);
                 TierState {
                     tier: tier.name.clone(),
                     state,
                     percent,
+                    ranks,
                 }
             })
             .collect();
@@ -179,7 +191,7 @@ fn list(t: &Tiers) -> Result<Listing, CliError> {
         rows.push(StepRow {
             step,
             world_size: record.map(|r| r.world_size),
-            logical_bytes: record.map_or(0, |r| r.logical_bytes()),
+            logical_bytes: cat.logical_bytes(step),
             stored_bytes,
             committed_unix_ms: record.map(|r| r.committed_unix_ms),
             age_secs: record.map(|r| now_ms.saturating_sub(r.committed_unix_ms) / 1000),
@@ -205,7 +217,7 @@ fn l2_summary(t: &Tiers, cat: &Catalog<'_>, step: u64) -> Option<L2Summary> {
     if peers.is_empty() {
         return None;
     }
-    let wanted = t.config().replicas.min(peers.len()).max(1);
+    let wanted = t.config().replicas.max(1);
     let world = cat.record(step).map_or(1, |r| r.world_size.max(1));
     let mut fewest = usize::MAX;
     for rank in 0..world {
@@ -266,10 +278,12 @@ fn print(t: &Tiers, l: &Listing) {
     for s in &l.steps {
         let mut row = vec![s.step.to_string()];
         for ts in &s.tiers {
-            row.push(match ts.percent {
-                Some(p) => format!("{} {p:.0}%", ts.state),
-                None if ts.state == "absent" => "-".into(),
-                None => ts.state.into(),
+            let world = s.world_size.map_or(0, |w| w as usize);
+            row.push(match (ts.percent, ts.ranks) {
+                (Some(p), _) => format!("{} {p:.0}%", ts.state),
+                (None, _) if ts.state == "absent" => "-".into(),
+                (None, Some(n)) if n < world => format!("{} {n}/{world} ranks", ts.state),
+                (None, _) => ts.state.into(),
             });
         }
         if with_l2 {

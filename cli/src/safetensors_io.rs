@@ -25,8 +25,9 @@ use crate::CliError;
 /// Metadata key listing the entries exported from blobs (a JSON array).
 pub(crate) const BLOBS_KEY: &str = "strata.blobs";
 
-/// Bytes of chunks held at once while exporting.
-const BATCH_BYTES: u64 = 256 << 20;
+/// Bytes of chunks read per batch while exporting (at most twice this is
+/// held at once: chunks kept for a later use, plus the batch).
+const BATCH_BYTES: u64 = 128 << 20;
 
 /// `strata export`.
 #[derive(Args, Debug)]
@@ -161,15 +162,32 @@ pub(crate) fn export(a: &ExportArgs) -> Result<(), CliError> {
         let users = crate::catalog::entries_by_chunk(m);
         let mut loaded: HashMap<u32, ChunkData> = HashMap::new();
         let mut sources: BTreeMap<String, u64> = BTreeMap::new();
-        for (chunk, offset, len) in pieces {
+        // The last piece that needs each chunk: a chunk used again later
+        // (identical tensors, zeros) stays loaded instead of being read
+        // again with every batch.
+        let mut last_use: HashMap<u32, usize> = HashMap::new();
+        for (i, p) in pieces.iter().enumerate() {
+            last_use.insert(p.0, i);
+        }
+        let len_of = |c: u32| u64::from(m.chunks[c as usize].len);
+        for (i, (chunk, offset, len)) in pieces.into_iter().enumerate() {
             if !loaded.contains_key(&chunk) {
-                loaded.clear();
+                loaded.retain(|c, _| last_use.get(c).is_some_and(|&l| l >= i));
+                let mut held: u64 = loaded.keys().map(|&c| len_of(c)).sum();
+                if held > BATCH_BYTES {
+                    // Memory stays bounded: drop what is kept for later.
+                    loaded.clear();
+                    held = 0;
+                }
                 let from = position.get(&chunk).copied().unwrap_or(0);
                 let mut batch = Vec::new();
-                let mut bytes = 0u64;
+                let mut bytes = held;
                 for &c in &first_use[from..] {
-                    let l = u64::from(m.chunks[c as usize].len);
-                    if !batch.is_empty() && bytes + l > BATCH_BYTES {
+                    if loaded.contains_key(&c) || last_use.get(&c).is_some_and(|&l| l < i) {
+                        continue;
+                    }
+                    let l = len_of(c);
+                    if !batch.is_empty() && bytes + l > 2 * BATCH_BYTES {
                         break;
                     }
                     batch.push(c);
@@ -364,7 +382,21 @@ pub(crate) fn import(a: &ImportArgs) -> Result<(), CliError> {
     let mut cfg = a.store.config()?;
     cfg.rank = 0;
     cfg.world_size = 1;
+    // An import adds a step; it never replaces one or prunes older ones.
+    cfg.keep_last = usize::MAX;
     let job = cfg.job.clone();
+    {
+        let t = strata::inspect::Tiers::open(cfg.clone(), false)?;
+        for tier in t.tiers() {
+            let steps = t.steps(tier)?;
+            if steps.iter().any(|i| i.step == a.step) {
+                return Err(CliError::Arg(format!(
+                    "job {job} already has step {} in {}: import into a new step",
+                    a.step, tier.name
+                )));
+            }
+        }
+    }
     let ck = Checkpointer::new(cfg)?;
     let stats = ck.save_with_metadata(a.step, &entries, metadata)?.wait()?;
     ck.wait_replication();

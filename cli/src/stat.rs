@@ -85,11 +85,7 @@ pub(crate) fn run(a: &StatArgs) -> Result<(), CliError> {
                 continue;
             }
             n += 1;
-            logical += info
-                .records
-                .values()
-                .next()
-                .map_or(0, |r| r.logical_bytes());
+            logical += cat.logical_bytes_in(tier, info.step);
             for rank in info.committed_ranks() {
                 match t.load_shard(tier, steps, info.step, rank) {
                     Ok(sh) => {
@@ -138,6 +134,13 @@ pub(crate) fn run(a: &StatArgs) -> Result<(), CliError> {
             compression_ratio: stored.map(|s| ratio(referenced_bytes, s)),
             errors,
         });
+    }
+    if !out.is_empty() && out.iter().all(|s| s.steps == 0 && !s.errors.is_empty()) {
+        let why: Vec<String> = out
+            .iter()
+            .map(|s| format!("{}: {}", s.tier, s.errors.join("; ")))
+            .collect();
+        return Err(CliError::Store(why.join("; ")));
     }
     let stats = Stats {
         job: t.job().to_string(),

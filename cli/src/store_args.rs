@@ -115,7 +115,7 @@ pub(crate) fn select<'a>(tiers: &'a Tiers, wanted: &[String]) -> Result<Vec<&'a 
             .collect();
         if matched.is_empty() {
             let have: Vec<&str> = tiers.tiers().iter().map(|t| t.name.as_str()).collect();
-            return Err(CliError::Store(format!(
+            return Err(CliError::Arg(format!(
                 "tier {w:?} is not configured (have: {})",
                 have.join(", ")
             )));

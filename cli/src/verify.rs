@@ -175,6 +175,35 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
         }
         plans.push((tier, wanted));
     }
+    let unreadable: Vec<String> = all
+        .tiers
+        .iter()
+        .filter(|(x, _)| chosen.iter().any(|c| c.name == x.name))
+        .filter_map(|(x, r)| r.as_ref().err().map(|e| format!("{}: {e}", x.name)))
+        .collect();
+    if manifests == 0 && !unreadable.is_empty() {
+        return Err(CliError::Store(format!(
+            "not verified: {}",
+            unreadable.join("; ")
+        )));
+    }
+    if manifests == 0 {
+        return Err(CliError::NotFound(format!(
+            "nothing to verify: step{} {}{} in none of {}",
+            if steps.len() == 1 { "" } else { "s" },
+            steps
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            a.rank.map_or(String::new(), |r| format!(" rank {r}")),
+            chosen
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
     let total: u64 = plans
         .iter()
         .flat_map(|(_, w)| w.values().map(|(l, _, _)| u64::from(*l)))
@@ -214,7 +243,12 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
                         };
                         if a.repair && state != "unreadable" {
                             if let Some((_, data)) = good.into_iter().next() {
-                                p.repaired = rewrite(&t, tier, *id, *hint, data);
+                                match rewrite(&t, tier, *id, *hint, data) {
+                                    Ok(()) => p.repaired = true,
+                                    Err(e) => {
+                                        p.error = format!("{}; repair failed: {e}", p.error);
+                                    }
+                                }
                             }
                         }
                         problems.push(p);
@@ -225,22 +259,21 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
     }
     progress.finish();
     let repaired = problems.iter().filter(|p| p.repaired).count();
+    let bad_manifests = problems
+        .iter()
+        .filter(|p| p.object == "manifest" && !p.repaired)
+        .count() as u64;
     let report = Report {
         job: t.job().to_string(),
         tiers: chosen.iter().map(|x| x.name.clone()).collect(),
         steps,
         chunks_verified,
         bytes_verified,
-        manifests_verified: manifests,
+        manifests_verified: manifests - bad_manifests,
         clean: problems.iter().all(|p| p.repaired),
         repaired,
         problems,
-        unreadable_tiers: all
-            .tiers
-            .iter()
-            .filter(|(x, _)| chosen.iter().any(|c| c.name == x.name))
-            .filter_map(|(x, r)| r.as_ref().err().map(|e| format!("{}: {e}", x.name)))
-            .collect(),
+        unreadable_tiers: unreadable,
     };
     if a.json {
         crate::print_json(&report)?;
@@ -257,6 +290,17 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
         Ok(())
     } else if report.clean {
         Err(CliError::Repaired(report.repaired))
+    } else if report
+        .problems
+        .iter()
+        .all(|p| p.repaired || p.state == "unreadable")
+    {
+        // Nothing found damaged; some copies could not be read at all.
+        let left = report.problems.iter().filter(|p| !p.repaired).count();
+        Err(CliError::Store(format!(
+            "{left} cop{} could not be read (not verified)",
+            if left == 1 { "y" } else { "ies" }
+        )))
     } else {
         let left = report.problems.iter().filter(|p| !p.repaired).count();
         Err(CliError::Damage(format!(
@@ -327,15 +371,25 @@ fn good_manifest(
 }
 
 /// Replaces `tier`'s copy of chunk `id` with `data` and reads it back.
-fn rewrite(t: &Tiers, tier: &Tier, id: ChunkId, hint: ElemHint, data: ChunkData) -> bool {
+fn rewrite(
+    t: &Tiers,
+    tier: &Tier,
+    id: ChunkId,
+    hint: ElemHint,
+    data: ChunkData,
+) -> Result<(), String> {
     let job = t.job();
     // Stores skip a put of a chunk they hold: drop the bad copy first.
-    let _ = t.block_on(tier.store.delete_chunks(job, &[id]));
-    let put = t.block_on(
+    t.block_on(tier.store.delete_chunks(job, &[id]))
+        .map_err(|e| format!("removing the bad copy: {e}"))?;
+    t.block_on(
         tier.store
             .put_chunks(job, vec![ChunkPut { id, hint, data }]),
-    );
-    put.is_ok() && t.block_on(tier.store.get_chunk(job, &id, None)).is_ok()
+    )
+    .map_err(|e| format!("the bad copy was removed but the rewrite failed: {e}"))?;
+    t.block_on(tier.store.get_chunk(job, &id, None))
+        .map_err(|e| format!("rewritten, but reading it back failed: {e}"))?;
+    Ok(())
 }
 
 fn short(id: &str) -> &str {

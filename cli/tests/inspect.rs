@@ -551,3 +551,132 @@ fn export_then_import_then_export_gives_the_same_file() {
     assert!(out.json()["sources"]["L3"].as_u64().unwrap() > 0);
     assert!(std::fs::read(&d).unwrap() == bytes);
 }
+
+#[test]
+fn import_never_replaces_a_step_and_readers_create_nothing() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.safetensors");
+    assert_eq!(s.run(&["export", "1", "-o", a.to_str().unwrap()]).code, 0);
+    let before = snapshot(&s.l1);
+    let again = s.run(&["import", a.to_str().unwrap(), "--step", "2"]);
+    assert_eq!(again.code, 2, "{}", again.stderr);
+    assert!(
+        again.stderr.contains("already has step 2"),
+        "{}",
+        again.stderr
+    );
+    assert!(before == snapshot(&s.l1), "a refused import wrote");
+    assert_eq!(s.run(&["verify", "--all"]).code, 0);
+
+    // A mistyped L3 directory is an error, and is not created.
+    let typo = dir.path().join("no-such-l3");
+    let ls = run(&[
+        "ls".into(),
+        "--job".into(),
+        JOB.into(),
+        "--l1".into(),
+        s.l1.display().to_string(),
+        "--l3".into(),
+        format!("file://{}", typo.display()),
+    ]);
+    assert_ne!(ls.code, 0);
+    assert!(!typo.exists(), "ls created the L3 directory");
+    // A rank or tier that does not exist verifies nothing: not a pass.
+    assert_eq!(s.run(&["verify", "--rank", "9"]).code, 4);
+    assert_eq!(s.run(&["verify", "--tier", "node-z"]).code, 2);
+}
+
+#[test]
+fn export_of_a_step_whose_chunks_repeat_is_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let l1 = dir.path().join("l1");
+    let zeros = vec![0u8; 3 << 20];
+    let (a, b) = (tensor(8, 2 << 20), tensor(9, (1 << 20) + 12345));
+    let shape_z = [3u64 << 18];
+    let shape_a = [2u64 << 20];
+    let shape_b = [(1u64 << 20) + 12345];
+    let names = ["z0", "a", "z1", "b", "z2"];
+    {
+        let ck = Checkpointer::new(Config::builder().job("rep").l1_dir(&l1).chunk_size(1 << 20))
+            .unwrap();
+        ck.save(
+            1,
+            &[
+                Entry::tensor(names[0], DType::F32, &shape_z, &zeros),
+                Entry::tensor(names[1], DType::U8, &shape_a, &a),
+                Entry::tensor(names[2], DType::F32, &shape_z, &zeros),
+                Entry::tensor(names[3], DType::U8, &shape_b, &b),
+                Entry::tensor(names[4], DType::F32, &shape_z, &zeros),
+            ],
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+    }
+    let f = dir.path().join("rep.safetensors");
+    let out = run(&[
+        "export".into(),
+        "1".into(),
+        "-o".into(),
+        f.display().to_string(),
+        "--job".into(),
+        "rep".into(),
+        "--l1".into(),
+        l1.display().to_string(),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let bytes = std::fs::read(&f).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (n, want) in names.iter().zip([&zeros, &a, &zeros, &b, &zeros]) {
+        assert!(st.tensor(n).unwrap().data() == want.as_slice(), "{n}");
+    }
+}
+
+#[test]
+fn a_two_rank_step_counts_both_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let l1 = dir.path().join("l1");
+    let coord = std::sync::Arc::new(strata::InProcessCoordinator::new(2));
+    std::thread::scope(|sc| {
+        for rank in 0..2u32 {
+            let (l1, coord) = (l1.clone(), coord.clone());
+            sc.spawn(move || {
+                let ck = Checkpointer::with_coordinator(
+                    Config::builder()
+                        .job("two")
+                        .l1_dir(&l1)
+                        .rank(rank, 2)
+                        .chunk_size(1 << 20),
+                    coord,
+                )
+                .unwrap();
+                let w = tensor(u64::from(rank) + 40, 1 << 20);
+                let shape = [1u64 << 20];
+                ck.save(1, &[Entry::tensor("w", DType::U8, &shape, &w)])
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+            });
+        }
+    });
+    let args = |cmd: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = cmd.iter().map(|x| x.to_string()).collect();
+        v.extend([
+            "--job".into(),
+            "two".into(),
+            "--l1".into(),
+            l1.display().to_string(),
+        ]);
+        v
+    };
+    let ls = run(&args(&["ls", "--json"])).json();
+    assert_eq!(ls["steps"][0]["logical_bytes"], 2 << 20, "{ls}");
+    assert_eq!(ls["steps"][0]["tiers"][0]["state"], "committed", "{ls}");
+    assert_eq!(ls["steps"][0]["tiers"][0]["ranks"], 2, "{ls}");
+    let stat = run(&args(&["stat", "--json"])).json();
+    assert_eq!(stat["tiers"][0]["logical_bytes"], 2 << 20, "{stat}");
+    let v = run(&args(&["verify", "--json"]));
+    assert_eq!(v.code, 0, "{}", v.stderr);
+    assert_eq!(v.json()["manifests_verified"], 2);
+}

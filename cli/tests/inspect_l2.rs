@@ -204,6 +204,16 @@ fn peers_are_tiers_for_ls_verify_repair_and_export() {
     // verify of the dead peer checked nothing there: not a pass.
     let v = run(&base(&["verify", "--tier", "node-c", "--json"]));
     assert_eq!(v.0, 3, "{}\n{}", v.1, v.2);
+    assert!(
+        v.2.contains("not verified") && v.2.contains("node-c"),
+        "{}",
+        v.2
+    );
+    // Beside a readable tier, it is named in the report and still fails.
+    let v = run(&base(&[
+        "verify", "--tier", "l1", "--tier", "node-c", "--json",
+    ]));
+    assert_eq!(v.0, 3, "{}\n{}", v.1, v.2);
     assert!(json(&v)["unreadable_tiers"][0]
         .as_str()
         .unwrap()

@@ -90,6 +90,15 @@ impl Tiers {
             )));
         }
         if let Some(url) = &cfg.l3_url {
+            // A local-directory store would be created by opening it: a
+            // reader must not create one (a typo would show an empty tier).
+            if let Some(path) = url.strip_prefix("file://") {
+                if !std::path::Path::new(path).is_dir() {
+                    return Err(Error::Config(format!(
+                        "no L3 directory at {path} (l3_url {url:?})"
+                    )));
+                }
+            }
             let opts: Vec<(String, String)> = cfg
                 .l3_options
                 .iter()

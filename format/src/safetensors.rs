@@ -243,10 +243,10 @@ pub fn decode_header(prefix: &[u8], file_len: u64) -> Result<Header, FormatError
         }
         at = t.end;
     }
-    if need + at != file_len {
+    if need.checked_add(at) != Some(file_len) {
         return Err(bad(format!(
             "tensors cover {at} data bytes; the file holds {}",
-            file_len - need
+            file_len.saturating_sub(need)
         )));
     }
     Ok(Header {
