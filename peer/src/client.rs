@@ -250,6 +250,12 @@ impl PeerStore {
                         source: e,
                     })? {
                         Response::Error { code, message } => to_store(code, message, &label),
+                        // A frame too short to hold its header: damaged.
+                        Response::Frame(f) => corrupt(strata_format::FormatError::Truncated {
+                            what: "chunk frame",
+                            needed: FRAME_HEADER_LEN as u64,
+                            available: f.len() as u64,
+                        }),
                         other => unexpected(&label, &other),
                     },
                 );
@@ -262,7 +268,7 @@ impl PeerStore {
                 }));
             }
             let raw_len = h.raw_len as usize;
-            let mut buf = match spare {
+            let sized = |spare: Option<AlignedBuf>| match spare {
                 Some(mut b) if b.capacity() >= raw_len => {
                     b.set_len(raw_len);
                     b
@@ -270,15 +276,19 @@ impl PeerStore {
                 _ => AlignedBuf::zeroed(raw_len),
             };
             if h.codec == Codec::Raw && h.stored_len == h.raw_len && len == head_len + raw_len {
+                // The buffer is the size of the message being received.
+                let mut buf = sized(spare);
                 recv.read_exact(&mut buf).await.map_err(|e| lost(&e))?;
                 return Ok((buf, None));
             }
+            // An encoded frame: its bytes first, the (larger) decode buffer
+            // only once they have all arrived.
             let mut frame = head[5..].to_vec();
             frame.resize(len - 5, 0);
             recv.read_exact(&mut frame[FRAME_HEADER_LEN..])
                 .await
                 .map_err(|e| lost(&e))?;
-            Ok((buf, Some(frame)))
+            Ok((sized(spare), Some(frame)))
         };
         let (buf, frame) = tokio::time::timeout(REQUEST_TIMEOUT, io)
             .await
