@@ -97,24 +97,22 @@ impl<'a> Catalog<'a> {
     /// The step's logical bytes: each rank's shard counted once, from the
     /// commit records of every tier (each rank commits a record of its own).
     pub(crate) fn logical_bytes(&self, step: u64) -> u64 {
-        let mut per_rank: BTreeMap<u32, u64> = BTreeMap::new();
-        for (t, _) in &self.tiers {
-            if let Some(i) = self.info(t, step) {
-                for r in i.records.values() {
-                    for sh in &r.shards {
-                        per_rank.insert(sh.rank, sh.logical_bytes);
-                    }
-                }
-            }
-        }
-        per_rank.values().sum()
+        self.sum_ranks(self.tiers.iter().map(|(t, _)| *t), step)
     }
 
     /// The step's logical bytes as `tier`'s own records give them.
     pub(crate) fn logical_bytes_in(&self, tier: &Tier, step: u64) -> u64 {
+        self.sum_ranks(std::iter::once(tier), step)
+    }
+
+    fn sum_ranks<'t>(&self, tiers: impl Iterator<Item = &'t Tier>, step: u64) -> u64 {
         let mut per_rank: BTreeMap<u32, u64> = BTreeMap::new();
-        if let Some(i) = self.info(tier, step) {
-            for r in i.records.values() {
+        for t in tiers {
+            for r in self
+                .info(t, step)
+                .into_iter()
+                .flat_map(|i| i.records.values())
+            {
                 for sh in &r.shards {
                     per_rank.insert(sh.rank, sh.logical_bytes);
                 }

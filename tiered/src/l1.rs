@@ -163,10 +163,21 @@ impl L1Store {
         job: &str,
         ids: &[ChunkId],
     ) -> Vec<Result<ChunkData>> {
+        self.read_chunks(job, ids, Vec::new(), false).await
+    }
+
+    /// Reads `ids` on a blocking thread, hashing each when `hash`.
+    async fn read_chunks(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        spare: Vec<AlignedBuf>,
+        hash: bool,
+    ) -> Vec<Result<ChunkData>> {
         let (job, ids2) = (job.to_string(), ids.to_vec());
         let n = ids.len();
         match self
-            .run(move |i| Ok(i.get_chunks(&job, &ids2, Vec::new(), false)))
+            .run(move |i| Ok(i.get_chunks(&job, &ids2, spare, hash)))
             .await
         {
             Ok(v) => v,
@@ -627,20 +638,7 @@ impl ChunkStore for L1Store {
         ids: &[ChunkId],
         spare: Vec<AlignedBuf>,
     ) -> Vec<Result<ChunkData>> {
-        let (job, ids2) = (job.to_string(), ids.to_vec());
-        let n = ids.len();
-        match self
-            .run(move |i| Ok(i.get_chunks(&job, &ids2, spare, true)))
-            .await
-        {
-            Ok(v) => v,
-            Err(e) => {
-                let msg = e.to_string();
-                (0..n)
-                    .map(|_| Err(StoreError::Internal(msg.clone())))
-                    .collect()
-            }
-        }
+        self.read_chunks(job, ids, spare, true).await
     }
 
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
