@@ -94,6 +94,17 @@ pub(crate) struct Moved {
     pub(crate) seconds: f64,
 }
 
+impl Moved {
+    /// " and N blobs", or nothing.
+    fn and_blobs(&self) -> String {
+        if self.blobs > 0 {
+            format!(" and {} blobs", self.blobs)
+        } else {
+            String::new()
+        }
+    }
+}
+
 pub(crate) fn export(a: &ExportArgs) -> Result<(), CliError> {
     let started = std::time::Instant::now();
     let t = a.store.open()?;
@@ -265,11 +276,7 @@ pub(crate) fn export(a: &ExportArgs) -> Result<(), CliError> {
         moved.step,
         moved.rank,
         moved.tensors,
-        if moved.blobs > 0 {
-            format!(" and {} blobs", moved.blobs)
-        } else {
-            String::new()
-        },
+        moved.and_blobs(),
         human(moved.bytes),
         moved.file,
         moved.seconds,
@@ -420,11 +427,7 @@ pub(crate) fn import(a: &ImportArgs) -> Result<(), CliError> {
     say!(
         "imported {} tensors{} ({}) from {} as job {} step {} in {:.2} s ({} new on L1)",
         moved.tensors,
-        if moved.blobs > 0 {
-            format!(" and {} blobs", moved.blobs)
-        } else {
-            String::new()
-        },
+        moved.and_blobs(),
         human(moved.bytes),
         moved.file,
         moved.job,

@@ -8,9 +8,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod support;
+
 use serde_json::Value;
 use strata::format::DType;
 use strata::{Checkpointer, Config, Entry};
+use support::find;
 
 const JOB: &str = "insp";
 
@@ -121,20 +124,6 @@ impl Store {
     fn l3_chunk(&self, hex: &str) -> PathBuf {
         find(&self.l3, hex).unwrap_or_else(|| panic!("no object {hex} under L3"))
     }
-}
-
-fn find(dir: &Path, name: &str) -> Option<PathBuf> {
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            if let Some(f) = find(&p, name) {
-                return Some(f);
-            }
-        } else if p.file_name().and_then(|n| n.to_str()) == Some(name) {
-            return Some(p);
-        }
-    }
-    None
 }
 
 struct Out {

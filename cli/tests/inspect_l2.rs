@@ -5,9 +5,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
+
+mod support;
 
 use serde_json::Value;
 use strata::format::DType;
@@ -15,6 +16,7 @@ use strata::{Checkpointer, Config, Entry};
 use strata_peer::replicas::Limits;
 use strata_peer::service::{Service, ServiceConfig};
 use strata_peer::tls::{make_certs, CertFiles};
+use support::find;
 
 const JOB: &str = "insp-l2";
 
@@ -82,20 +84,6 @@ fn run(args: &[String]) -> (i32, String, String) {
 
 fn json(out: &(i32, String, String)) -> Value {
     serde_json::from_str(&out.1).unwrap_or_else(|e| panic!("{e}: {}\n{}", out.1, out.2))
-}
-
-fn find(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            if let Some(f) = find(&p, name) {
-                return Some(f);
-            }
-        } else if p.file_name().and_then(|n| n.to_str()) == Some(name) {
-            return Some(p);
-        }
-    }
-    None
 }
 
 #[test]
