@@ -291,6 +291,9 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         .chunk_size(chunk_size)
         .io_engine(args.engine.clone())
         .keep_last(args.keep_last);
+    // Bad arguments are refused before anything is created on disk (the L3
+    // directory, the demo's CA and keys).
+    cfg.validate().map_err(|e| CliError::Arg(e.to_string()))?;
     if !args.no_l3 {
         let url = match &args.l3 {
             Some(u) => u.clone(),

@@ -152,7 +152,10 @@ fn init_logging() {
 
 fn main() -> ExitCode {
     init_logging();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => return usage_error(&e),
+    };
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::Ls(a) => ls::run(&a),
@@ -173,4 +176,23 @@ fn main() -> ExitCode {
             ExitCode::from(e.code())
         }
     }
+}
+
+/// Bad flags: one line and exit 2, like every other error (help and
+/// version requests print as clap writes them).
+fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or("bad arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    eprintln!("strata: error: {first} (see strata --help)");
+    ExitCode::from(2)
 }

@@ -134,6 +134,8 @@ fn serve(a: &ServeArgs) -> Result<(), CliError> {
             disk_bytes: a.disk,
             keep_last: a.keep_last.max(1),
             grace: Duration::from_secs(a.grace_secs),
+            max_chunk: u32::try_from(a.max_chunk).unwrap_or(u32::MAX),
+            ..Limits::default()
         },
         max_streams: 32,
         inflight_bytes: usize::try_from(a.inflight).unwrap_or(usize::MAX),

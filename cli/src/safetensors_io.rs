@@ -374,6 +374,18 @@ pub(crate) fn import(a: &ImportArgs) -> Result<(), CliError> {
         }
         None => Vec::new(),
     };
+    // Each name listed as a blob must be one of the file's tensors, once.
+    let mut listed = std::collections::BTreeSet::new();
+    for n in &blobs {
+        if !listed.insert(n.as_str()) {
+            return Err(bad(format!("metadata {BLOBS_KEY} names {n:?} twice")));
+        }
+        if !header.tensors.iter().any(|t| &t.name == n) {
+            return Err(bad(format!(
+                "metadata {BLOBS_KEY} names {n:?}, which is not in the file"
+            )));
+        }
+    }
     let data = &bytes[header.data_start as usize..];
     let mut entries = Vec::with_capacity(header.tensors.len());
     for ti in &header.tensors {
@@ -413,7 +425,7 @@ pub(crate) fn import(a: &ImportArgs) -> Result<(), CliError> {
         step: a.step,
         rank: 0,
         file: path.display().to_string(),
-        tensors: entries.len() - blobs.len(),
+        tensors: entries.len().saturating_sub(blobs.len()),
         blobs: blobs.len(),
         bytes: entries.iter().map(|e| e.len()).sum(),
         file_bytes: file_len,

@@ -80,17 +80,23 @@ fn demo_saves_restores_and_resumes() {
 
 #[test]
 fn bad_arguments_are_one_line_errors() {
+    let cwd = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["demo", "--chunk-size", "100"])
+        .current_dir(cwd.path())
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.starts_with("strata: error:"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+    // Refused before anything was written: no demo directory, no keys.
+    let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
+    assert!(left.is_empty(), "bad arguments left files behind: {left:?}");
 
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["demo", "--state-size", "lots"])
+        .current_dir(cwd.path())
         .output()
         .unwrap();
     assert!(!out.status.success());

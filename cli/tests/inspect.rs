@@ -404,6 +404,12 @@ fn bad_input_gets_one_line_and_a_documented_exit_code() {
 
     let flag = run(&["ls".into(), "--bogus".into()]);
     assert_eq!(flag.code, 2, "{}", flag.stderr);
+    assert_eq!(flag.stderr.lines().count(), 1, "{}", flag.stderr);
+    assert!(
+        flag.stderr.starts_with("strata: error:") && flag.stderr.contains("--bogus"),
+        "{}",
+        flag.stderr
+    );
     let nol1 = run(&[
         "ls".into(),
         "--job".into(),
@@ -446,8 +452,25 @@ fn bad_input_gets_one_line_and_a_documented_exit_code() {
             .code,
         3
     );
+    // A file whose blob list names a tensor twice, or one it lacks.
+    for blobs in [r#"[\"x\",\"x\"]"#, r#"[\"y\"]"#] {
+        let header = format!(
+            r#"{{"__metadata__":{{"strata.blobs":"{blobs}"}},"x":{{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}}}"#
+        );
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header.as_bytes());
+        file.extend_from_slice(&[1, 2, 3, 4]);
+        let lying = dir.path().join("lying.safetensors");
+        std::fs::write(&lying, &file).unwrap();
+        let imp = s.run(&["import", lying.to_str().unwrap(), "--step", "9"]);
+        assert_eq!(imp.code, 3, "{blobs}: {}", imp.stderr);
+        assert_eq!(imp.stderr.lines().count(), 1, "{}", imp.stderr);
+        assert!(imp.stderr.contains("strata.blobs"), "{}", imp.stderr);
+    }
     // Nothing was imported.
-    assert!(!s.run(&["ls"]).stdout.contains(" 9 "));
+    let ls = s.run(&["ls"]);
+    assert_eq!(ls.code, 0, "{}", ls.stderr);
+    assert!(!ls.stdout.contains(" 9 "));
 }
 
 #[test]

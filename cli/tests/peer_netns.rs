@@ -128,6 +128,11 @@ fn save(ck: &Checkpointer, step: u64) {
 #[test]
 fn a_peer_cut_off_and_back_degrades_then_replicates_again() {
     let Some(net) = Net::new() else {
+        // The test command sets this where it can run (root, iproute2).
+        assert!(
+            std::env::var("STRATA_REQUIRE_NETNS").as_deref() != Ok("1"),
+            "STRATA_REQUIRE_NETNS=1 but network namespaces cannot be made (root and `ip netns` needed)"
+        );
         eprintln!("SKIPPED network-namespace test: needs root and `ip netns`");
         return;
     };

@@ -600,7 +600,9 @@ fn batch_restore(
 /// One batch of chunks from the step's tier (L1 or a peer), verified, into
 /// the lane's spare buffers; each chunk that tier lacks or holds damaged is
 /// read from the next tier that has it (the peers in ring order, then L3),
-/// and, when the step is read from L1, its L1 copy is repaired.
+/// and the copy where the step was read (L1 or that peer) is repaired. A
+/// step read from a peer is written back to L1 whole, including the chunks
+/// that came from a fallback tier (the step is then committed on L1).
 fn fetch_batch(
     s: &Shared,
     loaded: &Loaded,
@@ -618,25 +620,6 @@ fn fetch_batch(
     if let Source::L2(_) = loaded.source {
         let n: u64 = got.iter().flatten().map(|d| d.len() as u64).sum();
         counters.from_l2.fetch_add(n, Ordering::Relaxed);
-        // A step read from a peer is written back to L1 too (see
-        // `rehydrate_l1`), so the node holds it again.
-        if counters.l1_copy.load(Ordering::Relaxed) {
-            let puts: Vec<ChunkPut> = got
-                .iter()
-                .zip(batch)
-                .filter_map(|(r, &c)| {
-                    r.as_ref().ok().map(|d| ChunkPut {
-                        id: loaded.manifest.chunks[c].id,
-                        hint: loaded.manifest.chunks[c].hint,
-                        data: d.clone(),
-                    })
-                })
-                .collect();
-            if let Err(e) = s.rt.block_on(s.l1.put_chunks(job, puts)) {
-                tracing::warn!(error = %e, "cannot copy the step back to L1");
-                counters.l1_copy.store(false, Ordering::Relaxed);
-            }
-        }
     }
     // Fallback tiers, in order: peers other than the primary, then L3.
     let mut fallbacks: Vec<(&dyn ChunkStore, bool)> =
@@ -680,7 +663,13 @@ fn fetch_batch(
                     } else {
                         counters.from_l3.fetch_add(n, Ordering::Relaxed);
                     }
-                    if loaded.source == Source::L1 {
+                    // The copy where the step was read is repaired, unless
+                    // that tier is unreachable (nothing to write to).
+                    let reachable = got[i]
+                        .as_ref()
+                        .err()
+                        .is_some_and(|e| e.kind() != StoreErrorKind::Unavailable);
+                    if reachable {
                         repairs.push(ChunkPut {
                             id: ids[i],
                             hint: loaded.manifest.chunks[batch[i]].hint,
@@ -698,16 +687,41 @@ fn fetch_batch(
         }
     }
     if !repairs.is_empty() {
-        // The damaged file must go first: a present id is not rewritten.
+        // The damaged copy must go first: a present id is not rewritten.
         let ids: Vec<ChunkId> = repairs.iter().map(|p| p.id).collect();
         let fixed =
-            s.rt.block_on(s.l1.delete_chunks(job, &ids))
-                .and_then(|()| s.rt.block_on(s.l1.put_chunks(job, repairs)));
+            s.rt.block_on(primary.delete_chunks(job, &ids))
+                .and_then(|()| s.rt.block_on(primary.put_chunks(job, repairs)));
         match fixed {
             Ok(st) => {
                 counters.repaired.fetch_add(st.written, Ordering::Relaxed);
             }
-            Err(e) => tracing::warn!(error = %e, "could not repair L1"),
+            Err(e) => tracing::warn!(tier = primary.name(), error = %e, "could not repair"),
+        }
+    }
+    // A step read from a peer is written back to L1 too (see
+    // `rehydrate_l1`), every chunk of it wherever it came from, so the
+    // node holds the whole step again before it is committed there.
+    if matches!(loaded.source, Source::L2(_)) && counters.l1_copy.load(Ordering::Relaxed) {
+        let puts: Vec<ChunkPut> = got
+            .iter()
+            .zip(batch)
+            .filter_map(|(r, &c)| {
+                r.as_ref().ok().map(|d| ChunkPut {
+                    id: loaded.manifest.chunks[c].id,
+                    hint: loaded.manifest.chunks[c].hint,
+                    data: d.clone(),
+                })
+            })
+            .collect();
+        if puts.len() < batch.len() {
+            // A chunk no tier could give: the step cannot be committed on
+            // L1 (the restore fails anyway).
+            counters.l1_copy.store(false, Ordering::Relaxed);
+        }
+        if let Err(e) = s.rt.block_on(s.l1.put_chunks(job, puts)) {
+            tracing::warn!(error = %e, "cannot copy the step back to L1");
+            counters.l1_copy.store(false, Ordering::Relaxed);
         }
     }
     got

@@ -52,6 +52,13 @@ pub struct Limits {
     pub keep_last: usize,
     /// Chunks touched this recently are never swept.
     pub grace: Duration,
+    /// Largest raw chunk a put may claim: a compressed frame is decoded to
+    /// be verified, so this bounds what one put can make the service
+    /// allocate (the service sets it from its largest request).
+    pub max_chunk: u32,
+    /// Manifest bytes held for all jobs (manifests are small; a client
+    /// cannot grow them without bound).
+    pub manifest_bytes: u64,
 }
 
 impl Default for Limits {
@@ -61,14 +68,24 @@ impl Default for Limits {
             disk_bytes: 64 << 30,
             keep_last: 2,
             grace: Duration::from_secs(600),
+            max_chunk: 64 << 20,
+            manifest_bytes: 1 << 30,
         }
     }
+}
+
+/// Sizes of the manifests held, for their budget.
+#[derive(Default)]
+struct ManifestBytes {
+    sizes: HashMap<(String, u64, u32), u64>,
+    total: u64,
 }
 
 /// The replicas a service holds, for every job.
 pub struct Replicas {
     steps: MemoryStore,
     chunks: Mutex<Chunks>,
+    manifests: Mutex<ManifestBytes>,
     spill: PathBuf,
     limits: Limits,
     tmp_seq: AtomicU64,
@@ -91,6 +108,7 @@ impl Replicas {
         Ok(Replicas {
             steps: MemoryStore::new(),
             chunks: Mutex::new(Chunks::default()),
+            manifests: Mutex::new(ManifestBytes::default()),
             spill: spill.to_path_buf(),
             limits,
             tmp_seq: AtomicU64::new(0),
@@ -118,7 +136,7 @@ impl Replicas {
                 return Ok(false);
             }
         }
-        verify_frame(&id, &frame)?;
+        verify_frame(&id, &frame, self.limits.max_chunk)?;
         let len = frame.len() as u64;
         // Reserve the space first, so concurrent puts cannot overshoot.
         let to_memory = {
@@ -213,13 +231,27 @@ impl Replicas {
     /// Bytes `start..end` of a chunk, decoded and verified here.
     pub fn get_range(&self, job: &str, id: &ChunkId, start: u32, end: u32) -> Result<Vec<u8>> {
         let frame = self.get_frame(job, id)?;
+        self.range_of_frame(id, &frame, start, end)
+    }
+
+    /// Bytes `start..end` of chunk `id` held as `frame`, decoded and
+    /// verified. Blocking.
+    pub fn range_of_frame(
+        &self,
+        id: &ChunkId,
+        frame: &[u8],
+        start: u32,
+        end: u32,
+    ) -> Result<Vec<u8>> {
         let what = || format!("chunk {id}");
-        let mut dec = FrameDecoder::new().map_err(|source| StoreError::Corrupt {
-            what: what(),
-            source,
+        let mut dec = FrameDecoder::with_limit(self.limits.max_chunk).map_err(|source| {
+            StoreError::Corrupt {
+                what: what(),
+                source,
+            }
         })?;
         let (_, raw) = dec
-            .decode(&frame, Some(id))
+            .decode(frame, Some(id))
             .map_err(|source| StoreError::Corrupt {
                 what: what(),
                 source,
@@ -286,9 +318,38 @@ impl Replicas {
         Ok(())
     }
 
-    /// Stores a manifest.
+    /// Stores a manifest (opaque bytes, as for every `ChunkStore`) within
+    /// the manifest budget.
     pub async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
-        self.steps.put_manifest(job, step, rank, bytes).await
+        validate_job_id(job)?;
+        let key = (job.to_string(), step, rank);
+        let len = bytes.len() as u64;
+        {
+            let mut mb = self.manifests.lock().map_err(|_| poisoned())?;
+            let old = mb.sizes.get(&key).copied().unwrap_or(0);
+            let total = mb.total - old + len;
+            if total > self.limits.manifest_bytes {
+                return Err(StoreError::NoSpace {
+                    op: "keeping a manifest (the manifest budget is full)",
+                    path: self.spill.clone(),
+                });
+            }
+            mb.total = total;
+            mb.sizes.insert(key.clone(), len);
+        }
+        let put = self.steps.put_manifest(job, step, rank, bytes).await;
+        if put.is_err() {
+            let mut mb = self.manifests.lock().map_err(|_| poisoned())?;
+            if let Some(n) = mb.sizes.remove(&key) {
+                mb.total -= n;
+            }
+        }
+        put
+    }
+
+    /// Manifest bytes held (all jobs).
+    pub fn manifest_bytes(&self) -> Result<u64> {
+        Ok(self.manifests.lock().map_err(|_| poisoned())?.total)
     }
 
     /// Reads a manifest.
@@ -303,7 +364,20 @@ impl Replicas {
 
     /// Deletes a step's manifests and records.
     pub async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
-        self.steps.delete_step(job, step).await
+        self.steps.delete_step(job, step).await?;
+        let mut mb = self.manifests.lock().map_err(|_| poisoned())?;
+        let gone: Vec<_> = mb
+            .sizes
+            .keys()
+            .filter(|(j, s, _)| j == job && *s == step)
+            .cloned()
+            .collect();
+        for k in gone {
+            if let Some(n) = mb.sizes.remove(&k) {
+                mb.total -= n;
+            }
+        }
+        Ok(())
     }
 
     /// Writes a commit record (create-only), then applies retention: the
@@ -334,7 +408,7 @@ impl Replicas {
         let oldest_kept = keep.iter().next().copied().unwrap_or(0);
         for s in &steps {
             if s.step < oldest_kept {
-                self.steps.delete_step(job, s.step).await?;
+                self.delete_step(job, s.step).await?;
             }
         }
         let mut referenced = HashSet::new();
@@ -343,7 +417,8 @@ impl Replicas {
                 let bytes = self.steps.get_manifest(job, s.step, *rank).await?;
                 match ShardManifest::decode(&bytes) {
                     Ok(m) => referenced.extend(m.chunks.iter().map(|c| c.id)),
-                    // Keep everything rather than guess.
+                    // Keep everything rather than guess (only this job's
+                    // own clients can put its manifests).
                     Err(_) => return Ok(0),
                 }
             }
@@ -373,17 +448,29 @@ impl Replicas {
         let jobs: HashSet<&String> = c.map.keys().map(|(j, _)| j).collect();
         Ok((c.memory, c.disk, c.map.len() as u64, jobs.len() as u64))
     }
+
+    /// (bytes in memory, bytes on disk, chunks) held for one job.
+    pub fn job_stats(&self, job: &str) -> Result<(u64, u64, u64)> {
+        let c = self.chunks.lock().map_err(|_| poisoned())?;
+        Ok(c.map
+            .iter()
+            .filter(|((j, _), _)| j == job)
+            .fold((0, 0, 0), |(m, d, n), (_, slot)| match &slot.place {
+                Place::Memory(b) => (m + b.len() as u64, d, n + 1),
+                Place::Disk(len) => (m, d + len, n + 1),
+            }))
+    }
 }
 
 /// Checks `frame` is chunk `id`: a raw frame (what clients send by
 /// default) is hashed in place, others are decoded into a buffer freed on
 /// return.
-fn verify_frame(id: &ChunkId, frame: &[u8]) -> Result<()> {
+fn verify_frame(id: &ChunkId, frame: &[u8], max_chunk: u32) -> Result<()> {
     let corrupt = |source| StoreError::Corrupt {
         what: format!("chunk {id} sent by a client"),
         source,
     };
-    let mut dec = FrameDecoder::new().map_err(corrupt)?;
+    let mut dec = FrameDecoder::with_limit(max_chunk).map_err(corrupt)?;
     dec.verify(frame, Some(id), &mut Vec::new())
         .map_err(corrupt)?;
     Ok(())

@@ -30,6 +30,11 @@ use crate::tls::{allows_job, server_config, CertFiles, TlsError};
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a request has to arrive whole once its first byte did.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// Largest `Hello` (a version and a job id): a client is not trusted with
+/// the service's request budget before it has named an allowed job.
+pub const MAX_HELLO: usize = 1024;
+/// Time [`Service::shutdown`] lets requests in flight finish.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// A request's share of the connection's and the service's budgets.
 type Permits<'a> = (
     tokio::sync::SemaphorePermit<'a>,
@@ -113,6 +118,19 @@ pub struct Service {
     inflight_units: usize,
     max_request: usize,
     node: String,
+    /// Requests being served now (a graceful shutdown waits for them).
+    active: AtomicU64,
+    /// Set by a shutdown: new requests are refused as `Unavailable`.
+    draining: std::sync::atomic::AtomicBool,
+}
+
+/// Counts a request as active while it lives.
+struct ActiveGuard<'a>(&'a AtomicU64);
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl std::fmt::Debug for Service {
@@ -126,14 +144,20 @@ impl Service {
     /// serve.
     pub fn bind(cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
         let server = server_config(&cfg.certs, cfg.max_streams)?;
-        let replicas = Replicas::new(&cfg.spill, cfg.limits.clone())?;
+        let max_request = cfg.max_request.clamp(4096, MAX_MESSAGE);
+        // A put's frame is decoded to be verified: no chunk larger than a
+        // request is accepted, so one put cannot claim more memory.
+        let mut limits = cfg.limits.clone();
+        limits.max_chunk = limits
+            .max_chunk
+            .min(u32::try_from(max_request).unwrap_or(u32::MAX));
+        let replicas = Replicas::new(&cfg.spill, limits)?;
         let endpoint = crate::tls::endpoint(cfg.listen, Some(server)).map_err(|source| {
             ServiceError::Bind {
                 addr: cfg.listen,
                 source,
             }
         })?;
-        let max_request = cfg.max_request.clamp(4096, MAX_MESSAGE);
         let units = (cfg.inflight_bytes / UNIT).max(4 * max_request.div_ceil(UNIT));
         Ok(Arc::new(Service {
             endpoint,
@@ -143,6 +167,8 @@ impl Service {
             inflight_units: units,
             max_request,
             node: cfg.node.clone(),
+            active: AtomicU64::new(0),
+            draining: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -164,10 +190,30 @@ impl Service {
         }
     }
 
-    /// Stops accepting, closes connections, and waits until they are gone.
+    /// Stops gracefully: refuses new connections and new requests
+    /// (`Unavailable`, so clients go to another replica), lets the requests
+    /// in flight finish for up to [`SHUTDOWN_GRACE`], then closes every
+    /// connection and waits until they are gone.
     pub async fn shutdown(&self) {
+        self.shutdown_within(SHUTDOWN_GRACE).await;
+    }
+
+    /// [`Self::shutdown`] with a chosen grace period.
+    pub async fn shutdown_within(&self, grace: Duration) {
+        self.draining.store(true, Ordering::Release);
+        self.endpoint.set_server_config(None);
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.active.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.inflight.close();
         self.endpoint.close(0u32.into(), b"shutting down");
         self.endpoint.wait_idle().await;
+    }
+
+    /// Requests being served now.
+    pub fn active_requests(&self) -> u64 {
+        self.active.load(Ordering::Acquire)
     }
 
     /// Counters and holdings as the protocol reports them.
@@ -184,6 +230,20 @@ impl Service {
             connections: c.connections.load(Ordering::Relaxed),
             refused: c.refused.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
+        }
+    }
+
+    /// [`Self::stats`] as a job's client sees it: what is held for its own
+    /// job (other jobs' holdings are not its business), and the service's
+    /// traffic counters.
+    fn job_stats(&self, job: &str) -> ServiceStats {
+        let (mem, disk, chunks) = self.replicas.job_stats(job).unwrap_or_default();
+        ServiceStats {
+            bytes_in_memory: mem,
+            bytes_on_disk: disk,
+            chunks,
+            jobs: u64::from(chunks > 0),
+            ..self.stats()
         }
     }
 
@@ -242,16 +302,17 @@ impl Service {
         cert: &CertificateDer<'_>,
     ) -> Result<String, String> {
         let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
-        let mine = Semaphore::new(self.max_request.div_ceil(UNIT));
-        let (msg, _permit) = self
-            .read_request(&mut recv, &mine)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mine = Semaphore::new(MAX_HELLO.div_ceil(UNIT));
         let refuse = |code, text: String| Response::Error {
             code,
             message: text,
         };
-        let (answer, outcome) = match Request::decode(&msg) {
+        let read = self.read_request(&mut recv, &mine, MAX_HELLO).await;
+        let decoded = match &read {
+            Ok((msg, _)) => Request::decode(msg).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let (answer, outcome) = match decoded {
             Ok(Request::Hello { version, .. }) if version != VERSION => (
                 refuse(
                     ErrorCode::Invalid,
@@ -291,12 +352,13 @@ impl Service {
         outcome
     }
 
-    /// Reads one length-prefixed request, holding its size in the
-    /// service-wide in-flight budget until the permit drops.
+    /// Reads one length-prefixed request of at most `limit` bytes, holding
+    /// its size in the service-wide in-flight budget until the permit drops.
     async fn read_request<'a>(
         &self,
         recv: &mut quinn::RecvStream,
         mine: &'a Semaphore,
+        limit: usize,
     ) -> Result<(Vec<u8>, Permits<'a>), StoreError> {
         let bad = |e: String| StoreError::invalid("peer request", e);
         let mut prefix = [0u8; 4];
@@ -304,10 +366,9 @@ impl Service {
             .await
             .map_err(|e| bad(e.to_string()))?;
         let len = message_len(prefix).map_err(|e| bad(e.to_string()))?;
-        if len > self.max_request {
+        if len > limit {
             return Err(bad(format!(
-                "a request of {len} bytes exceeds this service's limit of {}",
-                self.max_request
+                "a request of {len} bytes exceeds this service's limit of {limit}"
             )));
         }
         let units = u32::try_from(len.div_ceil(UNIT)).unwrap_or(u32::MAX);
@@ -341,7 +402,20 @@ impl Service {
         mut send: quinn::SendStream,
         mut recv: quinn::RecvStream,
     ) {
-        let resp = match self.read_request(&mut recv, mine).await {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        let _active = ActiveGuard(&self.active);
+        if self.draining.load(Ordering::Acquire) {
+            let bytes = error(
+                ErrorCode::Unavailable,
+                "the service is shutting down".into(),
+            )
+            .encode();
+            if send.write_all(&bytes).await.is_ok() {
+                let _ = send.finish();
+            }
+            return;
+        }
+        let resp = match self.read_request(&mut recv, mine, self.max_request).await {
             // A chunk is kept where it was received: no copy out of the
             // message.
             Ok((msg, _permit)) if crate::proto::put_chunk_in(&msg).is_some() => {
@@ -406,6 +480,12 @@ impl Service {
         id: strata_format::ChunkId,
         frame: bytes::Bytes,
     ) -> Response {
+        // A compressed frame is decoded to be verified: its raw length
+        // counts against the in-flight budget like the request did.
+        let _decode = match self.decode_permit(&frame).await {
+            Ok(p) => p,
+            Err(e) => return from_store(&e),
+        };
         let r = self.replicas.clone();
         let job_s = job.to_string();
         let done = tokio::task::spawn_blocking(move || r.put_chunk(&job_s, id, frame))
@@ -416,6 +496,29 @@ impl Service {
             Ok(new) => Response::Stored { new },
             Err(e) => from_store(&e),
         }
+    }
+
+    /// Budget for decoding `frame` (nothing for a raw frame, which is
+    /// hashed where it lies). A frame whose header does not parse needs
+    /// none: it is refused before anything is allocated.
+    async fn decode_permit(
+        &self,
+        frame: &[u8],
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, StoreError> {
+        let limit = self.replicas.limits().max_chunk;
+        let raw_len = match strata_format::frame::FrameHeader::decode(frame, limit) {
+            Ok(h) if h.codec != strata_format::codec::Codec::Raw => h.raw_len as usize,
+            _ => return Ok(None),
+        };
+        let units = u32::try_from(raw_len.div_ceil(UNIT))
+            .unwrap_or(u32::MAX)
+            .min(u32::try_from(self.inflight_units).unwrap_or(u32::MAX));
+        self.inflight
+            .clone()
+            .acquire_many_owned(units)
+            .await
+            .map(Some)
+            .map_err(|_| StoreError::Unavailable("shutting down".into()))
     }
 
     async fn dispatch(&self, job: &str, req: Request) -> Response {
@@ -437,6 +540,7 @@ impl Service {
         Ok(match req {
             Request::Hello { .. } => error(ErrorCode::Invalid, "already said hello".into()),
             Request::PutChunk { id, frame } => {
+                let _decode = self.decode_permit(&frame).await?;
                 blocking(Box::new(move || {
                     r.put_chunk(&job_s, id, frame.into())
                         .map(|new| Response::Stored { new })
@@ -455,8 +559,16 @@ impl Service {
                 id,
                 range: Some((a, b)),
             } => {
+                // The whole chunk is decoded (and verified) for a range.
+                let frame = {
+                    let (r, job_s) = (r.clone(), job_s.clone());
+                    tokio::task::spawn_blocking(move || r.get_frame(&job_s, &id))
+                        .await
+                        .map_err(|e| StoreError::Internal(format!("request task: {e}")))??
+                };
+                let _decode = self.decode_permit(&frame).await?;
                 blocking(Box::new(move || {
-                    r.get_range(&job_s, &id, a, b).map(Response::Bytes)
+                    r.range_of_frame(&id, &frame, a, b).map(Response::Bytes)
                 }))
                 .await?
             }
@@ -519,7 +631,7 @@ impl Service {
                 .await?
             }
             Request::ListChunks => Response::Ids(self.replicas.list_chunks(job)?),
-            Request::Stats => Response::Stats(self.stats()),
+            Request::Stats => Response::Stats(self.job_stats(job)),
         })
     }
 }

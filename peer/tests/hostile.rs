@@ -274,3 +274,159 @@ async fn a_client_hoarding_request_memory_cannot_starve_others() {
     assert!(served.is_ok(), "another client was starved");
     drop(held);
 }
+
+/// A tiny compressed frame claiming a chunk larger than any request (a
+/// decompression bomb) is refused from its header, before anything is
+/// decoded; a legitimate compressed chunk is still taken. A `Hello` larger
+/// than a version and a job id is refused without touching the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compression_bombs_and_oversized_hellos_are_refused() {
+    let local = support::Local::start(Limits::default());
+    let cfg = client_config(
+        &CertFiles::in_dir(local.dir.path(), &format!("client-{JOB}")),
+        64,
+    )
+    .unwrap();
+    // An oversized Hello: refused, the connection closed.
+    let conn = raw_conn(&local, cfg.clone()).await.unwrap();
+    let big_hello = Request::Hello {
+        version: VERSION,
+        job: "x".repeat(4000),
+    };
+    let refused = local.service.counters().refused.load(Ordering::Relaxed);
+    let got = send_raw(&conn, &big_hello.encode()).await;
+    if let Ok(raw) = got {
+        match answer(&raw) {
+            Response::Error { message, .. } => assert!(message.contains("limit"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), conn.closed()).await;
+    assert!(local.service.counters().refused.load(Ordering::Relaxed) > refused);
+
+    let conn = raw_conn(&local, cfg).await.unwrap();
+    let hello = Request::Hello {
+        version: VERSION,
+        job: JOB.into(),
+    };
+    send_raw(&conn, &hello.encode()).await.unwrap();
+    // 80 MiB of zeros compress to a few KiB; the service's largest chunk is
+    // its largest request (64 MiB and an envelope).
+    let zeros = vec![0u8; 80 << 20];
+    let bomb = encode_frame(&zeros, ElemHint::BYTES, EncodeOptions::ZSTD).unwrap();
+    assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+    let req = Request::PutChunk {
+        id: ChunkId::of(&zeros),
+        frame: bomb,
+    };
+    match answer(&send_raw(&conn, &req.encode()).await.unwrap()) {
+        Response::Error { code, message } => {
+            assert_eq!(code, ErrorCode::Corrupt);
+            assert!(message.contains("limit"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A real compressed chunk below the limit is verified and kept.
+    let small = vec![0u8; 8 << 20];
+    let frame = encode_frame(&small, ElemHint::BYTES, EncodeOptions::ZSTD).unwrap();
+    let ok = Request::PutChunk {
+        id: ChunkId::of(&small),
+        frame,
+    };
+    assert!(matches!(
+        answer(&send_raw(&conn, &ok.encode()).await.unwrap()),
+        Response::Stored { new: true }
+    ));
+    still_serves(&local, 6).await;
+}
+
+/// Manifests count against their own budget: past it a put is `NoSpace`,
+/// and deleting the step gives the space back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifests_are_bounded_by_their_budget() {
+    let local = support::Local::start(Limits {
+        manifest_bytes: 10_000,
+        ..Limits::default()
+    });
+    let s = local.client(JOB);
+    let m = vec![9u8; 4000];
+    s.put_manifest(JOB, 1, 0, &m).await.unwrap();
+    s.put_manifest(JOB, 1, 1, &m).await.unwrap();
+    // Rewriting a manifest replaces its bytes: no growth.
+    s.put_manifest(JOB, 1, 1, &m).await.unwrap();
+    let err = s.put_manifest(JOB, 2, 0, &m).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::NoSpace, "{err}");
+    s.delete_step(JOB, 1).await.unwrap();
+    s.put_manifest(JOB, 2, 0, &m).await.unwrap();
+    assert_eq!(s.get_manifest(JOB, 2, 0).await.unwrap(), m);
+}
+
+/// A graceful shutdown lets a request in flight finish (its answer
+/// arrives), refuses new requests as `Unavailable`, then closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_requests_in_flight() {
+    let local = support::Local::start(Limits::default());
+    let cfg = client_config(
+        &CertFiles::in_dir(local.dir.path(), &format!("client-{JOB}")),
+        64,
+    )
+    .unwrap();
+    let conn = raw_conn(&local, cfg).await.unwrap();
+    let hello = Request::Hello {
+        version: VERSION,
+        job: JOB.into(),
+    };
+    send_raw(&conn, &hello.encode()).await.unwrap();
+    // Half of a put is sent; the shutdown starts; then the rest.
+    let data = vec![5u8; 1 << 20];
+    let req = Request::PutChunk {
+        id: ChunkId::of(&data),
+        frame: encode_frame(&data, ElemHint::BYTES, EncodeOptions::RAW).unwrap(),
+    }
+    .encode();
+    let (mut s, mut r) = conn.open_bi().await.unwrap();
+    let half = req.len() / 2;
+    s.write_all(&req[..half]).await.unwrap();
+    let svc = local.service.clone();
+    for _ in 0..200 {
+        if svc.active_requests() > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(svc.active_requests(), 1);
+    let stopping = tokio::spawn(async move { svc.shutdown().await });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        !stopping.is_finished(),
+        "shut down with a request in flight"
+    );
+    // A new request meanwhile is refused as Unavailable.
+    match send_raw(&conn, &Request::ListChunks.encode()).await {
+        Ok(raw) => assert!(matches!(
+            answer(&raw),
+            Response::Error {
+                code: ErrorCode::Unavailable,
+                ..
+            }
+        )),
+        Err(e) => panic!("no answer while draining: {e}"),
+    }
+    s.write_all(&req[half..]).await.unwrap();
+    let _ = s.finish();
+    let raw = r.read_to_end(1 << 16).await.unwrap();
+    assert!(
+        matches!(answer(&raw), Response::Stored { new: true }),
+        "{:?}",
+        answer(&raw)
+    );
+    tokio::time::timeout(std::time::Duration::from_secs(15), stopping)
+        .await
+        .expect("shutdown did not finish")
+        .unwrap();
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_secs(5), conn.closed())
+            .await
+            .is_ok()
+    );
+}
