@@ -22,6 +22,7 @@
 //! node = "node-a"                       # this node's name among the peers
 //! peers = ["node-a=10.0.0.1:7070", "node-b=10.0.0.2:7070"]   # L2 peer services
 //! replicas = 1                          # replicas of each step on other nodes
+//! replication_retry_secs = 30           # degraded steps are pushed again this often
 //! peer_certs = "/etc/strata/certs"      # ca.pem, client-<job>.pem, client-<job>.key
 //!
 //! [l3_options]                          # object_store options (win over the environment)
@@ -117,6 +118,10 @@ pub struct Config {
     pub peers: Vec<String>,
     /// Replicas of each committed step on other nodes.
     pub replicas: usize,
+    /// While a step still on L1 is degraded (a peer was down or cut off),
+    /// it is pushed again this often (and at once after a later step
+    /// replicates fully), so a returning peer gets it without a new save.
+    pub replication_retry_secs: u64,
     /// Directory with the cluster CA (`ca.pem`) and this job's client
     /// certificate (`client-<job>.pem`, `client-<job>.key`).
     pub peer_certs: Option<PathBuf>,
@@ -154,6 +159,7 @@ impl Default for Config {
             node: "local".into(),
             peers: Vec::new(),
             replicas: 1,
+            replication_retry_secs: 30,
             peer_certs: None,
             gc_grace_secs: 600,
         }
@@ -260,6 +266,12 @@ impl Config {
         self
     }
 
+    /// How often degraded steps are pushed again (seconds).
+    pub fn replication_retry_secs(mut self, secs: u64) -> Self {
+        self.replication_retry_secs = secs;
+        self
+    }
+
     /// Whether a full restore from L3 also writes the step to L1.
     pub fn rehydrate_l1(mut self, on: bool) -> Self {
         self.rehydrate_l1 = on;
@@ -336,6 +348,7 @@ impl Config {
                         .collect()
                 }
                 "REPLICAS" => self.replicas = num(&v)? as usize,
+                "REPLICATION_RETRY_SECS" => self.replication_retry_secs = num(&v)?,
                 "PEER_CERTS" => self.peer_certs = (!v.is_empty()).then(|| PathBuf::from(&v)),
                 _ => {}
             }
@@ -424,5 +437,44 @@ mod tests {
         assert!(Config::builder().chunk_size(100).validate().is_err());
         assert!(Config::builder().io_engine("spdk").validate().is_err());
         assert!(Config::builder().job("../x").validate().is_err());
+    }
+
+    #[test]
+    fn peers_from_toml_then_env() {
+        let c = Config::from_toml(
+            "node = \"node-a\"\npeers = [\"node-a=127.0.0.1:7070\", \"node-b=127.0.0.1:7071\"]\n\
+             replicas = 2\npeer_certs = \"/certs\"\nreplication_retry_secs = 5",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let names: Vec<String> = c.peer_list().unwrap().into_iter().map(|p| p.0).collect();
+        assert_eq!(names, ["node-a", "node-b"]);
+        assert_eq!((c.replicas, c.replication_retry_secs), (2, 5));
+        let c = c
+            .with_env([
+                (
+                    "STRATA_PEERS".into(),
+                    "node-a=127.0.0.1:1, node-c=127.0.0.1:2,node-d=127.0.0.1:3".into(),
+                ),
+                ("STRATA_NODE".into(), "node-c".into()),
+                ("STRATA_REPLICAS".into(), "3".into()),
+                ("STRATA_REPLICATION_RETRY_SECS".into(), "7".into()),
+            ])
+            .unwrap();
+        let list = c.peer_list().unwrap();
+        assert_eq!(list.len(), 3);
+        assert_eq!(list[1].1, "127.0.0.1:2".parse().unwrap());
+        assert_eq!(
+            (c.node.as_str(), c.replicas, c.replication_retry_secs),
+            ("node-c", 3, 7)
+        );
+        // Peers without certificates, or an entry without a name, are refused.
+        let mut no_certs = c.clone();
+        no_certs.peer_certs = None;
+        assert!(no_certs.validate().is_err());
+        let bad = c
+            .with_env([("STRATA_PEERS".into(), "127.0.0.1:7070".into())])
+            .unwrap();
+        assert!(bad.validate().is_err());
     }
 }

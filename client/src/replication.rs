@@ -1,10 +1,10 @@
 //! L2 replication: every step committed on L1 is pushed, in the
 //! background, to `replicas` peer services chosen by the ring
-//! (`strata_peer::ring`), the preferred ones first; a peer that is down is
+//! (`strata_peer::ring`), all of them at once; a peer that is down is
 //! replaced by the next node in the ring, and a step that reaches fewer than
 //! `replicas` peers is marked degraded (the save itself never fails for it);
-//! once a later step replicates fully, degraded steps still on L1 are
-//! pushed again.
+//! degraded steps still on L1 are pushed again once a later step replicates
+//! fully, and every `replication_retry_secs` while the worker is idle.
 //!
 //! A push sends only the chunk ids the peer lacks (one presence check for
 //! the shard), read back verified from L1 in bounded batches, then the
@@ -137,9 +137,25 @@ pub(crate) fn after_commit(s: &Shared, step: u64) {
     }
 }
 
-/// The replication worker's loop.
+/// The replication worker's loop. Degraded steps still on L1 are pushed
+/// again at once after a later step replicates fully (a peer came back, a
+/// link was restored), and every `replication_retry_secs` while the worker
+/// is idle, so a returning peer gets them without a new save.
 pub(crate) fn run(s: &Shared, rx: &mpsc::Receiver<u64>) {
-    while let Ok(step) = rx.recv() {
+    let every = std::time::Duration::from_secs(s.cfg.replication_retry_secs.max(1));
+    loop {
+        let step = match rx.recv_timeout(every) {
+            Ok(step) => step,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Not marked pending: `wait_replication` must not wait on
+                // a peer that may stay down.
+                for old in degraded_on_l1(s, u64::MAX) {
+                    retry(s, old);
+                }
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
         let _span = tracing::info_span!("replicate", step).entered();
         let st = replicate(s, step);
         match &st {
@@ -153,24 +169,29 @@ pub(crate) fn run(s: &Shared, rx: &mpsc::Receiver<u64>) {
         }
         // Older degraded steps are marked pending before this step's state
         // is final, so `wait_replication` waits for their retry too.
-        let retry = if matches!(st, L2State::Replicated { .. }) {
+        let again = if matches!(st, L2State::Replicated { .. }) {
             degraded_on_l1(s, step)
         } else {
             Vec::new()
         };
-        for old in &retry {
+        for old in &again {
             s.replication.set(*old, L2State::Pending);
         }
         s.replication.set(step, st);
-        for old in retry {
-            let _span = tracing::info_span!("re-replicate", step = old).entered();
-            let st = replicate(s, old);
-            if matches!(st, L2State::Replicated { .. }) {
-                tracing::info!(step = old, "degraded step replicated again");
-            }
-            s.replication.set(old, st);
+        for old in again {
+            retry(s, old);
         }
     }
+}
+
+/// Pushes a degraded step again and records the outcome.
+fn retry(s: &Shared, step: u64) {
+    let _span = tracing::info_span!("re-replicate", step).entered();
+    let st = replicate(s, step);
+    if matches!(st, L2State::Replicated { .. }) {
+        tracing::info!(step, "degraded step replicated again");
+    }
+    s.replication.set(step, st);
 }
 
 /// Once a step replicates fully again (a peer came back, a link was
@@ -199,33 +220,57 @@ fn degraded_on_l1(s: &Shared, newer_than: u64) -> Vec<u64> {
     }
 }
 
+/// Pushes `step` to the first `replicas` peers of the ring at the same
+/// time; each one that fails is replaced by the next peer in the ring.
+/// Fewer peers than wanted (failures, or a ring too small) is `Degraded`.
 fn replicate(s: &Shared, step: u64) -> L2State {
-    let wanted = s.cfg.replicas.min(s.l2.len());
+    let wanted = s.cfg.replicas;
     let mut peers = Vec::new();
     let mut errors = Vec::new();
     let mut sent = 0;
-    for p in &s.l2 {
-        if peers.len() == wanted {
-            break;
-        }
-        match push(s, &p.store, step) {
-            Ok(n) => {
-                sent += n;
-                peers.push(p.name.clone());
+    let mut next = 0;
+    while peers.len() < wanted && next < s.l2.len() {
+        let round: Vec<&Peer> = s.l2[next..].iter().take(wanted - peers.len()).collect();
+        next += round.len();
+        let results: Vec<Result<u64>> = std::thread::scope(|sc| {
+            let pushes: Vec<_> = round
+                .iter()
+                .map(|p| sc.spawn(|| push(s, &p.store, step)))
+                .collect();
+            pushes
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Pipeline("a push thread panicked".into())))
+                })
+                .collect()
+        });
+        for (p, r) in round.iter().zip(results) {
+            match r {
+                Ok(n) => {
+                    sent += n;
+                    peers.push(p.name.clone());
+                }
+                Err(e) => errors.push(format!("{}: {e}", p.name)),
             }
-            Err(e) => errors.push(format!("{}: {e}", p.name)),
         }
     }
-    if peers.len() == wanted {
+    if peers.len() >= wanted {
         L2State::Replicated {
             peers,
             wanted,
             sent,
         }
     } else {
+        if s.l2.len() < wanted {
+            errors.push(format!(
+                "{wanted} replicas wanted but the ring has {} other nodes",
+                s.l2.len()
+            ));
+        }
         L2State::Degraded {
             peers,
-            wanted: s.cfg.replicas,
+            wanted,
             errors,
         }
     }

@@ -1,8 +1,10 @@
 //! L2 replication from a checkpointer to peer services (in this process,
 //! over QUIC on loopback): the ring's choice of peer, dedup of unchanged
 //! chunks, restore of a node whose disk is gone from its peer, a dead peer
-//! replaced by the next one in the ring, degraded steps, and per-chunk
-//! fallback from a damaged L1 to a peer with repair.
+//! replaced by the next one in the ring, degraded steps pushed again when
+//! the peer returns, per-chunk fallback from a damaged L1 to a peer with
+//! repair, and from a peer lacking a chunk to another peer (the restored
+//! step written back to L1 whole, the peer's copy repaired).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -46,8 +48,21 @@ fn entries<'a>(names: &'a [String], data: &'a [Vec<u8>]) -> Vec<Entry<'a>> {
 /// Three peer services (node-a, node-b, node-c) and their certificates.
 struct Cluster {
     rt: tokio::runtime::Runtime,
-    services: Vec<(String, Arc<Service>)>,
+    services: std::sync::Mutex<Vec<(String, Arc<Service>)>>,
     dir: tempfile::TempDir,
+}
+
+fn service_cfg(dir: &std::path::Path, n: &str, listen: std::net::SocketAddr) -> ServiceConfig {
+    ServiceConfig {
+        node: n.to_string(),
+        listen,
+        certs: CertFiles::in_dir(dir, n),
+        spill: dir.join(format!("spill-{n}")),
+        limits: Limits::default(),
+        max_streams: 32,
+        inflight_bytes: 256 << 20,
+        max_request: ServiceConfig::DEFAULT_MAX_REQUEST,
+    }
 }
 
 impl Cluster {
@@ -59,33 +74,67 @@ impl Cluster {
         let services = nodes
             .iter()
             .map(|n| {
-                let cfg = ServiceConfig {
-                    node: n.clone(),
-                    listen: "127.0.0.1:0".parse().unwrap(),
-                    certs: CertFiles::in_dir(dir.path(), n),
-                    spill: dir.path().join(format!("spill-{n}")),
-                    limits: Limits::default(),
-                    max_streams: 32,
-                    inflight_bytes: 256 << 20,
-                    max_request: ServiceConfig::DEFAULT_MAX_REQUEST,
-                };
+                let cfg = service_cfg(dir.path(), n, "127.0.0.1:0".parse().unwrap());
                 let svc = rt.block_on(async { Service::bind(&cfg).unwrap() });
                 rt.spawn(svc.clone().run());
                 (n.clone(), svc)
             })
             .collect();
-        Cluster { rt, services, dir }
+        Cluster {
+            rt,
+            services: std::sync::Mutex::new(services),
+            dir,
+        }
+    }
+
+    fn service(&self, node: &str) -> Arc<Service> {
+        let services = self.services.lock().unwrap();
+        services.iter().find(|(n, _)| n == node).unwrap().1.clone()
+    }
+
+    /// Starts `node` again on its old address (empty, like a restarted
+    /// service).
+    fn restart(&self, node: &str) {
+        let addr = self.service(node).local_addr().unwrap();
+        let cfg = service_cfg(self.dir.path(), node, addr);
+        self.services.lock().unwrap().retain(|(n, _)| n != node);
+        // The stopped service's socket is freed once its last handle goes.
+        let mut tries = 0;
+        let svc = loop {
+            match self.rt.block_on(async { Service::bind(&cfg) }) {
+                Ok(svc) => break svc,
+                Err(e) if tries < 100 => {
+                    tries += 1;
+                    eprintln!("rebinding {addr}: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        self.rt.spawn(svc.clone().run());
+        self.services.lock().unwrap().push((node.to_string(), svc));
+    }
+
+    /// A client of `node` with the job's certificate.
+    fn client(&self, node: &str) -> strata_peer::PeerStore {
+        let addr = self.service(node).local_addr().unwrap();
+        let certs = CertFiles::in_dir(self.dir.path(), &format!("client-{JOB}"));
+        let _guard = self.rt.enter();
+        strata_peer::PeerStore::new(addr, node, &certs, strata_peer::PeerOptions::default())
+            .unwrap()
     }
 
     fn peers(&self) -> Vec<String> {
         self.services
+            .lock()
+            .unwrap()
             .iter()
             .map(|(n, s)| format!("{n}={}", s.local_addr().unwrap()))
             .collect()
     }
 
     fn stop(&self, node: &str) {
-        let svc = &self.services.iter().find(|(n, _)| n == node).unwrap().1;
+        let svc = self.service(node);
         self.rt.block_on(svc.shutdown());
     }
 
@@ -224,4 +273,128 @@ fn a_damaged_l1_chunk_is_read_from_the_peer_and_repaired() {
     assert_eq!(got.stats.chunks_repaired, 1);
     let again = ck.restore(StepSelector::Latest).unwrap();
     assert_eq!(again.stats.bytes_from_l2, 0);
+}
+
+#[test]
+fn a_degraded_step_is_pushed_again_when_its_peer_returns_without_a_new_save() {
+    let cluster = Cluster::start();
+    let l1 = tempfile::tempdir().unwrap();
+    let names = names();
+    // Three replicas wanted from a ring of two other nodes: degraded, and
+    // the reason is named (not shown as 2/2).
+    let ck = Checkpointer::new(cluster.cfg(l1.path(), 3)).unwrap();
+    ck.save(1, &entries(&names, &state(1)))
+        .unwrap()
+        .wait()
+        .unwrap();
+    ck.wait_replication();
+    match &ck.replication()[&1] {
+        L2State::Degraded {
+            peers,
+            wanted,
+            errors,
+        } => {
+            assert_eq!((peers.len(), *wanted), (2, 3));
+            assert!(
+                errors.iter().any(|e| e.contains("2 other nodes")),
+                "{errors:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(ck);
+
+    let ck = Checkpointer::new(cluster.cfg(l1.path(), 2).replication_retry_secs(1)).unwrap();
+    cluster.stop("node-b");
+    ck.save(2, &entries(&names, &state(2)))
+        .unwrap()
+        .wait()
+        .unwrap();
+    ck.wait_replication();
+    assert!(
+        matches!(&ck.replication()[&2], L2State::Degraded { peers, .. } if peers == &["node-c"]),
+        "{:?}",
+        ck.replication()[&2]
+    );
+    // node-b comes back (empty); no save follows, yet the step reaches it.
+    cluster.restart("node-b");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let L2State::Replicated { peers, .. } = &ck.replication()[&2] {
+            assert_eq!(peers.len(), 2);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {:?}",
+            ck.replication()[&2]
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let steps = cluster
+        .rt
+        .block_on(cluster.client("node-b").list_steps(JOB))
+        .unwrap();
+    assert!(steps.iter().any(|s| s.step == 2 && !s.records.is_empty()));
+}
+
+#[test]
+fn a_chunk_missing_on_the_peer_read_comes_from_another_and_l1_gets_the_whole_step() {
+    let cluster = Cluster::start();
+    let l1 = tempfile::tempdir().unwrap();
+    let names = names();
+    let data = state(5);
+    let victim = {
+        let ck = Checkpointer::new(cluster.cfg(l1.path(), 2)).unwrap();
+        ck.save(5, &entries(&names, &data)).unwrap().wait().unwrap();
+        ck.wait_replication();
+        assert!(
+            matches!(&ck.replication()[&5], L2State::Replicated { peers, .. } if peers.len() == 2)
+        );
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let m = strata::format::ShardManifest::decode(
+            &rt.block_on(ck.l1().get_manifest(JOB, 5, 0)).unwrap(),
+        )
+        .unwrap();
+        m.chunks[3].id
+    };
+    // node-b (read first) loses one chunk; the node loses its disk.
+    let b = cluster.client("node-b");
+    cluster
+        .rt
+        .block_on(b.delete_chunks(JOB, &[victim]))
+        .unwrap();
+    assert_eq!(
+        cluster.rt.block_on(b.has_chunks(JOB, &[victim])).unwrap(),
+        [false]
+    );
+    std::fs::remove_dir_all(l1.path()).unwrap();
+
+    let ck = Checkpointer::new(cluster.cfg(l1.path(), 2)).unwrap();
+    let got = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(got.step, 5);
+    for (n, d) in names.iter().zip(&data) {
+        assert!(&got.get(n).unwrap().bytes == d, "{n}");
+    }
+    assert_eq!(got.stats.bytes_from_l2, got.stats.bytes_read);
+    assert!(got.stats.rehydrated);
+    assert_eq!(got.stats.chunks_repaired, 1);
+    // node-b holds the chunk again.
+    assert_eq!(
+        cluster.rt.block_on(b.has_chunks(JOB, &[victim])).unwrap(),
+        [true]
+    );
+    drop(ck);
+    // L1 holds the whole step: a restore with no peers at all reads it.
+    let alone = Config::builder()
+        .job(JOB)
+        .l1_dir(l1.path())
+        .chunk_size(MIB as u32);
+    let ck = Checkpointer::new(alone).unwrap();
+    let local = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(local.step, 5);
+    assert_eq!(local.stats.bytes_from_l2, 0);
+    for (n, d) in names.iter().zip(&data) {
+        assert!(&local.get(n).unwrap().bytes == d, "{n}");
+    }
 }
