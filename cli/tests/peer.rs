@@ -2,7 +2,10 @@
 //! loopback: replicas pushed to two services over QUIC and read back
 //! verified; one service killed during a push (the push fails with a typed
 //! error, the other replica serves every chunk); `/metrics`; a graceful
-//! stop on SIGTERM.
+//! stop on SIGTERM; a checkpointer's save whose peer is killed mid-push
+//! (committed, replicated to the next node of the ring, then degraded);
+//! a restore whose peer is killed mid-transfer (completed from the other
+//! replica and written back to L1 whole).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader};
@@ -135,17 +138,22 @@ fn two_peer_processes_hold_replicas_and_survive_a_killed_peer() {
         let again = rt.block_on(p.put_chunks(JOB, first.clone())).unwrap();
         assert_eq!((again.written, again.deduped), (0, 8));
     }
-    // Node a dies during a push of more chunks: a typed error, no hang.
+    // Node a dies during a push of more chunks (4 of 48 MiB arrived): a
+    // typed error, no hang.
     let more = chunks(48, 1 << 20, 2);
+    let before = metric(
+        &http_get(a.metrics, "/metrics"),
+        "strata_peer_bytes_in_total",
+    );
     let push = {
         let more = more.clone();
         rt.spawn(async move { pa.put_chunks(JOB, more).await })
     };
-    std::thread::sleep(std::time::Duration::from_millis(30));
+    wait_for_metric(&a, "strata_peer_bytes_in_total", before + (4 << 20));
     a.child.kill().unwrap();
     a.child.wait().unwrap();
     match rt.block_on(push).unwrap() {
-        Ok(st) => assert_eq!(st.written + st.deduped, 48, "finished before the kill"),
+        Ok(st) => panic!("a push to a killed peer succeeded: {st:?}"),
         Err(e) => assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}"),
     }
     // The other replica serves every chunk, verified.
@@ -221,13 +229,159 @@ fn a_peer_killed_during_a_restore_is_replaced_by_the_other_replica() {
         }
     }
     std::fs::remove_dir_all(&l1).unwrap();
-    let ck = Checkpointer::new(cfg.rehydrate_l1(false)).unwrap();
+    let ck = Checkpointer::new(cfg.clone()).unwrap();
+    let sent_before = metric(
+        &http_get(b.metrics, "/metrics"),
+        "strata_peer_bytes_out_total",
+    );
     let restore = std::thread::spawn(move || ck.restore(StepSelector::Latest));
-    std::thread::sleep(std::time::Duration::from_millis(40));
     // node-b is the ring's first peer for rank 0 of node-a: the one read.
+    // It is killed once it has sent part of the step (4 of 96 MiB).
+    wait_for_metric(&b, "strata_peer_bytes_out_total", sent_before + (4 << 20));
     b.child.kill().unwrap();
     b.child.wait().unwrap();
     let got = restore.join().unwrap().unwrap();
+    assert_eq!(got.stats.bytes_from_l2, got.stats.bytes_read);
+    for (n, d) in names.iter().zip(&data) {
+        assert!(&got.get(n).unwrap().bytes == d, "{n}");
+    }
+    // node-c served the rest.
+    let from_c = metric(
+        &http_get(c.metrics, "/metrics"),
+        "strata_peer_bytes_out_total",
+    );
+    assert!(from_c > 8 << 20, "node-c sent {from_c} bytes");
+    // Written back to L1 whole and committed: a node with no peers at all
+    // restores it from L1.
+    assert!(got.stats.rehydrated);
+    drop(c);
+    let alone = Config::builder().job(JOB).l1_dir(&l1).chunk_size(1 << 20);
+    let local = Checkpointer::new(alone)
+        .unwrap()
+        .restore(StepSelector::Latest)
+        .unwrap();
+    assert_eq!(local.stats.bytes_from_l2, 0);
+    for (n, d) in names.iter().zip(&data) {
+        assert!(&local.get(n).unwrap().bytes == d, "{n}");
+    }
+}
+
+/// Polls a peer's `/metrics` until `name` reaches `at_least`.
+fn wait_for_metric(p: &Peer, name: &str, at_least: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let v = metric(&http_get(p.metrics, "/metrics"), name);
+        if v >= at_least {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{name} stayed at {v}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Three peer processes; a checkpointer saves with two replicas; the first
+/// peer of the ring is SIGKILLed in the middle of the push (seen on its
+/// `/metrics`). The save succeeds; the step goes to the next node of the
+/// ring instead; with no node left to take its place, the next step is
+/// degraded, and nothing is lost: a lost disk restores from the peers.
+#[test]
+fn a_peer_killed_during_a_push_leaves_the_save_committed_and_replicated_elsewhere() {
+    use strata::format::DType;
+    use strata::{Checkpointer, Config, Entry, L2State, StepSelector};
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path();
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["peer", "certs", "--job", JOB])
+        .args(["--node", "node-a", "--node", "node-b", "--node", "node-c"])
+        .args(["--node", "node-d", "--out"])
+        .arg(certs)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let mut peers: Vec<(String, Peer)> = ["node-b", "node-c", "node-d"]
+        .iter()
+        .map(|n| (n.to_string(), serve(certs, n)))
+        .collect();
+    let l1 = dir.path().join("l1");
+    let cfg = Config::builder()
+        .job(JOB)
+        .l1_dir(&l1)
+        .chunk_size(1 << 20)
+        .keep_last(4)
+        .peers(
+            "node-a",
+            peers
+                .iter()
+                .map(|(n, p)| format!("{n}={}", p.addr))
+                .collect::<Vec<_>>(),
+            certs,
+        )
+        .replicas(2);
+    // The ring's order for rank 0 of node-a.
+    let ring = strata_peer::ring::placement(
+        &["node-a", "node-b", "node-c", "node-d"].map(String::from),
+        "node-a",
+        0,
+    );
+    let (first, third) = (ring[0].clone(), ring[2].clone());
+    let data: Vec<Vec<u8>> = chunks(96, 1 << 20, 9)
+        .into_iter()
+        .map(|p| p.data.as_slice().to_vec())
+        .collect();
+    let names: Vec<String> = (0..data.len()).map(|i| format!("t{i}")).collect();
+    const SHAPE: [u64; 1] = [1 << 19];
+    let entries: Vec<Entry<'_>> = names
+        .iter()
+        .zip(&data)
+        .map(|(n, d)| Entry::tensor(n, DType::BF16, &SHAPE, d))
+        .collect();
+    let ck = Checkpointer::new(cfg.clone()).unwrap();
+    let idx = peers.iter().position(|(n, _)| *n == first).unwrap();
+    let got_before = metric(
+        &http_get(peers[idx].1.metrics, "/metrics"),
+        "strata_peer_bytes_in_total",
+    );
+    let stats = ck.save(1, &entries).unwrap().wait().unwrap();
+    assert!(stats.bytes_written > 0);
+    // The push is under way (4 of 96 MiB arrived): kill that peer.
+    wait_for_metric(
+        &peers[idx].1,
+        "strata_peer_bytes_in_total",
+        got_before + (4 << 20),
+    );
+    let (_, mut killed) = peers.remove(idx);
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    ck.wait_replication();
+    match &ck.replication()[&1] {
+        L2State::Replicated { peers: on, .. } => {
+            assert_eq!(on.len(), 2, "{on:?}");
+            assert!(!on.contains(&first), "{on:?}");
+            assert!(on.contains(&third), "not moved to the next node: {on:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(ck.committed_steps().unwrap().contains(&1));
+    // Only two peers are left for two replicas; one more dies: degraded.
+    let (_, mut second) = peers.remove(0);
+    second.child.kill().unwrap();
+    second.child.wait().unwrap();
+    ck.save(2, &entries).unwrap().wait().unwrap();
+    ck.wait_replication();
+    match &ck.replication()[&2] {
+        L2State::Degraded {
+            peers: on, wanted, ..
+        } => assert_eq!((on.len(), *wanted), (1, 2)),
+        other => panic!("{other:?}"),
+    }
+    drop(ck);
+    // Nothing lost: the disk goes, the last peer serves step 2.
+    std::fs::remove_dir_all(&l1).unwrap();
+    let got = Checkpointer::new(cfg)
+        .unwrap()
+        .restore(StepSelector::Latest)
+        .unwrap();
+    assert_eq!(got.step, 2);
     assert_eq!(got.stats.bytes_from_l2, got.stats.bytes_read);
     for (n, d) in names.iter().zip(&data) {
         assert!(&got.get(n).unwrap().bytes == d, "{n}");
