@@ -66,6 +66,9 @@ pub(crate) struct ServeArgs {
     /// Chunk bytes spilled to disk beyond the memory budget.
     #[arg(long, default_value = "64GiB", value_parser = parse_size)]
     disk: u64,
+    /// Manifest bytes kept in memory for all jobs together.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    manifest_memory: u64,
     /// Committed steps kept per job.
     #[arg(long, default_value_t = 2)]
     keep_last: usize,
@@ -135,7 +138,7 @@ fn serve(a: &ServeArgs) -> Result<(), CliError> {
             keep_last: a.keep_last.max(1),
             grace: Duration::from_secs(a.grace_secs),
             max_chunk: u32::try_from(a.max_chunk).unwrap_or(u32::MAX),
-            ..Limits::default()
+            manifest_bytes: a.manifest_memory,
         },
         max_streams: 32,
         inflight_bytes: usize::try_from(a.inflight).unwrap_or(usize::MAX),

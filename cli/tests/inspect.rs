@@ -194,6 +194,7 @@ fn ls_show_diff_and_stat_describe_every_tier_and_write_nothing() {
     assert_eq!(steps, vec![3, 2, 1], "newest first");
     let three = &ls["steps"][0];
     assert_eq!(three["world_size"], 1);
+    assert_eq!(three["tiers"][0]["ranks"], 1, "{three}");
     assert_eq!(
         three["logical_bytes"].as_u64().unwrap(),
         (3 << 20) + (2 << 20) + 4096 + 1000 + 8192
@@ -277,6 +278,13 @@ fn ls_show_diff_and_stat_describe_every_tier_and_write_nothing() {
         "{l1}"
     );
     assert!(s.run(&["stat"]).stdout.contains("DEDUP"));
+    let out = tempfile::tempdir().unwrap();
+    let file = out.path().join("x.safetensors");
+    assert_eq!(
+        s.run(&["export", "3", "-o", file.to_str().unwrap()]).code,
+        0
+    );
+    assert_eq!(s.run(&["verify", "--all"]).code, 0);
 
     assert!(
         before == (snapshot(&s.l1), snapshot(&s.l3)),
