@@ -61,9 +61,9 @@ pub(crate) struct Use {
 #[derive(Serialize, Debug)]
 pub(crate) struct Problem {
     pub(crate) tier: String,
-    /// `chunk` or `manifest`.
+    /// `chunk`, `manifest` or `commit record`.
     pub(crate) object: &'static str,
-    /// The chunk id (hex), or `step/rank` for a manifest.
+    /// The chunk id (hex), or `step/rank` for a manifest or a record.
     pub(crate) id: String,
     /// `damaged`, `missing` or `unreadable`.
     pub(crate) state: &'static str,
@@ -173,6 +173,7 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
                 }
             }
         }
+        problems.extend(record_problems(&t, &all, tier, &steps, a.rank, a.repair));
         plans.push((tier, wanted));
     }
     let unreadable: Vec<String> = all
@@ -308,6 +309,76 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
             if left == 1 { "y" } else { "ies" }
         )))
     }
+}
+
+/// Ranks whose shard manifest `tier` holds for a step committed elsewhere,
+/// but whose commit record there is missing or unreadable (the tier's
+/// listing skipped it): the step is not committed in that tier. `--repair`
+/// writes the good record from another tier (a damaged one is replaced:
+/// it cannot be a valid winner of the create-only commit).
+fn record_problems(
+    t: &Tiers,
+    all: &Catalog<'_>,
+    tier: &Tier,
+    steps: &[u64],
+    only_rank: Option<u32>,
+    repair: bool,
+) -> Vec<Problem> {
+    let mut out = Vec::new();
+    for &step in steps {
+        let Some(info) = all.info(tier, step) else {
+            continue;
+        };
+        let here = info.committed_ranks();
+        for &rank in &info.manifests {
+            if here.contains(&rank) || only_rank.is_some_and(|r| r != rank) {
+                continue;
+            }
+            let good: Vec<(&Tier, &strata::format::CommitRecord)> = all
+                .tiers
+                .iter()
+                .filter(|(x, _)| x.name != tier.name)
+                .filter_map(|(x, _)| {
+                    let rec = all
+                        .info(x, step)?
+                        .records
+                        .values()
+                        .find(|r| r.shards.iter().any(|sh| sh.rank == rank))?;
+                    Some((*x, rec))
+                })
+                .collect();
+            let Some((_, record)) = good.first() else {
+                // Not committed anywhere: a partial step, not damage.
+                continue;
+            };
+            let mut p = Problem {
+                tier: tier.name.clone(),
+                object: "commit record",
+                id: format!("{step}/{rank}"),
+                state: "missing",
+                error: format!(
+                    "step {step} rank {rank}: the shard manifest is in {} but its commit record is missing or unreadable there (the step is not committed in {})",
+                    tier.name, tier.name
+                ),
+                entries: Vec::new(),
+                good_copies: good.iter().map(|(x, _)| x.name.clone()).collect(),
+                repaired: false,
+            };
+            if repair {
+                match t.block_on(tier.store.commit(record)) {
+                    Ok(()) => {
+                        p.repaired = t.steps(tier).is_ok_and(|v| {
+                            v.iter()
+                                .any(|i| i.step == step && i.committed_ranks().contains(&rank))
+                        });
+                    }
+                    Err(e) => p.error = format!("{}; repair failed: {e}", p.error),
+                }
+            }
+            out.push(p);
+        }
+    }
+    out
 }
 
 fn state_of_error(e: &strata::Error) -> &'static str {

@@ -363,6 +363,45 @@ fn verify_names_damage_and_where_a_good_copy_is_and_repair_fixes_it() {
 }
 
 #[test]
+fn a_damaged_commit_record_is_named_and_repaired_from_another_tier() {
+    let s = Store::new();
+    let file =
+        s.l1.join(JOB)
+            .join("steps")
+            .join(format!("{:020}", 3))
+            .join("c-0");
+    assert!(file.is_file(), "no record at {}", file.display());
+    let good = std::fs::read(&file).unwrap();
+    let mut bytes = good.clone();
+    let n = bytes.len();
+    bytes[n / 2] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    // L1 no longer counts step 3 as committed; L3 still does.
+    let v = s.run(&["verify", "3", "--json"]);
+    assert_eq!(v.code, 1, "{}\n{}", v.stdout, v.stderr);
+    let r = v.json();
+    let p = r["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["object"] == "commit record")
+        .unwrap_or_else(|| panic!("no record problem in {r}"));
+    assert_eq!(p["tier"], "L1");
+    assert_eq!(p["id"], "3/0");
+    assert_eq!(p["good_copies"], serde_json::json!(["L3"]));
+    let human = s.run(&["verify", "3"]);
+    assert_eq!(human.code, 1);
+    assert!(human.stdout.contains("commit record"), "{}", human.stdout);
+    // Read-only: still damaged.
+    assert_eq!(std::fs::read(&file).unwrap(), bytes);
+    let fixed = s.run(&["verify", "3", "--repair"]);
+    assert_eq!(fixed.code, 5, "{}\n{}", fixed.stdout, fixed.stderr);
+    assert!(fixed.stdout.contains("REPAIRED"), "{}", fixed.stdout);
+    assert_eq!(std::fs::read(&file).unwrap(), good);
+    assert_eq!(s.run(&["verify", "--all"]).code, 0);
+}
+
+#[test]
 fn a_damaged_manifest_is_named_and_repaired_and_other_tiers_still_serve() {
     let s = Store::new();
     let m = s.l1.join(JOB).join("steps");

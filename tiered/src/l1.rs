@@ -510,7 +510,17 @@ impl Inner {
         if !write_durable(&tmp, &path, &bytes, false)? {
             let existing = read_bounded(&path, MAX_RECORD_LEN, "commit record")?;
             if existing != bytes {
-                return Err(commit_conflict(record.step, first));
+                let valid = CommitRecord::decode(&existing)
+                    .is_ok_and(|r| r.step == record.step && r.job == record.job);
+                if valid {
+                    return Err(commit_conflict(record.step, first));
+                }
+                // A damaged record is no winner of the create-only commit
+                // (readers ignore it): it is replaced, which is how a
+                // repair restores it.
+                tracing::warn!(path = %path.display(), "replacing a damaged commit record");
+                let tmp = self.tmp_path(&record.job, "commit");
+                write_durable(&tmp, &path, &bytes, true)?;
             }
         }
         fsync_dir(&dir)
