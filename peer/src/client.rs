@@ -549,9 +549,29 @@ impl ChunkStore for PeerStore {
     }
 
     async fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
-        match self.request(job, &Request::ListChunks).await? {
-            Response::Ids(v) => Ok(v),
-            other => Err(unexpected(&self.label, &other)),
+        // Page by page: a job may hold more ids than one message carries.
+        let mut out: Vec<ChunkId> = Vec::new();
+        loop {
+            let after = out.last().copied();
+            match self.request(job, &Request::ListChunks { after }).await? {
+                Response::Ids(v) => {
+                    let full = v.len() >= MAX_IDS;
+                    if v.first().is_some_and(|f| after.is_some_and(|a| *f <= a)) {
+                        return Err(StoreError::Corrupt {
+                            what: format!("chunk listing from {}", self.label),
+                            source: strata_format::FormatError::malformed(
+                                "chunk listing",
+                                "a page does not follow the previous one",
+                            ),
+                        });
+                    }
+                    out.extend(v);
+                    if !full {
+                        return Ok(out);
+                    }
+                }
+                other => return Err(unexpected(&self.label, &other)),
+            }
         }
     }
 

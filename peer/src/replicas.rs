@@ -294,6 +294,22 @@ impl Replicas {
             .collect())
     }
 
+    /// The ids held for `job` after `after`, ascending, at most `limit`.
+    pub fn list_chunks_page(
+        &self,
+        job: &str,
+        after: Option<ChunkId>,
+        limit: usize,
+    ) -> Result<Vec<ChunkId>> {
+        let mut ids = self.list_chunks(job)?;
+        if let Some(a) = after {
+            ids.retain(|id| *id > a);
+        }
+        ids.sort_unstable();
+        ids.truncate(limit);
+        Ok(ids)
+    }
+
     /// Deletes chunks (absent ones are fine).
     pub fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
         validate_job_id(job)?;

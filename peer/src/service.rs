@@ -630,7 +630,11 @@ impl Service {
                 }))
                 .await?
             }
-            Request::ListChunks => Response::Ids(self.replicas.list_chunks(job)?),
+            Request::ListChunks { after } => Response::Ids(self.replicas.list_chunks_page(
+                job,
+                after,
+                crate::proto::MAX_IDS,
+            )?),
             Request::Stats => Response::Stats(self.job_stats(job)),
         })
     }

@@ -18,3 +18,32 @@ fn store() -> (strata_peer::PeerStore, support::Local) {
 }
 
 strata_tiered::conformance_tests!(store());
+
+/// A job holding more chunk ids than one message carries is listed page
+/// by page, every id once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_more_ids_than_a_message_holds_pages() {
+    use strata_format::codec::ElemHint;
+    use strata_format::ChunkId;
+    use strata_tiered::{ChunkData, ChunkPut, ChunkStore};
+    let (s, _local) = store();
+    let job = "job-a";
+    let n = strata_peer::proto::MAX_IDS + 1000;
+    let puts: Vec<ChunkPut> = (0..n as u32)
+        .map(|i| {
+            let d = i.to_le_bytes();
+            ChunkPut {
+                id: ChunkId::of(&d),
+                hint: ElemHint::BYTES,
+                data: ChunkData::copy_from(&d),
+            }
+        })
+        .collect();
+    let mut want: Vec<ChunkId> = puts.iter().map(|p| p.id).collect();
+    s.put_chunks(job, puts).await.unwrap();
+    let mut got = s.list_chunks(job).await.unwrap();
+    assert_eq!(got.len(), n);
+    got.sort_unstable();
+    want.sort_unstable();
+    assert!(got == want);
+}

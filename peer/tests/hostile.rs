@@ -227,7 +227,7 @@ async fn garbage_oversized_and_lying_requests_get_errors_and_the_service_goes_on
     ));
     // The same connection still works, and nothing was stored.
     match answer(
-        &send_raw(&conn, &Request::ListChunks.encode())
+        &send_raw(&conn, &Request::ListChunks { after: None }.encode())
             .await
             .unwrap(),
     ) {
@@ -402,7 +402,7 @@ async fn shutdown_finishes_requests_in_flight() {
         "shut down with a request in flight"
     );
     // A new request meanwhile is refused as Unavailable.
-    match send_raw(&conn, &Request::ListChunks.encode()).await {
+    match send_raw(&conn, &Request::ListChunks { after: None }.encode()).await {
         Ok(raw) => assert!(matches!(
             answer(&raw),
             Response::Error {

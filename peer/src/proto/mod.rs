@@ -87,8 +87,12 @@ pub enum Request {
     DeleteStep(u64),
     /// Delete chunks.
     DeleteChunks(Vec<ChunkId>),
-    /// Every chunk id held for the job.
-    ListChunks,
+    /// The chunk ids held for the job, ascending, after `after` (a page
+    /// of at most [`MAX_IDS`]; a full page means ask again after its last).
+    ListChunks {
+        /// Resume after this id (none: from the start).
+        after: Option<ChunkId>,
+    },
     /// The service's counters.
     Stats,
 }
@@ -346,7 +350,17 @@ impl Request {
                 ids(&mut w, v);
                 finish(w)
             }
-            Request::ListChunks => finish(start(kind::LIST_CHUNKS, 0)),
+            Request::ListChunks { after } => {
+                let mut w = start(kind::LIST_CHUNKS, 33);
+                match after {
+                    None => w.u8(0),
+                    Some(id) => {
+                        w.u8(1);
+                        w.bytes(id.as_bytes());
+                    }
+                }
+                finish(w)
+            }
             Request::Stats => finish(start(kind::STATS, 0)),
         }
     }
@@ -398,7 +412,13 @@ impl Request {
             kind::COMMIT => Request::Commit(read_blob(&mut r, MAX_RECORD, what)?),
             kind::DELETE_STEP => Request::DeleteStep(r.u64(what)?),
             kind::DELETE_CHUNKS => Request::DeleteChunks(read_ids(&mut r, what)?),
-            kind::LIST_CHUNKS => Request::ListChunks,
+            kind::LIST_CHUNKS => Request::ListChunks {
+                after: match r.u8(what)? {
+                    0 => None,
+                    1 => Some(r.chunk_id(what)?),
+                    t => return Err(FormatError::malformed(what, format!("cursor tag {t}"))),
+                },
+            },
             kind::STATS => Request::Stats,
             k => return Err(FormatError::malformed(what, format!("unknown kind {k}"))),
         };

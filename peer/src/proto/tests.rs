@@ -37,7 +37,10 @@ fn requests() -> Vec<Request> {
         Request::Commit(vec![4; 10]),
         Request::DeleteStep(3),
         Request::DeleteChunks(vec![id(4)]),
-        Request::ListChunks,
+        Request::ListChunks { after: None },
+        Request::ListChunks {
+            after: Some(ChunkId::of(b"cursor")),
+        },
         Request::Stats,
     ]
 }
