@@ -47,3 +47,44 @@ impl Progress {
         self.bar.finish_and_clear();
     }
 }
+
+/// A spinner with the elapsed time, for work whose size is not known as it
+/// runs (an import's save): drawn from its first second on, on a terminal,
+/// unless `quiet`.
+pub(crate) struct Spinner {
+    bar: ProgressBar,
+}
+
+impl Spinner {
+    /// Starts a spinner labelled `what`.
+    pub(crate) fn start(what: &str, quiet: bool) -> Self {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
+            bar.set_style(style);
+        }
+        bar.set_message(what.to_string());
+        if !quiet && std::io::stderr().is_terminal() {
+            bar.enable_steady_tick(Duration::from_millis(120));
+            let shown = bar.clone();
+            // Quick work prints nothing: the bar appears after a second.
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(1));
+                if !shown.is_finished() {
+                    shown.set_draw_target(ProgressDrawTarget::stderr());
+                }
+            });
+        }
+        Spinner { bar }
+    }
+
+    /// Changes the label.
+    pub(crate) fn set(&self, what: &str) {
+        self.bar.set_message(what.to_string());
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}

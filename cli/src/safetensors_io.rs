@@ -416,10 +416,18 @@ pub(crate) fn import(a: &ImportArgs) -> Result<(), CliError> {
             }
         }
     }
+    let spinner = crate::progress::Spinner::start(
+        &format!("importing {} as step {}", path.display(), a.step),
+        a.json,
+    );
     let ck = Checkpointer::new(cfg)?;
     let stats = ck.save_with_metadata(a.step, &entries, metadata)?.wait()?;
+    if !ck.config().peers.is_empty() {
+        spinner.set("replicating to the peers");
+    }
     ck.wait_replication();
     drop(ck);
+    drop(spinner);
     let moved = Moved {
         job,
         step: a.step,
