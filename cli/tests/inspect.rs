@@ -739,3 +739,63 @@ fn a_two_rank_step_counts_both_ranks() {
     assert_eq!(v.code, 0, "{}", v.stderr);
     assert_eq!(v.json()["manifests_verified"], 2);
 }
+
+/// The store comes from `--config`, then `STRATA_*` variables, then flags:
+/// each later source wins over the earlier ones.
+#[test]
+fn the_store_comes_from_config_then_env_then_flags() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("strata.toml");
+    std::fs::write(
+        &toml,
+        format!("job = \"{JOB}\"\nl1_dir = \"{}\"\n", s.l1.display()),
+    )
+    .unwrap();
+    let ls = |env: &[(&str, &str)], flags: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["ls", "--json", "--config"])
+            .arg(&toml)
+            .args(flags)
+            .env_remove("STRATA_L1_DIR")
+            .env_remove("STRATA_JOB")
+            .env_remove("STRATA_L3_URL")
+            .env_remove("STRATA_PEERS")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    // The file alone: its job and L1.
+    let (code, out, err) = ls(&[], &[]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["job"], JOB);
+    assert_eq!(v["steps"].as_array().unwrap().len(), 3);
+    // STRATA_JOB wins over the file: a job with no steps.
+    let (code, out, err) = ls(&[("STRATA_JOB", "other-job")], &[]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["job"], "other-job");
+    assert!(v["steps"].as_array().unwrap().is_empty());
+    // --job wins over STRATA_JOB.
+    let (code, out, err) = ls(&[("STRATA_JOB", "other-job")], &["--job", JOB]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["job"], JOB);
+    assert_eq!(v["steps"].as_array().unwrap().len(), 3);
+    // STRATA_L3_URL adds L3 to what the file names.
+    let url = format!("file://{}", s.l3.display());
+    let (code, out, err) = ls(&[("STRATA_L3_URL", url.as_str())], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"L3\""), "{out}");
+    // A file that does not parse: one line, exit 2.
+    std::fs::write(&toml, "job = [").unwrap();
+    let (code, _, err) = ls(&[], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
