@@ -58,7 +58,12 @@ fn service_cfg(dir: &std::path::Path, n: &str, listen: std::net::SocketAddr) -> 
         listen,
         certs: CertFiles::in_dir(dir, n),
         spill: dir.join(format!("spill-{n}")),
-        limits: Limits::default(),
+        // No grace: retention frees unreferenced chunks at once (each test
+        // waits for replication before the next save).
+        limits: Limits {
+            grace: std::time::Duration::ZERO,
+            ..Limits::default()
+        },
         max_streams: 32,
         inflight_bytes: 256 << 20,
         max_request: ServiceConfig::DEFAULT_MAX_REQUEST,
@@ -157,7 +162,7 @@ fn steps_replicate_to_the_ring_and_a_lost_disk_restores_from_the_peer() {
     let names = names();
     {
         let ck = Checkpointer::new(cluster.cfg(l1.path(), 1)).unwrap();
-        for step in 1..=3 {
+        for step in 1..=4 {
             let data = state(step);
             ck.save(step, &entries(&names, &data))
                 .unwrap()
@@ -167,7 +172,7 @@ fn steps_replicate_to_the_ring_and_a_lost_disk_restores_from_the_peer() {
         }
         let repl = ck.replication();
         // Rank 0 on node-a: its first peer in the ring is node-b.
-        for step in 1..=3 {
+        for step in 1..=4 {
             match &repl[&step] {
                 L2State::Replicated { peers, wanted, .. } => {
                     assert_eq!(peers, &vec!["node-b".to_string()]);
@@ -177,26 +182,55 @@ fn steps_replicate_to_the_ring_and_a_lost_disk_restores_from_the_peer() {
             }
         }
         // Only what changed went again (1 tensor of 10, plus nothing else).
-        match &repl[&3] {
+        match &repl[&4] {
             L2State::Replicated { sent, .. } => assert!(*sent <= 4 * MIB as u64, "sent {sent}"),
             other => panic!("{other:?}"),
         }
         let tiers = ck.steps().unwrap();
-        assert!(tiers.iter().any(|t| t.step == 3 && t.replication.is_some()));
+        assert!(tiers.iter().any(|t| t.step == 4 && t.replication.is_some()));
     }
-    // The node's disk is lost; its peer still holds step 3.
+    // The peer keeps its newest two committed steps (its --keep-last) and
+    // frees the chunks only the steps it dropped used (tensor 2's version
+    // of step 2; step 1's version of tensor 1 is tensor 1's base halves
+    // swapped, the same chunks).
+    let b = cluster.client("node-b");
+    let held: Vec<u64> = cluster
+        .rt
+        .block_on(b.list_steps(JOB))
+        .unwrap()
+        .iter()
+        .map(|s| s.step)
+        .collect();
+    assert_eq!(held, [3, 4]);
+    let only_step2: Vec<strata::format::ChunkId> = state(2)[2]
+        .chunks(MIB)
+        .map(strata::format::ChunkId::of)
+        .collect();
+    let kept: Vec<strata::format::ChunkId> = state(4)[4]
+        .chunks(MIB)
+        .map(strata::format::ChunkId::of)
+        .collect();
+    assert_eq!(
+        cluster.rt.block_on(b.has_chunks(JOB, &only_step2)).unwrap(),
+        [false, false]
+    );
+    assert_eq!(
+        cluster.rt.block_on(b.has_chunks(JOB, &kept)).unwrap(),
+        [true, true]
+    );
+    // The node's disk is lost; its peer still holds step 4.
     std::fs::remove_dir_all(l1.path()).unwrap();
     let ck = Checkpointer::new(cluster.cfg(l1.path(), 1)).unwrap();
     assert!(ck.committed_steps().unwrap().is_empty());
     let got = ck.restore(StepSelector::Latest).unwrap();
-    assert_eq!(got.step, 3);
+    assert_eq!(got.step, 4);
     assert_eq!(got.stats.bytes_from_l2, got.stats.bytes_read);
-    for (n, d) in names.iter().zip(&state(3)) {
+    for (n, d) in names.iter().zip(&state(4)) {
         assert!(&got.get(n).unwrap().bytes == d, "{n}");
     }
     // Written back to L1 and committed there: the next restore is local.
     assert!(got.stats.rehydrated);
-    assert_eq!(ck.committed_steps().unwrap(), vec![3]);
+    assert_eq!(ck.committed_steps().unwrap(), vec![4]);
     let again = ck.restore(StepSelector::Latest).unwrap();
     assert_eq!(again.stats.bytes_from_l2, 0);
 }
