@@ -175,6 +175,10 @@ pub(crate) struct Shared {
     pub(crate) replication: crate::replication::Replication,
     /// The replication worker's queue.
     pub(crate) repl_tx: Mutex<Option<mpsc::Sender<u64>>>,
+    /// Eager pushes by step, until the replication worker takes them.
+    pub(crate) eager: Mutex<
+        std::collections::HashMap<u64, tokio::sync::oneshot::Receiver<crate::eager_push::Outcome>>,
+    >,
 }
 
 impl Shared {
@@ -296,6 +300,7 @@ impl Checkpointer {
             l2,
             replication: Default::default(),
             repl_tx: Mutex::new(Some(repl_tx)),
+            eager: Mutex::default(),
         });
         let replicator = if shared.l2.is_empty() {
             None

@@ -23,6 +23,7 @@
 //! peers = ["node-a=10.0.0.1:7070", "node-b=10.0.0.2:7070"]   # L2 peer services
 //! replicas = 1                          # replicas of each step on other nodes
 //! replication_retry_secs = 30           # degraded steps are pushed again this often
+//! eager_push = true                     # push new chunks to the peers during the L1 write
 //! peer_certs = "/etc/strata/certs"      # ca.pem, client-<job>.pem, client-<job>.key
 //!
 //! [l3_options]                          # object_store options (win over the environment)
@@ -122,6 +123,10 @@ pub struct Config {
     /// it is pushed again this often (and at once after a later step
     /// replicates fully), so a returning peer gets it without a new save.
     pub replication_retry_secs: u64,
+    /// Push a save's new chunks to its peers while they are written to L1,
+    /// from the staging memory (the step is then mostly replicated when it
+    /// commits); off: the whole push runs after the L1 commit, from L1.
+    pub eager_push: bool,
     /// Directory with the cluster CA (`ca.pem`) and this job's client
     /// certificate (`client-<job>.pem`, `client-<job>.key`).
     pub peer_certs: Option<PathBuf>,
@@ -160,6 +165,7 @@ impl Default for Config {
             peers: Vec::new(),
             replicas: 1,
             replication_retry_secs: 30,
+            eager_push: true,
             peer_certs: None,
             gc_grace_secs: 600,
         }
@@ -272,6 +278,12 @@ impl Config {
         self
     }
 
+    /// Whether new chunks go to the peers during the L1 write.
+    pub fn eager_push(mut self, on: bool) -> Self {
+        self.eager_push = on;
+        self
+    }
+
     /// Whether a full restore from L3 also writes the step to L1.
     pub fn rehydrate_l1(mut self, on: bool) -> Self {
         self.rehydrate_l1 = on;
@@ -349,6 +361,7 @@ impl Config {
                 }
                 "REPLICAS" => self.replicas = num(&v)? as usize,
                 "REPLICATION_RETRY_SECS" => self.replication_retry_secs = num(&v)?,
+                "EAGER_PUSH" => self.eager_push = flag(&v)?,
                 "PEER_CERTS" => self.peer_certs = (!v.is_empty()).then(|| PathBuf::from(&v)),
                 _ => {}
             }

@@ -30,6 +30,7 @@
 mod checkpointer;
 pub mod config;
 pub mod coordinator;
+mod eager_push;
 mod error;
 pub mod gpu;
 pub mod inspect;

@@ -58,7 +58,7 @@ pub(crate) fn persist(
     };
     let local = (|| -> Result<(Vec<u8>, ShardManifest)> {
         let t = Instant::now();
-        let ids = hash_and_write(s, &job.plan, job.snaps, &mut stats, segments)?;
+        let ids = hash_and_write(s, job.step, &job.plan, job.snaps, &mut stats, segments)?;
         let t_manifest = Instant::now();
         let info = ShardInfo {
             job: cfg.job.clone(),
@@ -142,6 +142,7 @@ pub(crate) fn persist(
 /// go to `segments` (to return them to the pool).
 fn hash_and_write(
     s: &Shared,
+    step: u64,
     plan: &Plan,
     snaps: mpsc::Receiver<Snap>,
     stats: &mut SaveStats,
@@ -149,6 +150,8 @@ fn hash_and_write(
 ) -> Result<Vec<ChunkId>> {
     let cfg = &s.cfg;
     let mut ids: Vec<ChunkId> = Vec::with_capacity(plan.layout.chunks.len());
+    // New chunks go to the peers beside the L1 write (ends when dropped).
+    let eager = crate::eager_push::EagerPush::start(s, step);
     type Hashed = (usize, Vec<ChunkId>, Arc<AlignedBuf>);
     let (hash_time, stall) = std::thread::scope(|sc| -> Result<(Duration, Duration)> {
         // One batch of look-ahead: hashing runs at most a batch ahead of
@@ -218,6 +221,16 @@ fn hash_and_write(
         });
         for (k, got, seg) in rx {
             let batch = plan.batches[k].clone();
+            if let Some(e) = &eager {
+                e.offer(
+                    &seg,
+                    batch
+                        .clone()
+                        .zip(&got)
+                        .map(|(i, id)| (*id, plan.layout.chunks[i].hint, plan.range(i)))
+                        .collect(),
+                );
+            }
             let puts = batch
                 .zip(&got)
                 .map(|(i, id)| {

@@ -5,6 +5,8 @@
 //! `replicas` peers is marked degraded (the save itself never fails for it);
 //! degraded steps still on L1 are pushed again once a later step replicates
 //! fully, and every `replication_retry_secs` while the worker is idle.
+//! Most of a step's chunks usually went already, beside the L1 write
+//! ([`crate::eager_push`]); this push completes it.
 //!
 //! A push sends only the chunk ids the peer lacks (one presence check for
 //! the shard), read back verified from L1 in bounded batches, then the
@@ -37,6 +39,9 @@ pub enum L2State {
         wanted: usize,
         /// Chunk bytes sent (the rest the peers held already).
         sent: u64,
+        /// Of `sent`, the bytes that went beside the L1 write (the eager
+        /// push); the rest went after the L1 commit, from L1.
+        early: u64,
     },
     /// On fewer peers than wanted: every candidate in the ring was tried.
     Degraded {
@@ -224,10 +229,14 @@ fn degraded_on_l1(s: &Shared, newer_than: u64) -> Vec<u64> {
 /// time; each one that fails is replaced by the next peer in the ring.
 /// Fewer peers than wanted (failures, or a ring too small) is `Degraded`.
 fn replicate(s: &Shared, step: u64) -> L2State {
+    // What went beside the L1 write is not sent again: the push below
+    // sends what each peer still lacks.
+    let early = crate::eager_push::finished(s, step);
     let wanted = s.cfg.replicas;
     let mut peers = Vec::new();
     let mut errors = Vec::new();
     let mut sent = 0;
+    let mut sent_early = 0;
     let mut next = 0;
     while peers.len() < wanted && next < s.l2.len() {
         let round: Vec<&Peer> = s.l2[next..].iter().take(wanted - peers.len()).collect();
@@ -248,7 +257,9 @@ fn replicate(s: &Shared, step: u64) -> L2State {
         for (p, r) in round.iter().zip(results) {
             match r {
                 Ok(n) => {
-                    sent += n;
+                    let e = early.get(&p.name).copied().unwrap_or(0);
+                    sent += n + e;
+                    sent_early += e;
                     peers.push(p.name.clone());
                 }
                 Err(e) => errors.push(format!("{}: {e}", p.name)),
@@ -260,6 +271,7 @@ fn replicate(s: &Shared, step: u64) -> L2State {
             peers,
             wanted,
             sent,
+            early: sent_early,
         }
     } else {
         if s.l2.len() < wanted {

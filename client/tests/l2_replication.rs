@@ -432,3 +432,46 @@ fn a_chunk_missing_on_the_peer_read_comes_from_another_and_l1_gets_the_whole_ste
         assert!(&local.get(n).unwrap().bytes == d, "{n}");
     }
 }
+
+/// New chunks go to the peer while they are written to L1 (from staging
+/// memory), and the push after the L1 commit sends only what is left; with
+/// `eager_push` off, everything goes after the commit. Either way the
+/// peer ends up holding the step.
+#[test]
+fn new_chunks_go_to_the_peer_beside_the_l1_write() {
+    let cluster = Cluster::start();
+    let names = names();
+    for eager in [true, false] {
+        let l1 = tempfile::tempdir().unwrap();
+        let ck = Checkpointer::new(cluster.cfg(l1.path(), 1).eager_push(eager)).unwrap();
+        // Step 1 opens the connection; step 2's tensors are all new (and
+        // new to the peer in both runs).
+        for step in [1u64, 2] {
+            let salt = step as u8 + if eager { 0 } else { 100 };
+            let data: Vec<Vec<u8>> = state(step)
+                .into_iter()
+                .map(|mut t| {
+                    t.iter_mut().for_each(|b| *b ^= salt);
+                    t
+                })
+                .collect();
+            ck.save(step, &entries(&names, &data))
+                .unwrap()
+                .wait()
+                .unwrap();
+            ck.wait_replication();
+        }
+        match &ck.replication()[&2] {
+            L2State::Replicated { sent, early, .. } => {
+                eprintln!("eager_push {eager}: sent {sent} bytes, {early} beside the L1 write");
+                assert_eq!(*sent, 20 * MIB as u64, "eager {eager}");
+                if eager {
+                    assert!(*early > 0, "nothing went beside the L1 write");
+                } else {
+                    assert_eq!(*early, 0);
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

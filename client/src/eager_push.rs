@@ -1,0 +1,210 @@
+//! The eager L2 push: a save's new chunks go to its first `replicas` peers
+//! while the same chunks are written to L1 (the design's `L1 write ‖ L2
+//! push`), straight from the staging segments, so replication is mostly
+//! done when the step commits on L1.
+//!
+//! It never slows the L1 write nor holds staging memory past it: the
+//! persist loop *offers* each hashed batch and moves on (a batch the push
+//! is too busy for is skipped); the push asks each peer which of the
+//! batch's chunks it lacks (at most [`PRESENCE_WAIT`], else the batch is
+//! skipped), copies those out of the segment into a buffer of its own
+//! (reused from batch to batch), lets the segment go, and sends them. A
+//! peer that fails is left out for the rest of the step. What it skipped or
+//! could not send is sent after the L1 commit by the replication worker,
+//! from L1, which first waits for this push to end and then sends only what
+//! each peer still lacks (a presence check), then the manifest and the
+//! commit record: the eager push is an acceleration, the after-commit push
+//! is what makes a step replicated.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_format::codec::ElemHint;
+use strata_format::ChunkId;
+use strata_peer::PeerStore;
+use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore};
+
+use crate::checkpointer::Shared;
+
+/// Longest wait for the peers' presence answers while a staging segment is
+/// held: past it the batch is skipped (it goes after the commit, from L1).
+pub(crate) const PRESENCE_WAIT: Duration = Duration::from_millis(500);
+
+/// A chunk: its id, hint and byte range in a buffer.
+type Piece = (ChunkId, ElemHint, Range<usize>);
+
+/// Chunks of one staging segment.
+type Offered = (Arc<AlignedBuf>, Vec<Piece>);
+
+/// A peer by name.
+type NamedPeer = (String, Arc<PeerStore>);
+
+/// Chunk bytes each peer received from the eager push of a step (a peer
+/// that failed is absent).
+pub(crate) type Outcome = HashMap<String, u64>;
+
+/// The eager push of one save, fed by the persist loop.
+pub(crate) struct EagerPush {
+    tx: tokio::sync::mpsc::Sender<Offered>,
+}
+
+impl EagerPush {
+    /// Starts the push of `step` to the ring's first `replicas` peers; its
+    /// outcome is left in `s.eager` for the replication worker. None when
+    /// there are no peers or `eager_push` is off.
+    pub(crate) fn start(s: &Shared, step: u64) -> Option<EagerPush> {
+        if s.l2.is_empty() || s.cfg.replicas == 0 || !s.cfg.eager_push {
+            return None;
+        }
+        let peers: Vec<NamedPeer> =
+            s.l2.iter()
+                .take(s.cfg.replicas)
+                .map(|p| (p.name.clone(), p.store.clone()))
+                .collect();
+        // One batch queued at most: a push that falls behind skips batches
+        // instead of holding segments.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Offered>(1);
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let job = s.cfg.job.clone();
+        s.rt.spawn(async move {
+            let outcome = run(job, peers, rx).await;
+            let _ = done_tx.send(outcome);
+        });
+        if let Ok(mut m) = s.eager.lock() {
+            m.insert(step, done_rx);
+        }
+        Some(EagerPush { tx })
+    }
+
+    /// Offers the chunks `chunks` of `seg`; returns at once (a busy push
+    /// skips them).
+    pub(crate) fn offer(&self, seg: &Arc<AlignedBuf>, chunks: Vec<Piece>) {
+        if self.tx.try_send((seg.clone(), chunks)).is_err() {
+            tracing::debug!("eager push busy: batch left for the push after the commit");
+        }
+    }
+}
+
+/// Waits for the eager push of `step`, if one ran, and returns what it sent.
+pub(crate) fn finished(s: &Shared, step: u64) -> Outcome {
+    let rx = s.eager.lock().ok().and_then(|mut m| {
+        // Steps that never committed leave theirs behind: dropped here.
+        m.retain(|&k, _| k >= step);
+        m.remove(&step)
+    });
+    match rx {
+        Some(rx) => s.rt.block_on(rx).unwrap_or_default(),
+        None => Outcome::new(),
+    }
+}
+
+async fn run(
+    job: String,
+    peers: Vec<NamedPeer>,
+    mut rx: tokio::sync::mpsc::Receiver<Offered>,
+) -> Outcome {
+    let mut sent: HashMap<String, u64> = peers.iter().map(|(n, _)| (n.clone(), 0)).collect();
+    let mut spare: Option<AlignedBuf> = None;
+    while let Some((seg, chunks)) = rx.recv().await {
+        let live: Vec<&NamedPeer> = peers.iter().filter(|(n, _)| sent.contains_key(n)).collect();
+        if live.is_empty() {
+            continue;
+        }
+        let ids: Vec<ChunkId> = chunks.iter().map(|c| c.0).collect();
+        let asked = futures::future::join_all(live.iter().map(|(_, p)| p.has_chunks(&job, &ids)));
+        let answers = match tokio::time::timeout(PRESENCE_WAIT, asked).await {
+            Ok(a) => a,
+            // Slow peers: skip this batch rather than hold the segment.
+            Err(_) => continue,
+        };
+        // Which chunks each live peer lacks; a peer that failed is dropped.
+        let mut lacks: Vec<(&NamedPeer, Vec<usize>)> = Vec::new();
+        for (p, a) in live.into_iter().zip(answers) {
+            match a {
+                Ok(present) => lacks.push((
+                    p,
+                    (0..ids.len())
+                        .filter(|&i| present.get(i) != Some(&true))
+                        .collect(),
+                )),
+                Err(e) => {
+                    tracing::debug!(peer = %p.0, error = %e, "eager push: peer left out for this step");
+                    sent.remove(&p.0);
+                }
+            }
+        }
+        let mut wanted: Vec<usize> = lacks.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        if wanted.is_empty() {
+            continue;
+        }
+        // Copy out of the segment (off the async workers), then let it go.
+        let buf = spare.take();
+        let copied = tokio::task::spawn_blocking(move || copy_out(&seg, &chunks, &wanted, buf))
+            .await
+            .ok();
+        let Some((buf, at)) = copied else { continue };
+        let buf = Arc::new(buf);
+        let sends = lacks.iter().map(|((name, p), missing)| {
+            let puts: Vec<ChunkPut> = missing
+                .iter()
+                .filter_map(|i| {
+                    let (id, hint, range) = at.get(i)?;
+                    Some(ChunkPut {
+                        id: *id,
+                        hint: *hint,
+                        data: ChunkData::new(buf.clone(), range.clone()).ok()?,
+                    })
+                })
+                .collect();
+            let job = &job;
+            async move { (name.clone(), p.put_missing_chunks(job, puts).await) }
+        });
+        for (name, r) in futures::future::join_all(sends).await {
+            match r {
+                Ok(st) => {
+                    if let Some(n) = sent.get_mut(&name) {
+                        *n += st.bytes_written;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(peer = %name, error = %e, "eager push: peer left out for this step");
+                    sent.remove(&name);
+                }
+            }
+        }
+        // Reused for the next batch once nothing refers to it any more.
+        spare = Arc::try_unwrap(buf).ok();
+    }
+    sent
+}
+
+/// Copies the chunks at `wanted` (indices into `chunks`) out of `seg`, one
+/// after another, into `buf` (grown if too small). Returns the buffer and,
+/// per index, the chunk's id, hint and range in it.
+fn copy_out(
+    seg: &AlignedBuf,
+    chunks: &[Piece],
+    wanted: &[usize],
+    buf: Option<AlignedBuf>,
+) -> (AlignedBuf, HashMap<usize, Piece>) {
+    let total: usize = wanted.iter().map(|&i| chunks[i].2.len()).sum();
+    let mut buf = match buf {
+        Some(b) if b.capacity() >= total => b,
+        _ => AlignedBuf::zeroed(total),
+    };
+    buf.set_len(total);
+    let mut at = HashMap::with_capacity(wanted.len());
+    let mut off = 0;
+    for &i in wanted {
+        let (id, hint, r) = &chunks[i];
+        let n = r.len();
+        buf[off..off + n].copy_from_slice(&seg[r.clone()]);
+        at.insert(i, (*id, *hint, off..off + n));
+        off += n;
+    }
+    (buf, at)
+}
