@@ -72,6 +72,10 @@ pub(crate) struct DemoArgs {
     /// replicate to them.
     #[arg(long)]
     no_peers: bool,
+    /// Push to the peers only after each L1 commit (from L1), not beside
+    /// the L1 write (for comparison).
+    #[arg(long)]
+    no_eager_push: bool,
 }
 
 /// Two peer services on loopback (node-b, node-c) for the demo's node-a,
@@ -318,7 +322,8 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         let p = LocalPeers::start(&args.dir)?;
         cfg = cfg
             .peers("node-a", p.peers.clone(), p.certs.clone())
-            .replicas(1);
+            .replicas(1)
+            .eager_push(!args.no_eager_push);
         Some(p)
     };
     let ck = Checkpointer::new(cfg.clone()).map_err(|e| CliError::Arg(e.to_string()))?;

@@ -3,9 +3,9 @@
 //! push`), straight from the staging segments, so replication is mostly
 //! done when the step commits on L1.
 //!
-//! It never slows the L1 write nor holds staging memory past it: the
+//! It never slows the L1 write nor holds staging memory for long: the
 //! persist loop *offers* each hashed batch and moves on (a batch the push
-//! is too busy for is skipped); the push asks each peer which of the
+//! is too busy for is skipped; none waits in a queue); the push asks each peer which of the
 //! batch's chunks it lacks (at most [`PRESENCE_WAIT`], else the batch is
 //! skipped), copies those out of the segment into a buffer of its own
 //! (reused from batch to batch), lets the segment go, and sends them. A
@@ -32,6 +32,16 @@ use crate::checkpointer::Shared;
 /// held: past it the batch is skipped (it goes after the commit, from L1).
 pub(crate) const PRESENCE_WAIT: Duration = Duration::from_millis(500);
 
+/// Most chunk bytes taken from one offered segment (segments reach
+/// 512 MiB): the copy stays short and its buffer small, and the push is
+/// idle again by the time the L1 write offers the next segment. The rest
+/// goes after the commit, from L1.
+pub(crate) const MAX_COPY: usize = 64 << 20;
+
+/// Copy buffers kept for reuse (one may still be referenced by the
+/// transport until the peer acknowledges its bytes).
+const SPARES: usize = 3;
+
 /// A chunk: its id, hint and byte range in a buffer.
 type Piece = (ChunkId, ElemHint, Range<usize>);
 
@@ -48,6 +58,9 @@ pub(crate) type Outcome = HashMap<String, u64>;
 /// The eager push of one save, fed by the persist loop.
 pub(crate) struct EagerPush {
     tx: tokio::sync::mpsc::Sender<Offered>,
+    /// Set by the push while it waits for a batch: only then is one
+    /// handed over, so no batch ever waits in a queue holding a segment.
+    idle: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl EagerPush {
@@ -63,25 +76,28 @@ impl EagerPush {
                 .take(s.cfg.replicas)
                 .map(|p| (p.name.clone(), p.store.clone()))
                 .collect();
-        // One batch queued at most: a push that falls behind skips batches
-        // instead of holding segments.
         let (tx, rx) = tokio::sync::mpsc::channel::<Offered>(1);
+        let idle = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let job = s.cfg.job.clone();
+        let flag = idle.clone();
         s.rt.spawn(async move {
-            let outcome = run(job, peers, rx).await;
+            let outcome = run(job, peers, rx, flag).await;
             let _ = done_tx.send(outcome);
         });
         if let Ok(mut m) = s.eager.lock() {
             m.insert(step, done_rx);
         }
-        Some(EagerPush { tx })
+        Some(EagerPush { tx, idle })
     }
 
     /// Offers the chunks `chunks` of `seg`; returns at once (a busy push
     /// skips them).
     pub(crate) fn offer(&self, seg: &Arc<AlignedBuf>, chunks: Vec<Piece>) {
-        if self.tx.try_send((seg.clone(), chunks)).is_err() {
+        // A push still busy with an earlier batch skips this one.
+        let took = self.idle.swap(false, std::sync::atomic::Ordering::AcqRel)
+            && self.tx.try_send((seg.clone(), chunks)).is_ok();
+        if !took {
             tracing::debug!("eager push busy: batch left for the push after the commit");
         }
     }
@@ -104,10 +120,15 @@ async fn run(
     job: String,
     peers: Vec<NamedPeer>,
     mut rx: tokio::sync::mpsc::Receiver<Offered>,
+    idle: Arc<std::sync::atomic::AtomicBool>,
 ) -> Outcome {
     let mut sent: HashMap<String, u64> = peers.iter().map(|(n, _)| (n.clone(), 0)).collect();
-    let mut spare: Option<AlignedBuf> = None;
-    while let Some((seg, chunks)) = rx.recv().await {
+    let mut spares: Vec<Arc<AlignedBuf>> = Vec::new();
+    loop {
+        idle.store(true, std::sync::atomic::Ordering::Release);
+        let Some((seg, chunks)) = rx.recv().await else {
+            break;
+        };
         let live: Vec<&NamedPeer> = peers.iter().filter(|(n, _)| sent.contains_key(n)).collect();
         if live.is_empty() {
             continue;
@@ -138,11 +159,26 @@ async fn run(
         let mut wanted: Vec<usize> = lacks.iter().flat_map(|(_, v)| v.iter().copied()).collect();
         wanted.sort_unstable();
         wanted.dedup();
+        // At most MAX_COPY bytes from this segment (always one chunk).
+        let mut bytes = 0;
+        wanted.retain(|&i| {
+            let n = chunks[i].2.len();
+            let take = bytes == 0 || bytes + n <= MAX_COPY;
+            bytes += n;
+            take
+        });
+        for (_, missing) in &mut lacks {
+            missing.retain(|i| wanted.binary_search(i).is_ok());
+        }
         if wanted.is_empty() {
             continue;
         }
         // Copy out of the segment (off the async workers), then let it go.
-        let buf = spare.take();
+        // A spare nothing refers to any more, if any.
+        let buf = spares
+            .iter()
+            .position(|b| Arc::strong_count(b) == 1)
+            .and_then(|i| Arc::try_unwrap(spares.swap_remove(i)).ok());
         let copied = tokio::task::spawn_blocking(move || copy_out(&seg, &chunks, &wanted, buf))
             .await
             .ok();
@@ -176,8 +212,10 @@ async fn run(
                 }
             }
         }
-        // Reused for the next batch once nothing refers to it any more.
-        spare = Arc::try_unwrap(buf).ok();
+        // Reused for a later batch once nothing refers to it any more.
+        if spares.len() < SPARES {
+            spares.push(buf);
+        }
     }
     sent
 }

@@ -24,6 +24,24 @@ struct Inner {
     /// to twice this, so memory stays bounded by the largest save.
     out: usize,
     high_water: usize,
+    /// Buffers given back while something still referred to them (the
+    /// eager push copying out of a segment): reclaimed once it lets go.
+    lent: Vec<Arc<AlignedBuf>>,
+}
+
+impl Inner {
+    /// Moves every lent buffer nothing refers to any more to `free`.
+    fn reclaim(&mut self) {
+        for a in std::mem::take(&mut self.lent) {
+            match Arc::try_unwrap(a) {
+                Ok(b) => {
+                    self.out = self.out.saturating_sub(b.capacity());
+                    self.free.push(b);
+                }
+                Err(a) => self.lent.push(a),
+            }
+        }
+    }
 }
 
 impl StagingPool {
@@ -34,6 +52,7 @@ impl StagingPool {
     pub(crate) fn take(&self, len: usize, gpu: Option<&Gpu>) -> AlignedBuf {
         let pinned = gpu.is_some();
         let reused = self.inner.lock().ok().and_then(|mut g| {
+            g.reclaim();
             // Best fit: a save's segments come in the same sizes every step.
             let i = g
                 .free
@@ -50,6 +69,7 @@ impl StagingPool {
         let mut buf = match reused {
             Some(b) => b,
             None => {
+                tracing::debug!(len, "staging: a new buffer");
                 let pinned = gpu.map(|g| g.alloc_pinned(len));
                 match pinned {
                     Some(Ok(b)) => b,
@@ -68,10 +88,16 @@ impl StagingPool {
         buf
     }
 
-    /// Returns a buffer once no chunk refers to it any more.
+    /// Returns a buffer; one still referred to is reclaimed by a later
+    /// [`Self::take`] once nothing refers to it.
     pub(crate) fn give_back(&self, buf: Arc<AlignedBuf>) {
-        if let Ok(b) = Arc::try_unwrap(buf) {
-            self.give_back_owned(b);
+        match Arc::try_unwrap(buf) {
+            Ok(b) => self.give_back_owned(b),
+            Err(shared) => {
+                if let Ok(mut g) = self.inner.lock() {
+                    g.lent.push(shared);
+                }
+            }
         }
     }
 
