@@ -287,7 +287,9 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
         };
         let l1 = dir.join(format!("l1-{r}"));
         {
-            let ck = Checkpointer::new(cfg(&l1, peer_addr, &certs)).map_err(|e| e.to_string())?;
+            // The push alone (after the L1 commit, from L1): eager off.
+            let ck = Checkpointer::new(cfg(&l1, peer_addr, &certs).eager_push(false))
+                .map_err(|e| e.to_string())?;
             let entries: Vec<Entry<'_>> = synthetic::as_entries(&specs, &data);
             ck.save(1, &entries)
                 .and_then(|h| h.wait())
@@ -375,7 +377,92 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
         sent.0 as f64 / f64::from(1u32 << 20),
         sent.1 as f64 / sent.0.max(1) as f64
     );
+    time_to_replicated(&specs, &mut data, dir, &certs)?;
     let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+/// Time from `save` to replicated on the peer, for a full step and then an
+/// incremental one (1 tensor in 20 changed), with the push only after the
+/// L1 commit and with the eager push beside the L1 write; each on a fresh
+/// peer process and L1.
+fn time_to_replicated(
+    specs: &[strata::format::EntrySpec],
+    data: &mut [Vec<u8>],
+    dir: &Path,
+    certs: &Path,
+) -> Result<(), String> {
+    let mut rows = Vec::new();
+    for eager in [false, true] {
+        let (_peer, addr) = start(
+            "serve",
+            certs,
+            "node-b",
+            &[
+                "--memory",
+                "8GiB",
+                "--spill",
+                &dir.join(format!("spill-eager-{eager}")).display().to_string(),
+            ],
+        )?;
+        let l1 = dir.join(format!("l1-eager-{eager}"));
+        let ck = Checkpointer::new(cfg(&l1, addr, certs).eager_push(eager))
+            .map_err(|e| e.to_string())?;
+        let mut times = Vec::new();
+        for step in [1u64, 2] {
+            if step == 2 {
+                for d in data.iter_mut().skip(3).step_by(20) {
+                    for at in (0..d.len()).step_by(1 << 20) {
+                        d[at] ^= 0x33;
+                    }
+                }
+            }
+            let entries: Vec<Entry<'_>> = synthetic::as_entries(specs, data);
+            let t = Instant::now();
+            let durable = ck
+                .save(step, &entries)
+                .and_then(|h| h.wait())
+                .map_err(|e| e.to_string())?;
+            let on_l1 = t.elapsed();
+            ck.wait_replication();
+            let replicated = t.elapsed();
+            let early = match ck.replication().get(&step) {
+                Some(L2State::Replicated { sent, early, .. }) => (*early, *sent),
+                other => return Err(format!("replication of step {step}: {other:?}")),
+            };
+            times.push((on_l1, replicated, early, durable.bytes_written));
+        }
+        rows.push((eager, times));
+    }
+    println!("  save -> replicated on the peer (time from the save call):");
+    println!(
+        "    {:<24} {:>14} {:>14} {:>22}",
+        "step", "durable on L1", "replicated", "sent beside the write"
+    );
+    for (eager, times) in &rows {
+        for (i, (on_l1, repl, (early, sent), _)) in times.iter().enumerate() {
+            println!(
+                "    {:<24} {:>12.2} s {:>12.2} s {:>10.1} of {:.1} MiB",
+                format!(
+                    "{} {}",
+                    if i == 0 { "full" } else { "1 in 20 changed" },
+                    if *eager { "eager" } else { "after commit" }
+                ),
+                on_l1.as_secs_f64(),
+                repl.as_secs_f64(),
+                *early as f64 / f64::from(1u32 << 20),
+                *sent as f64 / f64::from(1u32 << 20)
+            );
+        }
+    }
+    for i in 0..2 {
+        let (a, b) = (rows[0].1[i].1, rows[1].1[i].1);
+        println!(
+            "    {} step: eager push replicated in {:.2}x the time of the push after the commit",
+            if i == 0 { "full" } else { "incremental" },
+            b.as_secs_f64() / a.as_secs_f64().max(1e-9)
+        );
+    }
     Ok(())
 }
 
