@@ -402,7 +402,9 @@ fn time_to_replicated(
                 "--memory",
                 "8GiB",
                 "--spill",
-                &dir.join(format!("spill-eager-{eager}")).display().to_string(),
+                &dir.join(format!("spill-eager-{eager}"))
+                    .display()
+                    .to_string(),
             ],
         )?;
         let l1 = dir.join(format!("l1-eager-{eager}"));

@@ -86,6 +86,24 @@ fn chunks(n: usize, len: usize, seed: u8) -> Vec<ChunkPut> {
         .collect()
 }
 
+/// 96 tensors of 1 MiB (bf16), seeded: names and bytes.
+fn state(seed: u8) -> (Vec<String>, Vec<Vec<u8>>) {
+    let data: Vec<Vec<u8>> = chunks(96, 1 << 20, seed)
+        .into_iter()
+        .map(|p| p.data.as_slice().to_vec())
+        .collect();
+    ((0..data.len()).map(|i| format!("t{i}")).collect(), data)
+}
+
+fn as_entries<'a>(names: &'a [String], data: &'a [Vec<u8>]) -> Vec<strata::Entry<'a>> {
+    const SHAPE: [u64; 1] = [1 << 19];
+    names
+        .iter()
+        .zip(data)
+        .map(|(n, d)| strata::Entry::tensor(n, strata::format::DType::BF16, &SHAPE, d))
+        .collect()
+}
+
 fn http_get(addr: SocketAddr, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -182,8 +200,7 @@ fn two_peer_processes_hold_replicas_and_survive_a_killed_peer() {
 /// restore runs: the restore completes from the other replica, verified.
 #[test]
 fn a_peer_killed_during_a_restore_is_replaced_by_the_other_replica() {
-    use strata::format::DType;
-    use strata::{Checkpointer, Config, Entry, L2State, StepSelector};
+    use strata::{Checkpointer, Config, L2State, StepSelector};
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path();
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
@@ -208,17 +225,8 @@ fn a_peer_killed_during_a_restore_is_replaced_by_the_other_replica() {
             certs,
         )
         .replicas(2);
-    let data: Vec<Vec<u8>> = chunks(96, 1 << 20, 5)
-        .into_iter()
-        .map(|p| p.data.as_slice().to_vec())
-        .collect();
-    let names: Vec<String> = (0..data.len()).map(|i| format!("t{i}")).collect();
-    const SHAPE: [u64; 1] = [1 << 19];
-    let entries: Vec<Entry<'_>> = names
-        .iter()
-        .zip(&data)
-        .map(|(n, d)| Entry::tensor(n, DType::BF16, &SHAPE, d))
-        .collect();
+    let (names, data) = state(5);
+    let entries = as_entries(&names, &data);
     {
         let ck = Checkpointer::new(cfg.clone()).unwrap();
         ck.save(1, &entries).unwrap().wait().unwrap();
@@ -286,8 +294,7 @@ fn wait_for_metric(p: &Peer, name: &str, at_least: u64) {
 /// degraded, and nothing is lost: a lost disk restores from the peers.
 #[test]
 fn a_peer_killed_during_a_push_leaves_the_save_committed_and_replicated_elsewhere() {
-    use strata::format::DType;
-    use strata::{Checkpointer, Config, Entry, L2State, StepSelector};
+    use strata::{Checkpointer, Config, L2State, StepSelector};
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path();
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
@@ -324,17 +331,8 @@ fn a_peer_killed_during_a_push_leaves_the_save_committed_and_replicated_elsewher
         0,
     );
     let (first, third) = (ring[0].clone(), ring[2].clone());
-    let data: Vec<Vec<u8>> = chunks(96, 1 << 20, 9)
-        .into_iter()
-        .map(|p| p.data.as_slice().to_vec())
-        .collect();
-    let names: Vec<String> = (0..data.len()).map(|i| format!("t{i}")).collect();
-    const SHAPE: [u64; 1] = [1 << 19];
-    let entries: Vec<Entry<'_>> = names
-        .iter()
-        .zip(&data)
-        .map(|(n, d)| Entry::tensor(n, DType::BF16, &SHAPE, d))
-        .collect();
+    let (names, data) = state(9);
+    let entries = as_entries(&names, &data);
     let ck = Checkpointer::new(cfg.clone()).unwrap();
     let idx = peers.iter().position(|(n, _)| *n == first).unwrap();
     let got_before = metric(

@@ -45,6 +45,16 @@ fn entries<'a>(names: &'a [String], data: &'a [Vec<u8>]) -> Vec<Entry<'a>> {
         .collect()
 }
 
+/// Saves `state(step)`, waits until it is durable and its replication
+/// has ended.
+fn save_replicated(ck: &Checkpointer, names: &[String], step: u64) {
+    ck.save(step, &entries(names, &state(step)))
+        .unwrap()
+        .wait()
+        .unwrap();
+    ck.wait_replication();
+}
+
 /// Three peer services (node-a, node-b, node-c) and their certificates.
 struct Cluster {
     rt: tokio::runtime::Runtime,
@@ -241,18 +251,10 @@ fn a_dead_peer_is_replaced_by_the_next_in_the_ring_and_too_few_is_degraded() {
     let l1 = tempfile::tempdir().unwrap();
     let names = names();
     let ck = Checkpointer::new(cluster.cfg(l1.path(), 1)).unwrap();
-    ck.save(1, &entries(&names, &state(1)))
-        .unwrap()
-        .wait()
-        .unwrap();
-    ck.wait_replication();
+    save_replicated(&ck, &names, 1);
     cluster.stop("node-b");
     // The save does not wait for or fail on the dead peer.
-    ck.save(2, &entries(&names, &state(2)))
-        .unwrap()
-        .wait()
-        .unwrap();
-    ck.wait_replication();
+    save_replicated(&ck, &names, 2);
     match &ck.replication()[&2] {
         L2State::Replicated { peers, .. } => assert_eq!(peers, &vec!["node-c".to_string()]),
         other => panic!("{other:?}"),
@@ -260,11 +262,7 @@ fn a_dead_peer_is_replaced_by_the_next_in_the_ring_and_too_few_is_degraded() {
     drop(ck);
     // Two replicas wanted, one live peer left: degraded, naming the error.
     let ck = Checkpointer::new(cluster.cfg(l1.path(), 2)).unwrap();
-    ck.save(3, &entries(&names, &state(3)))
-        .unwrap()
-        .wait()
-        .unwrap();
-    ck.wait_replication();
+    save_replicated(&ck, &names, 3);
     match &ck.replication()[&3] {
         L2State::Degraded {
             peers,
@@ -317,11 +315,7 @@ fn a_degraded_step_is_pushed_again_when_its_peer_returns_without_a_new_save() {
     // Three replicas wanted from a ring of two other nodes: degraded, and
     // the reason is named (not shown as 2/2).
     let ck = Checkpointer::new(cluster.cfg(l1.path(), 3)).unwrap();
-    ck.save(1, &entries(&names, &state(1)))
-        .unwrap()
-        .wait()
-        .unwrap();
-    ck.wait_replication();
+    save_replicated(&ck, &names, 1);
     match &ck.replication()[&1] {
         L2State::Degraded {
             peers,
@@ -340,11 +334,7 @@ fn a_degraded_step_is_pushed_again_when_its_peer_returns_without_a_new_save() {
 
     let ck = Checkpointer::new(cluster.cfg(l1.path(), 2).replication_retry_secs(1)).unwrap();
     cluster.stop("node-b");
-    ck.save(2, &entries(&names, &state(2)))
-        .unwrap()
-        .wait()
-        .unwrap();
-    ck.wait_replication();
+    save_replicated(&ck, &names, 2);
     assert!(
         matches!(&ck.replication()[&2], L2State::Degraded { peers, .. } if peers == &["node-c"]),
         "{:?}",

@@ -67,6 +67,29 @@ fn answer(raw: &[u8]) -> Response {
     Response::decode(&raw[4..]).unwrap()
 }
 
+/// The job's client certificate as a raw QUIC client configuration.
+fn job_client(local: &support::Local) -> quinn::ClientConfig {
+    client_config(
+        &CertFiles::in_dir(local.dir.path(), &format!("client-{JOB}")),
+        64,
+    )
+    .unwrap()
+}
+
+/// A raw connection with the job's certificate that said `Hello`.
+async fn hello_conn(local: &support::Local) -> quinn::Connection {
+    let conn = raw_conn(local, job_client(local)).await.unwrap();
+    let hello = Request::Hello {
+        version: VERSION,
+        job: JOB.into(),
+    };
+    assert!(matches!(
+        answer(&send_raw(&conn, &hello.encode()).await.unwrap()),
+        Response::HelloOk { .. }
+    ));
+    conn
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_without_a_cluster_certificate_are_refused_before_any_request() {
     let local = support::Local::start(Limits::default());
@@ -151,20 +174,11 @@ async fn a_certificate_for_another_job_cannot_reach_this_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_oversized_and_lying_requests_get_errors_and_the_service_goes_on() {
     let local = support::Local::start(Limits::default());
-    let cfg = client_config(
-        &CertFiles::in_dir(local.dir.path(), &format!("client-{JOB}")),
-        64,
-    )
-    .unwrap();
-    let conn = raw_conn(&local, cfg).await.unwrap();
+    let conn = hello_conn(&local).await;
     let hello = Request::Hello {
         version: VERSION,
         job: JOB.into(),
     };
-    assert!(matches!(
-        answer(&send_raw(&conn, &hello.encode()).await.unwrap()),
-        Response::HelloOk { .. }
-    ));
     // Garbage after a plausible length.
     let mut g = 40u32.to_le_bytes().to_vec();
     g.extend((0..40u8).map(|i| i.wrapping_mul(97)));
@@ -244,17 +258,7 @@ async fn garbage_oversized_and_lying_requests_get_errors_and_the_service_goes_on
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_hoarding_request_memory_cannot_starve_others() {
     let local = support::Local::start(Limits::default());
-    let cfg = client_config(
-        &CertFiles::in_dir(local.dir.path(), &format!("client-{JOB}")),
-        64,
-    )
-    .unwrap();
-    let conn = raw_conn(&local, cfg).await.unwrap();
-    let hello = Request::Hello {
-        version: VERSION,
-        job: JOB.into(),
-    };
-    send_raw(&conn, &hello.encode()).await.unwrap();
+    let conn = hello_conn(&local).await;
     let mut held = Vec::new();
     // As many as the connection's stream limit lets it open (the limit is
     // itself part of the bound).
@@ -282,13 +286,8 @@ async fn a_client_hoarding_request_memory_cannot_starve_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compression_bombs_and_oversized_hellos_are_refused() {
     let local = support::Local::start(Limits::default());
-    let cfg = client_config(
-        &CertFiles::in_dir(local.dir.path(), &format!("client-{JOB}")),
-        64,
-    )
-    .unwrap();
     // An oversized Hello: refused, the connection closed.
-    let conn = raw_conn(&local, cfg.clone()).await.unwrap();
+    let conn = raw_conn(&local, job_client(&local)).await.unwrap();
     let big_hello = Request::Hello {
         version: VERSION,
         job: "x".repeat(4000),
@@ -304,12 +303,7 @@ async fn compression_bombs_and_oversized_hellos_are_refused() {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), conn.closed()).await;
     assert!(local.service.counters().refused.load(Ordering::Relaxed) > refused);
 
-    let conn = raw_conn(&local, cfg).await.unwrap();
-    let hello = Request::Hello {
-        version: VERSION,
-        job: JOB.into(),
-    };
-    send_raw(&conn, &hello.encode()).await.unwrap();
+    let conn = hello_conn(&local).await;
     // 80 MiB of zeros compress to a few KiB; the service's largest chunk is
     // its largest request (64 MiB and an envelope).
     let zeros = vec![0u8; 80 << 20];
@@ -366,17 +360,7 @@ async fn manifests_are_bounded_by_their_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_requests_in_flight() {
     let local = support::Local::start(Limits::default());
-    let cfg = client_config(
-        &CertFiles::in_dir(local.dir.path(), &format!("client-{JOB}")),
-        64,
-    )
-    .unwrap();
-    let conn = raw_conn(&local, cfg).await.unwrap();
-    let hello = Request::Hello {
-        version: VERSION,
-        job: JOB.into(),
-    };
-    send_raw(&conn, &hello.encode()).await.unwrap();
+    let conn = hello_conn(&local).await;
     // Half of a put is sent; the shutdown starts; then the rest.
     let data = vec![5u8; 1 << 20];
     let req = Request::PutChunk {
