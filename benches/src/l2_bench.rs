@@ -280,10 +280,6 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
                 "8GiB",
                 "--spill",
                 &dir.join(format!("spill-{r}")).display().to_string(),
-                // The replica memory faulted in before serving, as a peer
-                // that has been up a while has it (pushes land warm).
-                "--prefault",
-                &format!("{}", logical + (256 << 20)),
             ],
         )?;
         let peer_cpu = Cpu {
@@ -361,7 +357,7 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
         "measure", "Strata", "baseline (same run)", "ratio"
     );
     row(
-        "push to a warm peer (L1 read, check, put)",
+        "push to a peer (L1 read, check, put)",
         min(&push),
         min(&raw_up),
         "raw quinn, one stream, upload  ",

@@ -81,14 +81,6 @@ pub(crate) struct ServeArgs {
     /// Request bytes held at once by the service.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     inflight: u64,
-    /// Fault in this much memory for received chunks before serving, so
-    /// pushes land in warm memory (0: none; freed replicas are reused
-    /// either way).
-    #[arg(long, default_value = "0", value_parser = parse_size)]
-    prefault: u64,
-    /// Chunk size the prefaulted buffers are made for.
-    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
-    prefault_chunk: u64,
     /// Serve Prometheus metrics over HTTP on this address (`/metrics`).
     #[arg(long)]
     metrics: Option<SocketAddr>,
@@ -161,16 +153,6 @@ fn serve(a: &ServeArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::Arg(format!("cannot start the runtime: {e}")))?;
     rt.block_on(async {
         let service = Service::bind(&cfg).map_err(|e| CliError::Arg(e.to_string()))?;
-        if a.prefault > 0 {
-            let (bytes, chunk) = (
-                usize::try_from(a.prefault).unwrap_or(usize::MAX),
-                usize::try_from(a.prefault_chunk).unwrap_or(usize::MAX),
-            );
-            let s = service.clone();
-            tokio::task::spawn_blocking(move || s.prefault(bytes, chunk))
-                .await
-                .map_err(|e| CliError::Arg(format!("prefault: {e}")))?;
-        }
         let addr = service
             .local_addr()
             .map_err(|e| CliError::Arg(e.to_string()))?;

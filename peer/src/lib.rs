@@ -8,14 +8,11 @@
 //! * `tls`: the cluster CA, node and job certificates (rcgen), and the
 //!   mutual-TLS configurations of services and clients;
 //! * `replicas` and `service`: the peer service behind `strata peer serve`,
-//!   `frame_pool` (warm memory for received chunks), and `metrics` for
-//!   Prometheus;
+//!   and `metrics` for Prometheus;
 //! * `client`: `PeerStore`, a `ChunkStore` over one peer service.
 
 #[cfg(feature = "net")]
 pub mod client;
-#[cfg(feature = "net")]
-pub mod frame_pool;
 #[cfg(feature = "net")]
 pub mod metrics;
 pub mod proto;

@@ -122,8 +122,6 @@ pub struct Service {
     active: AtomicU64,
     /// Set by a shutdown: new requests are refused as `Unavailable`.
     draining: std::sync::atomic::AtomicBool,
-    /// Warm buffers for received requests (freed replicas come back here).
-    pool: Arc<crate::frame_pool::FramePool>,
 }
 
 /// Counts a request as active while it lives.
@@ -153,11 +151,6 @@ impl Service {
         limits.max_chunk = limits
             .max_chunk
             .min(u32::try_from(max_request).unwrap_or(u32::MAX));
-        // Freed replicas' memory is kept for new puts, up to a quarter of
-        // the memory budget (more if prefaulted).
-        let pool = crate::frame_pool::FramePool::new(
-            usize::try_from(limits.memory_bytes / 4).unwrap_or(usize::MAX),
-        );
         let replicas = Replicas::new(&cfg.spill, limits)?;
         let endpoint = crate::tls::endpoint(cfg.listen, Some(server)).map_err(|source| {
             ServiceError::Bind {
@@ -176,7 +169,6 @@ impl Service {
             node: cfg.node.clone(),
             active: AtomicU64::new(0),
             draining: std::sync::atomic::AtomicBool::new(false),
-            pool,
         }))
     }
 
@@ -217,14 +209,6 @@ impl Service {
         self.inflight.close();
         self.endpoint.close(0u32.into(), b"shutting down");
         self.endpoint.wait_idle().await;
-    }
-
-    /// Faults in `bytes` of buffers for received chunks of up to
-    /// `chunk_len` bytes (a push then lands in warm memory). Blocking: call
-    /// before serving, or on a blocking thread.
-    pub fn prefault(&self, bytes: usize, chunk_len: usize) {
-        // A raw frame and its envelope.
-        self.pool.prefault(bytes, chunk_len.saturating_add(4096));
     }
 
     /// Requests being served now.
@@ -398,7 +382,9 @@ impl Service {
             .await
             .map_err(closed)?;
         let permit = (local, global);
-        let mut msg = self.pool.take(len);
+        let mut msg = vec![0u8; len];
+        // A chunk put is kept as it lands: large pages fault in faster.
+        strata_tiered::aligned::advise_huge_pages(&mut msg);
         tokio::time::timeout(REQUEST_TIMEOUT, recv.read_exact(&mut msg))
             .await
             .map_err(|_| bad("request not received in time".into()))?
@@ -435,8 +421,7 @@ impl Service {
             Ok((msg, _permit)) if crate::proto::put_chunk_in(&msg).is_some() => {
                 match crate::proto::put_chunk_in(&msg) {
                     Some((id, at)) => {
-                        let owner = crate::frame_pool::Pooled::new(msg, self.pool.clone());
-                        let frame = bytes::Bytes::from_owner(owner).slice(at..);
+                        let frame = bytes::Bytes::from(msg).slice(at..);
                         self.put_chunk(job, id, frame).await
                     }
                     None => error(ErrorCode::Invalid, "not a put".into()),
