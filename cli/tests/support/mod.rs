@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub(crate) mod store;
+
 /// The first file named `name` under `dir` (depth first).
 pub(crate) fn find(dir: &Path, name: &str) -> Option<PathBuf> {
     for e in std::fs::read_dir(dir).ok()?.flatten() {
