@@ -31,9 +31,15 @@ impl<'a> Catalog<'a> {
     /// Lists the steps of every tier in `tiers` (a tier that cannot be
     /// listed is kept with its error: the others still answer).
     pub(crate) fn load(t: &Tiers, tiers: Vec<&'a Tier>) -> Self {
+        // Listing an object store or a distant peer can take a while: a
+        // spinner on a terminal after the first second (on stderr only).
+        let spinner = crate::progress::Spinner::start("listing", false);
         let tiers = tiers
             .into_iter()
-            .map(|tier| (tier, t.steps(tier).map_err(|e| e.to_string())))
+            .map(|tier| {
+                spinner.set(&format!("listing {}", tier.name));
+                (tier, t.steps(tier).map_err(|e| e.to_string()))
+            })
             .collect();
         Catalog { tiers }
     }

@@ -69,7 +69,12 @@ pub(crate) fn run(a: &StatArgs) -> Result<(), CliError> {
     let t = a.store.open()?;
     let cat = Catalog::load(&t, select(&t, &a.tier)?);
     let mut out = Vec::new();
+    let spinner = crate::progress::Spinner::start("reading manifests", a.json);
     for (tier, listed) in &cat.tiers {
+        spinner.set(&format!(
+            "reading the manifests and chunk sizes of {}",
+            tier.name
+        ));
         let mut errors = Vec::new();
         let steps = match listed {
             Ok(s) => s.as_slice(),
@@ -135,6 +140,7 @@ pub(crate) fn run(a: &StatArgs) -> Result<(), CliError> {
             errors,
         });
     }
+    drop(spinner);
     if !out.is_empty() && out.iter().all(|s| s.steps == 0 && !s.errors.is_empty()) {
         let why: Vec<String> = out
             .iter()
