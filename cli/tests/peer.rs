@@ -373,6 +373,14 @@ fn a_peer_killed_during_a_push_leaves_the_save_committed_and_replicated_elsewher
         other => panic!("{other:?}"),
     }
     drop(ck);
+    // The last peer holds step 2's manifest, within its manifest budget.
+    let last = &peers[0].1;
+    assert!(
+        metric(
+            &http_get(last.metrics, "/metrics"),
+            "strata_peer_manifest_bytes"
+        ) > 0
+    );
     // Nothing lost: the disk goes, the last peer serves step 2.
     std::fs::remove_dir_all(&l1).unwrap();
     let got = Checkpointer::new(cfg)

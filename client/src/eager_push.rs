@@ -131,7 +131,8 @@ async fn run(
         };
         let live: Vec<&NamedPeer> = peers.iter().filter(|(n, _)| sent.contains_key(n)).collect();
         if live.is_empty() {
-            continue;
+            // Every peer failed: later offers are refused at once.
+            break;
         }
         let ids: Vec<ChunkId> = chunks.iter().map(|c| c.0).collect();
         let asked = futures::future::join_all(live.iter().map(|(_, p)| p.has_chunks(&job, &ids)));
@@ -179,16 +180,21 @@ async fn run(
             .iter()
             .position(|b| Arc::strong_count(b) == 1)
             .and_then(|i| Arc::try_unwrap(spares.swap_remove(i)).ok());
-        let copied = tokio::task::spawn_blocking(move || copy_out(&seg, &chunks, &wanted, buf))
-            .await
-            .ok();
-        let Some((buf, at)) = copied else { continue };
+        let copied = tokio::task::spawn_blocking(move || {
+            let (buf, at) = copy_out(&seg, &chunks, &wanted, buf);
+            (buf, at, wanted)
+        })
+        .await
+        .ok();
+        let Some((buf, at, wanted)) = copied else {
+            continue;
+        };
         let buf = Arc::new(buf);
         let sends = lacks.iter().map(|((name, p), missing)| {
             let puts: Vec<ChunkPut> = missing
                 .iter()
                 .filter_map(|i| {
-                    let (id, hint, range) = at.get(i)?;
+                    let (id, hint, range) = &at[wanted.binary_search(i).ok()?];
                     Some(ChunkPut {
                         id: *id,
                         hint: *hint,
@@ -221,27 +227,27 @@ async fn run(
 }
 
 /// Copies the chunks at `wanted` (indices into `chunks`) out of `seg`, one
-/// after another, into `buf` (grown if too small). Returns the buffer and,
-/// per index, the chunk's id, hint and range in it.
+/// after another, into `buf` (replaced if too small). Returns the buffer
+/// and, in `wanted`'s order, each chunk's id, hint and range in it.
 fn copy_out(
     seg: &AlignedBuf,
     chunks: &[Piece],
     wanted: &[usize],
     buf: Option<AlignedBuf>,
-) -> (AlignedBuf, HashMap<usize, Piece>) {
+) -> (AlignedBuf, Vec<Piece>) {
     let total: usize = wanted.iter().map(|&i| chunks[i].2.len()).sum();
     let mut buf = match buf {
         Some(b) if b.capacity() >= total => b,
         _ => AlignedBuf::zeroed(total),
     };
     buf.set_len(total);
-    let mut at = HashMap::with_capacity(wanted.len());
+    let mut at = Vec::with_capacity(wanted.len());
     let mut off = 0;
     for &i in wanted {
         let (id, hint, r) = &chunks[i];
         let n = r.len();
         buf[off..off + n].copy_from_slice(&seg[r.clone()]);
-        at.insert(i, (*id, *hint, off..off + n));
+        at.push((*id, *hint, off..off + n));
         off += n;
     }
     (buf, at)

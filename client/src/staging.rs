@@ -113,3 +113,36 @@ impl StagingPool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_buffer_given_back_while_referenced_is_reused_once_let_go() {
+        let pool = StagingPool::default();
+        let a = Arc::new(pool.take(1 << 20, None));
+        let at = a.as_ptr();
+        // Still referenced (the eager push copying out of it).
+        let held = a.clone();
+        pool.give_back(a);
+        assert_eq!(
+            pool.inner.lock().unwrap().lent.len(),
+            1,
+            "kept, not dropped"
+        );
+        let b = pool.take(1 << 20, None);
+        assert_ne!(b.as_ptr(), at, "a buffer in use was handed out again");
+        assert_eq!(pool.inner.lock().unwrap().lent.len(), 1);
+        drop(held);
+        // Nothing refers to it any more: the next take reclaims and reuses
+        // it (the only free buffer), never having freed it.
+        let c = pool.take(1 << 20, None);
+        assert_eq!(c.as_ptr(), at, "the lent buffer was not reused");
+        let g = pool.inner.lock().unwrap();
+        assert!(g.lent.is_empty() && g.free.is_empty());
+        drop(g);
+        drop(b);
+    }
+}

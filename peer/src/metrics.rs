@@ -39,6 +39,12 @@ pub fn render(service: &Service) -> String {
         &[("", s.chunks)],
     );
     metric(
+        "strata_peer_manifest_bytes",
+        "gauge",
+        "Manifest bytes held (all jobs).",
+        &[("", service.manifest_bytes())],
+    );
+    metric(
         "strata_peer_jobs",
         "gauge",
         "Jobs with chunks held.",

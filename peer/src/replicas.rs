@@ -355,9 +355,22 @@ impl Replicas {
         }
         let put = self.steps.put_manifest(job, step, rank, bytes).await;
         if put.is_err() {
+            // Not stored: the accounting goes back to what is held.
+            let old = self
+                .steps
+                .get_manifest(job, step, rank)
+                .await
+                .map(|b| b.len() as u64);
             let mut mb = self.manifests.lock().map_err(|_| poisoned())?;
-            if let Some(n) = mb.sizes.remove(&key) {
-                mb.total -= n;
+            match old {
+                Ok(n) => {
+                    mb.total = mb.total - len + n;
+                    mb.sizes.insert(key, n);
+                }
+                Err(_) => {
+                    mb.total -= len;
+                    mb.sizes.remove(&key);
+                }
             }
         }
         put

@@ -218,19 +218,12 @@ impl Service {
 
     /// Counters and holdings as the protocol reports them.
     pub fn stats(&self) -> ServiceStats {
-        let (mem, disk, chunks, jobs) = self.replicas.stats().unwrap_or_default();
-        let c = &self.counters;
-        ServiceStats {
-            bytes_in_memory: mem,
-            bytes_on_disk: disk,
-            chunks,
-            jobs,
-            bytes_in: c.bytes_in.load(Ordering::Relaxed),
-            bytes_out: c.bytes_out.load(Ordering::Relaxed),
-            connections: c.connections.load(Ordering::Relaxed),
-            refused: c.refused.load(Ordering::Relaxed),
-            errors: c.errors.load(Ordering::Relaxed),
-        }
+        self.stats_with(self.replicas.stats().unwrap_or_default())
+    }
+
+    /// Manifest bytes held for all jobs (their budget is `--manifest-memory`).
+    pub fn manifest_bytes(&self) -> u64 {
+        self.replicas.manifest_bytes().unwrap_or_default()
     }
 
     /// [`Self::stats`] as a job's client sees it: what is held for its own
@@ -238,12 +231,24 @@ impl Service {
     /// traffic counters.
     fn job_stats(&self, job: &str) -> ServiceStats {
         let (mem, disk, chunks) = self.replicas.job_stats(job).unwrap_or_default();
+        self.stats_with((mem, disk, chunks, u64::from(chunks > 0)))
+    }
+
+    /// The traffic counters with `held` (bytes in memory, on disk, chunks,
+    /// jobs).
+    fn stats_with(&self, held: (u64, u64, u64, u64)) -> ServiceStats {
+        let (bytes_in_memory, bytes_on_disk, chunks, jobs) = held;
+        let c = &self.counters;
         ServiceStats {
-            bytes_in_memory: mem,
-            bytes_on_disk: disk,
+            bytes_in_memory,
+            bytes_on_disk,
             chunks,
-            jobs: u64::from(chunks > 0),
-            ..self.stats()
+            jobs,
+            bytes_in: c.bytes_in.load(Ordering::Relaxed),
+            bytes_out: c.bytes_out.load(Ordering::Relaxed),
+            connections: c.connections.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
         }
     }
 

@@ -414,3 +414,33 @@ async fn shutdown_finishes_requests_in_flight() {
             .is_ok()
     );
 }
+
+/// `Stats` tells a job's client what is held for its own job only; the
+/// service's totals (on `/metrics`) count every job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_show_a_job_only_its_own_holdings() {
+    let local = support::Local::start(Limits::default());
+    let other = local.client("job-a");
+    other
+        .put_chunks("job-a", vec![put(&[1; 3000]), put(&[2; 3000])])
+        .await
+        .unwrap();
+    let conn = hello_conn(&local).await;
+    let stats = |raw: Vec<u8>| match answer(&raw) {
+        Response::Stats(s) => s,
+        other => panic!("{other:?}"),
+    };
+    let mine = stats(send_raw(&conn, &Request::Stats.encode()).await.unwrap());
+    assert_eq!((mine.chunks, mine.jobs, mine.bytes_in_memory), (0, 0, 0));
+    let all = local.service.stats();
+    assert_eq!((all.chunks, all.jobs), (2, 1));
+    local
+        .client(JOB)
+        .put_chunks(JOB, vec![put(&[3; 5000])])
+        .await
+        .unwrap();
+    let mine = stats(send_raw(&conn, &Request::Stats.encode()).await.unwrap());
+    assert_eq!((mine.chunks, mine.jobs), (1, 1));
+    assert!(mine.bytes_in_memory >= 5000);
+    assert_eq!(local.service.stats().jobs, 2);
+}
