@@ -8,7 +8,7 @@
 //! Ranged reads are decoded and verified by the peer (the range alone
 //! cannot be checked against the chunk's id).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::time::Duration;
@@ -323,16 +323,6 @@ impl PeerStore {
         .map_err(|e| StoreError::Internal(format!("decoder task: {e}")))?
     }
 
-    /// Sends chunks the caller just found missing (with `has_chunks`)
-    /// without asking again: one request per chunk, several at once.
-    pub async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        validate_job_id(job)?;
-        let (todo, stats) = strata_tiered::store::dedup_call(chunks)?;
-        let mut sent = self.send(job, todo).await?;
-        sent += stats;
-        Ok(sent)
-    }
-
     async fn send(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
         let codec = self.opts.codec;
         let results: Vec<(u64, u64, bool)> = futures::stream::iter(chunks)
@@ -627,20 +617,29 @@ impl ChunkStore for PeerStore {
         };
         let mut out = Vec::with_capacity(steps.len());
         for s in steps {
-            let mut records = BTreeMap::new();
-            for bytes in s.records {
-                let r = CommitRecord::decode(&bytes).map_err(|source| StoreError::Corrupt {
-                    what: format!("commit record of step {} from {}", s.step, self.label),
-                    source,
-                })?;
-                let first = r.shards.first().map_or(0, |sh| sh.rank);
-                records.insert(first, r);
-            }
-            out.push(StepInfo {
+            let mut info = StepInfo {
                 step: s.step,
-                records,
                 manifests: s.manifests.into_iter().collect(),
-            });
+                ..StepInfo::default()
+            };
+            for (i, bytes) in s.records.into_iter().enumerate() {
+                // One record this client cannot read (a newer format from
+                // another client) hides only itself; its slot is unknown,
+                // so it is reported under a placeholder from the top.
+                match CommitRecord::decode(&bytes) {
+                    Ok(r) => {
+                        let first = r.shards.first().map_or(0, |sh| sh.rank);
+                        info.records.insert(first, r);
+                    }
+                    Err(e) => {
+                        info.unreadable.insert(
+                            u32::MAX - i as u32,
+                            format!("commit record of step {} from {}: {e}", s.step, self.label),
+                        );
+                    }
+                }
+            }
+            out.push(info);
         }
         Ok(out)
     }
@@ -650,5 +649,29 @@ impl ChunkStore for PeerStore {
             Response::Ok => Ok(()),
             other => Err(unexpected(&self.label, &other)),
         }
+    }
+
+    async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
+        match self
+            .request(job, &Request::DeleteShard { step, rank })
+            .await?
+        {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(&self.label, &other)),
+        }
+    }
+
+    /// Sends chunks the caller just found missing (with `has_chunks`)
+    /// without asking again: one request per chunk, several at once.
+    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        validate_job_id(job)?;
+        let (todo, stats) = strata_tiered::store::dedup_call(chunks)?;
+        let mut sent = self.send(job, todo).await?;
+        sent += stats;
+        Ok(sent)
+    }
+
+    fn describe(&self) -> String {
+        format!("{} ({})", self.label, self.addr())
     }
 }

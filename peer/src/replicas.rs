@@ -409,6 +409,16 @@ impl Replicas {
         Ok(())
     }
 
+    /// Retires one rank's shard of a step (record, then manifest).
+    pub async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
+        self.steps.delete_shard(job, step, rank).await?;
+        let mut mb = self.manifests.lock().map_err(|_| poisoned())?;
+        if let Some(n) = mb.sizes.remove(&(job.to_string(), step, rank)) {
+            mb.total -= n;
+        }
+        Ok(())
+    }
+
     /// Writes a commit record (create-only), then applies retention: the
     /// newest `keep_last` committed steps stay; older steps go, then every
     /// chunk no remaining manifest names and not touched within the grace

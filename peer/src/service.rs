@@ -629,6 +629,10 @@ impl Service {
                 self.replicas.delete_step(job, step).await?;
                 Response::Ok
             }
+            Request::DeleteShard { step, rank } => {
+                self.replicas.delete_shard(job, step, rank).await?;
+                Response::Ok
+            }
             Request::DeleteChunks(ids) => {
                 blocking(Box::new(move || {
                     r.delete_chunks(&job_s, &ids).map(|()| Response::Ok)

@@ -4,6 +4,7 @@
 //! <root>/<job>/chunks/<first byte, 2 hex>/<64 hex>     raw chunk bytes
 //! <root>/<job>/steps/<step, 20 digits>/m-<rank>        encoded shard manifest
 //! <root>/<job>/steps/<step, 20 digits>/c-<rank>        commit record (named by its first rank)
+//! <root>/<job>/steps/<step, 20 digits>/r-<rank>        retiring marker (a shard being deleted)
 //! <root>/<job>/tmp/                                    files being written
 //! ```
 //!
@@ -37,7 +38,8 @@ use crate::error::{Result, StoreError};
 use crate::fsutil::{fsync_dir, read_bounded, rename_noreplace, write_durable};
 use crate::io::{open_engine, EngineChoice, IoEngine, ReadReq, WriteReq};
 use crate::store::{
-    commit_conflict, commit_slot, slice_range, verify, ChunkPut, ChunkStore, PutStats, StepInfo,
+    check_manifest_replace, commit_conflict, commit_slot, slice_range, verify, ChunkInfo, ChunkPut,
+    ChunkStore, PutStats, StepInfo,
 };
 
 /// Temporary files older than this, found when a job is opened, are left
@@ -127,43 +129,22 @@ impl L1Store {
     ) -> Result<(u64, u64)> {
         let job = job.to_string();
         self.run(move |i| {
-            let now = std::time::SystemTime::now();
-            let mut doomed = Vec::new();
-            let mut bytes = 0;
-            for id in i.list_chunks(&job)? {
-                if keep.contains(&id) {
-                    continue;
-                }
-                let Ok(meta) = std::fs::metadata(i.chunk_path(&job, &id)) else {
-                    continue;
-                };
-                let young = meta
-                    .modified()
-                    .ok()
-                    .and_then(|m| now.duration_since(m).ok())
-                    .is_none_or(|age| age < grace);
-                if !young {
-                    bytes += meta.len();
-                    doomed.push(id);
+            let mut candidates = Vec::new();
+            for c in i.chunk_info(&job)? {
+                if !keep.contains(&c.id) && is_old(c.touched, grace) {
+                    candidates.push(c.id);
                 }
             }
-            i.delete_chunks(&job, &doomed)?;
-            Ok((doomed.len() as u64, bytes))
+            let (mut n, mut bytes) = (0, 0);
+            for id in candidates {
+                if let Some(len) = i.delete_if_old(&job, &id, grace)? {
+                    n += 1;
+                    bytes += len;
+                }
+            }
+            Ok((n, bytes))
         })
         .await
-    }
-
-    /// Chunks read without hashing them, for a sender whose receiver
-    /// verifies every byte against its id anyway (the peer service does):
-    /// the hash is paid once, at the far end. A damaged chunk is then
-    /// reported by the receiver. Missing files and read errors are reported
-    /// as [`ChunkStore::get_chunks`] reports them.
-    pub async fn get_chunks_unverified(
-        &self,
-        job: &str,
-        ids: &[ChunkId],
-    ) -> Vec<Result<ChunkData>> {
-        self.read_chunks(job, ids, Vec::new(), false).await
     }
 
     /// Reads `ids` on a blocking thread, hashing each when `hash`.
@@ -425,29 +406,85 @@ impl Inner {
     }
 
     fn chunk_sizes(&self, job: &str) -> Result<Vec<(ChunkId, u64)>> {
+        Ok(self
+            .chunk_info(job)?
+            .into_iter()
+            .map(|c| (c.id, c.stored_len.unwrap_or(0)))
+            .collect())
+    }
+
+    /// Every chunk file with its size and modification time. Any error but
+    /// a file or directory vanishing meanwhile fails the listing: garbage
+    /// collection must never take a partial listing for the whole.
+    fn chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
         validate_job_id(job)?;
         let chunks = self.job_dir(job).join("chunks");
         let mut out = Vec::new();
-        let Ok(fan) = std::fs::read_dir(&chunks) else {
+        let Some(fan) = read_dir_or_gone(&chunks)? else {
             return Ok(out);
         };
-        for d in fan.flatten() {
-            let Ok(files) = std::fs::read_dir(d.path()) else {
+        for d in fan {
+            let d = d.map_err(|e| StoreError::io("listing", &chunks, e))?;
+            let dir = d.path();
+            let Some(files) = read_dir_or_gone(&dir)? else {
                 continue;
             };
-            for f in files.flatten() {
-                if let Some(id) = f
+            for f in files {
+                let f = f.map_err(|e| StoreError::io("listing", &dir, e))?;
+                let Some(id) = f
                     .file_name()
                     .to_str()
                     .and_then(|n| ChunkId::from_hex(n).ok())
-                {
-                    let len = f.metadata().map_or(0, |m| m.len());
-                    out.push((id, len));
-                }
+                else {
+                    continue;
+                };
+                let meta = match f.metadata() {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(StoreError::io("reading the size of", f.path(), e)),
+                };
+                out.push(ChunkInfo {
+                    id,
+                    stored_len: Some(meta.len()),
+                    touched: meta.modified().ok(),
+                });
             }
         }
-        out.sort_unstable();
+        out.sort_unstable_by_key(|c| c.id);
         Ok(out)
+    }
+
+    /// Deletes a chunk file unless it was touched within `grace`, checked
+    /// after it is moved aside: a save that deduplicates against it either
+    /// touched it before the move (the check sees it, and it is put back)
+    /// or finds it gone and writes it again. Returns its size if deleted.
+    fn delete_if_old(
+        &self,
+        job: &str,
+        id: &ChunkId,
+        grace: std::time::Duration,
+    ) -> Result<Option<u64>> {
+        let path = self.chunk_path(job, id);
+        let aside = self.tmp_path(job, "doomed");
+        match std::fs::rename(&path, &aside) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io("moving aside", &path, e)),
+        }
+        let meta = std::fs::metadata(&aside).map_err(|e| StoreError::io("checking", &aside, e))?;
+        if !is_old(meta.modified().ok(), grace) {
+            // Touched meanwhile: back where it was (or a new copy is
+            // there already, which is the same bytes).
+            if !rename_noreplace(&aside, &path)? {
+                let _ = std::fs::remove_file(&aside);
+            }
+            return Ok(None);
+        }
+        std::fs::remove_file(&aside).map_err(|e| StoreError::io("deleting", &aside, e))?;
+        if let Some(d) = path.parent() {
+            fsync_dir(d)?;
+        }
+        Ok(Some(meta.len()))
     }
 
     fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
@@ -486,6 +523,17 @@ impl Inner {
     }
 
     fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
+        validate_job_id(job)?;
+        let record = match read_bounded(
+            &self.step_dir(job, step).join(format!("c-{rank}")),
+            MAX_RECORD_LEN,
+            "commit record",
+        ) {
+            Ok(b) => CommitRecord::decode(&b).ok(),
+            Err(StoreError::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        check_manifest_replace(step, rank, record.as_ref(), bytes)?;
         let dir = self.ensure_step_dir(job, step)?;
         let tmp = self.tmp_path(job, "manifest");
         write_durable(&tmp, &dir.join(format!("m-{rank}")), bytes, true)?;
@@ -530,10 +578,13 @@ impl Inner {
         validate_job_id(job)?;
         let steps = self.job_dir(job).join("steps");
         let mut out = BTreeMap::new();
-        let Ok(entries) = std::fs::read_dir(&steps) else {
+        // Errors other than a directory vanishing fail the listing: a
+        // caller deciding what to delete must not see a partial one.
+        let Some(entries) = read_dir_or_gone(&steps)? else {
             return Ok(Vec::new());
         };
-        for e in entries.flatten() {
+        for e in entries {
+            let e = e.map_err(|err| StoreError::io("listing", &steps, err))?;
             let Some(step) = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else {
                 continue;
             };
@@ -541,28 +592,46 @@ impl Inner {
                 step,
                 ..StepInfo::default()
             };
-            let Ok(files) = std::fs::read_dir(e.path()) else {
+            let dir = e.path();
+            let Some(files) = read_dir_or_gone(&dir)? else {
                 continue;
             };
-            for f in files.flatten() {
+            for f in files {
+                let f = f.map_err(|err| StoreError::io("listing", &dir, err))?;
                 let name = f.file_name();
                 let Some(name) = name.to_str() else { continue };
                 if let Some(rank) = name.strip_prefix("m-").and_then(|r| r.parse::<u32>().ok()) {
                     info.manifests.insert(rank);
                 } else if let Some(rank) =
+                    name.strip_prefix("r-").and_then(|r| r.parse::<u32>().ok())
+                {
+                    info.retiring.insert(rank);
+                } else if let Some(rank) =
                     name.strip_prefix("c-").and_then(|r| r.parse::<u32>().ok())
                 {
-                    match read_bounded(&f.path(), MAX_RECORD_LEN, "commit record")
-                        .and_then(|b| Ok(CommitRecord::decode(&b)?))
-                    {
+                    let bytes = match read_bounded(&f.path(), MAX_RECORD_LEN, "commit record") {
+                        Ok(b) => b,
+                        // Retired between the listing and the read.
+                        Err(StoreError::NotFound { .. }) => continue,
+                        // Too large to be a record: damage, reported.
+                        Err(err @ StoreError::Corrupt { .. }) => {
+                            info.unreadable.insert(rank, err.to_string());
+                            continue;
+                        }
+                        Err(err) => return Err(err),
+                    };
+                    match CommitRecord::decode(&bytes) {
                         Ok(rec) if rec.step == step && rec.job == job => {
                             info.records.insert(rank, rec);
                         }
                         Ok(_) => {
-                            tracing::warn!(path = %f.path().display(), "commit record names another step or job; ignored")
+                            tracing::warn!(path = %f.path().display(), "commit record names another step or job; ignored");
+                            info.unreadable
+                                .insert(rank, "names another step or job".into());
                         }
                         Err(err) => {
-                            tracing::warn!(path = %f.path().display(), error = %err, "unreadable commit record; step treated as uncommitted")
+                            tracing::warn!(path = %f.path().display(), error = %err, "unreadable commit record; this rank treated as uncommitted here");
+                            info.unreadable.insert(rank, err.to_string());
                         }
                     }
                 }
@@ -595,6 +664,53 @@ impl Inner {
         std::fs::remove_dir(&dir).map_err(|e| StoreError::io("deleting", &dir, e))?;
         fsync_dir(&self.job_dir(job).join("steps"))
     }
+
+    fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
+        validate_job_id(job)?;
+        let dir = self.step_dir(job, step);
+        if !dir.exists() {
+            return Ok(());
+        }
+        let marker = dir.join(format!("r-{rank}"));
+        let remove = |p: &Path| match std::fs::remove_file(p) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError::io("deleting", p, e)),
+        };
+        // The marker first, durably: from here a crash leaves a shard that
+        // says it is being retired, never one that looks damaged.
+        write_durable(&self.tmp_path(job, "retiring"), &marker, b"", true)?;
+        fsync_dir(&dir)?;
+        remove(&dir.join(format!("c-{rank}")))?;
+        fsync_dir(&dir)?;
+        remove(&dir.join(format!("m-{rank}")))?;
+        fsync_dir(&dir)?;
+        remove(&marker)?;
+        // The step directory goes with its last shard; another rank
+        // writing into it meanwhile keeps it (ENOTEMPTY).
+        match std::fs::remove_dir(&dir) {
+            Ok(()) => fsync_dir(&self.job_dir(job).join("steps")),
+            Err(_) => fsync_dir(&dir),
+        }
+    }
+}
+
+/// `read_dir`, or `None` when the directory is not there (anything else is
+/// an error).
+fn read_dir_or_gone(dir: &Path) -> Result<Option<std::fs::ReadDir>> {
+    match std::fs::read_dir(dir) {
+        Ok(r) => Ok(Some(r)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::io("listing", dir, e)),
+    }
+}
+
+/// True when a chunk last touched at `touched` is past the grace period
+/// (an unknown time counts as young: never deleted).
+fn is_old(touched: Option<std::time::SystemTime>, grace: std::time::Duration) -> bool {
+    touched
+        .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+        .is_some_and(|age| age >= grace)
 }
 
 /// True if `path` exists; refreshes its modification time so garbage
@@ -697,5 +813,23 @@ impl ChunkStore for L1Store {
     async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
         let job = job.to_string();
         self.run(move |i| i.delete_step(&job, step)).await
+    }
+
+    async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
+        let job = job.to_string();
+        self.run(move |i| i.delete_shard(&job, step, rank)).await
+    }
+
+    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+        self.read_chunks(job, ids, Vec::new(), false).await
+    }
+
+    async fn list_chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
+        let job = job.to_string();
+        self.run(move |i| i.chunk_info(&job)).await
+    }
+
+    fn describe(&self) -> String {
+        format!("{} ({})", self.inner.root.display(), self.engine_name())
     }
 }

@@ -47,7 +47,8 @@ use crate::l3_frame::fill;
 pub use crate::l3_frame::Frame;
 pub use crate::l3_options::L3Options;
 use crate::store::{
-    commit_conflict, commit_slot, dedup_call, slice_range, ChunkPut, ChunkStore, PutStats, StepInfo,
+    check_manifest_replace, commit_conflict, commit_slot, dedup_call, slice_range, ChunkInfo,
+    ChunkPut, ChunkStore, PutStats, StepInfo,
 };
 
 /// Largest chunk object read back: the frame of the largest chunk.
@@ -440,6 +441,17 @@ impl L3Store {
     /// Every chunk object the job holds here, with its stored (encoded)
     /// size: one listing.
     pub async fn chunk_sizes(&self, job: &str) -> Result<std::collections::BTreeMap<ChunkId, u64>> {
+        Ok(self
+            .chunk_info(job)
+            .await?
+            .into_iter()
+            .map(|c| (c.id, c.stored_len.unwrap_or(0)))
+            .collect())
+    }
+
+    /// Every chunk object with its size and the store's modification time:
+    /// one listing.
+    async fn chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
         validate_job_id(job)?;
         let prefix = self.key(&[job, "chunks"]);
         let listed: Vec<_> = self
@@ -448,23 +460,21 @@ impl L3Store {
             .try_collect()
             .await
             .map_err(|e| os_err("listing chunks", e))?;
-        Ok(listed
+        let mut out: Vec<ChunkInfo> = listed
             .iter()
             .filter_map(|m| {
                 m.location
                     .filename()
                     .and_then(|n| ChunkId::from_hex(n).ok())
-                    .map(|id| (id, m.size))
+                    .map(|id| ChunkInfo {
+                        id,
+                        stored_len: Some(m.size),
+                        touched: Some(std::time::SystemTime::from(m.last_modified)),
+                    })
             })
-            .collect())
-    }
-
-    /// Uploads chunks the caller just found missing (with
-    /// [`ChunkStore::has_chunks`]) without asking again for each one, as
-    /// [`ChunkStore::put_chunks`] does: one request per chunk less. A chunk
-    /// that appeared meanwhile is rewritten with the same bytes (harmless).
-    pub async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        self.put(job, chunks, false).await
+            .collect();
+        out.sort_unstable_by_key(|c| c.id);
+        Ok(out)
     }
 
     async fn put(&self, job: &str, chunks: Vec<ChunkPut>, check: bool) -> Result<PutStats> {
@@ -565,6 +575,26 @@ impl ChunkStore for L3Store {
         Ok(self.chunk_sizes(job).await?.into_keys().collect())
     }
 
+    async fn list_chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
+        self.chunk_info(job).await
+    }
+
+    /// Uploads chunks the caller just found missing (with
+    /// [`ChunkStore::has_chunks`]) without asking again for each one, as
+    /// [`ChunkStore::put_chunks`] does: one request per chunk less. A chunk
+    /// that appeared meanwhile is rewritten with the same bytes (harmless).
+    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        self.put(job, chunks, false).await
+    }
+
+    async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
+        L3Store::get_frame(self, job, id, buf).await
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
     async fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
         validate_job_id(job)?;
         let results: Vec<Result<()>> = futures::stream::iter(ids.iter().copied())
@@ -582,6 +612,9 @@ impl ChunkStore for L3Store {
 
     async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
         validate_job_id(job)?;
+        // A committed shard's manifest is never replaced (see the contract).
+        let record = self.read_record(job, step, rank).await?;
+        check_manifest_replace(step, rank, record.as_ref(), bytes)?;
         let key = self.step_key(job, step).join(format!("m-{rank}"));
         self.retrying(|| async {
             self.store
@@ -710,11 +743,32 @@ impl ChunkStore for L3Store {
                         Ok(b) => b,
                         // Deleted between the listing and the read.
                         Err(StoreError::NotFound { .. }) => continue,
+                        // Too large to be a record: damage, reported.
+                        Err(e @ StoreError::Corrupt { .. }) => {
+                            info.unreadable.insert(first, e.to_string());
+                            continue;
+                        }
                         Err(e) => return Err(e),
                     };
-                    let record = CommitRecord::decode(&bytes)
-                        .map_err(|source| StoreError::Corrupt { what, source })?;
-                    info.records.insert(first, record);
+                    // One bad record (damage, a newer format during a
+                    // rolling upgrade) hides only its own shard.
+                    match CommitRecord::decode(&bytes) {
+                        Ok(r) if r.step == step && r.job == job => {
+                            info.records.insert(first, r);
+                        }
+                        Ok(_) => {
+                            info.unreadable
+                                .insert(first, "names another step or job".into());
+                        }
+                        Err(e) => {
+                            tracing::warn!(step, rank = first, error = %e, "unreadable commit record on L3; this rank treated as uncommitted there");
+                            info.unreadable.insert(first, format!("{what}: {e}"));
+                        }
+                    }
+                } else if let Some(rank) =
+                    name.strip_prefix("r-").and_then(|r| r.parse::<u32>().ok())
+                {
+                    info.retiring.insert(rank);
                 }
             }
             steps.insert(step, info);
@@ -738,6 +792,53 @@ impl ChunkStore for L3Store {
             }
         }
         Ok(())
+    }
+
+    async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
+        validate_job_id(job)?;
+        let dir = self.step_key(job, step);
+        let marker = dir.clone().join(format!("r-{rank}"));
+        // The marker first: a crash part-way leaves a shard that says it
+        // is being retired, never one that looks damaged.
+        self.retrying(|| async {
+            self.store
+                .put(&marker, PutPayload::from(Bytes::new()))
+                .await
+                .map_err(|e| os_err(format!("retiring marker of step {step} rank {rank}"), e))
+        })
+        .await?;
+        for name in [
+            format!("c-{rank}"),
+            format!("m-{rank}"),
+            format!("r-{rank}"),
+        ] {
+            let key = dir.clone().join(name.as_str());
+            self.retrying(|| async {
+                match self.store.delete(&key).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(os_err(format!("deleting {key}"), e)),
+                }
+            })
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+impl L3Store {
+    /// The commit record in slot `rank` of a step, if there is a readable
+    /// one (a damaged record is no record: a repair may replace it).
+    async fn read_record(&self, job: &str, step: u64, rank: u32) -> Result<Option<CommitRecord>> {
+        let key = self.step_key(job, step).join(format!("c-{rank}"));
+        let what = format!("commit record of step {step} rank {rank}");
+        match self
+            .retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
+            .await
+        {
+            Ok(b) => Ok(CommitRecord::decode(&b).ok()),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }
 

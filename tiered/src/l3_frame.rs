@@ -58,6 +58,24 @@ thread_local! {
 }
 
 impl Frame {
+    /// A raw (uncompressed) frame of verified bytes: what a tier that
+    /// stores chunks raw hands out as its "stored frame".
+    pub fn raw(id: ChunkId, data: &[u8], what: String) -> Result<Frame> {
+        let mut enc =
+            strata_format::frame::FrameEncoder::new(strata_format::codec::EncodeOptions::RAW)
+                .map_err(StoreError::from)?;
+        let bytes = enc
+            .encode(data, strata_format::codec::ElemHint::BYTES, Some(id))
+            .map_err(StoreError::from)?;
+        Ok(Frame { id, bytes, what })
+    }
+
+    /// The chunk this frame claims to hold (checked by
+    /// [`Self::decode_into`]).
+    pub fn id(&self) -> ChunkId {
+        self.id
+    }
+
     fn corrupt(&self, source: strata_format::FormatError) -> StoreError {
         StoreError::Corrupt {
             what: self.what.clone(),

@@ -16,6 +16,7 @@
 
 pub mod aligned;
 mod chunk_data;
+pub mod clock;
 pub mod conformance;
 mod error;
 pub mod faults;
@@ -27,12 +28,14 @@ mod l3_frame;
 mod l3_options;
 mod memory;
 pub mod store;
+mod store_forward;
 
 pub use aligned::AlignedBuf;
 pub use chunk_data::ChunkData;
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Result, StoreError, StoreErrorKind};
 pub use io::EngineChoice;
 pub use l1::L1Store;
 pub use l3::{Frame, L3Options, L3Store};
 pub use memory::MemoryStore;
-pub use store::{ChunkPut, ChunkStore, PutStats, StepInfo};
+pub use store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};

@@ -1,31 +1,44 @@
 //! An in-memory [`ChunkStore`]: the reference implementation of the
 //! contract, for tests and for embedding (nothing survives the process).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
 
 use crate::chunk_data::ChunkData;
+use crate::clock::{Clock, SystemClock};
 use crate::error::{Result, StoreError};
 use crate::store::{
-    commit_conflict, commit_slot, slice_range, verify, ChunkPut, ChunkStore, PutStats, StepInfo,
+    check_manifest_replace, commit_conflict, commit_slot, slice_range, verify, ChunkInfo, ChunkPut,
+    ChunkStore, PutStats, StepInfo,
 };
 
 #[derive(Default)]
 struct Job {
     chunks: HashMap<ChunkId, ChunkData>,
+    /// When each chunk was last written or deduplicated against.
+    touched: HashMap<ChunkId, SystemTime>,
     manifests: BTreeMap<(u64, u32), Vec<u8>>,
     records: BTreeMap<(u64, u32), Vec<u8>>,
+    /// Shards being retired (see `ChunkStore::delete_shard`).
+    retiring: BTreeSet<(u64, u32)>,
 }
 
 /// A tier in memory.
-#[derive(Default)]
 pub struct MemoryStore {
     jobs: Mutex<HashMap<String, Job>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::with_clock(Arc::new(SystemClock))
+    }
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -38,6 +51,24 @@ impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store whose chunk ages come from `clock` (tests of grace
+    /// periods run without sleeping).
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        MemoryStore {
+            jobs: Mutex::new(HashMap::new()),
+            clock,
+        }
+    }
+
+    /// Replaces a stored commit record's bytes (to test how readers handle
+    /// damaged or unknown-version records).
+    pub fn corrupt_record(&self, job: &str, step: u64, slot: u32, bytes: &[u8]) -> Result<()> {
+        self.with(job, |j| {
+            j.records.insert((step, slot), bytes.to_vec());
+            Ok(())
+        })
     }
 
     fn with<T>(&self, job: &str, f: impl FnOnce(&mut Job) -> Result<T>) -> Result<T> {
@@ -65,10 +96,12 @@ impl ChunkStore for MemoryStore {
     }
 
     async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        let now = self.clock.now();
         self.with(job, |j| {
             let mut s = PutStats::default();
             for c in chunks {
                 let len = c.data.len() as u64;
+                j.touched.insert(c.id, now);
                 match j.chunks.entry(c.id) {
                     std::collections::hash_map::Entry::Occupied(_) => {
                         s.deduped += 1;
@@ -123,13 +156,35 @@ impl ChunkStore for MemoryStore {
         self.with(job, |j| {
             for id in ids {
                 j.chunks.remove(id);
+                j.touched.remove(id);
             }
             Ok(())
         })
     }
 
+    async fn list_chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
+        self.with(job, |j| {
+            let mut v: Vec<ChunkInfo> = j
+                .chunks
+                .iter()
+                .map(|(id, d)| ChunkInfo {
+                    id: *id,
+                    stored_len: Some(d.len() as u64),
+                    touched: j.touched.get(id).copied(),
+                })
+                .collect();
+            v.sort_unstable_by_key(|c| c.id);
+            Ok(v)
+        })
+    }
+
     async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
         self.with(job, |j| {
+            let record = match j.records.get(&(step, rank)) {
+                Some(b) => CommitRecord::decode(b).ok(),
+                None => None,
+            };
+            check_manifest_replace(step, rank, record.as_ref(), bytes)?;
             j.manifests.insert((step, rank), bytes.to_vec());
             Ok(())
         })
@@ -173,14 +228,31 @@ impl ChunkStore for MemoryStore {
                     .insert(*rank);
             }
             for ((step, rank), bytes) in &j.records {
-                let rec = CommitRecord::decode(bytes)?;
+                let info = out.entry(*step).or_insert_with(|| StepInfo {
+                    step: *step,
+                    ..Default::default()
+                });
+                match CommitRecord::decode(bytes) {
+                    Ok(rec) if rec.step == *step && rec.job == job => {
+                        info.records.insert(*rank, rec);
+                    }
+                    Ok(_) => {
+                        info.unreadable
+                            .insert(*rank, "names another step or job".into());
+                    }
+                    Err(e) => {
+                        info.unreadable.insert(*rank, e.to_string());
+                    }
+                }
+            }
+            for (step, rank) in &j.retiring {
                 out.entry(*step)
                     .or_insert_with(|| StepInfo {
                         step: *step,
                         ..Default::default()
                     })
-                    .records
-                    .insert(*rank, rec);
+                    .retiring
+                    .insert(*rank);
             }
             Ok(out.into_values().collect())
         })
@@ -190,6 +262,17 @@ impl ChunkStore for MemoryStore {
         self.with(job, |j| {
             j.records.retain(|(s, _), _| *s != step);
             j.manifests.retain(|(s, _), _| *s != step);
+            j.retiring.retain(|(s, _)| *s != step);
+            Ok(())
+        })
+    }
+
+    async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
+        // One lock: the marker never shows (nothing can crash in between).
+        self.with(job, |j| {
+            j.records.remove(&(step, rank));
+            j.manifests.remove(&(step, rank));
+            j.retiring.remove(&(step, rank));
             Ok(())
         })
     }

@@ -29,12 +29,33 @@
 //! * **Visibility.** A step is listed as committed only through its commit
 //!   records; manifests without a record are listed as partial (an
 //!   interrupted save) so they can be cleaned up.
+//! * **A committed shard is never replaced.** `put_manifest` for a rank
+//!   whose commit record is already there succeeds only with the very
+//!   manifest the record names (a repair rewriting a damaged copy);
+//!   anything else is `AlreadyExists`, so a later save of the same step
+//!   number can never damage a committed step.
+//! * **Listing never hides a step.** A commit record that cannot be read or
+//!   decoded (damage, a newer format during a rolling upgrade) is reported
+//!   in [`StepInfo::unreadable`] and the rest of the listing goes on; any
+//!   other listing error fails the call (a caller deciding what to delete
+//!   must never see a partial listing as complete).
 //! * **Deletion** of a step removes its commit records first, so a crash in
 //!   the middle leaves a partial step, never a committed step with missing
-//!   parts. Chunk deletion is separate (garbage collection decides).
+//!   parts. [`ChunkStore::delete_shard`] retires one rank's shard: a
+//!   retiring marker first, then the record, the manifest, the marker; a
+//!   crash part-way leaves the marker ([`StepInfo::retiring`]), so readers
+//!   tell a shard being retired from a damaged one. Chunk deletion is
+//!   separate (garbage collection decides).
+//!
+//! # Wrappers
+//!
+//! `Arc<T>` and `Box<T>` of a store are stores (every method forwarded,
+//! checked by `clippy::missing_trait_methods`), so an engine holds a stack
+//! of `Arc<dyn ChunkStore>` and a wrapper can wrap any of them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use strata_format::codec::ElemHint;
@@ -43,6 +64,7 @@ use strata_format::{ChunkId, CommitRecord};
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::Result;
+use crate::l3_frame::Frame;
 
 /// One chunk to store.
 #[derive(Clone, Debug)]
@@ -90,6 +112,25 @@ pub struct StepInfo {
     pub records: BTreeMap<u32, CommitRecord>,
     /// Ranks with a manifest in this tier (committed or not).
     pub manifests: BTreeSet<u32>,
+    /// Commit records found but unreadable here (damaged, or written by a
+    /// newer format version), by slot, with why. The step is listed; these
+    /// ranks simply do not count as committed in this tier.
+    pub unreadable: BTreeMap<u32, String>,
+    /// Ranks whose shard is being retired (a retiring marker is there):
+    /// what is left of them is on its way out, not damage.
+    pub retiring: BTreeSet<u32>,
+}
+
+/// One chunk held by a tier, for `stat` and garbage collection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkInfo {
+    /// The chunk.
+    pub id: ChunkId,
+    /// Bytes the tier stores for it (after its codec), when it can tell.
+    pub stored_len: Option<u64>,
+    /// When it was last written or deduplicated against, by the tier's own
+    /// clock, when it can tell. Unknown means "young": never collected.
+    pub touched: Option<SystemTime>,
 }
 
 impl StepInfo {
@@ -185,11 +226,95 @@ pub trait ChunkStore: Send + Sync + std::fmt::Debug {
 
     /// Deletes a step's commit records, then its manifests.
     async fn delete_step(&self, job: &str, step: u64) -> Result<()>;
+
+    /// Retires one rank's shard of a step, leaving every other rank's files
+    /// alone: a retiring marker, then the rank's commit record, its
+    /// manifest, and the marker (see the contract). Missing parts are not
+    /// an error.
+    async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()>;
+
+    /// Stores chunks the caller has just found missing with
+    /// [`Self::has_chunks`]: tiers that check presence per chunk before a
+    /// write (L3, peers) skip that second check. Otherwise as
+    /// [`Self::put_chunks`].
+    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        self.put_chunks(job, chunks).await
+    }
+
+    /// Whole chunks read without hashing them, for a caller that verifies
+    /// them itself or hands them to a receiver that does (the peer
+    /// service): the hash is paid once. Tiers that cannot skip
+    /// verification return verified bytes.
+    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+        self.get_chunks(job, ids).await
+    }
+
+    /// A chunk's frame as the tier stores it (its codec), not yet decoded
+    /// or verified: decode it where the bytes belong with
+    /// [`Frame::decode_into`], which verifies. `buf` may be reused for the
+    /// bytes. Tiers that store raw chunks frame a verified read.
+    async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
+        drop(buf);
+        let data = self.get_chunk(job, &id, None).await?;
+        Frame::raw(
+            id,
+            data.as_slice(),
+            format!("chunk {id} in {}", self.name()),
+        )
+    }
+
+    /// Every chunk held for the job with its stored size and age, where the
+    /// tier can tell (for `stat` and garbage collection).
+    async fn list_chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
+        Ok(self
+            .list_chunks(job)
+            .await?
+            .into_iter()
+            .map(|id| ChunkInfo {
+                id,
+                stored_len: None,
+                touched: None,
+            })
+            .collect())
+    }
+
+    /// A short description of how the tier does its I/O ("io_uring",
+    /// "psync", an object store's URL), for logs and reports.
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+/// Checks a manifest write against the commit record already in its slot:
+/// `Ok` when there is none or it names exactly these bytes (a repair),
+/// else `AlreadyExists` (a committed shard is never replaced).
+pub fn check_manifest_replace(
+    step: u64,
+    rank: u32,
+    record: Option<&CommitRecord>,
+    bytes: &[u8],
+) -> Result<()> {
+    let Some(record) = record else {
+        return Ok(());
+    };
+    let id = strata_format::ShardManifest::id_of(bytes);
+    if record
+        .shards
+        .iter()
+        .any(|s| s.rank == rank && s.manifest == id)
+    {
+        return Ok(());
+    }
+    Err(crate::error::StoreError::AlreadyExists {
+        what: format!(
+            "step {step} rank {rank} is committed (its manifest is never replaced; save under a new step number)"
+        ),
+    })
 }
 
 /// Where a commit record goes and what it holds: the rank that names it (its
 /// first shard) and its encoding. Every tier keys records the same way.
-pub(crate) fn commit_slot(record: &CommitRecord) -> Result<(u32, Vec<u8>)> {
+pub fn commit_slot(record: &CommitRecord) -> Result<(u32, Vec<u8>)> {
     let bytes = record.encode()?;
     let first = record
         .shards

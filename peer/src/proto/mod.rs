@@ -87,6 +87,14 @@ pub enum Request {
     DeleteStep(u64),
     /// Delete chunks.
     DeleteChunks(Vec<ChunkId>),
+    /// Retire one rank's shard of a step (its record, then its manifest),
+    /// leaving every other rank's alone.
+    DeleteShard {
+        /// Step.
+        step: u64,
+        /// Rank.
+        rank: u32,
+    },
     /// The chunk ids held for the job, ascending, after `after` (a page
     /// of at most [`MAX_IDS`]; a full page means ask again after its last).
     ListChunks {
@@ -220,6 +228,7 @@ mod kind {
     pub(super) const DELETE_CHUNKS: u8 = 10;
     pub(super) const LIST_CHUNKS: u8 = 11;
     pub(super) const STATS: u8 = 12;
+    pub(super) const DELETE_SHARD: u8 = 13;
 
     pub(super) const OK: u8 = 128;
     pub(super) const HELLO_OK: u8 = 129;
@@ -345,6 +354,12 @@ impl Request {
                 w.u64(*s);
                 finish(w)
             }
+            Request::DeleteShard { step, rank } => {
+                let mut w = start(kind::DELETE_SHARD, 12);
+                w.u64(*step);
+                w.u32(*rank);
+                finish(w)
+            }
             Request::DeleteChunks(v) => {
                 let mut w = start(kind::DELETE_CHUNKS, 4 + 32 * v.len());
                 ids(&mut w, v);
@@ -412,6 +427,11 @@ impl Request {
             kind::COMMIT => Request::Commit(read_blob(&mut r, MAX_RECORD, what)?),
             kind::DELETE_STEP => Request::DeleteStep(r.u64(what)?),
             kind::DELETE_CHUNKS => Request::DeleteChunks(read_ids(&mut r, what)?),
+            kind::DELETE_SHARD => {
+                let step = r.u64(what)?;
+                let rank = r.u32(what)?;
+                Request::DeleteShard { step, rank }
+            }
             kind::LIST_CHUNKS => Request::ListChunks {
                 after: match r.u8(what)? {
                     0 => None,

@@ -36,6 +36,7 @@ fn requests() -> Vec<Request> {
         Request::ListSteps,
         Request::Commit(vec![4; 10]),
         Request::DeleteStep(3),
+        Request::DeleteShard { step: 3, rank: 5 },
         Request::DeleteChunks(vec![id(4)]),
         Request::ListChunks { after: None },
         Request::ListChunks {

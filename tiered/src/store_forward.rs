@@ -1,0 +1,108 @@
+//! `Arc<T>` and `Box<T>` of a [`ChunkStore`] are stores: every method
+//! forwarded (defaults included, so a tier's override is never lost behind
+//! a pointer), enforced by `clippy::missing_trait_methods`.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use strata_format::{ChunkId, CommitRecord};
+
+use crate::aligned::AlignedBuf;
+use crate::chunk_data::ChunkData;
+use crate::error::Result;
+use crate::l3_frame::Frame;
+use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+
+macro_rules! forward_chunk_store {
+    ($ptr:ident) => {
+        #[async_trait]
+        #[deny(clippy::missing_trait_methods)]
+        impl<T: ChunkStore + ?Sized> ChunkStore for $ptr<T> {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
+            async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+                (**self).put_chunks(job, chunks).await
+            }
+            async fn get_chunk(
+                &self,
+                job: &str,
+                id: &ChunkId,
+                range: Option<Range<u32>>,
+            ) -> Result<ChunkData> {
+                (**self).get_chunk(job, id, range).await
+            }
+            async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+                (**self).get_chunks(job, ids).await
+            }
+            async fn get_chunks_reusing(
+                &self,
+                job: &str,
+                ids: &[ChunkId],
+                spare: Vec<AlignedBuf>,
+            ) -> Vec<Result<ChunkData>> {
+                (**self).get_chunks_reusing(job, ids, spare).await
+            }
+            async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
+                (**self).has_chunks(job, ids).await
+            }
+            async fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
+                (**self).list_chunks(job).await
+            }
+            async fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
+                (**self).delete_chunks(job, ids).await
+            }
+            async fn put_manifest(
+                &self,
+                job: &str,
+                step: u64,
+                rank: u32,
+                bytes: &[u8],
+            ) -> Result<()> {
+                (**self).put_manifest(job, step, rank, bytes).await
+            }
+            async fn get_manifest(&self, job: &str, step: u64, rank: u32) -> Result<Vec<u8>> {
+                (**self).get_manifest(job, step, rank).await
+            }
+            async fn commit(&self, record: &CommitRecord) -> Result<()> {
+                (**self).commit(record).await
+            }
+            async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>> {
+                (**self).list_steps(job).await
+            }
+            async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
+                (**self).delete_step(job, step).await
+            }
+            async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
+                (**self).delete_shard(job, step, rank).await
+            }
+            async fn put_missing_chunks(
+                &self,
+                job: &str,
+                chunks: Vec<ChunkPut>,
+            ) -> Result<PutStats> {
+                (**self).put_missing_chunks(job, chunks).await
+            }
+            async fn get_chunks_unverified(
+                &self,
+                job: &str,
+                ids: &[ChunkId],
+            ) -> Vec<Result<ChunkData>> {
+                (**self).get_chunks_unverified(job, ids).await
+            }
+            async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
+                (**self).get_frame(job, id, buf).await
+            }
+            async fn list_chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
+                (**self).list_chunk_info(job).await
+            }
+            fn describe(&self) -> String {
+                (**self).describe()
+            }
+        }
+    };
+}
+
+forward_chunk_store!(Arc);
+forward_chunk_store!(Box);
