@@ -13,16 +13,21 @@ use std::collections::BTreeMap;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeSet;
 use strata_format::layout::Layout;
 use strata_format::EntrySpec;
-use strata_tiered::{L1Store, L3Options, L3Store};
 
+use strata_tiered::{ChunkStore, Clock, L1Store, L3Store};
+
+use crate::commit::CommitEvents;
 use crate::config::{BusyPolicy, Config};
-use crate::coordinator::{Coordinator, SoloCoordinator};
+use crate::coordinator::Coordinator;
 use crate::error::{Error, Result};
 use crate::gpu::{DeviceBytes, Gpu};
 use crate::persist::{persist, PersistJob, Snap};
+use crate::policy::UploadPolicy;
 use crate::snapshot::{fill_segment, Plan};
+use crate::stack::{open_l3, CheckpointerBuilder};
 use crate::staging::StagingPool;
 use crate::state::Entry;
 use crate::stats::SaveStats;
@@ -67,6 +72,50 @@ impl Completion {
     fn is_done(&self) -> bool {
         self.slot.lock().map(|s| s.0).unwrap_or(true)
     }
+
+    /// Waits until done or `deadline`; returns whether it is done.
+    fn wait_done_until(&self, deadline: Option<Instant>) -> bool {
+        let Some(deadline) = deadline else {
+            self.wait_done();
+            return true;
+        };
+        let Ok(mut s) = self.slot.lock() else {
+            return true;
+        };
+        while !s.0 {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            match self.cv.wait_timeout(s, left) {
+                Ok((g, _)) => s = g,
+                Err(_) => return true,
+            }
+        }
+        true
+    }
+}
+
+/// How far a save should have gone before [`SaveHandle::wait_for`]
+/// returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Target {
+    /// Durable and committed on L1 (what [`SaveHandle::wait`] waits for).
+    L1,
+    /// Also pushed to and committed on `replicas` peers.
+    Peers,
+    /// Also uploaded to and committed on L3.
+    L3,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Target::L1 => "durable on L1",
+            Target::Peers => "replicated to its peers",
+            Target::L3 => "uploaded to L3",
+        })
+    }
 }
 
 /// A save in progress. Dropping it does not cancel the save.
@@ -74,6 +123,7 @@ pub struct SaveHandle {
     step: u64,
     stall: Duration,
     done: Arc<Completion>,
+    shared: Arc<Shared>,
 }
 
 impl SaveHandle {
@@ -109,25 +159,97 @@ impl SaveHandle {
     }
 
     /// Blocks until the step is durable and committed on L1, and returns its
-    /// counters. The first call gets the typed error of a failed save; later
-    /// calls get [`Error::Pipeline`].
+    /// counters, or the typed error of a failed save (the same error, with
+    /// its cause chain, on every call).
     pub fn wait(&self) -> Result<SaveStats> {
         self.done.wait_done();
-        let mut s = self
+        self.result()
+    }
+
+    fn result(&self) -> Result<SaveStats> {
+        let s = self
             .done
             .slot
             .lock()
             .map_err(|_| Error::Pipeline("poisoned".into()))?;
-        match s.1.take() {
-            Some(Ok(stats)) => {
-                s.1 = Some(Ok(stats.clone()));
-                Ok(stats)
-            }
-            Some(Err(e)) => {
-                s.1 = Some(Err(Error::Pipeline(e.to_string())));
-                Err(e)
-            }
+        match &s.1 {
+            Some(r) => r.clone(),
             None => Err(Error::Pipeline("no result".into())),
+        }
+    }
+
+    /// Blocks until the save reached `target` or `timeout` passed (the
+    /// save goes on), woken by the pipeline's own notifications. Returns
+    /// the save's counters once it is there; a save that failed, a step
+    /// replicated to fewer peers than wanted, an upload that failed, or a
+    /// target this checkpointer has no tier for (or, for L3, a step the
+    /// upload policy did not pick: see [`Checkpointer::upload`]) is an
+    /// error that says so.
+    pub fn wait_for(&self, target: Target, timeout: Option<Duration>) -> Result<SaveStats> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let timed_out = || Error::Timeout {
+            step: self.step,
+            target: target.to_string(),
+            waited: timeout.unwrap_or_default(),
+        };
+        if !self.done.wait_done_until(deadline) {
+            return Err(timed_out());
+        }
+        let stats = self.result()?;
+        let s = &self.shared;
+        match target {
+            Target::L1 => Ok(stats),
+            _ if stats.skipped => Err(Error::InvalidState(format!(
+                "step {} was skipped by the busy policy",
+                self.step
+            ))),
+            Target::Peers => {
+                if s.l2.is_empty() {
+                    return Err(Error::Config("no peers configured".into()));
+                }
+                use crate::replication::L2State;
+                match s.replication.wait_for(self.step, deadline, |st| {
+                    !matches!(st, Some(L2State::Pending) | None)
+                }) {
+                    Some(L2State::Replicated { .. }) => Ok(stats),
+                    Some(L2State::Degraded {
+                        peers,
+                        wanted,
+                        errors,
+                    }) => Err(Error::Store(strata_tiered::StoreError::Unavailable(
+                        format!(
+                            "step {} on {} of {wanted} peers: {}",
+                            self.step,
+                            peers.len(),
+                            errors.join("; ")
+                        ),
+                    ))),
+                    _ => Err(timed_out()),
+                }
+            }
+            Target::L3 => {
+                if s.l3.is_none() {
+                    return Err(Error::Config("no L3 configured (l3_url)".into()));
+                }
+                use crate::tiering::L3State;
+                let st = s.uploads.wait_for(self.step, deadline, |st| {
+                    matches!(st, Some(L3State::Committed { .. } | L3State::Failed(_)))
+                });
+                match st {
+                    Some(L3State::Committed { .. }) => Ok(stats),
+                    Some(L3State::Failed(why)) => Err(Error::Store(
+                        strata_tiered::StoreError::Unavailable(format!(
+                            "upload of step {}: {why}",
+                            self.step
+                        )),
+                    )),
+                    None => Err(Error::InvalidState(format!(
+                        "step {} is not queued for upload (the policy did not pick it; call upload({}))",
+                        self.step, self.step
+                    ))),
+                    _ => Err(timed_out()),
+                }
+            }
         }
     }
 }
@@ -158,30 +280,95 @@ impl Drop for OwnRuntime {
 pub(crate) struct Shared {
     pub(crate) cfg: Config,
     pub(crate) rt: OwnRuntime,
-    pub(crate) l1: L1Store,
+    /// The local tier (L1): every save is written here first.
+    pub(crate) l1: Arc<dyn ChunkStore>,
+    /// The same, typed, when it is the default L1 on `l1_dir`.
+    l1_disk: Option<L1Store>,
     pub(crate) coord: Arc<dyn Coordinator>,
     pub(crate) pool: StagingPool,
     pub(crate) restores: std::sync::atomic::AtomicU64,
     gpu: Mutex<Option<Arc<Gpu>>>,
-    /// L3, when configured.
-    pub(crate) l3: Option<Arc<L3Store>>,
+    /// The remote tier (L3), when configured.
+    pub(crate) l3: Option<Arc<dyn ChunkStore>>,
     /// Upload progress.
-    pub(crate) uploads: Uploads,
-    /// The uploader's queue (taken on drop so the uploader finishes).
+    pub(crate) uploads: Arc<Uploads>,
+    /// The uploader's queue for steps asked for by [`Checkpointer::upload`]
+    /// (taken on drop so the uploader finishes).
     pub(crate) upload_tx: Mutex<Option<mpsc::Sender<UploadJob>>>,
-    /// L2 peers in ring order (empty: no replication).
+    /// Peer tiers (L2) in ring order (empty: no replication).
     pub(crate) l2: Vec<crate::replication::Peer>,
     /// Replication progress.
-    pub(crate) replication: crate::replication::Replication,
-    /// The replication worker's queue.
-    pub(crate) repl_tx: Mutex<Option<mpsc::Sender<u64>>>,
+    pub(crate) replication: Arc<crate::replication::Replication>,
     /// Eager pushes by step, until the replication worker takes them.
     pub(crate) eager: Mutex<
         std::collections::HashMap<u64, tokio::sync::oneshot::Receiver<crate::eager_push::Outcome>>,
     >,
+    /// The clock of every time-based decision.
+    pub(crate) clock: Arc<dyn Clock>,
+    /// Which committed steps go to L3 (rank 0's answer is everyone's).
+    pub(crate) upload_policy: UploadPolicy,
+    /// "Step committed" events (the uploader and replicator subscribe).
+    pub(crate) commits: CommitEvents,
+    /// Steps this rank knows committed in some tier (listed at the first
+    /// save, then kept): a save of one of them is refused.
+    committed: Mutex<Option<BTreeSet<u64>>>,
 }
 
 impl Shared {
+    /// Notes a step this rank committed.
+    pub(crate) fn note_committed(&self, step: u64) {
+        if let Ok(mut g) = self.committed.lock() {
+            if let Some(set) = g.as_mut() {
+                set.insert(step);
+            }
+        }
+    }
+
+    /// Refuses a save of a step this rank already committed in some tier
+    /// (saving it again would replace a committed shard's manifest):
+    /// checked before anything is written. The tiers are listed once, at
+    /// the first save; an unreachable tier is skipped (its own guard still
+    /// refuses to replace a committed manifest).
+    fn refuse_committed(&self, step: u64) -> Result<()> {
+        let mut g = self
+            .committed
+            .lock()
+            .map_err(|_| Error::Pipeline("poisoned".into()))?;
+        if g.is_none() {
+            let mut known = BTreeSet::new();
+            let tiers = std::iter::once(("L1".to_string(), &self.l1))
+                .chain(self.l2.iter().map(|p| (format!("L2 {}", p.name), &p.store)))
+                .chain(self.l3.iter().map(|l3| ("L3".to_string(), l3)));
+            for (name, t) in tiers {
+                // On a thread of its own: `save` may be called from inside
+                // an async runtime, where blocking on ours would panic.
+                let listed = std::thread::scope(|sc| {
+                    sc.spawn(|| self.rt.block_on(t.list_steps(&self.cfg.job)))
+                        .join()
+                        .unwrap_or_else(|_| {
+                            Err(strata_tiered::StoreError::Internal(
+                                "listing thread panicked".into(),
+                            ))
+                        })
+                });
+                match listed {
+                    Ok(steps) => known.extend(crate::commit::restorable(&self.cfg, &steps)),
+                    Err(e) => {
+                        tracing::warn!(tier = %name, error = %e, "cannot list a tier to check for committed steps")
+                    }
+                }
+            }
+            *g = Some(known);
+        }
+        if g.as_ref().is_some_and(|set| set.contains(&step)) {
+            return Err(Error::AlreadyCommitted {
+                step,
+                tier: "by this rank".into(),
+            });
+        }
+        Ok(())
+    }
+
     /// The GPU engine for these device buffers (opened on first use), or
     /// None when there are none. All must live on one device.
     pub(crate) fn gpu_for(
@@ -235,39 +422,41 @@ pub struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// A checkpointer for a world of one.
+    /// A checkpointer for a world of one, on the tiers `cfg` describes.
     pub fn new(cfg: Config) -> Result<Self> {
-        Self::with_coordinator(cfg, Arc::new(SoloCoordinator))
+        Self::builder(cfg).build()
+    }
+
+    /// A builder: settings from `cfg`, components (coordinator, tier
+    /// stack, clock) from its methods.
+    pub fn builder(cfg: Config) -> CheckpointerBuilder {
+        CheckpointerBuilder::new(cfg)
     }
 
     /// A checkpointer whose ranks agree through `coord`.
     pub fn with_coordinator(cfg: Config, coord: Arc<dyn Coordinator>) -> Result<Self> {
-        let l3 = match &cfg.l3_url {
-            Some(url) => {
-                let opts: Vec<(String, String)> = cfg
-                    .l3_options
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                let store = L3Store::from_url(url, &opts, L3Options::default())
-                    .map_err(|e| Error::Config(format!("l3_url {url:?}: {e}")))?;
-                Some(store)
-            }
-            None => None,
-        };
-        Self::with_tiers(cfg, coord, l3)
+        Self::builder(cfg).coordinator(coord).build()
     }
 
     /// A checkpointer with an L3 store built by the caller (custom
     /// `object_store` settings, a wrapper): `cfg.l3_url` is ignored; the
-    /// upload policy settings apply to `l3`.
+    /// upload policy settings apply to `l3`. The same as
+    /// `builder(cfg).coordinator(coord).remote(l3)`.
     pub fn with_tiers(
         cfg: Config,
         coord: Arc<dyn Coordinator>,
         l3: Option<L3Store>,
     ) -> Result<Self> {
+        Self::builder(cfg)
+            .coordinator(coord)
+            .remote(l3.map(|s| Arc::new(s) as Arc<dyn ChunkStore>))
+            .build()
+    }
+
+    pub(crate) fn from_builder(b: CheckpointerBuilder) -> Result<Self> {
+        let cfg = b.cfg;
+        let coord = b.coord;
         cfg.validate()?;
-        let l3 = l3.map(Arc::new);
         if coord.world_size() != cfg.world_size {
             return Err(Error::Config(format!(
                 "coordinator has {} ranks, config {}",
@@ -281,30 +470,72 @@ impl Checkpointer {
             .enable_all()
             .build()
             .map_err(|e| Error::Config(format!("cannot start the runtime: {e}")))?;
-        let l1 = L1Store::open(&cfg.l1_dir, cfg.engine()?)?;
-        let l2 = crate::replication::open_peers(&cfg, &rt)?;
+        let (l1, l1_disk) = match b.local {
+            Some(l) => (l, None),
+            None => {
+                let disk = L1Store::open(&cfg.l1_dir, cfg.engine()?)?;
+                (Arc::new(disk.clone()) as Arc<dyn ChunkStore>, Some(disk))
+            }
+        };
+        let l2 = match b.peers {
+            Some(p) => p,
+            None => {
+                let _guard = rt.enter();
+                crate::replication::open_peers(&cfg)?
+            }
+        };
+        let l3 = match b.remote {
+            Some(r) => r,
+            None => match &cfg.l3_url {
+                Some(url) => Some(Arc::new(open_l3(&cfg, url)?) as Arc<dyn ChunkStore>),
+                None => None,
+            },
+        };
+        let upload_policy = UploadPolicy::new(
+            l3.is_some(),
+            cfg.upload_every,
+            Duration::from_secs(cfg.upload_min_interval_secs),
+            b.clock.clone(),
+        );
         let (upload_tx, upload_rx) = mpsc::channel::<UploadJob>();
         let (repl_tx, repl_rx) = mpsc::channel::<u64>();
-        tracing::info!(engine = l1.engine_name(), dir = %cfg.l1_dir.display(), rank = cfg.rank, "strata checkpointer ready");
+        tracing::info!(local = %l1.describe(), rank = cfg.rank, peers = l2.len(), remote = l3.is_some(), "strata checkpointer ready");
         let shared = Arc::new(Shared {
-            cfg,
             rt: OwnRuntime(Some(rt)),
             l1,
+            l1_disk,
             coord,
             pool: StagingPool::default(),
             restores: std::sync::atomic::AtomicU64::new(0),
             gpu: Mutex::new(None),
             l3,
-            uploads: Uploads::default(),
-            upload_tx: Mutex::new(Some(upload_tx)),
+            uploads: Arc::default(),
+            upload_tx: Mutex::new(Some(upload_tx.clone())),
             l2,
-            replication: Default::default(),
-            repl_tx: Mutex::new(Some(repl_tx)),
+            replication: Arc::default(),
             eager: Mutex::default(),
+            clock: b.clock,
+            upload_policy,
+            commits: CommitEvents::default(),
+            committed: Mutex::new(None),
+            cfg,
         });
+        // The workers hear of committed steps as subscribers; the save
+        // path never calls them.
+        shared.commits.subscribe(Box::new(tiering::subscriber(
+            shared.uploads.clone(),
+            upload_tx,
+        )));
         let replicator = if shared.l2.is_empty() {
             None
         } else {
+            shared
+                .commits
+                .subscribe(Box::new(crate::replication::subscriber(
+                    shared.replication.clone(),
+                    repl_tx,
+                    shared.cfg.replicas,
+                )));
             let s2 = shared.clone();
             Some(
                 std::thread::Builder::new()
@@ -319,7 +550,7 @@ impl Checkpointer {
                 Some(
                     std::thread::Builder::new()
                         .name("strata-upload".into())
-                        .spawn(move || tiering::run(&s3, &l3, &upload_rx))
+                        .spawn(move || tiering::run(&s3, &*l3, &upload_rx))
                         .map_err(|e| Error::Config(format!("cannot start the uploader: {e}")))?,
                 )
             }
@@ -357,9 +588,13 @@ impl Checkpointer {
         &self.shared.cfg
     }
 
-    /// The L1 I/O engine running ("io_uring" or "psync").
-    pub fn engine_name(&self) -> &'static str {
-        self.shared.l1.engine_name()
+    /// How the local tier does its I/O: the L1 engine running
+    /// ("io_uring" or "psync"), or a custom store's description.
+    pub fn engine_name(&self) -> String {
+        match self.l1() {
+            Some(l1) => l1.engine_name().to_string(),
+            None => self.shared.l1.describe(),
+        }
     }
 
     /// Steps skipped by the busy policy so far.
@@ -367,9 +602,16 @@ impl Checkpointer {
         self.skipped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The L1 store (for inspection tools).
-    pub fn l1(&self) -> &L1Store {
+    /// The local tier (for inspection tools).
+    pub fn local(&self) -> &Arc<dyn ChunkStore> {
         &self.shared.l1
+    }
+
+    /// The local tier as an [`L1Store`], when it is the default L1 on
+    /// `l1_dir` (paths of chunk files and manifests, for repair tools and
+    /// tests).
+    pub fn l1(&self) -> Option<&L1Store> {
+        self.shared.l1_disk.as_ref()
     }
 
     /// The entries' specs and where their chunks go in staging memory.
@@ -445,11 +687,15 @@ impl Checkpointer {
                         step,
                         stall: started.elapsed(),
                         done,
+                        shared: self.shared.clone(),
                     });
                 }
             }
         }
 
+        // A committed step is never saved again (it would replace a
+        // committed shard): refused before anything is written.
+        self.shared.refuse_committed(step)?;
         let (specs, plan) = self.plan(state)?;
         let plan = Arc::new(plan);
         let gpu = self.shared.gpu_for(state.iter().filter_map(|e| e.device))?;
@@ -498,7 +744,12 @@ impl Checkpointer {
         }
         let stall = started.elapsed();
         let _ = snap_tx.send(Snap::Taken(stall));
-        Ok(SaveHandle { step, stall, done })
+        Ok(SaveHandle {
+            step,
+            stall,
+            done,
+            shared: self.shared.clone(),
+        })
     }
 
     /// Waits for the save in flight, if any.
@@ -522,16 +773,14 @@ impl Drop for Checkpointer {
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
-        // Then the uploads queued so far (closing the queue ends the
-        // uploader once it is empty).
+        // Then the uploads queued so far (closing the queues, held by the
+        // subscribers and `upload`, ends the workers once they are empty).
+        self.shared.commits.close();
         if let Ok(mut tx) = self.shared.upload_tx.lock() {
             tx.take();
         }
         if let Some(u) = self.uploader.take() {
             let _ = u.join();
-        }
-        if let Ok(mut tx) = self.shared.repl_tx.lock() {
-            tx.take();
         }
         if let Some(r) = self.replicator.take() {
             let _ = r.join();

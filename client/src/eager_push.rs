@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use strata_format::codec::ElemHint;
 use strata_format::ChunkId;
-use strata_peer::PeerStore;
+
 use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore};
 
 use crate::checkpointer::Shared;
@@ -49,7 +49,7 @@ type Piece = (ChunkId, ElemHint, Range<usize>);
 type Offered = (Arc<AlignedBuf>, Vec<Piece>);
 
 /// A peer by name.
-type NamedPeer = (String, Arc<PeerStore>);
+type NamedPeer = (String, Arc<dyn strata_tiered::ChunkStore>);
 
 /// Chunk bytes each peer received from the eager push of a step (a peer
 /// that failed is absent).

@@ -1,10 +1,57 @@
-//! The public error of the `strata` library.
+//! The public error of the `strata` library, and its [`ErrorKind`]: what the
+//! caller should do about it. The Python exception hierarchy mirrors the
+//! kinds.
 
 use strata_format::{ChunkId, FormatError};
 use strata_tiered::{StoreError, StoreErrorKind};
 
-/// An error from saving or restoring.
-#[derive(Debug, thiserror::Error)]
+/// What the caller should do about an [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Nothing to restore, or the thing asked for is in no tier: save
+    /// first, or ask for something else.
+    NotFound,
+    /// Stored bytes are damaged in every tier that was tried: restore an
+    /// older step; `strata verify --repair` fixes what a good copy exists for.
+    Corrupt,
+    /// A tier, a peer or a rank is unreachable, or the pipeline is busy:
+    /// retry later (the same call may succeed).
+    Unavailable,
+    /// The caller passed something invalid (configuration, state, a buffer
+    /// of the wrong size): fix the input; retrying does not help.
+    Invalid,
+    /// The operation conflicts with what is already there (a committed step
+    /// saved again, a different commit record in place): use a new step
+    /// number or remove the old one first.
+    Conflict,
+    /// A tier refused the credentials: fix them.
+    Unauthorized,
+    /// A device or budget is full: free space (retention) or grow it.
+    NoSpace,
+    /// A bug or an unexpected condition: report it.
+    Internal,
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ErrorKind::NotFound => "not found",
+            ErrorKind::Corrupt => "corrupt",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Invalid => "invalid",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::Unauthorized => "unauthorized",
+            ErrorKind::NoSpace => "no space",
+            ErrorKind::Internal => "internal",
+        })
+    }
+}
+
+/// An error from saving or restoring. [`Error::kind`] says what to do.
+/// Errors are `Clone`: a failed save reports the same error, with its whole
+/// cause chain, to every waiter.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The configuration is invalid or could not be read.
@@ -20,6 +67,15 @@ pub enum Error {
         step: u64,
         /// The step still persisting.
         busy_with: u64,
+    },
+    /// The step is already committed by this rank: saving it again would
+    /// replace a committed shard. Nothing was written.
+    #[error("step {step} is already committed ({tier}); save under a new step number")]
+    AlreadyCommitted {
+        /// The step.
+        step: u64,
+        /// Where it was found committed.
+        tier: String,
     },
     /// No step that every rank can restore.
     #[error("no restorable step{}", .0.as_ref().map(|s| format!(" ({s})")).unwrap_or_default())]
@@ -61,14 +117,110 @@ pub enum Error {
     /// The background persist worker stopped.
     #[error("the save pipeline stopped: {0}")]
     Pipeline(String),
+    /// A wait for a save's target ran out of time (the save goes on).
+    #[error("step {step}: not {target} within {waited:?}")]
+    Timeout {
+        /// The step.
+        step: u64,
+        /// The target waited for.
+        target: String,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
 }
 
 impl Error {
+    /// What the caller should do about it.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Config(_) | Error::InvalidState(_) | Error::Gpu(_) => ErrorKind::Invalid,
+            Error::Busy { .. } | Error::Coordination(_) | Error::Timeout { .. } => {
+                ErrorKind::Unavailable
+            }
+            Error::AlreadyCommitted { .. } => ErrorKind::Conflict,
+            Error::NothingToRestore(_) => ErrorKind::NotFound,
+            Error::Chunk { source, .. } => store_kind(source.kind()),
+            Error::Manifest { .. } => ErrorKind::Corrupt,
+            Error::Store(e) => store_kind(e.kind()),
+            Error::Format(e) => match e.kind() {
+                strata_format::ErrorKind::Invalid => ErrorKind::Invalid,
+                _ => ErrorKind::Corrupt,
+            },
+            Error::Pipeline(_) => ErrorKind::Internal,
+        }
+    }
+
     /// True when the error is a full device (retention or a bigger disk helps).
     pub fn is_no_space(&self) -> bool {
-        matches!(self, Error::Store(e) if e.kind() == StoreErrorKind::NoSpace)
+        self.kind() == ErrorKind::NoSpace
+    }
+
+    /// True when retrying the same call may succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.kind() == ErrorKind::Unavailable
+    }
+}
+
+/// The public kind of a tier's error kind (one place).
+fn store_kind(k: StoreErrorKind) -> ErrorKind {
+    match k {
+        StoreErrorKind::NotFound => ErrorKind::NotFound,
+        StoreErrorKind::Corrupt => ErrorKind::Corrupt,
+        StoreErrorKind::AlreadyExists => ErrorKind::Conflict,
+        StoreErrorKind::NoSpace => ErrorKind::NoSpace,
+        StoreErrorKind::Unavailable => ErrorKind::Unavailable,
+        StoreErrorKind::Invalid => ErrorKind::Invalid,
+        StoreErrorKind::Unauthorized => ErrorKind::Unauthorized,
+        _ => ErrorKind::Internal,
     }
 }
 
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_follow_the_cause_and_survive_a_clone() {
+        let io = StoreError::io(
+            "reading",
+            "/x",
+            std::io::Error::from_raw_os_error(libc_eio()),
+        );
+        let e = Error::Chunk {
+            chunk: ChunkId::of(b"c"),
+            entries: vec!["w".into()],
+            source: Box::new(io),
+        };
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        let again = e.clone();
+        assert_eq!(again.kind(), ErrorKind::Unavailable);
+        assert_eq!(again.to_string(), e.to_string());
+        let chain = |e: &Error| {
+            let mut v = Vec::new();
+            let mut s: Option<&dyn std::error::Error> = Some(e);
+            while let Some(x) = s {
+                v.push(x.to_string());
+                s = x.source();
+            }
+            v
+        };
+        assert_eq!(chain(&again), chain(&e), "the cause chain is kept");
+        assert_eq!(
+            Error::from(StoreError::AlreadyExists { what: "x".into() }).kind(),
+            ErrorKind::Conflict
+        );
+        assert_eq!(
+            Error::from(StoreError::Unauthorized("403".into())).kind(),
+            ErrorKind::Unauthorized
+        );
+        assert_eq!(Error::NothingToRestore(None).kind(), ErrorKind::NotFound);
+        assert_eq!(Error::Config("x".into()).kind(), ErrorKind::Invalid);
+    }
+
+    fn libc_eio() -> i32 {
+        5
+    }
+}

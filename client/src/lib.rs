@@ -28,6 +28,7 @@
 //! storage) and the GPU path.
 
 mod checkpointer;
+mod commit;
 pub mod config;
 pub mod coordinator;
 mod eager_push;
@@ -36,24 +37,27 @@ pub mod gpu;
 pub mod inspect;
 pub mod par;
 mod persist;
+mod policy;
 mod readback;
 pub mod replication;
 mod restore;
 mod restore_l3;
 mod snapshot;
+pub mod stack;
 mod staging;
 mod state;
 pub mod stats;
 pub mod synthetic;
 pub mod tiering;
 
-pub use checkpointer::{Checkpointer, SaveHandle};
+pub use checkpointer::{Checkpointer, SaveHandle, Target};
 pub use config::{BusyPolicy, Config};
 pub use coordinator::{Coordinator, InProcessCoordinator, SoloCoordinator};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use gpu::DeviceBytes;
 pub use replication::L2State;
 pub use restore::StepSelector;
+pub use stack::{CheckpointerBuilder, NamedTier, TierStack};
 pub use state::{Entry, RestoredEntry, RestoredState};
 pub use stats::{RestoreStats, SaveStats};
 pub use strata_format as format;

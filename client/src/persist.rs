@@ -1,15 +1,19 @@
 //! The persist worker's job: hash → write chunks → manifest → barrier →
 //! commit record → retention, for one save, starting on the first staging
-//! segment while `save` still fills the next ones.
+//! segment while `save` still fills the next ones. The barrier, the vote
+//! check and the record are the commit protocol's ([`crate::commit`]); a
+//! committed step is announced to subscribers (uploader, replicator), which
+//! this module does not know.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use strata_format::{ChunkId, CommitRecord, EntrySpec, ShardInfo, ShardManifest, ShardRef};
+use strata_format::{ChunkId, EntrySpec, ShardInfo, ShardManifest};
 use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore};
 
 use crate::checkpointer::{Completion, Shared};
+use crate::commit::{self, Committed, Vote};
 use crate::error::{Error, Result};
 use crate::par::par_map;
 use crate::snapshot::Plan;
@@ -36,12 +40,6 @@ pub(crate) struct PersistJob {
     pub(crate) done: Arc<Completion>,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Hash → write chunks → manifest → barrier → commit record → retention.
 pub(crate) fn persist(
     s: &Shared,
@@ -65,7 +63,7 @@ pub(crate) fn persist(
             step: job.step,
             rank: cfg.rank,
             world_size: cfg.world_size,
-            created_unix_ms: now_ms(),
+            created_unix_ms: strata_tiered::clock::unix_ms(&*s.clock),
         };
         let manifest =
             ShardManifest::from_layout(info, &job.specs, &job.plan.layout, &ids, job.metadata)?;
@@ -78,45 +76,35 @@ pub(crate) fn persist(
         Ok((bytes, manifest))
     })();
 
-    // Every rank reports, failed or not, so nobody waits for a rank that gave up.
-    let ok = local.is_ok();
-    let timeout = Duration::from_secs(cfg.coordination_timeout_secs);
+    // Every rank votes, failed or not, so nobody waits for a rank that
+    // gave up; rank 0's upload policy decides for all.
+    let vote = Vote {
+        ok: local.is_ok(),
+        upload: cfg.rank == 0 && s.upload_policy.wants(job.step),
+    };
     let t = Instant::now();
-    let votes = tracing::info_span!("barrier").in_scope(|| {
-        s.coord.all_gather(
-            cfg.rank,
-            &format!("commit/{}/{}", cfg.job, job.step),
-            vec![u8::from(ok)],
-            timeout,
-        )
-    });
+    let decision =
+        tracing::info_span!("barrier").in_scope(|| commit::barrier(&*s.coord, cfg, job.step, vote));
     stats.barrier_time = t.elapsed();
     let (bytes, manifest) = local?;
-    let votes = votes?;
-    if let Some(bad) = votes.iter().position(|v| v.first() != Some(&1)) {
-        return Err(Error::Coordination(format!(
-            "step {}: rank {bad} failed to persist its shard; step not committed",
-            job.step
-        )));
-    }
-    let record = CommitRecord {
-        job: cfg.job.clone(),
-        step: job.step,
-        world_size: cfg.world_size,
-        committed_unix_ms: now_ms(),
-        shards: vec![ShardRef {
-            rank: cfg.rank,
-            manifest: ShardManifest::id_of(&bytes),
-            logical_bytes: manifest.logical_bytes(),
-        }],
-    };
+    let decision = decision?;
+    let record = commit::record(
+        cfg,
+        job.step,
+        &bytes,
+        &manifest,
+        strata_tiered::clock::unix_ms(&*s.clock),
+    );
     let t = Instant::now();
     tracing::info_span!("commit").in_scope(|| s.rt.block_on(s.l1.commit(&record)))?;
     stats.commit_time = t.elapsed();
     stats.to_durable = job.started.elapsed();
+    s.note_committed(job.step);
 
-    crate::tiering::after_commit(s, job.step);
-    crate::replication::after_commit(s, job.step);
+    s.commits.publish(Committed {
+        step: job.step,
+        decision,
+    });
     match tracing::info_span!("retention").in_scope(|| retention(s)) {
         Ok((steps, bytes)) => {
             stats.retired_steps = steps;
@@ -260,9 +248,15 @@ fn hash_and_write(
     Ok(ids)
 }
 
-/// Keeps the newest `keep_last` steps this rank committed; deletes older
-/// steps (and partial steps older than the newest commit), then chunks no
-/// remaining manifest references.
+/// Keeps the newest `keep_last` steps this rank committed on L1; retires
+/// this rank's shard of older ones, of its partial steps older than the
+/// oldest kept, and of shards left half-retired by a crash; then sweeps the
+/// chunks no remaining manifest (of any rank) references.
+///
+/// Only this rank's files are deleted (ranks of a node share its L1), and
+/// only steps this rank committed count: its own record proves every rank
+/// voted the step durable. A listing error aborts it all before anything
+/// is deleted.
 fn retention(s: &Shared) -> Result<(u64, u64)> {
     let cfg = &s.cfg;
     let steps = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
@@ -281,11 +275,22 @@ fn retention(s: &Shared) -> Result<(u64, u64)> {
     let oldest_kept = keep.iter().min().copied().unwrap_or(newest);
     let mut retired = 0;
     for st in &steps {
-        let committed_here = st.committed_ranks().contains(&cfg.rank);
-        let doomed = (committed_here && !keep.contains(&st.step))
-            || (!committed_here && st.step < oldest_kept);
+        let rank = cfg.rank;
+        let committed_here = st.committed_ranks().contains(&rank);
+        let has_mine = st.manifests.contains(&rank) || st.unreadable.contains_key(&rank);
+        let doomed = if st.retiring.contains(&rank) {
+            // A retirement a crash interrupted: finish it.
+            true
+        } else if committed_here {
+            !keep.contains(&st.step)
+        } else {
+            // A partial shard of this rank (an interrupted save), once a
+            // newer step is safely kept; a record that cannot be read is
+            // left for a person to look at.
+            has_mine && !st.unreadable.contains_key(&rank) && st.step < oldest_kept
+        };
         if doomed {
-            s.rt.block_on(s.l1.delete_step(&cfg.job, st.step))?;
+            s.rt.block_on(s.l1.delete_shard(&cfg.job, st.step, rank))?;
             retired += 1;
         }
     }
@@ -293,6 +298,7 @@ fn retention(s: &Shared) -> Result<(u64, u64)> {
         return Ok((0, 0));
     }
     // Mark: every chunk named by a manifest that is still there (any rank).
+    // Any error (listing, reading) aborts before anything is swept.
     let mut referenced = HashSet::new();
     for st in s.rt.block_on(s.l1.list_steps(&cfg.job))? {
         for rank in &st.manifests {
@@ -304,7 +310,19 @@ fn retention(s: &Shared) -> Result<(u64, u64)> {
             }
         }
     }
-    let grace = Duration::from_secs(cfg.gc_grace_secs);
-    let (_, bytes) = s.rt.block_on(s.l1.sweep(&cfg.job, referenced, grace))?;
+    // Sweep: unreferenced chunks untouched for the grace period, each
+    // checked again as it goes (a save deduplicating against it keeps it).
+    let unreferenced: Vec<ChunkId> =
+        s.rt.block_on(s.l1.list_chunks(&cfg.job))?
+            .into_iter()
+            .filter(|id| !referenced.contains(id))
+            .collect();
+    let cutoff = s
+        .clock
+        .now()
+        .checked_sub(Duration::from_secs(cfg.gc_grace_secs))
+        .unwrap_or(std::time::UNIX_EPOCH);
+    let (_, bytes) =
+        s.rt.block_on(s.l1.delete_chunks_untouched_since(&cfg.job, &unreferenced, cutoff))?;
     Ok((retired, bytes))
 }

@@ -14,13 +14,15 @@
 //! until their push ends.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use strata_format::ChunkId;
 use strata_peer::PeerStore;
 use strata_tiered::ChunkStore;
 
 use crate::checkpointer::Shared;
+use crate::commit::Committed;
 use crate::error::{Error, Result};
 
 /// Chunk bytes read from L1 and pushed per batch.
@@ -55,21 +57,62 @@ pub enum L2State {
 }
 
 /// One peer in ring order.
-pub(crate) struct Peer {
-    pub(crate) name: String,
-    pub(crate) store: Arc<PeerStore>,
-}
+pub(crate) type Peer = crate::stack::NamedTier;
 
 /// Replication state shared by the worker and the API.
 #[derive(Default)]
 pub(crate) struct Replication {
     state: Mutex<BTreeMap<u64, L2State>>,
+    changed: Condvar,
 }
 
 impl Replication {
     fn set(&self, step: u64, st: L2State) {
         if let Ok(mut m) = self.state.lock() {
             m.insert(step, st);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Waits until `done` holds for the state of `step` (None: never
+    /// queued), or `deadline` passes. Returns the last state seen.
+    pub(crate) fn wait_for(
+        &self,
+        step: u64,
+        deadline: Option<Instant>,
+        done: impl Fn(Option<&L2State>) -> bool,
+    ) -> Option<L2State> {
+        let Ok(mut g) = self.state.lock() else {
+            return None;
+        };
+        loop {
+            if done(g.get(&step)) {
+                return g.get(&step).cloned();
+            }
+            let wait = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(left) => left,
+                    None => return g.get(&step).cloned(),
+                },
+                None => Duration::from_secs(3600),
+            };
+            match self.changed.wait_timeout(g, wait) {
+                Ok((ng, _)) => g = ng,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Waits until no step is pending.
+    pub(crate) fn wait_idle(&self) {
+        let Ok(mut g) = self.state.lock() else {
+            return;
+        };
+        while g.values().any(|st| matches!(st, L2State::Pending)) {
+            match self.changed.wait_timeout(g, Duration::from_secs(1)) {
+                Ok((ng, _)) => g = ng,
+                Err(_) => return,
+            }
         }
     }
 
@@ -92,8 +135,9 @@ impl Replication {
     }
 }
 
-/// Opens the peers of `s.cfg` in ring order (none without `peers`).
-pub(crate) fn open_peers(cfg: &crate::Config, rt: &tokio::runtime::Runtime) -> Result<Vec<Peer>> {
+/// Opens the peers of `cfg` in ring order (none without `peers`). Must run
+/// inside a tokio runtime context (the endpoints bind to it).
+pub(crate) fn open_peers(cfg: &crate::Config) -> Result<Vec<Peer>> {
     let list = cfg.peer_list()?;
     if list.is_empty() {
         return Ok(Vec::new());
@@ -104,7 +148,6 @@ pub(crate) fn open_peers(cfg: &crate::Config, rt: &tokio::runtime::Runtime) -> R
     let names: Vec<String> = list.iter().map(|(n, _)| n.clone()).collect();
     let order = strata_peer::ring::placement(&names, &cfg.node, cfg.rank);
     let certs = strata_peer::tls::CertFiles::in_dir(dir, &format!("client-{}", cfg.job));
-    let _guard = rt.enter();
     order
         .into_iter()
         .filter_map(|name| list.iter().find(|(n, _)| *n == name).cloned())
@@ -113,32 +156,33 @@ pub(crate) fn open_peers(cfg: &crate::Config, rt: &tokio::runtime::Runtime) -> R
                 .map_err(|e| Error::Config(format!("peer {name}: {e}")))?;
             Ok(Peer {
                 name,
-                store: Arc::new(store),
+                store: Arc::new(store) as Arc<dyn ChunkStore>,
             })
         })
         .collect()
 }
 
-/// Queues `step` for replication (after its L1 commit).
-pub(crate) fn after_commit(s: &Shared, step: u64) {
-    if s.l2.is_empty() {
-        return;
-    }
-    s.replication.set(step, L2State::Pending);
-    let sent = s
-        .repl_tx
-        .lock()
-        .ok()
-        .and_then(|tx| tx.as_ref().map(|tx| tx.send(step)));
-    if !matches!(sent, Some(Ok(()))) {
-        s.replication.set(
-            step,
-            L2State::Degraded {
-                peers: Vec::new(),
-                wanted: s.cfg.replicas,
-                errors: vec!["the replication worker stopped".into()],
-            },
-        );
+/// The replicator's subscription to "step committed": every committed
+/// step is marked pending at once (L1 retention keeps it) and queued.
+pub(crate) fn subscriber(
+    repl: Arc<Replication>,
+    tx: mpsc::Sender<u64>,
+    wanted: usize,
+) -> impl Fn(Committed) + Send + Sync + 'static {
+    let tx = Mutex::new(tx);
+    move |ev: Committed| {
+        repl.set(ev.step, L2State::Pending);
+        let sent = tx.lock().ok().map(|tx| tx.send(ev.step));
+        if !matches!(sent, Some(Ok(()))) {
+            repl.set(
+                ev.step,
+                L2State::Degraded {
+                    peers: Vec::new(),
+                    wanted,
+                    errors: vec!["the replication worker stopped".into()],
+                },
+            );
+        }
     }
 }
 
@@ -290,7 +334,7 @@ fn replicate(s: &Shared, step: u64) -> L2State {
 
 /// Pushes this rank's shard of `step` from L1 to one peer and commits it
 /// there. Returns the chunk bytes sent.
-fn push(s: &Shared, peer: &PeerStore, step: u64) -> Result<u64> {
+fn push(s: &Shared, peer: &dyn ChunkStore, step: u64) -> Result<u64> {
     let job = &s.cfg.job;
     let steps = s.rt.block_on(s.l1.list_steps(job))?;
     let (m, bytes, record) = crate::restore::load_manifest(s, &s.l1, &steps, step)?;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use strata_format::{ChunkId, CommitRecord, ShardManifest};
 use strata_tiered::{AlignedBuf, ChunkPut, ChunkStore, StepInfo, StoreErrorKind};
@@ -32,16 +32,7 @@ pub enum StepSelector {
     Step(u64),
 }
 
-/// The steps this rank committed on L1 in a world of the configured size.
-pub(crate) fn restorable(cfg: &crate::Config, steps: &[StepInfo]) -> BTreeSet<u64> {
-    steps
-        .iter()
-        .filter(|st| {
-            st.committed_ranks().contains(&cfg.rank) && st.world_size() == Some(cfg.world_size)
-        })
-        .map(|st| st.step)
-        .collect()
-}
+pub(crate) use crate::commit::restorable;
 
 impl Checkpointer {
     /// The steps this rank has committed on L1, oldest first.
@@ -129,6 +120,14 @@ impl Checkpointer {
             .map(|(i, e)| (e.name.as_str(), i))
             .collect();
         let mut slots: Vec<Option<&mut [u8]>> = (0..manifest.entries.len()).map(|_| None).collect();
+        let mut seen = std::collections::HashSet::new();
+        for (name, _) in dests.iter() {
+            if !seen.insert(*name) {
+                return Err(Error::InvalidState(format!(
+                    "two buffers for entry {name:?}"
+                )));
+            }
+        }
         for (name, buf) in dests.iter_mut() {
             let i = *index
                 .get(name)
@@ -252,51 +251,87 @@ impl Checkpointer {
             mine.extend(set.iter().copied());
         }
         let n = s.restores.fetch_add(1, Ordering::Relaxed);
-        let payload: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let all = s.coord.all_gather(
-            cfg.rank,
-            &format!("restore/{}/{n}", cfg.job),
-            payload,
-            Duration::from_secs(cfg.coordination_timeout_secs),
-        )?;
-        let mut common = mine.clone();
-        for (r, v) in all.iter().enumerate() {
-            let theirs: BTreeSet<u64> = v
-                .chunks_exact(8)
-                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
-                .collect();
-            common = common.intersection(&theirs).copied().collect();
-            if common.is_empty() {
-                return Err(Error::NothingToRestore(Some(format!(
-                    "rank {r} shares no committed step with rank {}",
-                    cfg.rank
-                ))));
+        let mut common =
+            crate::commit::agree(&*s.coord, cfg, &format!("restore/{}/{n}", cfg.job), &mine)?;
+        // The newest common step (or the one asked for); if its manifest
+        // turns out unusable on some rank, every rank drops it together and
+        // tries the next older one (only for `Latest`).
+        let mut last_err = None;
+        loop {
+            let step = match which {
+                StepSelector::Latest => match common.last() {
+                    Some(&st) => st,
+                    None => {
+                        return Err(last_err.unwrap_or(Error::NothingToRestore(None)));
+                    }
+                },
+                StepSelector::Step(st) if common.contains(&st) => st,
+                StepSelector::Step(st) => {
+                    return Err(last_err.unwrap_or_else(|| {
+                        Error::NothingToRestore(Some(format!(
+                            "step {st} is not committed by every rank"
+                        )))
+                    }))
+                }
+            };
+            let here = self.load_step(
+                step, &on_l1, &l1_steps, &on_l2, &l2_steps, &on_l3, &l3_steps,
+            );
+            let ready = crate::commit::all_ready(
+                &*s.coord,
+                cfg,
+                &format!("restore/{}/{n}/ready/{step}", cfg.job),
+                here.is_ok(),
+            )?;
+            match here {
+                Ok(loaded) if ready => return Ok((step, loaded)),
+                Ok(_) => {
+                    tracing::warn!(
+                        step,
+                        "another rank cannot use this step; trying an older one"
+                    );
+                    last_err = Some(Error::NothingToRestore(Some(format!(
+                        "step {step} is unreadable on another rank"
+                    ))));
+                }
+                Err(e) => {
+                    tracing::warn!(step, error = %e, "this rank cannot use the step; trying an older one");
+                    last_err = Some(e);
+                }
+            }
+            common.remove(&step);
+            if let StepSelector::Step(_) = which {
+                common.clear();
             }
         }
-        let step = match which {
-            StepSelector::Latest => *common.last().ok_or(Error::NothingToRestore(None))?,
-            StepSelector::Step(st) if common.contains(&st) => st,
-            StepSelector::Step(st) => {
-                return Err(Error::NothingToRestore(Some(format!(
-                    "step {st} is not committed by every rank"
-                ))))
-            }
-        };
+    }
+
+    /// This rank's manifest of `step`, checked against its record, from
+    /// the fastest tier that holds a usable copy.
+    #[allow(clippy::too_many_arguments)]
+    fn load_step(
+        &self,
+        step: u64,
+        on_l1: &BTreeSet<u64>,
+        l1_steps: &[StepInfo],
+        on_l2: &[BTreeSet<u64>],
+        l2_steps: &[Vec<StepInfo>],
+        on_l3: &BTreeSet<u64>,
+        l3_steps: &[StepInfo],
+    ) -> Result<Loaded> {
+        let s = &self.shared;
         // The manifest from L1 if it holds the step, else (or if L1's copy
         // is damaged) from L3.
         let mut first_err = None;
         if on_l1.contains(&step) {
             match load_manifest(s, &s.l1, &l1_steps, step) {
                 Ok((manifest, bytes, record)) => {
-                    return Ok((
-                        step,
-                        Loaded {
-                            manifest,
-                            source: Source::L1,
-                            bytes,
-                            record,
-                        },
-                    ))
+                    return Ok(Loaded {
+                        manifest,
+                        source: Source::L1,
+                        bytes,
+                        record,
+                    })
                 }
                 Err(e) => {
                     tracing::warn!(step, error = %e, "L1 manifest unusable; trying peers and L3");
@@ -310,15 +345,12 @@ impl Checkpointer {
             }
             match load_manifest(s, &*p.store, &l2_steps[i], step) {
                 Ok((manifest, bytes, record)) => {
-                    return Ok((
-                        step,
-                        Loaded {
-                            manifest,
-                            source: Source::L2(i),
-                            bytes,
-                            record,
-                        },
-                    ))
+                    return Ok(Loaded {
+                        manifest,
+                        source: Source::L2(i),
+                        bytes,
+                        record,
+                    })
                 }
                 Err(e) => {
                     tracing::warn!(step, peer = %p.name, error = %e, "peer manifest unusable");
@@ -328,16 +360,13 @@ impl Checkpointer {
         }
         match (&s.l3, on_l3.contains(&step)) {
             (Some(l3), true) => {
-                let (manifest, bytes, record) = load_manifest(s, &**l3, &l3_steps, step)?;
-                Ok((
-                    step,
-                    Loaded {
-                        manifest,
-                        source: Source::L3,
-                        bytes,
-                        record,
-                    },
-                ))
+                let (manifest, bytes, record) = load_manifest(s, &**l3, l3_steps, step)?;
+                Ok(Loaded {
+                    manifest,
+                    source: Source::L3,
+                    bytes,
+                    record,
+                })
             }
             _ => Err(first_err.unwrap_or(Error::NothingToRestore(None))),
         }

@@ -26,7 +26,7 @@ const WRITE_BACK_BATCH: usize = 64 << 20;
 /// queue.
 pub(crate) fn l3_restore(
     s: &Shared,
-    l3: &std::sync::Arc<strata_tiered::L3Store>,
+    l3: &std::sync::Arc<dyn strata_tiered::ChunkStore>,
     loaded: &Loaded,
     wanted: &[usize],
     slots: &[Mutex<Option<Targets<'_>>>],
@@ -40,7 +40,7 @@ pub(crate) fn l3_restore(
     order.sort_by_key(|&c| std::cmp::Reverse(m.chunks[c].len));
     let wanted = &order[..];
     let next = AtomicUsize::new(0);
-    let lanes = (l3.options().concurrency / 2).clamp(1, wanted.len().max(1));
+    let lanes = (l3.concurrency() / 2).clamp(1, wanted.len().max(1));
     let write_back = counters.l1_copy.load(Ordering::Relaxed);
     let pool: Mutex<Vec<AlignedBuf>> = Mutex::new(Vec::new());
     let (tx, rx) = std::sync::mpsc::sync_channel::<ChunkPut>(WRITE_BACK_QUEUE);

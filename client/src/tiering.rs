@@ -1,7 +1,9 @@
-//! Lazy tiering to L3: committed steps chosen by the policy (every K-th
-//! step, at most one per T seconds) or asked for through
+//! Lazy tiering to L3: committed steps chosen by the policy
+//! ([`crate::policy`], decided by rank 0 at the commit barrier, so every
+//! rank uploads the same steps) or asked for through
 //! [`Checkpointer::upload`] are uploaded in the background from L1, never
-//! stalling `save`.
+//! stalling `save`. The uploader hears of committed steps as a subscriber
+//! of the commit protocol's events.
 //!
 //! An upload sends only the chunk ids L3 does not hold yet (across steps
 //! and ranks), in bounded batches read back (verified) from L1, under the
@@ -11,13 +13,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use strata_format::ChunkId;
-use strata_tiered::{ChunkStore, L3Store};
+use strata_tiered::ChunkStore;
 
 use crate::checkpointer::{Checkpointer, Shared};
+use crate::commit::Committed;
 use crate::error::{Error, Result};
 use crate::replication::L2State;
 
@@ -51,8 +54,7 @@ pub enum L3State {
 #[derive(Default)]
 pub(crate) struct Uploads {
     state: Mutex<BTreeMap<u64, L3State>>,
-    changed: Condvar,
-    last_policy_upload: Mutex<Option<Instant>>,
+    pub(crate) changed: Condvar,
     queued: AtomicU64,
 }
 
@@ -84,6 +86,35 @@ impl Uploads {
         self.state.lock().map(|m| m.clone()).unwrap_or_default()
     }
 
+    /// Waits until `done` holds for the upload state of `step` (None: not
+    /// queued), or `deadline` passes. Returns the last state seen.
+    pub(crate) fn wait_for(
+        &self,
+        step: u64,
+        deadline: Option<Instant>,
+        done: impl Fn(Option<&L3State>) -> bool,
+    ) -> Option<L3State> {
+        let Ok(mut g) = self.state.lock() else {
+            return None;
+        };
+        loop {
+            if done(g.get(&step)) {
+                return g.get(&step).cloned();
+            }
+            let wait = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(left) => left,
+                    None => return g.get(&step).cloned(),
+                },
+                None => Duration::from_secs(3600),
+            };
+            match self.changed.wait_timeout(g, wait) {
+                Ok((ng, _)) => g = ng,
+                Err(_) => return None,
+            }
+        }
+    }
+
     /// Steps queued or uploading: L1 retention must keep them.
     pub(crate) fn pinned(&self) -> std::collections::HashSet<u64> {
         self.state
@@ -101,50 +132,40 @@ impl Uploads {
 /// What the uploader thread receives: the step to upload.
 pub(crate) type UploadJob = u64;
 
-/// True if the policy wants `step` on L3 (and notes the time if so).
-pub(crate) fn policy_wants(s: &Shared, step: u64) -> bool {
-    let cfg = &s.cfg;
-    if s.l3.is_none() || cfg.upload_every == 0 || step % cfg.upload_every != 0 {
-        return false;
-    }
-    let Ok(mut last) = s.uploads.last_policy_upload.lock() else {
-        return false;
-    };
-    let min = Duration::from_secs(cfg.upload_min_interval_secs);
-    if last.is_some_and(|t| t.elapsed() < min) {
-        return false;
-    }
-    *last = Some(Instant::now());
-    true
-}
-
-/// Queues `step` for upload if the policy wants it (after its L1 commit).
-pub(crate) fn after_commit(s: &Shared, step: u64) {
-    if !policy_wants(s, step) {
-        return;
-    }
-    let queued = s
-        .upload_tx
-        .lock()
-        .ok()
-        .and_then(|tx| tx.as_ref().map(|tx| enqueue(s, tx, step)));
-    if let Some(Err(e)) = queued {
-        tracing::warn!(step, error = %e, "could not queue the upload");
+/// The uploader's subscription to "step committed": queues the steps the
+/// barrier decided to upload (marked queued at once, so L1 retention keeps
+/// them).
+pub(crate) fn subscriber(
+    uploads: Arc<Uploads>,
+    tx: mpsc::Sender<UploadJob>,
+) -> impl Fn(Committed) + Send + Sync + 'static {
+    let tx = Mutex::new(tx);
+    move |ev: Committed| {
+        if !ev.decision.upload {
+            return;
+        }
+        let queued = tx
+            .lock()
+            .map_err(|_| Error::Pipeline("poisoned".into()))
+            .and_then(|tx| enqueue(&uploads, &tx, ev.step));
+        if let Err(e) = queued {
+            tracing::warn!(step = ev.step, error = %e, "could not queue the upload");
+        }
     }
 }
 
 /// Queues `step` for upload.
-pub(crate) fn enqueue(s: &Shared, tx: &mpsc::Sender<UploadJob>, step: u64) -> Result<()> {
-    s.uploads.set(step, L3State::Queued);
-    s.uploads.queued.fetch_add(1, Ordering::SeqCst);
+pub(crate) fn enqueue(uploads: &Uploads, tx: &mpsc::Sender<UploadJob>, step: u64) -> Result<()> {
+    uploads.set(step, L3State::Queued);
+    uploads.queued.fetch_add(1, Ordering::SeqCst);
     tx.send(step).map_err(|_| {
-        s.uploads.queued.fetch_sub(1, Ordering::SeqCst);
+        uploads.queued.fetch_sub(1, Ordering::SeqCst);
         Error::Pipeline("the uploader stopped".into())
     })
 }
 
 /// The uploader thread's loop.
-pub(crate) fn run(s: &Shared, l3: &L3Store, rx: &mpsc::Receiver<UploadJob>) {
+pub(crate) fn run(s: &Shared, l3: &dyn ChunkStore, rx: &mpsc::Receiver<UploadJob>) {
     while let Ok(step) = rx.recv() {
         let _span = tracing::info_span!("upload", step).entered();
         // A panic in an upload must not leave waiters hanging on the queue.
@@ -168,7 +189,7 @@ pub(crate) fn run(s: &Shared, l3: &L3Store, rx: &mpsc::Receiver<UploadJob>) {
 
 /// Uploads this rank's shard of `step` from L1 to L3 and commits it there.
 /// Returns (chunk bytes sent, chunk bytes L3 already held).
-fn upload_step(s: &Shared, l3: &L3Store, step: u64) -> Result<(u64, u64)> {
+fn upload_step(s: &Shared, l3: &dyn ChunkStore, step: u64) -> Result<(u64, u64)> {
     let cfg = &s.cfg;
     let job = &cfg.job;
     // The manifest and commit record this rank wrote on L1, checked
@@ -274,7 +295,7 @@ impl Checkpointer {
         let tx = tx
             .as_ref()
             .ok_or_else(|| Error::Pipeline("the uploader stopped".into()))?;
-        enqueue(&self.shared, tx, step)
+        enqueue(&self.shared.uploads, tx, step)
     }
 
     /// Blocks until every queued upload has finished (committed or failed).
@@ -300,9 +321,7 @@ impl Checkpointer {
     /// Blocks until every step queued for replication has been pushed (or
     /// found degraded).
     pub fn wait_replication(&self) {
-        while !self.shared.replication.pinned().is_empty() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.shared.replication.wait_idle();
     }
 
     /// The L3 state of every step this process queued for upload.
@@ -311,7 +330,7 @@ impl Checkpointer {
     }
 
     /// The L3 tier, if configured.
-    pub fn l3(&self) -> Option<&L3Store> {
-        self.shared.l3.as_deref()
+    pub fn l3(&self) -> Option<&Arc<dyn ChunkStore>> {
+        self.shared.l3.as_ref()
     }
 }

@@ -290,10 +290,11 @@ fn a_damaged_l1_chunk_is_read_from_the_peer_and_repaired() {
     ck.wait_replication();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let m = strata::format::ShardManifest::decode(
-        &rt.block_on(ck.l1().get_manifest(JOB, 4, 0)).unwrap(),
+        &rt.block_on(ck.l1().unwrap().get_manifest(JOB, 4, 0))
+            .unwrap(),
     )
     .unwrap();
-    let p = ck.l1().chunk_path(JOB, &m.chunks[5].id);
+    let p = ck.l1().unwrap().chunk_path(JOB, &m.chunks[5].id);
     let mut bytes = std::fs::read(&p).unwrap();
     bytes[7] ^= 0x40;
     std::fs::write(&p, &bytes).unwrap();
@@ -377,7 +378,8 @@ fn a_chunk_missing_on_the_peer_read_comes_from_another_and_l1_gets_the_whole_ste
         );
         let rt = tokio::runtime::Runtime::new().unwrap();
         let m = strata::format::ShardManifest::decode(
-            &rt.block_on(ck.l1().get_manifest(JOB, 5, 0)).unwrap(),
+            &rt.block_on(ck.l1().unwrap().get_manifest(JOB, 5, 0))
+                .unwrap(),
         )
         .unwrap();
         m.chunks[3].id
@@ -435,10 +437,13 @@ fn new_chunks_go_to_the_peer_beside_the_l1_write() {
         let l1 = tempfile::tempdir().unwrap();
         let ck = Checkpointer::new(cluster.cfg(l1.path(), 1).eager_push(eager)).unwrap();
         // Step 1 opens the connection; step 2's tensors are all new (and
-        // new to the peer in both runs).
-        for step in [1u64, 2] {
-            let salt = step as u8 + if eager { 0 } else { 100 };
-            let data: Vec<Vec<u8>> = state(step)
+        // new to the peer in both runs). The second run saves other step
+        // numbers: the peer still holds the first run's steps committed,
+        // and a committed step is never saved again.
+        let base = if eager { 0 } else { 10 };
+        for step in [base + 1u64, base + 2] {
+            let salt = (step - base) as u8 + if eager { 0 } else { 100 };
+            let data: Vec<Vec<u8>> = state(step - base)
                 .into_iter()
                 .map(|mut t| {
                     t.iter_mut().for_each(|b| *b ^= salt);
@@ -451,7 +456,7 @@ fn new_chunks_go_to_the_peer_beside_the_l1_write() {
                 .unwrap();
             ck.wait_replication();
         }
-        match &ck.replication()[&2] {
+        match &ck.replication()[&(base + 2)] {
             L2State::Replicated { sent, early, .. } => {
                 eprintln!("eager_push {eager}: sent {sent} bytes, {early} beside the L1 write");
                 assert_eq!(*sent, 20 * MIB as u64, "eager {eager}");

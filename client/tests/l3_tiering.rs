@@ -168,15 +168,16 @@ fn damaged_l1_chunks_are_read_from_l3_and_repaired() {
     ck.wait_uploads();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let m = strata::format::ShardManifest::decode(
-        &rt.block_on(ck.l1().get_manifest("tier", 2, 0)).unwrap(),
+        &rt.block_on(ck.l1().unwrap().get_manifest("tier", 2, 0))
+            .unwrap(),
     )
     .unwrap();
     let (a, b) = (m.chunks[3].id, m.chunks[7].id);
-    let pa = ck.l1().chunk_path("tier", &a);
+    let pa = ck.l1().unwrap().chunk_path("tier", &a);
     let mut bytes = std::fs::read(&pa).unwrap();
     bytes[100] ^= 1;
     std::fs::write(&pa, &bytes).unwrap();
-    std::fs::remove_file(ck.l1().chunk_path("tier", &b)).unwrap();
+    std::fs::remove_file(ck.l1().unwrap().chunk_path("tier", &b)).unwrap();
 
     let got = ck.restore(StepSelector::Latest).unwrap();
     for (n, d) in names.iter().zip(&data) {
@@ -208,11 +209,12 @@ fn an_interrupted_upload_resumes_without_resending() {
     // manifest, no record.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let m = strata::format::ShardManifest::decode(
-        &rt.block_on(ck.l1().get_manifest("tier", 1, 0)).unwrap(),
+        &rt.block_on(ck.l1().unwrap().get_manifest("tier", 1, 0))
+            .unwrap(),
     )
     .unwrap();
     let ids: Vec<_> = m.chunks.iter().take(6).map(|c| c.id).collect();
-    let chunks = rt.block_on(ck.l1().get_chunks("tier", &ids));
+    let chunks = rt.block_on(ck.l1().unwrap().get_chunks("tier", &ids));
     let puts = ids
         .iter()
         .zip(chunks)
@@ -499,7 +501,10 @@ fn restore_from_l3_without_write_back_leaves_l1_untouched() {
     assert!(!got.stats.rehydrated);
     assert!(ck.committed_steps().unwrap().is_empty());
     let rt = tokio::runtime::Runtime::new().unwrap();
-    assert!(rt.block_on(ck.l1().list_chunks("tier")).unwrap().is_empty());
+    assert!(rt
+        .block_on(ck.l1().unwrap().list_chunks("tier"))
+        .unwrap()
+        .is_empty());
 
     // A subset into caller buffers: a packed entry and a large one.
     let (mut a, mut b) = (vec![0u8; data[5].len()], vec![0u8; data[3].len()]);

@@ -169,7 +169,7 @@ fn retention_keeps_the_newest_steps_and_frees_their_chunks() {
     }
     assert_eq!(ck.committed_steps().unwrap(), vec![4, 5]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let chunks = rt.block_on(ck.l1().list_chunks("t")).unwrap();
+    let chunks = rt.block_on(ck.l1().unwrap().list_chunks("t")).unwrap();
     // Two steps of 4 distinct 1 MiB tensors plus packed chunks, nothing older.
     assert!(chunks.len() <= 2 * 6, "{} chunks left", chunks.len());
     assert!(ck.restore(StepSelector::Step(3)).is_err());
@@ -184,12 +184,13 @@ fn damaged_chunks_are_typed_errors_naming_chunk_and_entry() {
     ck.save(1, &st.entries()).unwrap().wait().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let manifest = strata::format::ShardManifest::decode(
-        &rt.block_on(ck.l1().get_manifest("t", 1, 0)).unwrap(),
+        &rt.block_on(ck.l1().unwrap().get_manifest("t", 1, 0))
+            .unwrap(),
     )
     .unwrap();
     let seg = manifest.entry("layer.1.weight").unwrap().segments[0];
     let id = manifest.chunks[seg.chunk as usize].id;
-    let path = ck.l1().chunk_path("t", &id);
+    let path = ck.l1().unwrap().chunk_path("t", &id);
 
     // A flipped bit.
     let mut bytes = std::fs::read(&path).unwrap();
@@ -240,7 +241,8 @@ fn restores_spanning_many_batches_and_lanes_are_exact_and_report_the_first_damag
     // whichever lane met its damage first.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let manifest = strata::format::ShardManifest::decode(
-        &rt.block_on(ck.l1().get_manifest("t", 1, 0)).unwrap(),
+        &rt.block_on(ck.l1().unwrap().get_manifest("t", 1, 0))
+            .unwrap(),
     )
     .unwrap();
     let chunk_of = |name: &str| {
@@ -249,7 +251,7 @@ fn restores_spanning_many_batches_and_lanes_are_exact_and_report_the_first_damag
     };
     let (early, late) = (chunk_of("layer.3.weight"), chunk_of("layer.38.weight"));
     for id in [early, late] {
-        let p = ck.l1().chunk_path("t", &id);
+        let p = ck.l1().unwrap().chunk_path("t", &id);
         let mut b = std::fs::read(&p).unwrap();
         b[7] ^= 1;
         std::fs::write(&p, &b).unwrap();
@@ -273,11 +275,12 @@ fn truncated_manifest_is_a_typed_error_and_earlier_steps_stay_intact() {
     let s2 = State::new(2, MIB, 2);
     ck.save(1, &s1.entries()).unwrap().wait().unwrap();
     ck.save(2, &s2.entries()).unwrap().wait().unwrap();
-    let p = ck.l1().manifest_path("t", 2, 0);
+    let p = ck.l1().unwrap().manifest_path("t", 2, 0);
     let bytes = std::fs::read(&p).unwrap();
     std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    // Asked for by number, the damaged step is a typed error...
     assert!(matches!(
-        ck.restore(StepSelector::Latest),
+        ck.restore(StepSelector::Step(2)),
         Err(Error::Manifest {
             step: 2,
             rank: 0,
@@ -285,6 +288,10 @@ fn truncated_manifest_is_a_typed_error_and_earlier_steps_stay_intact() {
         })
     ));
     let r = ck.restore(StepSelector::Step(1)).unwrap();
+    assert_eq!(r.get("layer.0.weight").unwrap().bytes, s1.data[0]);
+    // ...and the newest restorable step falls back past it to step 1.
+    let r = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(r.step, 1);
     assert_eq!(r.get("layer.0.weight").unwrap().bytes, s1.data[0]);
 }
 

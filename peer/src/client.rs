@@ -447,7 +447,7 @@ fn to_store(code: ErrorCode, message: String, label: &str) -> StoreError {
             path: label.into(),
         },
         ErrorCode::Invalid => StoreError::invalid("peer request", what),
-        ErrorCode::Forbidden => StoreError::invalid("peer authorization", what),
+        ErrorCode::Forbidden => StoreError::Unauthorized(what),
         ErrorCode::Unavailable => StoreError::Unavailable(what),
         ErrorCode::Internal => StoreError::Internal(what),
     }

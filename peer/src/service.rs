@@ -662,6 +662,7 @@ fn from_store(e: &StoreError) -> Response {
         StoreErrorKind::NoSpace => ErrorCode::NoSpace,
         StoreErrorKind::Invalid => ErrorCode::Invalid,
         StoreErrorKind::Unavailable => ErrorCode::Unavailable,
+        StoreErrorKind::Unauthorized => ErrorCode::Forbidden,
         _ => ErrorCode::Internal,
     };
     error(code, e.to_string())

@@ -20,6 +20,8 @@ pub enum StoreErrorKind {
     Unavailable,
     /// The caller passed something invalid: fix the input.
     Invalid,
+    /// The tier refused the credentials: fix them (retrying does not help).
+    Unauthorized,
     /// A bug or an unexpected condition.
     Internal,
 }
@@ -79,6 +81,9 @@ pub enum StoreError {
     /// The tier is unreachable or failed transiently.
     #[error("tier unavailable: {0}")]
     Unavailable(String),
+    /// The tier refused the credentials.
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
     /// Unexpected internal failure.
     #[error("internal error: {0}")]
     Internal(String),
@@ -94,8 +99,14 @@ impl StoreError {
             StoreError::NoSpace { .. } => StoreErrorKind::NoSpace,
             StoreError::Io { .. } | StoreError::Unavailable(_) => StoreErrorKind::Unavailable,
             StoreError::Invalid { .. } => StoreErrorKind::Invalid,
+            StoreError::Unauthorized(_) => StoreErrorKind::Unauthorized,
             StoreError::Internal(_) => StoreErrorKind::Internal,
         }
+    }
+
+    /// True when the same call may succeed if retried (a transient failure).
+    pub fn is_transient(&self) -> bool {
+        self.kind() == StoreErrorKind::Unavailable
     }
 
     /// An I/O error with context; ENOSPC and EDQUOT become [`StoreError::NoSpace`],
@@ -116,6 +127,41 @@ impl StoreError {
         StoreError::Invalid {
             what,
             reason: reason.into(),
+        }
+    }
+}
+
+/// A copy with the same variant, kind and message; an OS error keeps its
+/// code. Lets one failure be reported to several waiters without flattening
+/// it into a string.
+impl Clone for StoreError {
+    fn clone(&self) -> Self {
+        match self {
+            StoreError::NotFound { what } => StoreError::NotFound { what: what.clone() },
+            StoreError::Corrupt { what, source } => StoreError::Corrupt {
+                what: what.clone(),
+                source: source.clone(),
+            },
+            StoreError::AlreadyExists { what } => StoreError::AlreadyExists { what: what.clone() },
+            StoreError::NoSpace { op, path } => StoreError::NoSpace {
+                op,
+                path: path.clone(),
+            },
+            StoreError::Io { op, path, source } => StoreError::Io {
+                op,
+                path: path.clone(),
+                source: match source.raw_os_error() {
+                    Some(code) => std::io::Error::from_raw_os_error(code),
+                    None => std::io::Error::new(source.kind(), source.to_string()),
+                },
+            },
+            StoreError::Invalid { what, reason } => StoreError::Invalid {
+                what,
+                reason: reason.clone(),
+            },
+            StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+            StoreError::Unauthorized(m) => StoreError::Unauthorized(m.clone()),
+            StoreError::Internal(m) => StoreError::Internal(m.clone()),
         }
     }
 }

@@ -127,22 +127,18 @@ impl L1Store {
         keep: std::collections::HashSet<ChunkId>,
         grace: std::time::Duration,
     ) -> Result<(u64, u64)> {
+        let cutoff = std::time::SystemTime::now()
+            .checked_sub(grace)
+            .unwrap_or(std::time::UNIX_EPOCH);
         let job = job.to_string();
         self.run(move |i| {
-            let mut candidates = Vec::new();
-            for c in i.chunk_info(&job)? {
-                if !keep.contains(&c.id) && is_old(c.touched, grace) {
-                    candidates.push(c.id);
-                }
-            }
-            let (mut n, mut bytes) = (0, 0);
-            for id in candidates {
-                if let Some(len) = i.delete_if_old(&job, &id, grace)? {
-                    n += 1;
-                    bytes += len;
-                }
-            }
-            Ok((n, bytes))
+            let candidates: Vec<ChunkId> = i
+                .chunk_info(&job)?
+                .into_iter()
+                .filter(|c| !keep.contains(&c.id) && is_old(c.touched, cutoff))
+                .map(|c| c.id)
+                .collect();
+            i.delete_untouched(&job, &candidates, cutoff)
         })
         .await
     }
@@ -458,11 +454,28 @@ impl Inner {
     /// after it is moved aside: a save that deduplicates against it either
     /// touched it before the move (the check sees it, and it is put back)
     /// or finds it gone and writes it again. Returns its size if deleted.
+    fn delete_untouched(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        cutoff: std::time::SystemTime,
+    ) -> Result<(u64, u64)> {
+        validate_job_id(job)?;
+        let (mut n, mut bytes) = (0, 0);
+        for id in ids {
+            if let Some(len) = self.delete_if_old(job, id, cutoff)? {
+                n += 1;
+                bytes += len;
+            }
+        }
+        Ok((n, bytes))
+    }
+
     fn delete_if_old(
         &self,
         job: &str,
         id: &ChunkId,
-        grace: std::time::Duration,
+        cutoff: std::time::SystemTime,
     ) -> Result<Option<u64>> {
         let path = self.chunk_path(job, id);
         let aside = self.tmp_path(job, "doomed");
@@ -472,7 +485,7 @@ impl Inner {
             Err(e) => return Err(StoreError::io("moving aside", &path, e)),
         }
         let meta = std::fs::metadata(&aside).map_err(|e| StoreError::io("checking", &aside, e))?;
-        if !is_old(meta.modified().ok(), grace) {
+        if !is_old(meta.modified().ok(), cutoff) {
             // Touched meanwhile: back where it was (or a new copy is
             // there already, which is the same bytes).
             if !rename_noreplace(&aside, &path)? {
@@ -705,12 +718,10 @@ fn read_dir_or_gone(dir: &Path) -> Result<Option<std::fs::ReadDir>> {
     }
 }
 
-/// True when a chunk last touched at `touched` is past the grace period
-/// (an unknown time counts as young: never deleted).
-fn is_old(touched: Option<std::time::SystemTime>, grace: std::time::Duration) -> bool {
-    touched
-        .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
-        .is_some_and(|age| age >= grace)
+/// True when a chunk last touched at `touched` was touched before
+/// `cutoff` (an unknown time counts as young: never deleted).
+fn is_old(touched: Option<std::time::SystemTime>, cutoff: std::time::SystemTime) -> bool {
+    touched.is_some_and(|t| t <= cutoff)
 }
 
 /// True if `path` exists; refreshes its modification time so garbage
@@ -827,6 +838,17 @@ impl ChunkStore for L1Store {
     async fn list_chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
         let job = job.to_string();
         self.run(move |i| i.chunk_info(&job)).await
+    }
+
+    async fn delete_chunks_untouched_since(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        cutoff: std::time::SystemTime,
+    ) -> Result<(u64, u64)> {
+        let (job, ids) = (job.to_string(), ids.to_vec());
+        self.run(move |i| i.delete_untouched(&job, &ids, cutoff))
+            .await
     }
 
     fn describe(&self) -> String {

@@ -81,6 +81,10 @@ pub(crate) fn os_err(what: impl Into<String>, e: object_store::Error) -> StoreEr
         object_store::Error::InvalidPath { .. } => {
             StoreError::invalid("object path", e.to_string())
         }
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => {
+            StoreError::Unauthorized(format!("{}: {e}", what.into()))
+        }
         other => StoreError::Unavailable(format!("{}: {other}", what.into())),
     }
 }
@@ -593,6 +597,10 @@ impl ChunkStore for L3Store {
 
     fn describe(&self) -> String {
         self.url.clone()
+    }
+
+    fn concurrency(&self) -> usize {
+        self.opts.concurrency
     }
 
     async fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {

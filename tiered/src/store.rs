@@ -278,6 +278,38 @@ pub trait ChunkStore: Send + Sync + std::fmt::Debug {
             .collect())
     }
 
+    /// Deletes those of `ids` not written or deduplicated against since
+    /// `cutoff` (by the tier's own clock, which stamps its chunks), each
+    /// checked again as it is deleted. Returns the chunks and stored bytes
+    /// deleted. Tiers whose puts can race a delete override this to close
+    /// the window (L1 moves a chunk aside before its last check).
+    async fn delete_chunks_untouched_since(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        cutoff: SystemTime,
+    ) -> Result<(u64, u64)> {
+        let wanted: std::collections::HashSet<&ChunkId> = ids.iter().collect();
+        let doomed: Vec<ChunkInfo> = self
+            .list_chunk_info(job)
+            .await?
+            .into_iter()
+            .filter(|c| wanted.contains(&c.id) && c.touched.is_some_and(|t| t < cutoff))
+            .collect();
+        let ids: Vec<ChunkId> = doomed.iter().map(|c| c.id).collect();
+        self.delete_chunks(job, &ids).await?;
+        Ok((
+            ids.len() as u64,
+            doomed.iter().map(|c| c.stored_len.unwrap_or(0)).sum(),
+        ))
+    }
+
+    /// How many requests the tier serves well at once (a hint for readers
+    /// that fan out: an object store wants many, a disk a few).
+    fn concurrency(&self) -> usize {
+        4
+    }
+
     /// A short description of how the tier does its I/O ("io_uring",
     /// "psync", an object store's URL), for logs and reports.
     fn describe(&self) -> String {

@@ -97,6 +97,19 @@ macro_rules! forward_chunk_store {
             async fn list_chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
                 (**self).list_chunk_info(job).await
             }
+            async fn delete_chunks_untouched_since(
+                &self,
+                job: &str,
+                ids: &[ChunkId],
+                cutoff: std::time::SystemTime,
+            ) -> Result<(u64, u64)> {
+                (**self)
+                    .delete_chunks_untouched_since(job, ids, cutoff)
+                    .await
+            }
+            fn concurrency(&self) -> usize {
+                (**self).concurrency()
+            }
             fn describe(&self) -> String {
                 (**self).describe()
             }

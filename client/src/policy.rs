@@ -1,0 +1,80 @@
+//! The L3 upload policy: which committed steps go to object storage.
+//!
+//! A step is wanted when its number is a multiple of `upload_every` and, if
+//! `upload_min_interval_secs` is set, at least that long has passed (by this
+//! rank's injected clock) since the last step the policy chose. Only rank
+//! 0's answer is used: it travels in rank 0's commit vote and every rank
+//! follows it ([`crate::commit::Decision`]), so the ranks never drift out of
+//! phase and L3 always receives whole steps.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use strata_tiered::Clock;
+
+/// The upload policy of one checkpointer.
+pub(crate) struct UploadPolicy {
+    /// An L3 is configured.
+    enabled: bool,
+    every: u64,
+    min_interval: Duration,
+    last: Mutex<Option<SystemTime>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl UploadPolicy {
+    pub(crate) fn new(
+        enabled: bool,
+        every: u64,
+        min_interval: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        UploadPolicy {
+            enabled,
+            every,
+            min_interval,
+            last: Mutex::new(None),
+            clock,
+        }
+    }
+
+    /// True if the policy wants `step` on L3 (and notes the time if so).
+    pub(crate) fn wants(&self, step: u64) -> bool {
+        if !self.enabled || self.every == 0 || step % self.every != 0 {
+            return false;
+        }
+        let Ok(mut last) = self.last.lock() else {
+            return false;
+        };
+        let now = self.clock.now();
+        let too_soon = last.is_some_and(|t| {
+            now.duration_since(t)
+                .map_or(true, |since| since < self.min_interval)
+        });
+        if too_soon {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_tiered::ManualClock;
+
+    #[test]
+    fn every_kth_step_at_most_once_per_interval_by_the_clock() {
+        let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1000));
+        let p = UploadPolicy::new(true, 2, Duration::from_secs(60), Arc::new(clock.clone()));
+        assert!(!p.wants(1));
+        assert!(p.wants(2));
+        clock.advance(Duration::from_secs(59));
+        assert!(!p.wants(4), "too soon");
+        clock.advance(Duration::from_secs(1));
+        assert!(p.wants(6));
+        let off = UploadPolicy::new(false, 1, Duration::ZERO, Arc::new(clock));
+        assert!(!off.wants(2), "no L3");
+    }
+}
