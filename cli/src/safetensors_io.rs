@@ -421,11 +421,22 @@ pub(crate) fn import(a: &ImportArgs) -> Result<(), CliError> {
         a.json,
     );
     let ck = Checkpointer::new(cfg)?;
-    let stats = ck.save_with_metadata(a.step, &entries, metadata)?.wait()?;
+    let handle = ck.save_with_metadata(a.step, &entries, metadata)?;
+    let stats = handle.wait()?;
+    // Every tier the command names gets the step: the peers by
+    // replication, L3 by an upload asked for here when the upload policy
+    // (`upload_every`) did not pick the step already.
     if !ck.config().peers.is_empty() {
         spinner.set("replicating to the peers");
+        handle.wait_for(strata::Target::Peers, None)?;
     }
-    ck.wait_replication();
+    if ck.l3().is_some() {
+        spinner.set("uploading to L3");
+        if !ck.uploads().contains_key(&a.step) {
+            ck.upload(a.step)?;
+        }
+        handle.wait_for(strata::Target::L3, None)?;
+    }
     drop(ck);
     drop(spinner);
     let moved = Moved {

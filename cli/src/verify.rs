@@ -91,6 +91,10 @@ pub(crate) struct Report {
     pub(crate) clean: bool,
     /// Chosen tiers that could not be listed (nothing in them was checked).
     pub(crate) unreadable_tiers: Vec<String>,
+    /// Shards retention is removing (a retiring marker is there): what is
+    /// left of them is not damage, and `--repair` leaves them alone; the
+    /// next retention finishes the job.
+    pub(crate) retiring: Vec<String>,
 }
 
 /// What one tier must hold: each chunk with its length, hint and users.
@@ -109,6 +113,7 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
         return Err(CliError::NotFound("no committed step in any tier".into()));
     }
     let mut problems = Vec::new();
+    let mut retiring = Vec::new();
     let (mut chunks_verified, mut bytes_verified, mut manifests) = (0u64, 0u64, 0u64);
     let mut plans: Vec<(&Tier, Wanted)> = Vec::new();
     // Manifests first: each tier's, checked against its commit records.
@@ -173,7 +178,15 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
                 }
             }
         }
-        problems.extend(record_problems(&t, &all, tier, &steps, a.rank, a.repair));
+        problems.extend(record_problems(
+            &t,
+            &all,
+            tier,
+            &steps,
+            a.rank,
+            a.repair,
+            &mut retiring,
+        ));
         plans.push((tier, wanted));
     }
     let unreadable: Vec<String> = all
@@ -275,6 +288,7 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
         repaired,
         problems,
         unreadable_tiers: unreadable,
+        retiring,
     };
     if a.json {
         crate::print_json(&report)?;
@@ -323,6 +337,7 @@ fn record_problems(
     steps: &[u64],
     only_rank: Option<u32>,
     repair: bool,
+    retiring: &mut Vec<String>,
 ) -> Vec<Problem> {
     let mut out = Vec::new();
     for &step in steps {
@@ -332,6 +347,12 @@ fn record_problems(
         let here = info.committed_ranks();
         for &rank in &info.manifests {
             if here.contains(&rank) || only_rank.is_some_and(|r| r != rank) {
+                continue;
+            }
+            if info.retiring.contains(&rank) {
+                // Retention was removing this shard (its record goes
+                // first): not damage, and never committed again here.
+                retiring.push(format!("step {step} rank {rank} in {}", tier.name));
                 continue;
             }
             let good: Vec<(&Tier, &strata::format::CommitRecord)> = all
@@ -514,6 +535,11 @@ fn print(r: &Report) {
     }
     for u in &r.unreadable_tiers {
         say!("UNREADABLE tier {u}: nothing in it was verified");
+    }
+    for x in &r.retiring {
+        say!(
+            "RETIRING  {x}: retention is removing it (not damage; the next retention finishes it)"
+        );
     }
     let count = |s: &str| r.problems.iter().filter(|p| p.state == s).count();
     say!(

@@ -449,6 +449,72 @@ fn export_then_import_then_export_gives_the_same_file() {
 }
 
 #[test]
+fn a_shard_half_way_through_retirement_is_not_damage_and_is_never_recommitted() {
+    let s = Store::new();
+    // Retention crashed on L1 after its marker and the record went, before
+    // the manifest: step 1 is committed on L3 only.
+    let dir = s.l1.join(JOB).join("steps").join(format!("{:020}", 1));
+    std::fs::write(dir.join("r-0"), b"").unwrap();
+    std::fs::remove_file(dir.join("c-0")).unwrap();
+    for repair in [false, true] {
+        let mut cmd = vec!["verify", "1", "--json"];
+        if repair {
+            cmd.push("--repair");
+        }
+        let out = s.run(&cmd);
+        assert_eq!(out.code, 0, "repair {repair}: {}{}", out.stdout, out.stderr);
+        let j = out.json();
+        assert_eq!(j["problems"].as_array().unwrap().len(), 0, "{j}");
+        assert_eq!(j["retiring"][0], "step 1 rank 0 in L1", "{j}");
+    }
+    assert!(
+        !dir.join("c-0").exists(),
+        "--repair committed a step retention was removing"
+    );
+    let text = s.run(&["verify", "1"]);
+    assert!(text.stdout.contains("RETIRING"), "{}", text.stdout);
+}
+
+#[test]
+fn import_puts_the_step_on_the_l3_it_names_without_an_upload_policy() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.safetensors");
+    let out = s.run(&["export", "2", "-o", a.to_str().unwrap()]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let (l1, l3) = (dir.path().join("l1"), dir.path().join("l3"));
+    std::fs::create_dir_all(&l3).unwrap();
+    // No upload_every anywhere: naming --l3 is enough.
+    let imp = run(&[
+        "import".into(),
+        a.display().to_string(),
+        "--step".into(),
+        "5".into(),
+        "--job".into(),
+        "onl3".into(),
+        "--l1".into(),
+        l1.display().to_string(),
+        "--l3".into(),
+        format!("file://{}", l3.display()),
+    ]);
+    assert_eq!(imp.code, 0, "{}", imp.stderr);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = strata::tiered::L3Store::from_url(
+        &format!("file://{}", l3.display()),
+        &[],
+        strata::tiered::L3Options::default(),
+    )
+    .unwrap();
+    let steps = rt
+        .block_on(strata::tiered::ChunkStore::list_steps(&store, "onl3"))
+        .unwrap();
+    assert!(
+        steps.iter().any(|st| st.step == 5 && st.is_complete()),
+        "{steps:?}"
+    );
+}
+
+#[test]
 fn import_never_replaces_a_step_and_readers_create_nothing() {
     let s = Store::new();
     let dir = tempfile::tempdir().unwrap();
