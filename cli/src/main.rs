@@ -43,10 +43,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Lay out, hash, encode and verify a synthetic training state; print
-    /// throughput and compression ratios.
+    /// Run a synthetic training loop: save every step to L1, replicate it
+    /// to two peer services on loopback and upload every K-th to L3; then
+    /// lose the node's disk and restore from a peer, lose the peers too and
+    /// restore from L3, verifying every byte; print stalls, throughput and
+    /// what the codecs would store.
     ///
-    /// Example: strata demo --state-size 2GiB
+    /// Example: strata demo --state-size 2GiB --steps 4
     Demo(demo::DemoArgs),
     /// The job's steps, newest first, with their state in every tier.
     Ls(ls::LsArgs),

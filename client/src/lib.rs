@@ -23,9 +23,14 @@
 //! # Ok::<(), strata::Error>(())
 //! ```
 //!
-//! Ranks on threads share an [`InProcessCoordinator`]; see
-//! `ARCHITECTURE.md` for the tiers still to come (L2 peers, L3 object
-//! storage) and the GPU path.
+//! The engine works over a stack of tiers, each an `Arc<dyn ChunkStore>`
+//! ([`TierStack`]: the node's L1, peer services (L2) that receive every
+//! step, object storage (L3) that receives the steps the upload policy
+//! picks), built from the [`Config`] or handed in through
+//! [`Checkpointer::builder`]. Ranks agree through a [`Coordinator`] (on
+//! threads: [`InProcessCoordinator`]); the commit protocol is described in
+//! `docs/commit-protocol.md`. Errors carry an [`ErrorKind`] that says what
+//! to do about them.
 
 mod checkpointer;
 mod commit;

@@ -11,8 +11,13 @@
 //! * [`AlignedBuf`] and [`ChunkData`]: owned, page-aligned buffers shared
 //!   without copies between the staging pool, the engine and the tiers.
 //!
-//! L3 (object storage) and the wrappers (retries, bandwidth caps, fault
-//! injection) arrive with the L3 issue. Depends only on `strata-format`.
+//! * `L3Store`: object storage (S3, GCS, Azure, a local directory, memory)
+//!   through `object_store`, with compressed frames and create-only commits;
+//! * [`Clock`]: injected time, so grace periods and policies are tested
+//!   without sleeping.
+//!
+//! `Arc<T>` and `Box<T>` of a store are stores. Depends only on
+//! `strata-format`.
 
 pub mod aligned;
 mod chunk_data;
