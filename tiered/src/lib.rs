@@ -9,10 +9,10 @@
 //!   pread/pwrite where io_uring is refused), O_DIRECT, create-only commits;
 //! * [`MemoryStore`]: the reference implementation, in memory;
 //! * [`AlignedBuf`] and [`ChunkData`]: owned, page-aligned buffers shared
-//!   without copies between the staging pool, the engine and the tiers.
-//!
-//! L3 (object storage) and the wrappers (retries, bandwidth caps, fault
-//! injection) arrive with the L3 issue. Depends only on `strata-format`.
+//!   without copies between the staging pool, the engine and the tiers;
+//! * [`L3Store`]: object storage through `object_store`;
+//! * [`wrap`]: wrappers over any store (retries, a concurrency limit,
+//!   bandwidth caps, metrics, fault injection), each passing the suite.
 
 pub mod aligned;
 mod chunk_data;
@@ -29,6 +29,7 @@ mod l3_options;
 mod memory;
 pub mod store;
 mod store_forward;
+pub mod wrap;
 
 pub use aligned::AlignedBuf;
 pub use chunk_data::ChunkData;
@@ -39,3 +40,7 @@ pub use l1::L1Store;
 pub use l3::{Frame, L3Options, L3Store};
 pub use memory::MemoryStore;
 pub use store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+pub use wrap::{
+    FaultPlan, FaultStore, LimitStore, MetricsSnapshot, MetricsStore, RetryPolicy, RetryStore,
+    ThrottleConfig, ThrottleStore,
+};
