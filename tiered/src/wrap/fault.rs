@@ -7,88 +7,19 @@
 //! same seed and the same sequence of calls give the same faults.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use strata_format::{ChunkId, CommitRecord, FormatError};
 
+use super::fault_plan::{bump, Counters, FaultCounts, FaultPlan};
 use super::rng::SplitMix64;
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
 use crate::l3_frame::Frame;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
-
-/// Which operations a [`FaultPlan`]'s rates and latency apply to (an
-/// outage stops every call: the tier is down).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FaultTargets {
-    /// Chunk reads, `has_chunks`, `get_manifest`.
-    pub reads: bool,
-    /// Puts of chunks and manifests, deletions.
-    pub writes: bool,
-    /// `list_chunks`, `list_chunk_info`, `list_steps`.
-    pub listing: bool,
-    /// `commit`.
-    pub commit: bool,
-}
-
-impl Default for FaultTargets {
-    fn default() -> Self {
-        FaultTargets {
-            reads: true,
-            writes: true,
-            listing: true,
-            commit: true,
-        }
-    }
-}
-
-/// The faults a [`FaultStore`] injects. The default injects nothing.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct FaultPlan {
-    /// Seed of every decision: the same seed and calls replay the same faults.
-    pub seed: u64,
-    /// Probability that a call (or one entry of a batch read) fails
-    /// `Unavailable` before it reaches the tier.
-    pub error_rate: f64,
-    /// Added to every targeted call.
-    pub latency: Duration,
-    /// A random extra latency, up to this much.
-    pub latency_jitter: Duration,
-    /// Probability that a chunk read comes back damaged: `Corrupt` from
-    /// verified reads (as a tier reports damaged bytes), a flipped byte
-    /// from `get_chunks_unverified` and `get_frame` (so the verifying
-    /// caller sees the damage).
-    pub corrupt_rate: f64,
-    /// Probability that a chunk read comes back short: `Corrupt` from
-    /// verified reads, missing bytes from the unverified ones.
-    pub truncate_rate: f64,
-    /// After this many calls, every call fails `Unavailable` until
-    /// [`FaultStore::heal`].
-    pub outage_after: Option<u64>,
-    /// Which operations the rates and latency apply to.
-    pub targets: FaultTargets,
-}
-
-/// What a [`FaultStore`] has done so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FaultCounts {
-    /// Calls seen.
-    pub ops: u64,
-    /// `Unavailable` errors injected by `error_rate` (per call or entry).
-    pub errors: u64,
-    /// Calls delayed.
-    pub delays: u64,
-    /// Chunk reads damaged by `corrupt_rate`.
-    pub corruptions: u64,
-    /// Chunk reads shortened by `truncate_rate`.
-    pub truncations: u64,
-    /// Calls failed by the outage.
-    pub outage_failures: u64,
-}
 
 #[derive(Clone, Copy)]
 enum Class {
@@ -103,16 +34,6 @@ struct State {
     rng: SplitMix64,
     ops: u64,
     healed: bool,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    ops: AtomicU64,
-    errors: AtomicU64,
-    delays: AtomicU64,
-    corruptions: AtomicU64,
-    truncations: AtomicU64,
-    outage_failures: AtomicU64,
 }
 
 /// One call's own generator, and whether the plan targets it.
@@ -143,10 +64,6 @@ fn unavailable(why: &str) -> StoreError {
     StoreError::Unavailable(format!("{why} (injected by FaultStore)"))
 }
 
-fn bump(a: &AtomicU64) {
-    a.fetch_add(1, Ordering::Relaxed);
-}
-
 impl<S: ChunkStore> FaultStore<S> {
     /// Wraps `inner` with `plan`.
     pub fn new(inner: S, plan: FaultPlan) -> Self {
@@ -171,16 +88,7 @@ impl<S: ChunkStore> FaultStore<S> {
 
     /// The faults injected so far.
     pub fn counts(&self) -> FaultCounts {
-        let c = &self.counts;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        FaultCounts {
-            ops: g(&c.ops),
-            errors: g(&c.errors),
-            delays: g(&c.delays),
-            corruptions: g(&c.corruptions),
-            truncations: g(&c.truncations),
-            outage_failures: g(&c.outage_failures),
-        }
+        self.counts.snapshot()
     }
 
     /// The plan.

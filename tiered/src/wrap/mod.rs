@@ -23,14 +23,18 @@
 //! [`ChunkStore`]: crate::ChunkStore
 
 mod fault;
+mod fault_plan;
 mod limit;
 mod metrics;
+mod metrics_snapshot;
 mod retry;
 mod rng;
 mod throttle;
 
-pub use fault::{FaultCounts, FaultPlan, FaultStore, FaultTargets};
+pub use fault::FaultStore;
+pub use fault_plan::{FaultCounts, FaultPlan, FaultTargets};
 pub use limit::LimitStore;
-pub use metrics::{ErrorCounts, FamilyStats, MetricsSnapshot, MetricsStore, OpFamily};
+pub use metrics::MetricsStore;
+pub use metrics_snapshot::{ErrorCounts, FamilyStats, MetricsSnapshot, OpFamily};
 pub use retry::{RetryPolicy, RetryStore};
 pub use throttle::{ThrottleConfig, ThrottleStore};
