@@ -10,7 +10,17 @@
 //! ```
 //!
 //! The constructor expression yields `(store, guard)`; the guard (a temporary
-//! directory, a server handle) lives as long as the test.
+//! directory, a server handle) lives as long as the test. A tier whose
+//! stored bytes a test can change passes a [`Damage`] hook too, and the
+//! damage checks run on it (without one they pass as skipped):
+//!
+//! ```ignore
+//! strata_tiered::conformance_tests!(damage {
+//!     let store = std::sync::Arc::new(strata_tiered::MemoryStore::new());
+//!     let damage = strata_tiered::conformance::MemoryDamage(store.clone());
+//!     (store, (), damage)
+//! });
+//! ```
 
 use std::collections::BTreeSet;
 
@@ -20,6 +30,18 @@ use strata_format::{ChunkId, CommitRecord, ShardRef};
 use crate::chunk_data::ChunkData;
 use crate::error::StoreErrorKind;
 use crate::store::{ChunkPut, ChunkStore};
+
+mod damage;
+mod shards;
+
+pub use damage::{
+    damaged_chunk_is_corrupt, damaged_record_is_reported, Damage, L1Damage, MemoryDamage, NoDamage,
+    ObjectDamage,
+};
+pub use shards::{
+    committed_manifest_is_never_replaced, concurrent_writers_of_one_id,
+    delete_shard_leaves_other_ranks,
+};
 
 /// A check's outcome.
 pub type Outcome = Result<(), String>;
@@ -409,21 +431,25 @@ pub async fn reads_into_spare_buffers(s: &dyn ChunkStore) -> Outcome {
 /// Expands to one `#[tokio::test]` per conformance check for a store built
 /// by `$make`, an expression yielding `(store, guard)`. With `optional`, it
 /// yields `Option<(store, guard)>` and `None` skips (a server that is not
-/// installed; its constructor decides whether that may be skipped).
+/// installed; its constructor decides whether that may be skipped). With
+/// `damage`, it yields `(store, guard, damager)`, a [`Damage`] for the
+/// damage checks (which skip without one).
 #[macro_export]
 macro_rules! conformance_tests {
-    (optional $make:expr) => {
-        $crate::conformance_tests!(@opt $make; put_get_round_trip, put_is_idempotent, concurrent_puts_of_one_chunk,
-            errors_have_kinds, jobs_are_isolated, manifests, commits_are_create_only, deletion, reads_into_spare_buffers);
+    (@all $make:expr) => {
+        $crate::conformance_tests!(@plain $make; put_get_round_trip, put_is_idempotent,
+            concurrent_puts_of_one_chunk, errors_have_kinds, jobs_are_isolated, manifests,
+            commits_are_create_only, deletion, reads_into_spare_buffers,
+            committed_manifest_is_never_replaced, delete_shard_leaves_other_ranks,
+            concurrent_writers_of_one_id);
+        $crate::conformance_tests!(@damage $make; damaged_chunk_is_corrupt,
+            damaged_record_is_reported);
     };
-    ($make:expr) => {
-        $crate::conformance_tests!(optional Some($make));
-    };
-    (@opt $make:expr; $($check:ident),*) => {
+    (@plain $make:expr; $($check:ident),*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $check() {
-                let Some((store, _guard)) = $make else {
+                let Some((store, _guard, _damage)) = $make else {
                     eprintln!("SKIPPED conformance check {}: no store", stringify!($check));
                     return;
                 };
@@ -432,5 +458,34 @@ macro_rules! conformance_tests {
                 }
             }
         )*
+    };
+    (@damage $make:expr; $($check:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let Some((store, _guard, damage)) = $make else {
+                    eprintln!("SKIPPED conformance check {}: no store", stringify!($check));
+                    return;
+                };
+                let damage = damage.as_ref().map(|d| d as &dyn $crate::conformance::Damage);
+                if let Err(e) = $crate::conformance::$check(&store, damage).await {
+                    panic!("{} failed conformance check {}: {e}", $crate::store::ChunkStore::name(&store), stringify!($check));
+                }
+            }
+        )*
+    };
+    (optional $make:expr) => {
+        $crate::conformance_tests!(@all ($make).map(|(store, guard)| {
+            (store, guard, None::<$crate::conformance::NoDamage>)
+        }));
+    };
+    (damage $make:expr) => {
+        $crate::conformance_tests!(@all Some({
+            let (store, guard, damage) = $make;
+            (store, guard, Some(damage))
+        }));
+    };
+    ($make:expr) => {
+        $crate::conformance_tests!(optional Some($make));
     };
 }

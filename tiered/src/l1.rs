@@ -537,16 +537,8 @@ impl Inner {
 
     fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
         validate_job_id(job)?;
-        let record = match read_bounded(
-            &self.step_dir(job, step).join(format!("c-{rank}")),
-            MAX_RECORD_LEN,
-            "commit record",
-        ) {
-            Ok(b) => CommitRecord::decode(&b).ok(),
-            Err(StoreError::NotFound { .. }) => None,
-            Err(e) => return Err(e),
-        };
-        check_manifest_replace(step, rank, record.as_ref(), bytes)?;
+        let records = self.step_records(job, step)?;
+        check_manifest_replace(step, rank, &records, bytes)?;
         let dir = self.ensure_step_dir(job, step)?;
         let tmp = self.tmp_path(job, "manifest");
         write_durable(&tmp, &dir.join(format!("m-{rank}")), bytes, true)?;
@@ -676,6 +668,28 @@ impl Inner {
         }
         std::fs::remove_dir(&dir).map_err(|e| StoreError::io("deleting", &dir, e))?;
         fsync_dir(&self.job_dir(job).join("steps"))
+    }
+
+    /// The step's readable commit records, whatever their slot (a damaged
+    /// one is no record: a repair may replace it).
+    fn step_records(&self, job: &str, step: u64) -> Result<Vec<CommitRecord>> {
+        let dir = self.step_dir(job, step);
+        let mut out = Vec::new();
+        let Some(files) = read_dir_or_gone(&dir)? else {
+            return Ok(out);
+        };
+        for f in files {
+            let f = f.map_err(|e| StoreError::io("listing", &dir, e))?;
+            if !f.file_name().to_str().is_some_and(|n| n.starts_with("c-")) {
+                continue;
+            }
+            match read_bounded(&f.path(), MAX_RECORD_LEN, "commit record") {
+                Ok(b) => out.extend(CommitRecord::decode(&b).ok()),
+                Err(StoreError::NotFound { .. } | StoreError::Corrupt { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
 
     fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {

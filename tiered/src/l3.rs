@@ -621,8 +621,8 @@ impl ChunkStore for L3Store {
     async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
         validate_job_id(job)?;
         // A committed shard's manifest is never replaced (see the contract).
-        let record = self.read_record(job, step, rank).await?;
-        check_manifest_replace(step, rank, record.as_ref(), bytes)?;
+        let records = self.step_records(job, step).await?;
+        check_manifest_replace(step, rank, &records, bytes)?;
         let key = self.step_key(job, step).join(format!("m-{rank}"));
         self.retrying(|| async {
             self.store
@@ -834,19 +834,27 @@ impl ChunkStore for L3Store {
 }
 
 impl L3Store {
-    /// The commit record in slot `rank` of a step, if there is a readable
-    /// one (a damaged record is no record: a repair may replace it).
-    async fn read_record(&self, job: &str, step: u64, rank: u32) -> Result<Option<CommitRecord>> {
-        let key = self.step_key(job, step).join(format!("c-{rank}"));
-        let what = format!("commit record of step {step} rank {rank}");
-        match self
-            .retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
-            .await
-        {
-            Ok(b) => Ok(CommitRecord::decode(&b).ok()),
-            Err(StoreError::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e),
+    /// The step's readable commit records, whatever their slot (a
+    /// damaged one is no record: a repair may replace it): one listing and
+    /// a read per record.
+    async fn step_records(&self, job: &str, step: u64) -> Result<Vec<CommitRecord>> {
+        let mut out = Vec::new();
+        for name in self.step_objects(job, step).await? {
+            if !name.starts_with("c-") {
+                continue;
+            }
+            let key = self.step_key(job, step).join(name.as_str());
+            let what = format!("commit record {name} of step {step}");
+            match self
+                .retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
+                .await
+            {
+                Ok(b) => out.extend(CommitRecord::decode(&b).ok()),
+                Err(StoreError::NotFound { .. } | StoreError::Corrupt { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
+        Ok(out)
     }
 }
 

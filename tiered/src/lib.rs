@@ -9,10 +9,11 @@
 //!   pread/pwrite where io_uring is refused), O_DIRECT, create-only commits;
 //! * [`MemoryStore`]: the reference implementation, in memory;
 //! * [`AlignedBuf`] and [`ChunkData`]: owned, page-aligned buffers shared
-//!   without copies between the staging pool, the engine and the tiers.
-//!
-//! * `L3Store`: object storage (S3, GCS, Azure, a local directory, memory)
+//!   without copies between the staging pool, the engine and the tiers;
+//! * [`L3Store`]: object storage (S3, GCS, Azure, a local directory, memory)
 //!   through `object_store`, with compressed frames and create-only commits;
+//! * [`wrap`]: wrappers over any store (retries, a concurrency limit,
+//!   bandwidth caps, metrics, fault injection), each passing the suite;
 //! * [`Clock`]: injected time, so grace periods and policies are tested
 //!   without sleeping.
 //!
@@ -34,6 +35,7 @@ mod l3_options;
 mod memory;
 pub mod store;
 mod store_forward;
+pub mod wrap;
 
 pub use aligned::AlignedBuf;
 pub use chunk_data::ChunkData;
@@ -44,3 +46,7 @@ pub use l1::L1Store;
 pub use l3::{Frame, L3Options, L3Store};
 pub use memory::MemoryStore;
 pub use store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+pub use wrap::{
+    FaultPlan, FaultStore, LimitStore, MetricsSnapshot, MetricsStore, RetryPolicy, RetryStore,
+    ThrottleConfig, ThrottleStore,
+};

@@ -180,11 +180,12 @@ impl ChunkStore for MemoryStore {
 
     async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
         self.with(job, |j| {
-            let record = match j.records.get(&(step, rank)) {
-                Some(b) => CommitRecord::decode(b).ok(),
-                None => None,
-            };
-            check_manifest_replace(step, rank, record.as_ref(), bytes)?;
+            let records: Vec<CommitRecord> = j
+                .records
+                .range((step, 0)..=(step, u32::MAX))
+                .filter_map(|(_, b)| CommitRecord::decode(b).ok())
+                .collect();
+            check_manifest_replace(step, rank, &records, bytes)?;
             j.manifests.insert((step, rank), bytes.to_vec());
             Ok(())
         })

@@ -317,24 +317,23 @@ pub trait ChunkStore: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// Checks a manifest write against the commit record already in its slot:
-/// `Ok` when there is none or it names exactly these bytes (a repair),
-/// else `AlreadyExists` (a committed shard is never replaced).
+/// Checks a manifest write against the step's readable commit records
+/// (whatever slot they are in): `Ok` when none names `rank`, or those that
+/// do name exactly these bytes (a repair); else `AlreadyExists` (a
+/// committed shard is never replaced).
 pub fn check_manifest_replace(
     step: u64,
     rank: u32,
-    record: Option<&CommitRecord>,
+    records: &[CommitRecord],
     bytes: &[u8],
 ) -> Result<()> {
-    let Some(record) = record else {
-        return Ok(());
-    };
     let id = strata_format::ShardManifest::id_of(bytes);
-    if record
-        .shards
+    let named: Vec<_> = records
         .iter()
-        .any(|s| s.rank == rank && s.manifest == id)
-    {
+        .flat_map(|r| r.shards.iter())
+        .filter(|s| s.rank == rank)
+        .collect();
+    if named.iter().all(|s| s.manifest == id) {
         return Ok(());
     }
     Err(crate::error::StoreError::AlreadyExists {

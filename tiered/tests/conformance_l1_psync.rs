@@ -1,10 +1,12 @@
-//! The conformance suite on L1 with the pread/pwrite engine.
+//! The conformance suite on L1 with the pread/pwrite engine (damage by
+//! writing into its files).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-strata_tiered::conformance_tests!({
+strata_tiered::conformance_tests!(damage {
     let dir = tempfile::tempdir().unwrap();
     let store =
         strata_tiered::L1Store::open(dir.path(), strata_tiered::EngineChoice::Psync).unwrap();
     assert_eq!(store.engine_name(), "psync");
-    (store, dir)
+    let damage = strata_tiered::conformance::L1Damage(store.clone());
+    (store, dir, damage)
 });

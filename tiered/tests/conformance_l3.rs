@@ -1,27 +1,46 @@
 //! The conformance suite on L3: in memory, on a local directory, and on two
-//! real S3-compatible servers (s3s-fs and moto) over HTTP.
+//! real S3-compatible servers (s3s-fs and moto) over HTTP. The servers run
+//! the damage checks without a damager (they skip): their bytes are not ours.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "support/servers.rs"]
 mod servers;
 
 mod memory {
-    strata_tiered::conformance_tests!((
-        strata_tiered::L3Store::from_url("memory://", &[], strata_tiered::L3Options::default())
-            .unwrap(),
-        ()
-    ));
+    // An InMemory kept by the test too, so the damage checks reach its bytes.
+    strata_tiered::conformance_tests!(damage {
+        let objects: std::sync::Arc<dyn object_store::ObjectStore> =
+            std::sync::Arc::new(object_store::memory::InMemory::new());
+        let store = strata_tiered::L3Store::with_store(
+            objects.clone(),
+            "",
+            "memory://",
+            strata_tiered::L3Options::default(),
+        );
+        let damage = strata_tiered::conformance::ObjectDamage {
+            store: objects,
+            root: String::new(),
+        };
+        (store, (), damage)
+    });
 }
 
 mod file {
-    strata_tiered::conformance_tests!({
+    // Damage writes the files under the directory (through a second
+    // LocalFileSystem on it, with the same key layout).
+    strata_tiered::conformance_tests!(damage {
         let d = tempfile::tempdir().unwrap();
         let url = format!("file://{}", d.path().display());
-        (
+        let store =
             strata_tiered::L3Store::from_url(&url, &[], strata_tiered::L3Options::default())
-                .unwrap(),
-            d,
-        )
+                .unwrap();
+        let damage = strata_tiered::conformance::ObjectDamage {
+            store: std::sync::Arc::new(
+                object_store::local::LocalFileSystem::new_with_prefix(d.path()).unwrap(),
+            ),
+            root: String::new(),
+        };
+        (store, d, damage)
     });
 }
 

@@ -1,0 +1,288 @@
+//! [`RetryStore`]: retries what failed `Unavailable`, with backoff.
+
+use std::future::Future;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use strata_format::{ChunkId, CommitRecord};
+
+use super::rng::SplitMix64;
+use crate::aligned::AlignedBuf;
+use crate::chunk_data::ChunkData;
+use crate::error::{Result, StoreErrorKind};
+use crate::l3_frame::Frame;
+use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+
+/// When and how often [`RetryStore`] tries again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (1 = never retry).
+    pub max_attempts: u32,
+    /// Backoff before the first retry; it doubles with every retry.
+    pub initial_backoff: Duration,
+    /// The longest backoff.
+    pub max_backoff: Duration,
+    /// No retry starts once this much time has passed since the first
+    /// attempt (nor if its backoff would end past it): the call then
+    /// returns the last error.
+    pub deadline: Duration,
+    /// Seed of the jitter, so a run replays.
+    pub seed: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(5),
+            deadline: Duration::from_secs(60),
+            seed: 0x5EED_5EED,
+        }
+    }
+}
+
+/// Retries calls that fail with [`StoreErrorKind::Unavailable`] (and only
+/// those: a `NotFound`, `Corrupt`, `Invalid`, `AlreadyExists` or `NoSpace`
+/// will not change by asking again). Every trait method is idempotent by
+/// the contract, so every one may be retried; batch reads retry only their
+/// entries that failed `Unavailable`.
+///
+/// Backoff is exponential with "equal jitter" (half the delay fixed, half
+/// random), so a crowd of ranks that failed together does not retry
+/// together, and a retry never comes instantly.
+#[derive(Debug)]
+pub struct RetryStore<S> {
+    inner: S,
+    policy: RetryPolicy,
+    rng: Mutex<SplitMix64>,
+    retries: AtomicU64,
+}
+
+impl<S: ChunkStore> RetryStore<S> {
+    /// Wraps `inner` with the default policy.
+    pub fn new(inner: S) -> Self {
+        Self::with_policy(inner, RetryPolicy::default())
+    }
+
+    /// Wraps `inner` with `policy`.
+    pub fn with_policy(inner: S, policy: RetryPolicy) -> Self {
+        RetryStore {
+            inner,
+            rng: Mutex::new(SplitMix64::new(policy.seed)),
+            policy,
+            retries: AtomicU64::new(0),
+        }
+    }
+
+    /// Retries made so far (a batch read's retry of its failed entries
+    /// counts once).
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// The pause before retry number `attempt` (1 = the first retry), or
+    /// `None` when the policy says give up.
+    fn backoff(&self, attempt: u32, started: Instant) -> Option<Duration> {
+        if attempt >= self.policy.max_attempts {
+            return None;
+        }
+        let exp = self
+            .policy
+            .initial_backoff
+            .saturating_mul(1u32 << (attempt - 1).min(20));
+        let base = exp.min(self.policy.max_backoff);
+        let half = base / 2;
+        let r = self.rng.lock().map_or(0, |mut g| g.next_u64());
+        // `half + r % half`: the random half, to the nanosecond.
+        let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+        let delay = half + Duration::from_nanos(r % nanos.saturating_add(1));
+        (started.elapsed() + delay <= self.policy.deadline).then_some(delay)
+    }
+
+    async fn run<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let started = Instant::now();
+        let mut attempt = 1;
+        loop {
+            match call().await {
+                Err(e) if e.kind() == StoreErrorKind::Unavailable => {
+                    let Some(delay) = self.backoff(attempt, started) else {
+                        return Err(e);
+                    };
+                    tracing::debug!(error = %e, attempt, ?delay, "store call failed; retrying");
+                    self.retries.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Retries the entries of a batch read that failed `Unavailable`,
+    /// re-reading only those ids.
+    async fn retry_entries(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        mut results: Vec<Result<ChunkData>>,
+        unverified: bool,
+    ) -> Vec<Result<ChunkData>> {
+        let started = Instant::now();
+        let mut attempt = 1;
+        loop {
+            let failed: Vec<usize> = results
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| {
+                    r.as_ref()
+                        .is_err_and(|e| e.kind() == StoreErrorKind::Unavailable)
+                })
+                .map(|(i, _)| i)
+                .collect();
+            // A short result vector breaks the contract: leave it as is.
+            if failed.is_empty() || results.len() != ids.len() {
+                return results;
+            }
+            let Some(delay) = self.backoff(attempt, started) else {
+                return results;
+            };
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+            let again: Vec<ChunkId> = failed.iter().map(|&i| ids[i]).collect();
+            let got = if unverified {
+                self.inner.get_chunks_unverified(job, &again).await
+            } else {
+                self.inner.get_chunks(job, &again).await
+            };
+            if got.len() != again.len() {
+                return results;
+            }
+            for (i, r) in failed.into_iter().zip(got) {
+                results[i] = r;
+            }
+        }
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<S: ChunkStore> ChunkStore for RetryStore<S> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        // Cloning a ChunkPut shares its buffer: cheap per attempt.
+        self.run(|| self.inner.put_chunks(job, chunks.clone()))
+            .await
+    }
+    async fn get_chunk(
+        &self,
+        job: &str,
+        id: &ChunkId,
+        range: Option<Range<u32>>,
+    ) -> Result<ChunkData> {
+        self.run(|| self.inner.get_chunk(job, id, range.clone()))
+            .await
+    }
+    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+        let first = self.inner.get_chunks(job, ids).await;
+        self.retry_entries(job, ids, first, false).await
+    }
+    async fn get_chunks_reusing(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        spare: Vec<AlignedBuf>,
+    ) -> Vec<Result<ChunkData>> {
+        // The spare buffers serve the first attempt; retries allocate.
+        let first = self.inner.get_chunks_reusing(job, ids, spare).await;
+        self.retry_entries(job, ids, first, false).await
+    }
+    async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
+        self.run(|| self.inner.has_chunks(job, ids)).await
+    }
+    async fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
+        self.run(|| self.inner.list_chunks(job)).await
+    }
+    async fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
+        self.run(|| self.inner.delete_chunks(job, ids)).await
+    }
+    async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
+        self.run(|| self.inner.put_manifest(job, step, rank, bytes))
+            .await
+    }
+    async fn get_manifest(&self, job: &str, step: u64, rank: u32) -> Result<Vec<u8>> {
+        self.run(|| self.inner.get_manifest(job, step, rank)).await
+    }
+    async fn commit(&self, record: &CommitRecord) -> Result<()> {
+        // Safe to repeat: the identical record again succeeds.
+        self.run(|| self.inner.commit(record)).await
+    }
+    async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>> {
+        self.run(|| self.inner.list_steps(job)).await
+    }
+    async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
+        self.run(|| self.inner.delete_step(job, step)).await
+    }
+    async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
+        self.run(|| self.inner.delete_shard(job, step, rank)).await
+    }
+    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        self.run(|| self.inner.put_missing_chunks(job, chunks.clone()))
+            .await
+    }
+    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+        let first = self.inner.get_chunks_unverified(job, ids).await;
+        self.retry_entries(job, ids, first, true).await
+    }
+    async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
+        // The caller's buffer serves the first attempt; retries allocate.
+        let mut buf = Some(buf);
+        self.run(|| {
+            self.inner
+                .get_frame(job, id, buf.take().unwrap_or_default())
+        })
+        .await
+    }
+    async fn list_chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
+        self.run(|| self.inner.list_chunk_info(job)).await
+    }
+    async fn delete_chunks_untouched_since(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        cutoff: std::time::SystemTime,
+    ) -> Result<(u64, u64)> {
+        self.run(|| self.inner.delete_chunks_untouched_since(job, ids, cutoff))
+            .await
+    }
+    fn concurrency(&self) -> usize {
+        self.inner.concurrency()
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{} (retry: {} attempts)",
+            self.inner.describe(),
+            self.policy.max_attempts
+        )
+    }
+}
