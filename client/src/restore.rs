@@ -324,7 +324,7 @@ impl Checkpointer {
         // is damaged) from L3.
         let mut first_err = None;
         if on_l1.contains(&step) {
-            match load_manifest(s, &s.l1, &l1_steps, step) {
+            match load_manifest(s, &s.l1, l1_steps, step) {
                 Ok((manifest, bytes, record)) => {
                     return Ok(Loaded {
                         manifest,
