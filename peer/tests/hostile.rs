@@ -170,7 +170,8 @@ async fn a_certificate_for_another_job_cannot_reach_this_one() {
         .request(JOB, &Request::Commit(rec.encode().unwrap()))
         .await
         .unwrap_err();
-    assert_eq!(e.kind(), StoreErrorKind::Invalid, "{e}");
+    // The service answers Forbidden: Unauthorized (was Invalid).
+    assert_eq!(e.kind(), StoreErrorKind::Unauthorized, "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
