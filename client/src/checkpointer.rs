@@ -10,7 +10,7 @@
 //! never runs on its threads.
 
 use std::collections::BTreeMap;
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use std::collections::BTreeSet;
@@ -19,11 +19,13 @@ use strata_format::EntrySpec;
 
 use strata_tiered::{ChunkStore, Clock, L1Store, L3Store};
 
-use crate::commit::CommitEvents;
+use crate::commit::{CommitEvents, KnownCommitted};
 use crate::config::{BusyPolicy, Config};
 use crate::coordinator::Coordinator;
 use crate::error::{Error, Result};
 use crate::gpu::{DeviceBytes, Gpu};
+pub(crate) use crate::handle::Completion;
+use crate::handle::SaveHandle;
 use crate::persist::{persist, PersistJob, Snap};
 use crate::policy::UploadPolicy;
 use crate::snapshot::{fill_segment, Plan};
@@ -32,227 +34,6 @@ use crate::staging::StagingPool;
 use crate::state::Entry;
 use crate::stats::SaveStats;
 use crate::tiering::{self, UploadJob, Uploads};
-
-/// The outcome slot shared by a save's handle and the worker.
-pub(crate) struct Completion {
-    slot: Mutex<(bool, Option<Result<SaveStats>>)>,
-    cv: Condvar,
-    /// Wakes async waiters (any executor: it only uses wakers).
-    notify: tokio::sync::Notify,
-}
-
-impl Completion {
-    fn new() -> Arc<Self> {
-        Arc::new(Completion {
-            slot: Mutex::new((false, None)),
-            cv: Condvar::new(),
-            notify: tokio::sync::Notify::new(),
-        })
-    }
-
-    fn finish(&self, r: Result<SaveStats>) {
-        if let Ok(mut s) = self.slot.lock() {
-            *s = (true, Some(r));
-        }
-        self.cv.notify_all();
-        self.notify.notify_waiters();
-    }
-
-    fn wait_done(&self) {
-        if let Ok(mut s) = self.slot.lock() {
-            while !s.0 {
-                match self.cv.wait(s) {
-                    Ok(g) => s = g,
-                    Err(_) => return,
-                }
-            }
-        }
-    }
-
-    fn is_done(&self) -> bool {
-        self.slot.lock().map(|s| s.0).unwrap_or(true)
-    }
-
-    /// Waits until done or `deadline`; returns whether it is done.
-    fn wait_done_until(&self, deadline: Option<Instant>) -> bool {
-        let Some(deadline) = deadline else {
-            self.wait_done();
-            return true;
-        };
-        let Ok(mut s) = self.slot.lock() else {
-            return true;
-        };
-        while !s.0 {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                return false;
-            };
-            match self.cv.wait_timeout(s, left) {
-                Ok((g, _)) => s = g,
-                Err(_) => return true,
-            }
-        }
-        true
-    }
-}
-
-/// How far a save should have gone before [`SaveHandle::wait_for`]
-/// returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Target {
-    /// Durable and committed on L1 (what [`SaveHandle::wait`] waits for).
-    L1,
-    /// Also pushed to and committed on `replicas` peers.
-    Peers,
-    /// Also uploaded to and committed on L3.
-    L3,
-}
-
-impl std::fmt::Display for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Target::L1 => "durable on L1",
-            Target::Peers => "replicated to its peers",
-            Target::L3 => "uploaded to L3",
-        })
-    }
-}
-
-/// A save in progress. Dropping it does not cancel the save.
-pub struct SaveHandle {
-    step: u64,
-    stall: Duration,
-    done: Arc<Completion>,
-    shared: Arc<Shared>,
-}
-
-impl SaveHandle {
-    /// The step.
-    pub fn step(&self) -> u64 {
-        self.step
-    }
-
-    /// How long `save` blocked the caller.
-    pub fn stall(&self) -> Duration {
-        self.stall
-    }
-
-    /// True once the step is durable (or failed).
-    pub fn is_done(&self) -> bool {
-        self.done.is_done()
-    }
-
-    /// Resolves when the step is durable and committed on L1, like
-    /// [`Self::wait`] without blocking a thread: for async training loops.
-    /// Works on any executor.
-    pub async fn durable(&self) -> Result<SaveStats> {
-        loop {
-            let notified = self.done.notify.notified();
-            let mut notified = std::pin::pin!(notified);
-            // Register before checking, so a finish in between is not missed.
-            notified.as_mut().enable();
-            if self.done.is_done() {
-                return self.wait();
-            }
-            notified.await;
-        }
-    }
-
-    /// Blocks until the step is durable and committed on L1, and returns its
-    /// counters, or the typed error of a failed save (the same error, with
-    /// its cause chain, on every call).
-    pub fn wait(&self) -> Result<SaveStats> {
-        self.done.wait_done();
-        self.result()
-    }
-
-    fn result(&self) -> Result<SaveStats> {
-        let s = self
-            .done
-            .slot
-            .lock()
-            .map_err(|_| Error::Pipeline("poisoned".into()))?;
-        match &s.1 {
-            Some(r) => r.clone(),
-            None => Err(Error::Pipeline("no result".into())),
-        }
-    }
-
-    /// Blocks until the save reached `target` or `timeout` passed (the
-    /// save goes on), woken by the pipeline's own notifications. Returns
-    /// the save's counters once it is there; a save that failed, a step
-    /// replicated to fewer peers than wanted, an upload that failed, or a
-    /// target this checkpointer has no tier for (or, for L3, a step the
-    /// upload policy did not pick: see [`Checkpointer::upload`]) is an
-    /// error that says so.
-    pub fn wait_for(&self, target: Target, timeout: Option<Duration>) -> Result<SaveStats> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let timed_out = || Error::Timeout {
-            step: self.step,
-            target: target.to_string(),
-            waited: timeout.unwrap_or_default(),
-        };
-        if !self.done.wait_done_until(deadline) {
-            return Err(timed_out());
-        }
-        let stats = self.result()?;
-        let s = &self.shared;
-        match target {
-            Target::L1 => Ok(stats),
-            _ if stats.skipped => Err(Error::InvalidState(format!(
-                "step {} was skipped by the busy policy",
-                self.step
-            ))),
-            Target::Peers => {
-                if s.l2.is_empty() {
-                    return Err(Error::Config("no peers configured".into()));
-                }
-                use crate::replication::L2State;
-                match s.replication.wait_for(self.step, deadline, |st| {
-                    !matches!(st, Some(L2State::Pending) | None)
-                }) {
-                    Some(L2State::Replicated { .. }) => Ok(stats),
-                    Some(L2State::Degraded {
-                        peers,
-                        wanted,
-                        errors,
-                    }) => Err(Error::Store(strata_tiered::StoreError::Unavailable(
-                        format!(
-                            "step {} on {} of {wanted} peers: {}",
-                            self.step,
-                            peers.len(),
-                            errors.join("; ")
-                        ),
-                    ))),
-                    _ => Err(timed_out()),
-                }
-            }
-            Target::L3 => {
-                if s.l3.is_none() {
-                    return Err(Error::Config("no L3 configured (l3_url)".into()));
-                }
-                use crate::tiering::L3State;
-                let st = s.uploads.wait_for(self.step, deadline, |st| {
-                    matches!(st, Some(L3State::Committed { .. } | L3State::Failed(_)))
-                });
-                match st {
-                    Some(L3State::Committed { .. }) => Ok(stats),
-                    Some(L3State::Failed(why)) => Err(Error::Store(
-                        strata_tiered::StoreError::Unavailable(format!(
-                            "upload of step {}: {why}",
-                            self.step
-                        )),
-                    )),
-                    None => Err(Error::InvalidState(format!(
-                        "step {} is not queued for upload (the policy did not pick it; call upload({}))",
-                        self.step, self.step
-                    ))),
-                    _ => Err(timed_out()),
-                }
-            }
-        }
-    }
-}
 
 /// The checkpointer's private runtime, which drives tier calls. Shut down
 /// without blocking when dropped, so a checkpointer can be dropped inside an
@@ -309,64 +90,57 @@ pub(crate) struct Shared {
     pub(crate) upload_policy: UploadPolicy,
     /// "Step committed" events (the uploader and replicator subscribe).
     pub(crate) commits: CommitEvents,
-    /// Steps this rank knows committed in some tier (listed at the first
-    /// save, then kept): a save of one of them is refused.
-    committed: Mutex<Option<BTreeSet<u64>>>,
+    /// Steps this rank knows committed in some tier: a save of one of
+    /// them is refused.
+    pub(crate) committed: KnownCommitted,
 }
 
 impl Shared {
-    /// Notes a step this rank committed.
-    pub(crate) fn note_committed(&self, step: u64) {
-        if let Ok(mut g) = self.committed.lock() {
-            if let Some(set) = g.as_mut() {
-                set.insert(step);
-            }
-        }
-    }
-
     /// Refuses a save of a step this rank already committed in some tier
     /// (saving it again would replace a committed shard's manifest):
-    /// checked before anything is written. The tiers are listed once, at
-    /// the first save; an unreachable tier is skipped (its own guard still
-    /// refuses to replace a committed manifest).
+    /// checked before anything is written. The tiers are listed once, in
+    /// the background from the start; a save that comes before that
+    /// listing is done lists them itself. An unreachable tier is skipped
+    /// (its own guard still refuses to replace a committed manifest).
     fn refuse_committed(&self, step: u64) -> Result<()> {
-        let mut g = self
-            .committed
-            .lock()
-            .map_err(|_| Error::Pipeline("poisoned".into()))?;
-        if g.is_none() {
-            let mut known = BTreeSet::new();
-            let tiers = std::iter::once(("L1".to_string(), &self.l1))
-                .chain(self.l2.iter().map(|p| (format!("L2 {}", p.name), &p.store)))
-                .chain(self.l3.iter().map(|l3| ("L3".to_string(), l3)));
-            for (name, t) in tiers {
+        let known = match self.committed.contains(step) {
+            Some(k) => k,
+            None => {
                 // On a thread of its own: `save` may be called from inside
                 // an async runtime, where blocking on ours would panic.
                 let listed = std::thread::scope(|sc| {
-                    sc.spawn(|| self.rt.block_on(t.list_steps(&self.cfg.job)))
+                    sc.spawn(|| self.list_committed())
                         .join()
-                        .unwrap_or_else(|_| {
-                            Err(strata_tiered::StoreError::Internal(
-                                "listing thread panicked".into(),
-                            ))
-                        })
+                        .unwrap_or_default()
                 });
-                match listed {
-                    Ok(steps) => known.extend(crate::commit::restorable(&self.cfg, &steps)),
-                    Err(e) => {
-                        tracing::warn!(tier = %name, error = %e, "cannot list a tier to check for committed steps")
-                    }
-                }
+                self.committed.fill(listed);
+                self.committed.contains(step).unwrap_or(false)
             }
-            *g = Some(known);
-        }
-        if g.as_ref().is_some_and(|set| set.contains(&step)) {
+        };
+        if known {
             return Err(Error::AlreadyCommitted {
                 step,
                 tier: "by this rank".into(),
             });
         }
         Ok(())
+    }
+
+    /// The steps this rank committed in any tier it can list.
+    pub(crate) fn list_committed(&self) -> BTreeSet<u64> {
+        let mut known = BTreeSet::new();
+        let tiers = std::iter::once(("L1".to_string(), &self.l1))
+            .chain(self.l2.iter().map(|p| (format!("L2 {}", p.name), &p.store)))
+            .chain(self.l3.iter().map(|l3| ("L3".to_string(), l3)));
+        for (name, t) in tiers {
+            match self.rt.block_on(t.list_steps(&self.cfg.job)) {
+                Ok(steps) => known.extend(crate::commit::restorable(&self.cfg, &steps)),
+                Err(e) => {
+                    tracing::warn!(tier = %name, error = %e, "cannot list a tier to check for committed steps")
+                }
+            }
+        }
+        known
     }
 
     /// The GPU engine for these device buffers (opened on first use), or
@@ -517,9 +291,17 @@ impl Checkpointer {
             clock: b.clock,
             upload_policy,
             commits: CommitEvents::default(),
-            committed: Mutex::new(None),
+            committed: KnownCommitted::default(),
             cfg,
         });
+        // The committed steps of every tier, listed off the save path.
+        {
+            let s2 = shared.clone();
+            std::thread::Builder::new()
+                .name("strata-list".into())
+                .spawn(move || s2.committed.fill(s2.list_committed()))
+                .map_err(|e| Error::Config(format!("cannot start a thread: {e}")))?;
+        }
         // The workers hear of committed steps as subscribers; the save
         // path never calls them.
         shared.commits.subscribe(Box::new(tiering::subscriber(

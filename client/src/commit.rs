@@ -216,6 +216,40 @@ pub(crate) fn all_ready(
     Ok(all.iter().all(|v| v.as_slice() == [1]))
 }
 
+/// The steps this rank knows committed in some tier: what a listing of
+/// the tiers found, plus what this process committed since (whichever came
+/// first: a commit noted while the listing runs is kept).
+#[derive(Default)]
+pub(crate) struct KnownCommitted {
+    /// (listed, or None before the listing; noted by this process).
+    inner: Mutex<(Option<BTreeSet<u64>>, BTreeSet<u64>)>,
+}
+
+impl KnownCommitted {
+    /// Notes a step this rank committed.
+    pub(crate) fn note(&self, step: u64) {
+        if let Ok(mut g) = self.inner.lock() {
+            g.1.insert(step);
+        }
+    }
+
+    /// Records a listing (the first one wins; later ones add).
+    pub(crate) fn fill(&self, listed: BTreeSet<u64>) {
+        if let Ok(mut g) = self.inner.lock() {
+            g.0.get_or_insert_with(BTreeSet::new).extend(listed);
+        }
+    }
+
+    /// Whether `step` is known committed; None before any listing.
+    pub(crate) fn contains(&self, step: u64) -> Option<bool> {
+        let g = self.inner.lock().ok()?;
+        if g.1.contains(&step) {
+            return Some(true);
+        }
+        Some(g.0.as_ref()?.contains(&step))
+    }
+}
+
 /// A subscriber: called once per committed step, on the save path's
 /// thread, before retention runs; it should only queue work (and mark the
 /// step as pinned) for a worker of its own.

@@ -99,7 +99,7 @@ pub(crate) fn persist(
     tracing::info_span!("commit").in_scope(|| s.rt.block_on(s.l1.commit(&record)))?;
     stats.commit_time = t.elapsed();
     stats.to_durable = job.started.elapsed();
-    s.note_committed(job.step);
+    s.committed.note(job.step);
 
     s.commits.publish(Committed {
         step: job.step,

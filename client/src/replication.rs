@@ -14,8 +14,7 @@
 //! until their push ends.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{mpsc, Arc, Mutex};
 
 use strata_format::ChunkId;
 use strata_peer::PeerStore;
@@ -24,6 +23,7 @@ use strata_tiered::ChunkStore;
 use crate::checkpointer::Shared;
 use crate::commit::Committed;
 use crate::error::{Error, Result};
+use crate::step_states::StepStates;
 
 /// Chunk bytes read from L1 and pushed per batch.
 const PUSH_BATCH_BYTES: u64 = 64 << 20;
@@ -62,76 +62,33 @@ pub(crate) type Peer = crate::stack::NamedTier;
 /// Replication state shared by the worker and the API.
 #[derive(Default)]
 pub(crate) struct Replication {
-    state: Mutex<BTreeMap<u64, L2State>>,
-    changed: Condvar,
+    pub(crate) states: StepStates<L2State>,
 }
 
 impl Replication {
     fn set(&self, step: u64, st: L2State) {
-        if let Ok(mut m) = self.state.lock() {
-            m.insert(step, st);
-        }
-        self.changed.notify_all();
-    }
-
-    /// Waits until `done` holds for the state of `step` (None: never
-    /// queued), or `deadline` passes. Returns the last state seen.
-    pub(crate) fn wait_for(
-        &self,
-        step: u64,
-        deadline: Option<Instant>,
-        done: impl Fn(Option<&L2State>) -> bool,
-    ) -> Option<L2State> {
-        let Ok(mut g) = self.state.lock() else {
-            return None;
-        };
-        loop {
-            if done(g.get(&step)) {
-                return g.get(&step).cloned();
-            }
-            let wait = match deadline {
-                Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(left) => left,
-                    None => return g.get(&step).cloned(),
-                },
-                None => Duration::from_secs(3600),
-            };
-            match self.changed.wait_timeout(g, wait) {
-                Ok((ng, _)) => g = ng,
-                Err(_) => return None,
-            }
-        }
+        self.states.set(step, st);
     }
 
     /// Waits until no step is pending.
     pub(crate) fn wait_idle(&self) {
-        let Ok(mut g) = self.state.lock() else {
-            return;
-        };
-        while g.values().any(|st| matches!(st, L2State::Pending)) {
-            match self.changed.wait_timeout(g, Duration::from_secs(1)) {
-                Ok((ng, _)) => g = ng,
-                Err(_) => return,
-            }
-        }
+        drop(self.states.wait_until(None, |m| {
+            !m.values().any(|st| matches!(st, L2State::Pending))
+        }));
     }
 
     /// Every step's state.
     pub(crate) fn snapshot(&self) -> BTreeMap<u64, L2State> {
-        self.state.lock().map(|m| m.clone()).unwrap_or_default()
+        self.states.snapshot()
     }
 
     /// Steps still being pushed: L1 retention keeps them.
     pub(crate) fn pinned(&self) -> HashSet<u64> {
-        self.state
-            .lock()
-            .map(|m| {
-                m.iter()
-                    .filter(|(_, st)| matches!(st, L2State::Pending))
-                    .map(|(s, _)| *s)
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.snapshot()
+            .into_iter()
+            .filter(|(_, st)| matches!(st, L2State::Pending))
+            .map(|(s, _)| s)
+            .collect()
     }
 }
 

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use strata_format::ChunkId;
@@ -23,6 +23,7 @@ use crate::checkpointer::{Checkpointer, Shared};
 use crate::commit::Committed;
 use crate::error::{Error, Result};
 use crate::replication::L2State;
+use crate::step_states::StepStates;
 
 /// Chunk bytes read from L1 and uploaded per batch (bounds upload memory).
 const UPLOAD_BATCH_BYTES: u64 = 64 << 20;
@@ -53,79 +54,41 @@ pub enum L3State {
 /// Upload progress, shared by the uploader thread and the API.
 #[derive(Default)]
 pub(crate) struct Uploads {
-    state: Mutex<BTreeMap<u64, L3State>>,
-    pub(crate) changed: Condvar,
+    pub(crate) states: StepStates<L3State>,
     queued: AtomicU64,
 }
 
 impl Uploads {
     fn set(&self, step: u64, st: L3State) {
-        if let Ok(mut m) = self.state.lock() {
-            m.insert(step, st);
-        }
-        self.changed.notify_all();
+        self.states.set(step, st);
     }
 
     /// Adds `n` to an upload's progress; returns the bytes done so far.
     fn add_done(&self, step: u64, n: u64, total: u64) -> u64 {
-        let Ok(mut m) = self.state.lock() else {
-            return 0;
-        };
-        let done = match m.get(&step) {
-            Some(L3State::Uploading { done, .. }) => done + n,
-            _ => n,
-        };
-        m.insert(step, L3State::Uploading { done, total });
-        drop(m);
-        self.changed.notify_all();
-        done
+        self.states
+            .update(|m| {
+                let done = match m.get(&step) {
+                    Some(L3State::Uploading { done, .. }) => done + n,
+                    _ => n,
+                };
+                m.insert(step, L3State::Uploading { done, total });
+                done
+            })
+            .unwrap_or(0)
     }
 
     /// The state of every step this process queued for upload.
     pub(crate) fn snapshot(&self) -> BTreeMap<u64, L3State> {
-        self.state.lock().map(|m| m.clone()).unwrap_or_default()
-    }
-
-    /// Waits until `done` holds for the upload state of `step` (None: not
-    /// queued), or `deadline` passes. Returns the last state seen.
-    pub(crate) fn wait_for(
-        &self,
-        step: u64,
-        deadline: Option<Instant>,
-        done: impl Fn(Option<&L3State>) -> bool,
-    ) -> Option<L3State> {
-        let Ok(mut g) = self.state.lock() else {
-            return None;
-        };
-        loop {
-            if done(g.get(&step)) {
-                return g.get(&step).cloned();
-            }
-            let wait = match deadline {
-                Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(left) => left,
-                    None => return g.get(&step).cloned(),
-                },
-                None => Duration::from_secs(3600),
-            };
-            match self.changed.wait_timeout(g, wait) {
-                Ok((ng, _)) => g = ng,
-                Err(_) => return None,
-            }
-        }
+        self.states.snapshot()
     }
 
     /// Steps queued or uploading: L1 retention must keep them.
     pub(crate) fn pinned(&self) -> std::collections::HashSet<u64> {
-        self.state
-            .lock()
-            .map(|m| {
-                m.iter()
-                    .filter(|(_, st)| matches!(st, L3State::Queued | L3State::Uploading { .. }))
-                    .map(|(s, _)| *s)
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.snapshot()
+            .into_iter()
+            .filter(|(_, st)| matches!(st, L3State::Queued | L3State::Uploading { .. }))
+            .map(|(s, _)| s)
+            .collect()
     }
 }
 
@@ -183,7 +146,8 @@ pub(crate) fn run(s: &Shared, l3: &dyn ChunkStore, rx: &mpsc::Receiver<UploadJob
             }
         }
         s.uploads.queued.fetch_sub(1, Ordering::SeqCst);
-        s.uploads.changed.notify_all();
+        // Wakes `wait_uploads`, which watches the count.
+        s.uploads.states.update(|_| ());
     }
 }
 
@@ -301,15 +265,11 @@ impl Checkpointer {
     /// Blocks until every queued upload has finished (committed or failed).
     pub fn wait_uploads(&self) {
         let u = &self.shared.uploads;
-        let Ok(mut g) = u.state.lock() else {
-            return;
-        };
-        while u.queued.load(Ordering::SeqCst) > 0 {
-            match u.changed.wait_timeout(g, Duration::from_millis(200)) {
-                Ok((ng, _)) => g = ng,
-                Err(_) => return,
-            }
-        }
+        // The uploader wakes the map after each decrement.
+        drop(
+            u.states
+                .wait_until(None, |_| u.queued.load(Ordering::SeqCst) == 0),
+        );
     }
 
     /// The L2 state of every step this process replicated (or is

@@ -22,7 +22,6 @@
 //! followed by a put, and two writers racing on one step can both "win".
 //! Strata never claims atomic commits there.
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,11 +31,9 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjPath;
 use object_store::{
-    GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
-    WriteMultipart,
+    GetOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig, WriteMultipart,
 };
 use strata_format::frame::{FrameEncoder, FRAME_HEADER_LEN, MAX_CHUNK_LEN};
-use strata_format::manifest::MAX_MANIFEST_LEN;
 use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
 
@@ -44,12 +41,12 @@ use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
 use crate::l3_frame::fill;
+#[path = "l3_steps.rs"]
+mod steps;
+
 pub use crate::l3_frame::Frame;
 pub use crate::l3_options::L3Options;
-use crate::store::{
-    check_manifest_replace, commit_conflict, commit_slot, dedup_call, slice_range, ChunkInfo,
-    ChunkPut, ChunkStore, PutStats, StepInfo,
-};
+use crate::store::{dedup_call, slice_range, ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
 
 /// Largest chunk object read back: the frame of the largest chunk.
 const MAX_FRAME_LEN: usize = FRAME_HEADER_LEN + MAX_CHUNK_LEN as usize + 1024;
@@ -496,24 +493,6 @@ impl L3Store {
         }
         Ok(stats)
     }
-
-    /// Names of the objects directly under a step.
-    async fn step_objects(&self, job: &str, step: u64) -> Result<Vec<String>> {
-        let prefix = self.step_key(job, step);
-        let listed: Vec<_> = self
-            .retrying(|| async {
-                self.store
-                    .list(Some(&prefix))
-                    .try_collect::<Vec<_>>()
-                    .await
-                    .map_err(|e| os_err(format!("listing step {step}"), e))
-            })
-            .await?;
-        Ok(listed
-            .into_iter()
-            .filter_map(|m| m.location.filename().map(str::to_string))
-            .collect())
-    }
 }
 
 /// The key prefix a cloud URL names (the path after the bucket).
@@ -619,244 +598,31 @@ impl ChunkStore for L3Store {
     }
 
     async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
-        validate_job_id(job)?;
-        // A committed shard's manifest is never replaced (see the contract).
-        let records = self.step_records(job, step).await?;
-        check_manifest_replace(step, rank, &records, bytes)?;
-        let key = self.step_key(job, step).join(format!("m-{rank}"));
-        self.retrying(|| async {
-            self.store
-                .put(&key, PutPayload::from(bytes.to_vec()))
-                .await
-                .map_err(|e| os_err(format!("manifest of step {step} rank {rank}"), e))
-        })
-        .await?;
-        Ok(())
+        self.put_shard_manifest(job, step, rank, bytes).await
     }
 
     async fn get_manifest(&self, job: &str, step: u64, rank: u32) -> Result<Vec<u8>> {
-        validate_job_id(job)?;
-        let key = self.step_key(job, step).join(format!("m-{rank}"));
-        let what = format!("manifest of step {step} rank {rank} in L3");
-        Ok(self
-            .retrying(|| self.get_bounded(&key, MAX_MANIFEST_LEN, &what))
-            .await?
-            .to_vec())
+        self.get_shard_manifest(job, step, rank).await
     }
 
     async fn commit(&self, record: &CommitRecord) -> Result<()> {
-        validate_job_id(&record.job)?;
-        let (first, bytes) = commit_slot(record)?;
-        let key = self
-            .step_key(&record.job, record.step)
-            .join(format!("c-{first}"));
-        let what = format!("commit record of step {} rank {first}", record.step);
-        let same_is_there = |existing: Bytes| {
-            if existing.as_ref() == bytes.as_slice() {
-                Ok(())
-            } else {
-                Err(commit_conflict(record.step, first))
-            }
-        };
-        let create = PutOptions {
-            mode: PutMode::Create,
-            ..PutOptions::default()
-        };
-        let put = self
-            .retrying(|| async {
-                match self
-                    .store
-                    .put_opts(&key, PutPayload::from(bytes.clone()), create.clone())
-                    .await
-                {
-                    // Transient failures are retried; a dropped connection
-                    // whose write landed then finds the same record there.
-                    Err(e @ object_store::Error::Generic { .. }) => {
-                        Err(StoreError::Unavailable(format!("{what}: {e}")))
-                    }
-                    other => Ok(other),
-                }
-            })
-            .await?;
-        match put {
-            Ok(_) => Ok(()),
-            Err(object_store::Error::AlreadyExists { .. })
-            | Err(object_store::Error::Precondition { .. }) => {
-                // Reading the record back is idempotent: retried like the put.
-                same_is_there(
-                    self.retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
-                        .await?,
-                )
-            }
-            Err(object_store::Error::NotImplemented { .. }) if self.opts.non_atomic_commits => {
-                tracing::warn!(url = %self.url, "L3 store cannot create-if-absent: committing with check-then-put (not atomic)");
-                match self
-                    .retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
-                    .await
-                {
-                    Ok(existing) => same_is_there(existing),
-                    Err(StoreError::NotFound { .. }) => {
-                        self.store
-                            .put(&key, PutPayload::from(bytes.clone()))
-                            .await
-                            .map_err(|e| os_err(what.clone(), e))?;
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            Err(object_store::Error::NotImplemented { .. }) => {
-                Err(StoreError::Unavailable(format!(
-                    "{}: the store cannot create-if-absent, so commits would not be atomic; \
-                 enable conditional puts, or accept it with non_atomic_commits",
-                    self.url
-                )))
-            }
-            Err(e) => Err(os_err(what, e)),
-        }
+        self.commit_record(record).await
     }
 
     async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>> {
-        validate_job_id(job)?;
-        let prefix = self.key(&[job, "steps"]);
-        let listed = self
-            .retrying(|| async {
-                self.store
-                    .list_with_delimiter(Some(&prefix))
-                    .await
-                    .map_err(|e| os_err("listing steps", e))
-            })
-            .await?;
-        let mut steps: BTreeMap<u64, StepInfo> = BTreeMap::new();
-        for dir in listed.common_prefixes {
-            let Some(step) = dir.filename().and_then(|n| n.parse::<u64>().ok()) else {
-                continue;
-            };
-            let mut info = StepInfo {
-                step,
-                ..StepInfo::default()
-            };
-            for name in self.step_objects(job, step).await? {
-                if let Some(rank) = name.strip_prefix("m-").and_then(|r| r.parse::<u32>().ok()) {
-                    info.manifests.insert(rank);
-                } else if let Some(first) =
-                    name.strip_prefix("c-").and_then(|r| r.parse::<u32>().ok())
-                {
-                    let key = self.step_key(job, step).join(name.as_str());
-                    let what = format!("commit record of step {step} rank {first}");
-                    let bytes = match self
-                        .retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
-                        .await
-                    {
-                        Ok(b) => b,
-                        // Deleted between the listing and the read.
-                        Err(StoreError::NotFound { .. }) => continue,
-                        // Too large to be a record: damage, reported.
-                        Err(e @ StoreError::Corrupt { .. }) => {
-                            info.unreadable.insert(first, e.to_string());
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    // One bad record (damage, a newer format during a
-                    // rolling upgrade) hides only its own shard.
-                    match CommitRecord::decode(&bytes) {
-                        Ok(r) if r.step == step && r.job == job => {
-                            info.records.insert(first, r);
-                        }
-                        Ok(_) => {
-                            info.unreadable
-                                .insert(first, "names another step or job".into());
-                        }
-                        Err(e) => {
-                            tracing::warn!(step, rank = first, error = %e, "unreadable commit record on L3; this rank treated as uncommitted there");
-                            info.unreadable.insert(first, format!("{what}: {e}"));
-                        }
-                    }
-                } else if let Some(rank) =
-                    name.strip_prefix("r-").and_then(|r| r.parse::<u32>().ok())
-                {
-                    info.retiring.insert(rank);
-                }
-            }
-            steps.insert(step, info);
-        }
-        Ok(steps.into_values().collect())
+        self.steps(job).await
     }
 
     async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
-        validate_job_id(job)?;
-        let names = self.step_objects(job, step).await?;
-        // Commit records first: a crash in between leaves a partial step.
-        let (records, rest): (Vec<&String>, Vec<&String>) =
-            names.iter().partition(|n| n.starts_with("c-"));
-        for group in [records, rest] {
-            for name in group {
-                let key = self.step_key(job, step).join(name.as_str());
-                match self.store.delete(&key).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(os_err(format!("deleting {key}"), e)),
-                }
-            }
-        }
-        Ok(())
+        self.remove_step(job, step).await
     }
 
     async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
-        validate_job_id(job)?;
-        let dir = self.step_key(job, step);
-        let marker = dir.clone().join(format!("r-{rank}"));
-        // The marker first: a crash part-way leaves a shard that says it
-        // is being retired, never one that looks damaged.
-        self.retrying(|| async {
-            self.store
-                .put(&marker, PutPayload::from(Bytes::new()))
-                .await
-                .map_err(|e| os_err(format!("retiring marker of step {step} rank {rank}"), e))
-        })
-        .await?;
-        for name in [
-            format!("c-{rank}"),
-            format!("m-{rank}"),
-            format!("r-{rank}"),
-        ] {
-            let key = dir.clone().join(name.as_str());
-            self.retrying(|| async {
-                match self.store.delete(&key).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-                    Err(e) => Err(os_err(format!("deleting {key}"), e)),
-                }
-            })
-            .await?;
-        }
-        Ok(())
+        self.remove_shard(job, step, rank).await
     }
 }
 
-impl L3Store {
-    /// The step's readable commit records, whatever their slot (a
-    /// damaged one is no record: a repair may replace it): one listing and
-    /// a read per record.
-    async fn step_records(&self, job: &str, step: u64) -> Result<Vec<CommitRecord>> {
-        let mut out = Vec::new();
-        for name in self.step_objects(job, step).await? {
-            if !name.starts_with("c-") {
-                continue;
-            }
-            let key = self.step_key(job, step).join(name.as_str());
-            let what = format!("commit record {name} of step {step}");
-            match self
-                .retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
-                .await
-            {
-                Ok(b) => out.extend(CommitRecord::decode(&b).ok()),
-                Err(StoreError::NotFound { .. } | StoreError::Corrupt { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
-    }
-}
+impl L3Store {}
 
 #[cfg(test)]
 mod tests {
