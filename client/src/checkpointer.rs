@@ -98,10 +98,11 @@ pub(crate) struct Shared {
 impl Shared {
     /// Refuses a save of a step this rank already committed in some tier
     /// (saving it again would replace a committed shard's manifest):
-    /// checked before anything is written. The tiers are listed once, in
-    /// the background from the start; a save that comes before that
-    /// listing is done lists them itself. An unreachable tier is skipped
-    /// (its own guard still refuses to replace a committed manifest).
+    /// checked before anything is written. A restore's own listing of the
+    /// tiers fills the set (a resuming job restores first, so its saves
+    /// list nothing); otherwise the first save lists the tiers once. An
+    /// unreachable tier is skipped (its own guard still refuses to replace
+    /// a committed manifest).
     fn refuse_committed(&self, step: u64) -> Result<()> {
         let known = match self.committed.contains(step) {
             Some(k) => k,
@@ -294,14 +295,6 @@ impl Checkpointer {
             committed: KnownCommitted::default(),
             cfg,
         });
-        // The committed steps of every tier, listed off the save path.
-        {
-            let s2 = shared.clone();
-            std::thread::Builder::new()
-                .name("strata-list".into())
-                .spawn(move || s2.committed.fill(s2.list_committed()))
-                .map_err(|e| Error::Config(format!("cannot start a thread: {e}")))?;
-        }
         // The workers hear of committed steps as subscribers; the save
         // path never calls them.
         shared.commits.subscribe(Box::new(tiering::subscriber(

@@ -250,6 +250,9 @@ impl Checkpointer {
         for set in &on_l2 {
             mine.extend(set.iter().copied());
         }
+        // What this rank committed anywhere: a later save of one of these
+        // steps is refused without listing the tiers again.
+        s.committed.fill(mine.clone());
         let n = s.restores.fetch_add(1, Ordering::Relaxed);
         let mut common =
             crate::commit::agree(&*s.coord, cfg, &format!("restore/{}/{n}", cfg.job), &mine)?;
