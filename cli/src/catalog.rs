@@ -5,8 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use strata::inspect::{LoadedShard, Tier, Tiers};
+use strata::reader::{ReadTier, TieredReader};
 use strata::tiered::{ChunkData, StepInfo, StoreError};
-use strata_format::{ChunkId, CommitRecord};
+use strata_format::manifest::ChunkRef;
+use strata_format::CommitRecord;
 
 use crate::CliError;
 
@@ -202,36 +204,29 @@ impl<'a> Catalog<'a> {
     }
 }
 
-/// Reads `ids` from the first tier of `order`, each failure retried on the
-/// next tier; every chunk verified by the tier that serves it. Returns each
-/// chunk's bytes (or the last error) and where it came from.
+/// Reads `chunks` through the tiered reader over `order`: from the first
+/// tier, each failure retried on the next; every chunk verified by the
+/// tier that serves it. Returns each chunk's bytes (or the first tier's
+/// error) and where it came from.
 pub(crate) fn read_with_fallback(
     t: &Tiers,
     order: &[&Tier],
-    ids: &[ChunkId],
+    chunks: &[ChunkRef],
 ) -> Vec<Result<(ChunkData, String), StoreError>> {
-    let mut out: Vec<Option<Result<(ChunkData, String), StoreError>>> =
-        (0..ids.len()).map(|_| None).collect();
-    for tier in order {
-        let todo: Vec<usize> = (0..ids.len())
-            .filter(|&i| !matches!(out[i], Some(Ok(_))))
-            .collect();
-        if todo.is_empty() {
-            break;
-        }
-        let want: Vec<ChunkId> = todo.iter().map(|&i| ids[i]).collect();
-        let got = t.block_on(tier.store.get_chunks(t.job(), &want));
-        for (i, r) in todo.into_iter().zip(got) {
-            out[i] = Some(r.map(|d| (d, tier.name.clone())));
-        }
-    }
-    out.into_iter()
-        .map(|o| {
-            o.unwrap_or_else(|| {
-                Err(StoreError::NotFound {
-                    what: "chunk (no tier to read it from)".into(),
-                })
-            })
+    let tiers = order
+        .iter()
+        .map(|x| ReadTier {
+            store: &*x.store,
+            repair: false,
+        })
+        .collect();
+    let reader = TieredReader::new(t.job(), tiers);
+    t.block_on(reader.read(chunks, Vec::new()))
+        .chunks
+        .into_iter()
+        .map(|c| {
+            let from = c.from.map(|i| order[i].name.clone()).unwrap_or_default();
+            c.result.map(|d| (d, from))
         })
         .collect()
 }
@@ -258,12 +253,12 @@ pub(crate) fn entry_bytes(
     name: &str,
 ) -> Option<Vec<u8>> {
     let e = m.entry(name)?;
-    let ids: Vec<ChunkId> = e
+    let refs: Vec<ChunkRef> = e
         .segments
         .iter()
-        .map(|s| m.chunks.get(s.chunk as usize).map(|c| c.id))
+        .map(|s| m.chunks.get(s.chunk as usize).copied())
         .collect::<Option<_>>()?;
-    let got = read_with_fallback(t, order, &ids);
+    let got = read_with_fallback(t, order, &refs);
     let mut out = Vec::with_capacity(usize::try_from(e.len).ok()?);
     for (s, r) in e.segments.iter().zip(got) {
         let (d, _) = r.ok()?;

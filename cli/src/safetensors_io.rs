@@ -204,8 +204,8 @@ pub(crate) fn export(a: &ExportArgs) -> Result<(), CliError> {
                     batch.push(c);
                     bytes += l;
                 }
-                let ids: Vec<_> = batch.iter().map(|&c| m.chunks[c as usize].id).collect();
-                for (c, r) in batch.iter().zip(read_with_fallback(&t, &order, &ids)) {
+                let refs: Vec<_> = batch.iter().map(|&c| m.chunks[c as usize]).collect();
+                for (c, r) in batch.iter().zip(read_with_fallback(&t, &order, &refs)) {
                     match r {
                         Ok((d, tier)) => {
                             *sources.entry(tier).or_default() += d.len() as u64;

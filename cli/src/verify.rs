@@ -6,9 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use clap::Args;
 use serde::Serialize;
+use strata::copy::{copy_step, CopyOptions};
 use strata::inspect::{Tier, Tiers};
-use strata::tiered::{ChunkData, ChunkPut, StoreErrorKind};
+use strata::reader::{ReadTier, TieredReader};
+use strata::tiered::StoreErrorKind;
 use strata_format::codec::ElemHint;
+use strata_format::manifest::ChunkRef;
 use strata_format::ChunkId;
 
 use crate::catalog::{Catalog, Held};
@@ -147,13 +150,13 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
                             repaired: false,
                         };
                         let good = good_manifest(&t, &all, tier, step, rank);
-                        p.good_copies = good.iter().map(|(n, _)| n.clone()).collect();
-                        if a.repair {
-                            if let Some((_, bytes)) = good.first() {
-                                p.repaired = t
-                                    .block_on(tier.store.put_manifest(t.job(), step, rank, bytes))
-                                    .is_ok()
-                                    && t.load_shard(tier, steps_here, step, rank).is_ok();
+                        p.good_copies = good.iter().map(|x| x.name.clone()).collect();
+                        if a.repair && !good.is_empty() {
+                            match copy_from_first(&t, &good, tier, step, rank) {
+                                Ok(()) => {
+                                    p.repaired = t.load_shard(tier, steps_here, step, rank).is_ok();
+                                }
+                                Err(e) => p.error = format!("{}; repair failed: {e}", p.error),
                             }
                         }
                         problems.push(p);
@@ -224,50 +227,64 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
         .sum();
     let progress = Progress::bytes(total, "verifying", a.json);
     for (tier, wanted) in &plans {
+        // The tier under check first (repaired with --repair), then every
+        // other tier, read for the chunks it fails to list the good copies.
+        let order: Vec<&Tier> = std::iter::once(*tier)
+            .chain(t.tiers().iter().filter(|x| x.name != tier.name))
+            .collect();
+        let reader = TieredReader::new(
+            t.job(),
+            order
+                .iter()
+                .enumerate()
+                .map(|(i, x)| ReadTier {
+                    store: &*x.store,
+                    repair: a.repair && i == 0,
+                })
+                .collect(),
+        )
+        .every_copy(true);
         let ids: Vec<ChunkId> = wanted.keys().copied().collect();
         for batch in batches(&ids, wanted) {
-            let got = t.block_on(tier.store.get_chunks(t.job(), &batch));
-            for (id, r) in batch.iter().zip(got) {
-                let (len, hint, users) = &wanted[id];
+            let refs: Vec<ChunkRef> = batch
+                .iter()
+                .map(|id| ChunkRef {
+                    id: *id,
+                    len: wanted[id].0,
+                    hint: wanted[id].1,
+                })
+                .collect();
+            let got = t.block_on(reader.read(&refs, Vec::new()));
+            for (id, c) in batch.iter().zip(got.chunks) {
+                let (len, _, users) = &wanted[id];
                 progress.inc(u64::from(*len));
-                match r {
-                    Ok(_) => {
-                        chunks_verified += 1;
-                        bytes_verified += u64::from(*len);
-                    }
-                    Err(e) => {
-                        let state = match e.kind() {
-                            StoreErrorKind::Corrupt => "damaged",
-                            StoreErrorKind::NotFound => "missing",
-                            _ => "unreadable",
-                        };
-                        let mut users = users.clone();
-                        users.sort();
-                        users.dedup();
-                        let good = good_chunk(&t, tier, id);
-                        let mut p = Problem {
-                            tier: tier.name.clone(),
-                            object: "chunk",
-                            id: id.to_hex(),
-                            state,
-                            error: e.to_string(),
-                            entries: users,
-                            good_copies: good.iter().map(|(n, _)| n.clone()).collect(),
-                            repaired: false,
-                        };
-                        if a.repair && state != "unreadable" {
-                            if let Some((_, data)) = good.into_iter().next() {
-                                match rewrite(&t, tier, *id, *hint, data) {
-                                    Ok(()) => p.repaired = true,
-                                    Err(e) => {
-                                        p.error = format!("{}; repair failed: {e}", p.error);
-                                    }
-                                }
-                            }
-                        }
-                        problems.push(p);
-                    }
+                let Some((_, e)) = c.errors.iter().find(|(x, _)| *x == 0) else {
+                    chunks_verified += 1;
+                    bytes_verified += u64::from(*len);
+                    continue;
+                };
+                let state = match e.kind() {
+                    StoreErrorKind::Corrupt => "damaged",
+                    StoreErrorKind::NotFound => "missing",
+                    _ => "unreadable",
+                };
+                let mut users = users.clone();
+                users.sort();
+                users.dedup();
+                let mut error = e.to_string();
+                if let Some((_, why)) = c.repair_failed.iter().find(|(x, _)| *x == 0) {
+                    error = format!("{error}; repair failed: {why}");
                 }
+                problems.push(Problem {
+                    tier: tier.name.clone(),
+                    object: "chunk",
+                    id: id.to_hex(),
+                    state,
+                    error,
+                    entries: users,
+                    good_copies: c.good.iter().map(|&i| order[i].name.clone()).collect(),
+                    repaired: c.repaired.contains(&0),
+                });
             }
         }
     }
@@ -368,7 +385,7 @@ fn record_problems(
                     Some((*x, rec))
                 })
                 .collect();
-            let Some((_, record)) = good.first() else {
+            if good.is_empty() {
                 // Not committed anywhere: a partial step, not damage.
                 continue;
             };
@@ -386,7 +403,8 @@ fn record_problems(
                 repaired: false,
             };
             if repair {
-                match t.block_on(tier.store.commit(record)) {
+                let from: Vec<&Tier> = good.iter().map(|(x, _)| *x).collect();
+                match copy_from_first(t, &from, tier, step, rank) {
                     Ok(()) => {
                         p.repaired = t.steps(tier).is_ok_and(|v| {
                             v.iter()
@@ -430,58 +448,48 @@ fn batches(ids: &[ChunkId], wanted: &Wanted) -> Vec<Vec<ChunkId>> {
     out
 }
 
-/// Verified copies of chunk `id` in the tiers other than `bad`.
-fn good_chunk(t: &Tiers, bad: &Tier, id: &ChunkId) -> Vec<(String, ChunkData)> {
-    t.tiers()
-        .iter()
-        .filter(|x| x.name != bad.name)
-        .filter_map(|x| {
-            t.block_on(x.store.get_chunk(t.job(), id, None))
-                .ok()
-                .map(|d| (x.name.clone(), d))
-        })
-        .collect()
-}
-
-/// Good copies of a manifest in the tiers other than `bad`.
-fn good_manifest(
-    t: &Tiers,
+/// The tiers other than `bad` holding a good copy of a manifest.
+fn good_manifest<'t>(
+    t: &'t Tiers,
     all: &Catalog<'_>,
     bad: &Tier,
     step: u64,
     rank: u32,
-) -> Vec<(String, Vec<u8>)> {
+) -> Vec<&'t Tier> {
     t.tiers()
         .iter()
         .filter(|x| x.name != bad.name)
-        .filter_map(|x| {
-            t.load_shard(x, all.steps_of(x), step, rank)
-                .ok()
-                .map(|s| (x.name.clone(), s.bytes))
-        })
+        .filter(|x| t.load_shard(x, all.steps_of(x), step, rank).is_ok())
         .collect()
 }
 
-/// Replaces `tier`'s copy of chunk `id` with `data` and reads it back.
-fn rewrite(
+/// Repairs `bad`'s copy of a shard by copying it whole from the first of
+/// `good` that can give it ([`copy_step`]: the chunks `bad` lacks, the
+/// manifest, the commit record).
+fn copy_from_first(
     t: &Tiers,
-    tier: &Tier,
-    id: ChunkId,
-    hint: ElemHint,
-    data: ChunkData,
+    good: &[&Tier],
+    bad: &Tier,
+    step: u64,
+    rank: u32,
 ) -> Result<(), String> {
-    let job = t.job();
-    // Stores skip a put of a chunk they hold: drop the bad copy first.
-    t.block_on(tier.store.delete_chunks(job, &[id]))
-        .map_err(|e| format!("removing the bad copy: {e}"))?;
-    t.block_on(
-        tier.store
-            .put_chunks(job, vec![ChunkPut { id, hint, data }]),
-    )
-    .map_err(|e| format!("the bad copy was removed but the rewrite failed: {e}"))?;
-    t.block_on(tier.store.get_chunk(job, &id, None))
-        .map_err(|e| format!("rewritten, but reading it back failed: {e}"))?;
-    Ok(())
+    let mut errors = Vec::new();
+    for src in good {
+        let copied = t.block_on(copy_step(
+            &src.store,
+            &*bad.store,
+            t.job(),
+            step,
+            rank,
+            CopyOptions::default(),
+            &|_| {},
+        ));
+        match copied {
+            Ok(_) => return Ok(()),
+            Err(e) => errors.push(format!("from {}: {e}", src.name)),
+        }
+    }
+    Err(errors.join("; "))
 }
 
 fn short(id: &str) -> &str {

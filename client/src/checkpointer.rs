@@ -325,7 +325,7 @@ impl Checkpointer {
                 Some(
                     std::thread::Builder::new()
                         .name("strata-upload".into())
-                        .spawn(move || tiering::run(&s3, &*l3, &upload_rx))
+                        .spawn(move || tiering::run(&s3, l3, &upload_rx))
                         .map_err(|e| Error::Config(format!("cannot start the uploader: {e}")))?,
                 )
             }

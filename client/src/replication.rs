@@ -16,12 +16,12 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{mpsc, Arc, Mutex};
 
-use strata_format::ChunkId;
 use strata_peer::PeerStore;
 use strata_tiered::ChunkStore;
 
 use crate::checkpointer::Shared;
 use crate::commit::Committed;
+use crate::copy::{copy_step, CopyOptions, Verify};
 use crate::error::{Error, Result};
 use crate::step_states::StepStates;
 
@@ -216,7 +216,7 @@ fn degraded_on_l1(s: &Shared, newer_than: u64) -> Vec<u64> {
     }
     match s.rt.block_on(s.l1.list_steps(&s.cfg.job)) {
         Ok(steps) => {
-            let on_l1 = crate::restore::restorable(&s.cfg, &steps);
+            let on_l1 = crate::commit::restorable(&s.cfg, &steps);
             degraded
                 .into_iter()
                 .filter(|st| on_l1.contains(st))
@@ -290,30 +290,22 @@ fn replicate(s: &Shared, step: u64) -> L2State {
 }
 
 /// Pushes this rank's shard of `step` from L1 to one peer and commits it
-/// there. Returns the chunk bytes sent.
+/// there ([`copy_step`]; the peer verifies every chunk it receives, so
+/// L1's copies are not hashed on the way out). Returns the chunk bytes
+/// sent.
 fn push(s: &Shared, peer: &dyn ChunkStore, step: u64) -> Result<u64> {
-    let job = &s.cfg.job;
-    let steps = s.rt.block_on(s.l1.list_steps(job))?;
-    let (m, bytes, record) = crate::restore::load_manifest(s, &s.l1, &steps, step)?;
-    let ids: Vec<ChunkId> = m.chunks.iter().map(|c| c.id).collect();
-    let present = s.rt.block_on(peer.has_chunks(job, &ids))?;
-    let missing: Vec<usize> = (0..ids.len())
-        .filter(|&i| present.get(i) != Some(&true))
-        .collect();
-    let sent = crate::readback::send_from_l1(
-        s,
-        &m,
-        &missing,
-        PUSH_BATCH_BYTES,
-        crate::readback::Check::Receiver,
-        |puts| {
-            // These ids were just found missing: no second check per chunk.
-            Ok(s.rt
-                .block_on(peer.put_missing_chunks(job, puts))?
-                .bytes_written)
-        },
-    )?;
-    s.rt.block_on(peer.put_manifest(job, step, s.cfg.rank, &bytes))?;
-    s.rt.block_on(peer.commit(&record))?;
-    Ok(sent)
+    let opts = CopyOptions {
+        batch_bytes: PUSH_BATCH_BYTES,
+        verify: Verify::Receiver,
+    };
+    let st = s.rt.block_on(copy_step(
+        &s.l1,
+        peer,
+        &s.cfg.job,
+        step,
+        s.cfg.rank,
+        opts,
+        &|_| {},
+    ))?;
+    Ok(st.bytes_sent)
 }

@@ -6,12 +6,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use strata_format::{ChunkId, CommitRecord, ShardManifest};
-use strata_tiered::{AlignedBuf, ChunkPut, ChunkStore, StepInfo, StoreErrorKind};
+use strata_format::ShardManifest;
+use strata_tiered::{AlignedBuf, ChunkStore, StepInfo};
 
 use crate::checkpointer::{Checkpointer, Shared};
+use crate::copy::commit_copy;
 use crate::error::{Error, Result};
 use crate::gpu::DeviceBytes;
+use crate::inspect::LoadedShard;
+use crate::reader::{ReadTier, TieredReader};
 use crate::state::{RestoredEntry, RestoredState};
 use crate::stats::RestoreStats;
 use strata_tiered::aligned::align_up;
@@ -46,7 +49,7 @@ impl Checkpointer {
     /// order, every byte verified). All ranks must call this together.
     pub fn restore(&self, which: StepSelector) -> Result<RestoredState> {
         let (step, loaded) = self.agree_and_load(which)?;
-        let manifest = &loaded.manifest;
+        let manifest = &loaded.shard.manifest;
         let mut entries: Vec<RestoredEntry> = manifest
             .entries
             .iter()
@@ -75,7 +78,7 @@ impl Checkpointer {
         Ok(RestoredState {
             step,
             entries,
-            metadata: loaded.manifest.metadata,
+            metadata: loaded.shard.manifest.metadata,
             stats,
         })
     }
@@ -112,7 +115,7 @@ impl Checkpointer {
         dests: &mut [(&str, &mut [u8])],
     ) -> Result<RestoreStats> {
         let (step, loaded) = self.agree_and_load(which)?;
-        let manifest = &loaded.manifest;
+        let manifest = &loaded.shard.manifest;
         let index: HashMap<&str, usize> = manifest
             .entries
             .iter()
@@ -198,12 +201,11 @@ impl Checkpointer {
     /// Returns whether it worked; failures are logged, not fatal.
     fn commit_on_l1(&self, loaded: &Loaded) -> bool {
         let s = &self.shared;
-        let cfg = &s.cfg;
-        let step = loaded.manifest.info.step;
-        let done =
-            s.rt.block_on(s.l1.put_manifest(&cfg.job, step, cfg.rank, &loaded.bytes))
-                .and_then(|()| s.rt.block_on(s.l1.commit(&loaded.record)));
-        match done {
+        let step = loaded.shard.manifest.info.step;
+        match s
+            .rt
+            .block_on(commit_copy(&*s.l1, &s.cfg.job, &loaded.shard))
+        {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(step, error = %e, "could not commit the restored step on L1");
@@ -328,12 +330,10 @@ impl Checkpointer {
         let mut first_err = None;
         if on_l1.contains(&step) {
             match load_manifest(s, &s.l1, l1_steps, step) {
-                Ok((manifest, bytes, record)) => {
+                Ok(shard) => {
                     return Ok(Loaded {
-                        manifest,
+                        shard,
                         source: Source::L1,
-                        bytes,
-                        record,
                     })
                 }
                 Err(e) => {
@@ -347,12 +347,10 @@ impl Checkpointer {
                 continue;
             }
             match load_manifest(s, &*p.store, &l2_steps[i], step) {
-                Ok((manifest, bytes, record)) => {
+                Ok(shard) => {
                     return Ok(Loaded {
-                        manifest,
+                        shard,
                         source: Source::L2(i),
-                        bytes,
-                        record,
                     })
                 }
                 Err(e) => {
@@ -362,15 +360,10 @@ impl Checkpointer {
             }
         }
         match (&s.l3, on_l3.contains(&step)) {
-            (Some(l3), true) => {
-                let (manifest, bytes, record) = load_manifest(s, &**l3, l3_steps, step)?;
-                Ok(Loaded {
-                    manifest,
-                    source: Source::L3,
-                    bytes,
-                    record,
-                })
-            }
+            (Some(l3), true) => Ok(Loaded {
+                shard: load_manifest(s, &**l3, l3_steps, step)?,
+                source: Source::L3,
+            }),
             _ => Err(first_err.unwrap_or(Error::NothingToRestore(None))),
         }
     }
@@ -389,27 +382,23 @@ enum Source {
 
 /// A step's manifest and where it came from.
 pub(crate) struct Loaded {
-    pub(crate) manifest: ShardManifest,
+    /// The manifest, its encoding and the commit record naming it.
+    pub(crate) shard: LoadedShard,
     /// Where the step is read from.
     source: Source,
-    /// The manifest's encoding.
-    bytes: Vec<u8>,
-    /// The commit record naming this rank's shard.
-    record: CommitRecord,
 }
 
 /// Reads this rank's manifest of `step` from `tier` and checks it against
-/// the tier's commit record. Returns the manifest, its bytes and the record.
-pub(crate) fn load_manifest(
+/// the tier's commit record.
+fn load_manifest(
     s: &Shared,
     tier: &dyn ChunkStore,
     steps: &[StepInfo],
     step: u64,
-) -> Result<(ShardManifest, Vec<u8>, CommitRecord)> {
-    let got = s.rt.block_on(crate::inspect::load_shard(
+) -> Result<LoadedShard> {
+    s.rt.block_on(crate::inspect::load_shard(
         tier, &s.cfg.job, steps, step, s.cfg.rank,
-    ))?;
-    Ok((got.manifest, got.bytes, got.record))
+    ))
 }
 
 /// Where one chunk's bytes go: (offset in the chunk, destination), one
@@ -500,7 +489,7 @@ fn fetch_into(
     dests: &mut [Option<&mut [u8]>],
     rehydrate: bool,
 ) -> Result<RestoreStats> {
-    let m = &loaded.manifest;
+    let m = &loaded.shard.manifest;
     let started = Instant::now();
     let slots = split_targets(m, dests)?;
     let wanted: Vec<usize> = (0..m.chunks.len())
@@ -575,7 +564,7 @@ fn batch_restore(
     failed: &AtomicBool,
     counters: &Counters,
 ) -> Vec<(usize, Error)> {
-    let m = &loaded.manifest;
+    let m = &loaded.shard.manifest;
     // Batches of consecutive needed chunks, bounded in count and bytes.
     let mut batches: Vec<Vec<usize>> = Vec::new();
     let mut cur: Vec<usize> = Vec::new();
@@ -601,11 +590,10 @@ fn batch_restore(
                 return;
             }
             let batch = &batches[b];
-            let ids: Vec<ChunkId> = batch.iter().map(|&c| m.chunks[c].id).collect();
             let got = {
                 let _span =
-                    tracing::debug_span!("fetch_batch", batch = b, chunks = ids.len()).entered();
-                fetch_batch(s, loaded, batch, &ids, std::mem::take(&mut spare), counters)
+                    tracing::debug_span!("fetch_batch", batch = b, chunks = batch.len()).entered();
+                fetch_batch(s, loaded, batch, std::mem::take(&mut spare), counters)
             };
             for (&c, res) in batch.iter().zip(got) {
                 let placed = res
@@ -630,133 +618,96 @@ fn batch_restore(
 }
 
 /// One batch of chunks from the step's tier (L1 or a peer), verified, into
-/// the lane's spare buffers; each chunk that tier lacks or holds damaged is
-/// read from the next tier that has it (the peers in ring order, then L3),
-/// and the copy where the step was read (L1 or that peer) is repaired. A
-/// step read from a peer is written back to L1 whole, including the chunks
-/// that came from a fallback tier (the step is then committed on L1).
+/// the lane's spare buffers, through the [`TieredReader`]: each chunk that
+/// tier lacks or holds damaged is read from the next tier that has it (the
+/// peers in ring order, then L3), and the copy where the step was read (L1
+/// or that peer) is repaired. A step read from a peer is written back to
+/// L1 whole, including the chunks that came from a fallback tier (the step
+/// is then committed on L1).
 fn fetch_batch(
     s: &Shared,
     loaded: &Loaded,
     batch: &[usize],
-    ids: &[ChunkId],
     spare: Vec<AlignedBuf>,
     counters: &Counters,
 ) -> Vec<strata_tiered::Result<strata_tiered::ChunkData>> {
-    let job = &s.cfg.job;
-    let primary: &dyn ChunkStore = match loaded.source {
-        Source::L2(i) => &*s.l2[i].store,
-        _ => &s.l1,
-    };
-    let mut got = s.rt.block_on(primary.get_chunks_reusing(job, ids, spare));
-    if let Source::L2(_) = loaded.source {
-        let n: u64 = got.iter().flatten().map(|d| d.len() as u64).sum();
-        counters.from_l2.fetch_add(n, Ordering::Relaxed);
+    let m = &loaded.shard.manifest;
+    // The tier the step was read from, then the other peers, then L3.
+    let mut tiers = vec![ReadTier {
+        store: match loaded.source {
+            Source::L2(i) => &*s.l2[i].store,
+            _ => &*s.l1,
+        },
+        repair: true,
+    }];
+    let mut peer = vec![matches!(loaded.source, Source::L2(_))];
+    for (i, p) in s.l2.iter().enumerate() {
+        if loaded.source != Source::L2(i) {
+            tiers.push(ReadTier {
+                store: &*p.store,
+                repair: false,
+            });
+            peer.push(true);
+        }
     }
-    // Fallback tiers, in order: peers other than the primary, then L3.
-    let mut fallbacks: Vec<(&dyn ChunkStore, bool)> =
-        s.l2.iter()
-            .enumerate()
-            .filter(|(i, _)| loaded.source != Source::L2(*i))
-            .map(|(_, p)| (&*p.store as &dyn ChunkStore, true))
-            .collect();
     if let Some(l3) = &s.l3 {
-        fallbacks.push((&**l3, false));
-    }
-    let mut repairs = Vec::new();
-    for (tier, is_peer) in fallbacks {
-        let retry: Vec<usize> = got
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| {
-                r.as_ref().err().is_some_and(|e| {
-                    matches!(
-                        e.kind(),
-                        StoreErrorKind::NotFound
-                            | StoreErrorKind::Corrupt
-                            | StoreErrorKind::Unavailable
-                    )
-                })
-            })
-            .map(|(i, _)| i)
-            .collect();
-        if retry.is_empty() {
-            break;
-        }
-        let want: Vec<ChunkId> = retry.iter().map(|&i| ids[i]).collect();
-        let fetched = s.rt.block_on(tier.get_chunks(job, &want));
-        for (&i, r) in retry.iter().zip(fetched) {
-            match r {
-                Ok(data) => {
-                    tracing::warn!(chunk = %ids[i], from = tier.name(), "chunk missing or damaged where the step was read: read from another tier");
-                    let n = data.len() as u64;
-                    if is_peer {
-                        counters.from_l2.fetch_add(n, Ordering::Relaxed);
-                    } else {
-                        counters.from_l3.fetch_add(n, Ordering::Relaxed);
-                    }
-                    // The copy where the step was read is repaired, unless
-                    // that tier is unreachable (nothing to write to).
-                    let reachable = got[i]
-                        .as_ref()
-                        .err()
-                        .is_some_and(|e| e.kind() != StoreErrorKind::Unavailable);
-                    if reachable {
-                        repairs.push(ChunkPut {
-                            id: ids[i],
-                            hint: loaded.manifest.chunks[batch[i]].hint,
-                            data: data.clone(),
-                        });
-                    }
-                    got[i] = Ok(data);
-                }
-                // Keep the first tier's error: it says what is wrong with
-                // the copy the step was read from; the others are logged.
-                Err(e) => {
-                    tracing::warn!(chunk = %ids[i], tier = tier.name(), error = %e, "copy unreadable there too")
-                }
-            }
-        }
-    }
-    if !repairs.is_empty() {
-        // The damaged copy must go first: a present id is not rewritten.
-        let ids: Vec<ChunkId> = repairs.iter().map(|p| p.id).collect();
-        let fixed =
-            s.rt.block_on(primary.delete_chunks(job, &ids))
-                .and_then(|()| s.rt.block_on(primary.put_chunks(job, repairs)));
-        match fixed {
-            Ok(st) => {
-                counters.repaired.fetch_add(st.written, Ordering::Relaxed);
-            }
-            Err(e) => tracing::warn!(tier = primary.name(), error = %e, "could not repair"),
-        }
+        tiers.push(ReadTier {
+            store: &**l3,
+            repair: false,
+        });
+        peer.push(false);
     }
     // A step read from a peer is written back to L1 too (see
     // `rehydrate_l1`), every chunk of it wherever it came from, so the
     // node holds the whole step again before it is committed there.
-    if matches!(loaded.source, Source::L2(_)) && counters.l1_copy.load(Ordering::Relaxed) {
-        let puts: Vec<ChunkPut> = got
-            .iter()
-            .zip(batch)
-            .filter_map(|(r, &c)| {
-                r.as_ref().ok().map(|d| ChunkPut {
-                    id: loaded.manifest.chunks[c].id,
-                    hint: loaded.manifest.chunks[c].hint,
-                    data: d.clone(),
-                })
-            })
-            .collect();
-        if puts.len() < batch.len() {
-            // A chunk no tier could give: the step cannot be committed on
-            // L1 (the restore fails anyway).
-            counters.l1_copy.store(false, Ordering::Relaxed);
-        }
-        if let Err(e) = s.rt.block_on(s.l1.put_chunks(job, puts)) {
-            tracing::warn!(error = %e, "cannot copy the step back to L1");
+    let write_back =
+        matches!(loaded.source, Source::L2(_)) && counters.l1_copy.load(Ordering::Relaxed);
+    let reader = TieredReader::new(&s.cfg.job, tiers).write_back(write_back.then_some(&*s.l1));
+    let want: Vec<_> = batch.iter().map(|&c| m.chunks[c]).collect();
+    let out = s.rt.block_on(reader.read(&want, spare));
+    counters
+        .repaired
+        .fetch_add(out.repaired(), Ordering::Relaxed);
+    if write_back {
+        let complete = out.chunks.iter().all(|c| c.result.is_ok());
+        let written = match &out.written_back {
+            Some(Ok(_)) | None => true,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "cannot copy the step back to L1");
+                false
+            }
+        };
+        // A chunk no tier could give: the step cannot be committed on L1
+        // (the restore fails anyway).
+        if !(complete && written) {
             counters.l1_copy.store(false, Ordering::Relaxed);
         }
     }
-    got
+    let names: Vec<&str> = reader.tiers().iter().map(|t| t.store.name()).collect();
+    out.chunks
+        .into_iter()
+        .zip(&want)
+        .map(|(c, meta)| {
+            for (t, e) in &c.errors {
+                tracing::warn!(chunk = %meta.id, tier = names[*t], error = %e, "chunk copy unreadable");
+            }
+            if let (Some(from), false) = (c.from, c.errors.is_empty()) {
+                tracing::warn!(chunk = %meta.id, from = names[from], "chunk read from another tier");
+            }
+            for (t, e) in &c.repair_failed {
+                tracing::warn!(chunk = %meta.id, tier = names[*t], error = %e, "could not repair");
+            }
+            if let (Ok(d), Some(from)) = (&c.result, c.from) {
+                let n = d.len() as u64;
+                if peer[from] {
+                    counters.from_l2.fetch_add(n, Ordering::Relaxed);
+                } else if from > 0 {
+                    counters.from_l3.fetch_add(n, Ordering::Relaxed);
+                }
+            }
+            c.result
+        })
+        .collect()
 }
 
 /// The names of the entries a chunk's segments belong to (for errors).

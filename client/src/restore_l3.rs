@@ -33,7 +33,7 @@ pub(crate) fn l3_restore(
     failed: &AtomicBool,
     counters: &Counters,
 ) -> Vec<(usize, Error)> {
-    let m = &loaded.manifest;
+    let m = &loaded.shard.manifest;
     // Largest chunks first: the last ones to finish are then small, so no
     // lane decodes a big chunk alone while the others sit idle.
     let mut order = wanted.to_vec();

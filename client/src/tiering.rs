@@ -14,13 +14,12 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
 
-use strata_format::ChunkId;
-use strata_tiered::ChunkStore;
+use strata_tiered::{ChunkStore, ThrottleConfig, ThrottleStore};
 
 use crate::checkpointer::{Checkpointer, Shared};
 use crate::commit::Committed;
+use crate::copy::{copy_step, CopyOptions, CopyProgress, Verify};
 use crate::error::{Error, Result};
 use crate::replication::L2State;
 use crate::step_states::StepStates;
@@ -127,13 +126,24 @@ pub(crate) fn enqueue(uploads: &Uploads, tx: &mpsc::Sender<UploadJob>, step: u64
     })
 }
 
-/// The uploader thread's loop.
-pub(crate) fn run(s: &Shared, l3: &dyn ChunkStore, rx: &mpsc::Receiver<UploadJob>) {
+/// The uploader thread's loop. Uploads go to L3 through a throttle of
+/// `upload_bytes_per_sec` (restores from L3 are not capped).
+pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<UploadJob>) {
+    let dst: Arc<dyn ChunkStore> = match s.cfg.upload_bytes_per_sec {
+        0 => l3,
+        cap => Arc::new(ThrottleStore::new(
+            l3,
+            ThrottleConfig {
+                write_bytes_per_sec: cap,
+                ..ThrottleConfig::default()
+            },
+        )),
+    };
     while let Ok(step) = rx.recv() {
         let _span = tracing::info_span!("upload", step).entered();
         // A panic in an upload must not leave waiters hanging on the queue.
         let outcome =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| upload_step(s, l3, step)))
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| upload_step(s, &*dst, step)))
                 .unwrap_or_else(|_| Err(Error::Pipeline("the upload panicked".into())));
         match outcome {
             Ok((sent, deduped)) => {
@@ -151,57 +161,32 @@ pub(crate) fn run(s: &Shared, l3: &dyn ChunkStore, rx: &mpsc::Receiver<UploadJob
     }
 }
 
-/// Uploads this rank's shard of `step` from L1 to L3 and commits it there.
+/// Uploads this rank's shard of `step` from L1 to L3 and commits it there
+/// ([`copy_step`]: only the chunks L3 lacks, read back verified from L1,
+/// then the manifest and L1's own commit record, byte for byte, so an
+/// upload asked for twice finds the identical record and succeeds).
 /// Returns (chunk bytes sent, chunk bytes L3 already held).
 fn upload_step(s: &Shared, l3: &dyn ChunkStore, step: u64) -> Result<(u64, u64)> {
-    let cfg = &s.cfg;
-    let job = &cfg.job;
-    // The manifest and commit record this rank wrote on L1, checked
-    // against each other as a restore checks them.
-    let steps = s.rt.block_on(s.l1.list_steps(job))?;
-    let (m, bytes, record) = crate::restore::load_manifest(s, &s.l1, &steps, step)?;
-    let ids: Vec<ChunkId> = m.chunks.iter().map(|c| c.id).collect();
-    let present = s.rt.block_on(l3.has_chunks(job, &ids))?;
-    let missing: Vec<usize> = (0..ids.len())
-        .filter(|&i| present.get(i) != Some(&true))
-        .collect();
-    let total: u64 = missing.iter().map(|&i| u64::from(m.chunks[i].len)).sum();
-    let deduped: u64 = m.chunks.iter().map(|c| u64::from(c.len)).sum::<u64>() - total;
-    s.uploads.set(step, L3State::Uploading { done: 0, total });
-
-    let started = Instant::now();
-    let done = crate::readback::send_from_l1(
-        s,
-        &m,
-        &missing,
-        UPLOAD_BATCH_BYTES,
-        crate::readback::Check::Here,
-        |puts| {
-            let n: u64 = puts.iter().map(|p| p.data.len() as u64).sum();
-            // These ids were just found missing: no second check per chunk.
-            s.rt.block_on(l3.put_missing_chunks(job, puts))?;
-            // Progress counts every byte read, sent or found there meanwhile.
-            let done = s.uploads.add_done(step, n, total);
-            throttle(cfg.upload_bytes_per_sec, done, started);
-            Ok(n)
-        },
-    )?;
-    s.rt.block_on(l3.put_manifest(job, step, cfg.rank, &bytes))?;
-    // L1's own record for this rank, byte for byte: committing it again
-    // (an upload asked for twice) finds the identical record and succeeds.
-    s.rt.block_on(l3.commit(&record))?;
-    Ok((done, deduped))
-}
-
-/// Sleeps as needed so that `sent` bytes since `started` stay under the cap.
-fn throttle(bytes_per_sec: u64, sent: u64, started: Instant) {
-    if bytes_per_sec == 0 {
-        return;
-    }
-    let due = Duration::from_secs_f64(sent as f64 / bytes_per_sec as f64);
-    if let Some(wait) = due.checked_sub(started.elapsed()) {
-        std::thread::sleep(wait);
-    }
+    let opts = CopyOptions {
+        batch_bytes: UPLOAD_BATCH_BYTES,
+        verify: Verify::Here,
+    };
+    let total = AtomicU64::new(0);
+    let progress = |p: CopyProgress| match p {
+        CopyProgress::Planned { total: t } => {
+            total.store(t, Ordering::Relaxed);
+            s.uploads
+                .set(step, L3State::Uploading { done: 0, total: t });
+        }
+        CopyProgress::Sent { bytes } => {
+            s.uploads
+                .add_done(step, bytes, total.load(Ordering::Relaxed));
+        }
+    };
+    let st = s.rt.block_on(copy_step(
+        &s.l1, l3, &s.cfg.job, step, s.cfg.rank, opts, &progress,
+    ))?;
+    Ok((st.bytes_sent, st.bytes_present))
 }
 
 /// Where one step is committed, for this rank.
@@ -225,7 +210,7 @@ impl Checkpointer {
     pub fn steps(&self) -> Result<Vec<StepTiers>> {
         let s = &self.shared;
         let cfg = &s.cfg;
-        let mine = |steps: &[strata_tiered::StepInfo]| crate::restore::restorable(cfg, steps);
+        let mine = |steps: &[strata_tiered::StepInfo]| crate::commit::restorable(cfg, steps);
         let l1 = mine(&s.rt.block_on(s.l1.list_steps(&cfg.job))?);
         let l3 = match &s.l3 {
             Some(l3) => mine(&s.rt.block_on(l3.list_steps(&cfg.job))?),

@@ -1,0 +1,240 @@
+//! Copying a committed shard from one tier to another: the one primitive
+//! behind the L3 upload, the push to a peer, the CLI's repair of a tier
+//! that lost a shard, and (its last half, [`commit_copy`]) the write-back
+//! of a restore read from another tier.
+//!
+//! The order is the commit protocol's: chunks first (only the ids the
+//! destination lacks, one presence check for the shard), then the
+//! manifest, then the source's commit record byte for byte, create-only.
+//! A crash part-way leaves no record in the destination (the step is not
+//! committed there), and the next copy sends only what is still missing.
+//! Copying a shard the destination already holds committed finds every
+//! chunk present and the identical record, and succeeds.
+
+use std::sync::Arc;
+
+use strata_format::ShardManifest;
+use strata_tiered::{ChunkPut, ChunkStore, StepInfo};
+
+use crate::error::{Error, Result};
+use crate::inspect::{load_shard, LoadedShard};
+
+/// Who hashes the chunks read from the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verify {
+    /// Here, as they are read (for a destination that stores what it gets).
+    Here,
+    /// The destination, which verifies every chunk against its id itself
+    /// (a peer service): the hash is paid once, there, and a damaged source
+    /// chunk is refused by it.
+    Receiver,
+}
+
+/// How a copy runs.
+#[derive(Clone, Copy, Debug)]
+pub struct CopyOptions {
+    /// Most chunk bytes read and sent per batch. Two batches are in memory
+    /// at once: the next one is read while the current one is sent.
+    pub batch_bytes: u64,
+    /// Who verifies the chunks read from the source.
+    pub verify: Verify,
+}
+
+impl Default for CopyOptions {
+    fn default() -> Self {
+        CopyOptions {
+            batch_bytes: 64 << 20,
+            verify: Verify::Here,
+        }
+    }
+}
+
+/// What a copy did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyStats {
+    /// Distinct chunks of the shard.
+    pub chunks: u64,
+    /// Of those, the chunks the destination lacked (read and sent).
+    pub chunks_sent: u64,
+    /// Chunk bytes sent (raw lengths).
+    pub bytes_sent: u64,
+    /// Chunk bytes the destination already held.
+    pub bytes_present: u64,
+}
+
+/// A copy's progress, reported to the caller as it goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyProgress {
+    /// The presence check is done: `total` chunk bytes are to be sent.
+    Planned {
+        /// Bytes to send.
+        total: u64,
+    },
+    /// A batch of `bytes` chunk bytes was sent.
+    Sent {
+        /// Bytes in the batch.
+        bytes: u64,
+    },
+}
+
+/// Copies rank `rank`'s shard of `step` from `src` to `dst` and commits it
+/// there: the shard's manifest is read from `src` and checked against the
+/// commit record `src` lists for it, then [`copy_shard`] runs.
+pub async fn copy_step(
+    src: &Arc<dyn ChunkStore>,
+    dst: &dyn ChunkStore,
+    job: &str,
+    step: u64,
+    rank: u32,
+    opts: CopyOptions,
+    progress: &(dyn Fn(CopyProgress) + Send + Sync),
+) -> Result<CopyStats> {
+    let steps: Vec<StepInfo> = src.list_steps(job).await?;
+    let shard = load_shard(&**src, job, &steps, step, rank).await?;
+    copy_shard(src, dst, job, &shard, opts, progress).await
+}
+
+/// Copies a shard already loaded (and checked) from `src` to `dst`: the
+/// chunks `dst` lacks, in batches read from `src` (the next batch read
+/// while the current one is sent), then [`commit_copy`].
+pub async fn copy_shard(
+    src: &Arc<dyn ChunkStore>,
+    dst: &dyn ChunkStore,
+    job: &str,
+    shard: &LoadedShard,
+    opts: CopyOptions,
+    progress: &(dyn Fn(CopyProgress) + Send + Sync),
+) -> Result<CopyStats> {
+    let m = &shard.manifest;
+    let ids: Vec<_> = m.chunks.iter().map(|c| c.id).collect();
+    let present = dst.has_chunks(job, &ids).await?;
+    let missing: Vec<usize> = (0..ids.len())
+        .filter(|&i| present.get(i) != Some(&true))
+        .collect();
+    let total: u64 = missing.iter().map(|&i| u64::from(m.chunks[i].len)).sum();
+    let all: u64 = m.chunks.iter().map(|c| u64::from(c.len)).sum();
+    progress(CopyProgress::Planned { total });
+    let sent = send_chunks(src, dst, job, m, &missing, opts, progress).await?;
+    commit_copy(dst, job, shard).await?;
+    Ok(CopyStats {
+        chunks: ids.len() as u64,
+        chunks_sent: missing.len() as u64,
+        bytes_sent: sent,
+        bytes_present: all - total,
+    })
+}
+
+/// The last half of a copy, once every chunk of the shard is in `dst`:
+/// the manifest, then the commit record (create-only; an identical record
+/// already there is success). Also ends a restore's write-back, whose
+/// chunks were written as they were read.
+pub async fn commit_copy(dst: &dyn ChunkStore, job: &str, shard: &LoadedShard) -> Result<()> {
+    let info = &shard.manifest.info;
+    dst.put_manifest(job, info.step, info.rank, &shard.bytes)
+        .await?;
+    dst.commit(&shard.record).await?;
+    Ok(())
+}
+
+/// Reads the chunks at indices `wanted` of `m` from `src` in batches of at
+/// most `opts.batch_bytes` and puts each batch to `dst` (as ids found
+/// missing: no second presence check), reading the next batch meanwhile.
+/// Stops at the first error (a damaged source chunk is an
+/// [`Error::Chunk`]). Returns the bytes sent.
+async fn send_chunks(
+    src: &Arc<dyn ChunkStore>,
+    dst: &dyn ChunkStore,
+    job: &str,
+    m: &ShardManifest,
+    wanted: &[usize],
+    opts: CopyOptions,
+    progress: &(dyn Fn(CopyProgress) + Send + Sync),
+) -> Result<u64> {
+    let batches = batches(m, wanted, opts.batch_bytes);
+    // Reads run as tasks of their own, so the next batch's reads (and
+    // their hashing) proceed on other threads while this one is sent.
+    let read = |batch: &Vec<usize>| {
+        let (src, job) = (src.clone(), job.to_string());
+        let want: Vec<_> = batch.iter().map(|&i| m.chunks[i].id).collect();
+        tokio::spawn(async move {
+            match opts.verify {
+                Verify::Here => src.get_chunks(&job, &want).await,
+                Verify::Receiver => src.get_chunks_unverified(&job, &want).await,
+            }
+        })
+    };
+    let mut next = batches.first().map(read);
+    let mut sent = 0u64;
+    let mut result = Ok(());
+    for (k, batch) in batches.iter().enumerate() {
+        let Some(pending) = next.take() else { break };
+        let got = match pending.await {
+            Ok(got) => got,
+            Err(e) => {
+                result = Err(Error::Pipeline(format!("chunk read task: {e}")));
+                break;
+            }
+        };
+        next = batches.get(k + 1).map(read);
+        let puts = batch
+            .iter()
+            .zip(got)
+            .map(|(&i, data)| {
+                let c = &m.chunks[i];
+                data.map(|data| ChunkPut {
+                    id: c.id,
+                    hint: c.hint,
+                    data,
+                })
+                .map_err(|source| Error::Chunk {
+                    chunk: c.id,
+                    entries: Vec::new(),
+                    source: Box::new(source),
+                })
+            })
+            .collect::<Result<Vec<_>>>();
+        let done = match puts {
+            Ok(puts) => {
+                let n: u64 = puts.iter().map(|p| p.data.len() as u64).sum();
+                dst.put_missing_chunks(job, puts).await.map(|_| n)
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        };
+        match done {
+            Ok(n) => {
+                sent += n;
+                progress(CopyProgress::Sent { bytes: n });
+            }
+            Err(e) => {
+                result = Err(e.into());
+                break;
+            }
+        }
+    }
+    if let Some(n) = next.take() {
+        n.abort();
+    }
+    result.map(|()| sent)
+}
+
+/// Consecutive runs of `wanted`, each at most `batch_bytes` (a chunk larger
+/// than that is a batch of its own).
+fn batches(m: &ShardManifest, wanted: &[usize], batch_bytes: u64) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut bytes = 0u64;
+    for &i in wanted {
+        let len = u64::from(m.chunks[i].len);
+        match out.last_mut() {
+            Some(b) if bytes + len <= batch_bytes => b.push(i),
+            _ => {
+                out.push(vec![i]);
+                bytes = 0;
+            }
+        }
+        bytes += len;
+    }
+    out
+}
