@@ -1,0 +1,332 @@
+//! The two primitives every pipeline shares: `copy_step` (a committed
+//! shard copied between tiers: only missing chunks, then the manifest,
+//! then the record; idempotent; nothing committed when a chunk is bad) and
+//! the `TieredReader` (per-chunk fallback, repair of the bad copy, the
+//! write-back, the first tier's error when no tier has a good copy).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use strata::copy::{copy_step, CopyOptions, CopyProgress, Verify};
+use strata::format::codec::ElemHint;
+use strata::format::manifest::ChunkRef;
+use strata::format::{ChunkId, DType};
+use strata::reader::{ReadTier, TieredReader};
+use strata::tiered::wrap::{FaultPlan, FaultStore};
+use strata::tiered::{ChunkData, ChunkPut, ChunkStore, MemoryStore, StoreErrorKind};
+use strata::{Checkpointer, Config, Entry, ErrorKind, StepSelector, TierStack};
+
+const KIB: usize = 1 << 10;
+
+fn cfg(dir: &std::path::Path) -> Config {
+    Config::builder()
+        .job("c")
+        .l1_dir(dir)
+        .chunk_size(64 * KIB as u32)
+        .io_engine("psync")
+}
+
+fn tensor(seed: u8) -> Vec<u8> {
+    (0..256 * KIB)
+        .map(|j| (j as u8).wrapping_mul(13) ^ seed ^ (j >> 10) as u8)
+        .collect()
+}
+
+/// A checkpointer whose only tier is `store`, with step 7 saved on it.
+fn saved_on(store: Arc<MemoryStore>, dir: &std::path::Path, data: &[u8]) -> Checkpointer {
+    let ck = Checkpointer::builder(cfg(dir))
+        .tiers(TierStack::local(store))
+        .build()
+        .unwrap();
+    let shape = [data.len() as u64];
+    ck.save(7, &[Entry::tensor("w", DType::U8, &shape, data)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    ck
+}
+
+#[test]
+fn copy_step_sends_only_what_is_missing_commits_and_is_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = tensor(1);
+    let src = Arc::new(MemoryStore::new());
+    let _ck = saved_on(src.clone(), dir.path(), &data);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ids = rt.block_on(src.list_chunks("c")).unwrap();
+    assert_eq!(ids.len(), 4, "256 KiB in 64 KiB chunks");
+    // The destination already holds one chunk of the step.
+    let dst = Arc::new(MemoryStore::new());
+    let one = rt.block_on(src.get_chunk("c", &ids[0], None)).unwrap();
+    let hint = ElemHint {
+        size: 1,
+        float: false,
+    };
+    rt.block_on(dst.put_chunks(
+        "c",
+        vec![ChunkPut {
+            id: ids[0],
+            hint,
+            data: one.clone(),
+        }],
+    ))
+    .unwrap();
+
+    let src_dyn: Arc<dyn ChunkStore> = src.clone();
+    let seen = std::sync::Mutex::new(Vec::new());
+    let progress = |p: CopyProgress| seen.lock().unwrap().push(p);
+    let opts = CopyOptions {
+        batch_bytes: 100 * KIB as u64,
+        verify: Verify::Here,
+    };
+    let st = rt
+        .block_on(copy_step(&src_dyn, &*dst, "c", 7, 0, opts, &progress))
+        .unwrap();
+    assert_eq!((st.chunks, st.chunks_sent), (4, 3));
+    assert_eq!(st.bytes_present, one.len() as u64);
+    assert_eq!(st.bytes_sent, (data.len() - one.len()) as u64);
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(
+        seen[0],
+        CopyProgress::Planned {
+            total: st.bytes_sent
+        }
+    );
+    // Batches of at most 100 KiB: one chunk each.
+    assert_eq!(seen.len(), 4, "{seen:?}");
+
+    // Committed there with the source's record, byte for byte.
+    let a = rt.block_on(src.list_steps("c")).unwrap();
+    let b = rt.block_on(dst.list_steps("c")).unwrap();
+    assert_eq!(b.len(), 1);
+    assert_eq!(a[0].records, b[0].records);
+    assert!(b[0].committed_ranks().contains(&0));
+
+    // Again: nothing to send, the identical record is success.
+    let again = rt
+        .block_on(copy_step(&src_dyn, &*dst, "c", 7, 0, opts, &|_| {}))
+        .unwrap();
+    assert_eq!((again.chunks_sent, again.bytes_sent), (0, 0));
+
+    // The copy restores on its own, byte-identical.
+    let dir2 = tempfile::tempdir().unwrap();
+    let ck2 = Checkpointer::builder(cfg(dir2.path()))
+        .tiers(TierStack::local(dst))
+        .build()
+        .unwrap();
+    let got = ck2.restore(StepSelector::Latest).unwrap();
+    assert_eq!(got.step, 7);
+    assert_eq!(got.get("w").unwrap().bytes, data);
+}
+
+#[test]
+fn copy_step_of_a_damaged_source_chunk_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Arc::new(MemoryStore::new());
+    let _ck = saved_on(src.clone(), dir.path(), &tensor(2));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ids = rt.block_on(src.list_chunks("c")).unwrap();
+    src.corrupt_chunk("c", &ids[2], b"not the chunk").unwrap();
+    let dst = MemoryStore::new();
+    let src_dyn: Arc<dyn ChunkStore> = src.clone();
+    let e = rt
+        .block_on(copy_step(
+            &src_dyn,
+            &dst,
+            "c",
+            7,
+            0,
+            CopyOptions::default(),
+            &|_| {},
+        ))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(e.to_string().contains(&ids[2].to_hex()), "{e}");
+    let steps = rt.block_on(dst.list_steps("c")).unwrap();
+    assert!(
+        steps.iter().all(|s| s.committed_ranks().is_empty()),
+        "no record after a failed copy: {steps:?}"
+    );
+    // A step the source does not hold is NotFound, before anything is sent.
+    let e = rt
+        .block_on(copy_step(
+            &src_dyn,
+            &dst,
+            "c",
+            8,
+            0,
+            CopyOptions::default(),
+            &|_| {},
+        ))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+}
+
+/// Four distinct chunks and their refs.
+fn chunks() -> (Vec<ChunkRef>, Vec<ChunkPut>) {
+    let hint = ElemHint {
+        size: 2,
+        float: true,
+    };
+    let puts: Vec<ChunkPut> = (0..4u8)
+        .map(|i| {
+            let d: Vec<u8> = (0..10_000u32).map(|j| (j as u8) ^ i).collect();
+            ChunkPut {
+                id: ChunkId::of(&d),
+                hint,
+                data: ChunkData::copy_from(&d),
+            }
+        })
+        .collect();
+    let refs = puts
+        .iter()
+        .map(|p| ChunkRef {
+            id: p.id,
+            len: p.data.len() as u32,
+            hint,
+        })
+        .collect();
+    (refs, puts)
+}
+
+fn holding(puts: &[ChunkPut]) -> MemoryStore {
+    let m = MemoryStore::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(m.put_chunks("c", puts.to_vec())).unwrap();
+    m
+}
+
+#[test]
+fn reader_falls_back_per_chunk_repairs_the_first_tier_and_writes_back() {
+    let (refs, puts) = chunks();
+    let (a, b, c, d) = (
+        holding(&puts),
+        holding(&puts),
+        holding(&puts),
+        MemoryStore::new(),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // a lacks chunk 1 and holds chunk 2 damaged; b holds chunk 1 damaged.
+    rt.block_on(a.delete_chunks("c", &[refs[1].id])).unwrap();
+    a.corrupt_chunk("c", &refs[2].id, b"damaged").unwrap();
+    b.corrupt_chunk("c", &refs[1].id, b"damaged too").unwrap();
+    let tiers = vec![
+        ReadTier {
+            store: &a,
+            repair: true,
+        },
+        ReadTier {
+            store: &b,
+            repair: false,
+        },
+        ReadTier {
+            store: &c,
+            repair: false,
+        },
+    ];
+    let reader = TieredReader::new("c", tiers).write_back(Some(&d));
+    let out = rt.block_on(reader.read(&refs, Vec::new()));
+    for (i, got) in out.chunks.iter().enumerate() {
+        assert_eq!(
+            got.result.as_ref().unwrap().as_slice(),
+            puts[i].data.as_slice()
+        );
+    }
+    assert_eq!(out.chunks[0].from, Some(0));
+    assert_eq!(out.chunks[1].from, Some(2), "a missing, b damaged");
+    assert_eq!(out.chunks[2].from, Some(1));
+    let kinds: Vec<_> = out.chunks[1]
+        .errors
+        .iter()
+        .map(|(t, e)| (*t, e.kind()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [(0, StoreErrorKind::NotFound), (1, StoreErrorKind::Corrupt)]
+    );
+    // Only the tier marked for repair was rewritten, and it reads good now.
+    assert_eq!(out.chunks[1].repaired, [0]);
+    assert_eq!(out.chunks[2].repaired, [0]);
+    assert_eq!(out.repaired(), 2);
+    for r in rt.block_on(a.get_chunks("c", &[refs[1].id, refs[2].id])) {
+        r.unwrap();
+    }
+    assert_eq!(
+        rt.block_on(b.get_chunk("c", &refs[1].id, None))
+            .unwrap_err()
+            .kind(),
+        StoreErrorKind::Corrupt
+    );
+    // The write-back tier got every chunk.
+    assert_eq!(out.written_back.unwrap().unwrap().written, 4);
+    assert_eq!(
+        rt.block_on(d.has_chunks("c", &refs.iter().map(|r| r.id).collect::<Vec<_>>()))
+            .unwrap(),
+        [true; 4]
+    );
+
+    // every_copy lists every tier holding a good copy of a failed chunk.
+    b.corrupt_chunk("c", &refs[3].id, b"x").unwrap();
+    let reader = TieredReader::new(
+        "c",
+        vec![
+            ReadTier {
+                store: &b,
+                repair: false,
+            },
+            ReadTier {
+                store: &a,
+                repair: false,
+            },
+            ReadTier {
+                store: &c,
+                repair: false,
+            },
+        ],
+    )
+    .every_copy(true);
+    let out = rt.block_on(reader.read(&refs[3..], Vec::new()));
+    assert_eq!(out.chunks[0].good, [1, 2]);
+    assert_eq!(out.chunks[0].from, Some(1));
+    assert!(out.chunks[0].repaired.is_empty(), "not marked for repair");
+}
+
+#[test]
+fn reader_skips_an_unreachable_tier_without_repairing_it_and_keeps_the_first_error() {
+    let (refs, puts) = chunks();
+    let down = FaultStore::new(
+        holding(&puts),
+        FaultPlan {
+            outage_after: Some(0),
+            ..FaultPlan::default()
+        },
+    );
+    let good = holding(&puts[..2]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let reader = TieredReader::new(
+        "c",
+        vec![
+            ReadTier {
+                store: &down,
+                repair: true,
+            },
+            ReadTier {
+                store: &good,
+                repair: false,
+            },
+        ],
+    );
+    let out = rt.block_on(reader.read(&refs, Vec::new()));
+    assert_eq!(out.chunks[0].from, Some(1));
+    assert!(out.chunks[0].repaired.is_empty() && out.chunks[0].repair_failed.is_empty());
+    // No tier has chunk 3: the error is the first tier's (it is down).
+    assert_eq!(
+        out.chunks[3].result.as_ref().unwrap_err().kind(),
+        StoreErrorKind::Unavailable
+    );
+    assert_eq!(out.chunks[3].errors.len(), 2);
+    assert_eq!(out.repaired(), 0);
+    assert!(out.written_back.is_none());
+}
