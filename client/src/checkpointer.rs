@@ -8,356 +8,39 @@
 //! manifest, waits for every rank at a barrier, writes the commit record,
 //! and applies retention. The async runtime only drives tier calls; CPU work
 //! never runs on its threads.
+//!
+//! This module is the save side of the API; construction is in
+//! `builder.rs`, restore in `restore.rs`, tier states in `tiering.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use std::collections::BTreeSet;
 use strata_format::layout::Layout;
 use strata_format::EntrySpec;
+use strata_tiered::{ChunkStore, L1Store};
 
-use strata_tiered::{ChunkStore, Clock, L1Store, L3Store};
-
-use crate::commit::{CommitEvents, KnownCommitted};
 use crate::config::{BusyPolicy, Config};
-use crate::coordinator::Coordinator;
 use crate::error::{Error, Result};
-use crate::gpu::{DeviceBytes, Gpu};
-pub(crate) use crate::handle::Completion;
-use crate::handle::SaveHandle;
-use crate::persist::{persist, PersistJob, Snap};
-use crate::policy::UploadPolicy;
+use crate::handle::{Completion, SaveHandle};
+use crate::persist::{PersistJob, Snap};
+use crate::shared::Shared;
 use crate::snapshot::{fill_segment, Plan};
-use crate::stack::{open_l3, CheckpointerBuilder};
-use crate::staging::StagingPool;
 use crate::state::Entry;
 use crate::stats::SaveStats;
-use crate::tiering::{self, UploadJob, Uploads};
-
-/// The checkpointer's private runtime, which drives tier calls. Shut down
-/// without blocking when dropped, so a checkpointer can be dropped inside an
-/// async context (a plain runtime's drop panics there).
-pub(crate) struct OwnRuntime(Option<tokio::runtime::Runtime>);
-
-impl std::ops::Deref for OwnRuntime {
-    type Target = tokio::runtime::Runtime;
-    fn deref(&self) -> &tokio::runtime::Runtime {
-        // Some until drop.
-        self.0
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("runtime used after drop"))
-    }
-}
-
-impl Drop for OwnRuntime {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-pub(crate) struct Shared {
-    pub(crate) cfg: Config,
-    pub(crate) rt: OwnRuntime,
-    /// The local tier (L1): every save is written here first.
-    pub(crate) l1: Arc<dyn ChunkStore>,
-    /// The same, typed, when it is the default L1 on `l1_dir`.
-    l1_disk: Option<L1Store>,
-    pub(crate) coord: Arc<dyn Coordinator>,
-    pub(crate) pool: StagingPool,
-    pub(crate) restores: std::sync::atomic::AtomicU64,
-    gpu: Mutex<Option<Arc<Gpu>>>,
-    /// The remote tier (L3), when configured.
-    pub(crate) l3: Option<Arc<dyn ChunkStore>>,
-    /// Upload progress.
-    pub(crate) uploads: Arc<Uploads>,
-    /// The uploader's queue for steps asked for by [`Checkpointer::upload`]
-    /// (taken on drop so the uploader finishes).
-    pub(crate) upload_tx: Mutex<Option<mpsc::Sender<UploadJob>>>,
-    /// Peer tiers (L2) in ring order (empty: no replication).
-    pub(crate) l2: Vec<crate::replication::Peer>,
-    /// Replication progress.
-    pub(crate) replication: Arc<crate::replication::Replication>,
-    /// Eager pushes by step, until the replication worker takes them.
-    pub(crate) eager: Mutex<
-        std::collections::HashMap<u64, tokio::sync::oneshot::Receiver<crate::eager_push::Outcome>>,
-    >,
-    /// The clock of every time-based decision.
-    pub(crate) clock: Arc<dyn Clock>,
-    /// Which committed steps go to L3 (rank 0's answer is everyone's).
-    pub(crate) upload_policy: UploadPolicy,
-    /// "Step committed" events (the uploader and replicator subscribe).
-    pub(crate) commits: CommitEvents,
-    /// Steps this rank knows committed in some tier: a save of one of
-    /// them is refused.
-    pub(crate) committed: KnownCommitted,
-}
-
-impl Shared {
-    /// Refuses a save of a step this rank already committed in some tier
-    /// (saving it again would replace a committed shard's manifest):
-    /// checked before anything is written. A restore's own listing of the
-    /// tiers fills the set (a resuming job restores first, so its saves
-    /// list nothing); otherwise the first save lists the tiers once. An
-    /// unreachable tier is skipped (its own guard still refuses to replace
-    /// a committed manifest).
-    fn refuse_committed(&self, step: u64) -> Result<()> {
-        let known = match self.committed.contains(step) {
-            Some(k) => k,
-            None => {
-                // On a thread of its own: `save` may be called from inside
-                // an async runtime, where blocking on ours would panic.
-                let listed = std::thread::scope(|sc| {
-                    sc.spawn(|| self.list_committed())
-                        .join()
-                        .unwrap_or_default()
-                });
-                self.committed.fill(listed);
-                self.committed.contains(step).unwrap_or(false)
-            }
-        };
-        if known {
-            return Err(Error::AlreadyCommitted {
-                step,
-                tier: "by this rank".into(),
-            });
-        }
-        Ok(())
-    }
-
-    /// The steps this rank committed in any tier it can list.
-    pub(crate) fn list_committed(&self) -> BTreeSet<u64> {
-        let mut known = BTreeSet::new();
-        let tiers = std::iter::once(("L1".to_string(), &self.l1))
-            .chain(self.l2.iter().map(|p| (format!("L2 {}", p.name), &p.store)))
-            .chain(self.l3.iter().map(|l3| ("L3".to_string(), l3)));
-        for (name, t) in tiers {
-            match self.rt.block_on(t.list_steps(&self.cfg.job)) {
-                Ok(steps) => known.extend(crate::commit::restorable(&self.cfg, &steps)),
-                Err(e) => {
-                    tracing::warn!(tier = %name, error = %e, "cannot list a tier to check for committed steps")
-                }
-            }
-        }
-        known
-    }
-
-    /// The GPU engine for these device buffers (opened on first use), or
-    /// None when there are none. All must live on one device.
-    pub(crate) fn gpu_for(
-        &self,
-        devices: impl Iterator<Item = DeviceBytes>,
-    ) -> Result<Option<Arc<Gpu>>> {
-        let mut ordinal = None;
-        for d in devices {
-            match ordinal {
-                None => ordinal = Some(d.device()),
-                Some(o) if o != d.device() => {
-                    return Err(Error::Gpu(format!(
-                        "tensors on devices {o} and {}: one checkpointer serves one device",
-                        d.device()
-                    )))
-                }
-                Some(_) => {}
-            }
-        }
-        let Some(ordinal) = ordinal else {
-            return Ok(None);
-        };
-        let mut slot = self
-            .gpu
-            .lock()
-            .map_err(|_| Error::Pipeline("poisoned".into()))?;
-        if let Some(g) = slot.as_ref() {
-            if g.device() != ordinal {
-                return Err(Error::Gpu(format!(
-                    "this checkpointer serves device {}, not {ordinal}",
-                    g.device()
-                )));
-            }
-            return Ok(Some(g.clone()));
-        }
-        let g = Arc::new(Gpu::open(ordinal)?);
-        *slot = Some(g.clone());
-        Ok(Some(g))
-    }
-}
 
 /// Saves and restores one rank's state. See the module documentation.
 pub struct Checkpointer {
     pub(crate) shared: Arc<Shared>,
-    tx: Option<mpsc::Sender<PersistJob>>,
-    worker: Option<std::thread::JoinHandle<()>>,
-    uploader: Option<std::thread::JoinHandle<()>>,
-    replicator: Option<std::thread::JoinHandle<()>>,
-    inflight: Mutex<Option<(u64, Arc<Completion>)>>,
-    skipped: std::sync::atomic::AtomicU64,
+    pub(crate) tx: Option<mpsc::Sender<PersistJob>>,
+    pub(crate) worker: Option<std::thread::JoinHandle<()>>,
+    pub(crate) uploader: Option<std::thread::JoinHandle<()>>,
+    pub(crate) replicator: Option<std::thread::JoinHandle<()>>,
+    pub(crate) inflight: Mutex<Option<(u64, Arc<Completion>)>>,
+    pub(crate) skipped: std::sync::atomic::AtomicU64,
 }
 
 impl Checkpointer {
-    /// A checkpointer for a world of one, on the tiers `cfg` describes.
-    pub fn new(cfg: Config) -> Result<Self> {
-        Self::builder(cfg).build()
-    }
-
-    /// A builder: settings from `cfg`, components (coordinator, tier
-    /// stack, clock) from its methods.
-    pub fn builder(cfg: Config) -> CheckpointerBuilder {
-        CheckpointerBuilder::new(cfg)
-    }
-
-    /// A checkpointer whose ranks agree through `coord`.
-    pub fn with_coordinator(cfg: Config, coord: Arc<dyn Coordinator>) -> Result<Self> {
-        Self::builder(cfg).coordinator(coord).build()
-    }
-
-    /// A checkpointer with an L3 store built by the caller (custom
-    /// `object_store` settings, a wrapper): `cfg.l3_url` is ignored; the
-    /// upload policy settings apply to `l3`. The same as
-    /// `builder(cfg).coordinator(coord).remote(l3)`.
-    pub fn with_tiers(
-        cfg: Config,
-        coord: Arc<dyn Coordinator>,
-        l3: Option<L3Store>,
-    ) -> Result<Self> {
-        Self::builder(cfg)
-            .coordinator(coord)
-            .remote(l3.map(|s| Arc::new(s) as Arc<dyn ChunkStore>))
-            .build()
-    }
-
-    pub(crate) fn from_builder(b: CheckpointerBuilder) -> Result<Self> {
-        let cfg = b.cfg;
-        let coord = b.coord;
-        cfg.validate()?;
-        if coord.world_size() != cfg.world_size {
-            return Err(Error::Config(format!(
-                "coordinator has {} ranks, config {}",
-                coord.world_size(),
-                cfg.world_size
-            )));
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("strata-rt")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Config(format!("cannot start the runtime: {e}")))?;
-        let (l1, l1_disk) = match b.local {
-            Some(l) => (l, None),
-            None => {
-                let disk = L1Store::open(&cfg.l1_dir, cfg.engine()?)?;
-                (Arc::new(disk.clone()) as Arc<dyn ChunkStore>, Some(disk))
-            }
-        };
-        let l2 = match b.peers {
-            Some(p) => p,
-            None => {
-                let _guard = rt.enter();
-                crate::replication::open_peers(&cfg)?
-            }
-        };
-        let l3 = match b.remote {
-            Some(r) => r,
-            None => match &cfg.l3_url {
-                Some(url) => Some(Arc::new(open_l3(&cfg, url)?) as Arc<dyn ChunkStore>),
-                None => None,
-            },
-        };
-        let upload_policy = UploadPolicy::new(
-            l3.is_some(),
-            cfg.upload_every,
-            Duration::from_secs(cfg.upload_min_interval_secs),
-            b.clock.clone(),
-        );
-        let (upload_tx, upload_rx) = mpsc::channel::<UploadJob>();
-        let (repl_tx, repl_rx) = mpsc::channel::<u64>();
-        tracing::info!(local = %l1.describe(), rank = cfg.rank, peers = l2.len(), remote = l3.is_some(), "strata checkpointer ready");
-        let shared = Arc::new(Shared {
-            rt: OwnRuntime(Some(rt)),
-            l1,
-            l1_disk,
-            coord,
-            pool: StagingPool::default(),
-            restores: std::sync::atomic::AtomicU64::new(0),
-            gpu: Mutex::new(None),
-            l3,
-            uploads: Arc::default(),
-            upload_tx: Mutex::new(Some(upload_tx.clone())),
-            l2,
-            replication: Arc::default(),
-            eager: Mutex::default(),
-            clock: b.clock,
-            upload_policy,
-            commits: CommitEvents::default(),
-            committed: KnownCommitted::default(),
-            cfg,
-        });
-        // The workers hear of committed steps as subscribers; the save
-        // path never calls them.
-        shared.commits.subscribe(Box::new(tiering::subscriber(
-            shared.uploads.clone(),
-            upload_tx,
-        )));
-        let replicator = if shared.l2.is_empty() {
-            None
-        } else {
-            shared
-                .commits
-                .subscribe(Box::new(crate::replication::subscriber(
-                    shared.replication.clone(),
-                    repl_tx,
-                    shared.cfg.replicas,
-                )));
-            let s2 = shared.clone();
-            Some(
-                std::thread::Builder::new()
-                    .name("strata-replicate".into())
-                    .spawn(move || crate::replication::run(&s2, &repl_rx))
-                    .map_err(|e| Error::Config(format!("cannot start replication: {e}")))?,
-            )
-        };
-        let uploader = match shared.l3.clone() {
-            Some(l3) => {
-                let s3 = shared.clone();
-                Some(
-                    std::thread::Builder::new()
-                        .name("strata-upload".into())
-                        .spawn(move || tiering::run(&s3, l3, &upload_rx))
-                        .map_err(|e| Error::Config(format!("cannot start the uploader: {e}")))?,
-                )
-            }
-            None => None,
-        };
-        let (tx, rx) = mpsc::channel::<PersistJob>();
-        let s2 = shared.clone();
-        let worker = std::thread::Builder::new()
-            .name("strata-persist".into())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    let done = job.done.clone();
-                    let mut segments = Vec::new();
-                    let r = persist(&s2, job, &mut segments);
-                    for seg in segments {
-                        s2.pool.give_back(seg);
-                    }
-                    done.finish(r);
-                }
-            })
-            .map_err(|e| Error::Config(format!("cannot start the persist worker: {e}")))?;
-        Ok(Checkpointer {
-            shared,
-            tx: Some(tx),
-            worker: Some(worker),
-            uploader,
-            replicator,
-            inflight: Mutex::new(None),
-            skipped: std::sync::atomic::AtomicU64::new(0),
-        })
-    }
-
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.shared.cfg

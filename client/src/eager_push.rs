@@ -26,7 +26,7 @@ use strata_format::ChunkId;
 
 use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore};
 
-use crate::checkpointer::Shared;
+use crate::shared::Shared;
 
 /// Longest wait for the peers' presence answers while a staging segment is
 /// held: past it the batch is skipped (it goes after the commit, from L1).
@@ -53,7 +53,7 @@ type NamedPeer = (String, Arc<dyn strata_tiered::ChunkStore>);
 
 /// Chunk bytes each peer received from the eager push of a step (a peer
 /// that failed is absent).
-pub(crate) type Outcome = HashMap<String, u64>;
+pub(crate) type Outcome = crate::shared::EagerOutcome;
 
 /// The eager push of one save, fed by the persist loop.
 pub(crate) struct EagerPush {

@@ -5,8 +5,8 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::checkpointer::Shared;
 use crate::error::{Error, Result};
+use crate::shared::Shared;
 use crate::stats::SaveStats;
 
 /// The outcome slot shared by a save's handle and the worker.
@@ -183,7 +183,7 @@ impl SaveHandle {
                 if s.l2.is_empty() {
                     return Err(Error::Config("no peers configured".into()));
                 }
-                use crate::replication::L2State;
+                use crate::tier_states::L2State;
                 match s.replication.states.wait_for(self.step, deadline, |st| {
                     !matches!(st, Some(L2State::Pending) | None)
                 }) {
@@ -207,7 +207,7 @@ impl SaveHandle {
                 if s.l3.is_none() {
                     return Err(Error::Config("no L3 configured (l3_url)".into()));
                 }
-                use crate::tiering::L3State;
+                use crate::tier_states::L3State;
                 let st = s.uploads.states.wait_for(self.step, deadline, |st| {
                     matches!(st, Some(L3State::Committed { .. } | L3State::Failed(_)))
                 });

@@ -8,8 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use strata_format::{ChunkId, CommitRecord, ShardManifest};
-use strata_peer::client::PeerStore;
-use strata_tiered::{ChunkStore, L1Store, L3Options, L3Store, StepInfo};
+use strata_tiered::{ChunkStore, L1Store, L3Store, StepInfo};
 
 use crate::error::{Error, Result};
 use crate::Config;
@@ -99,17 +98,9 @@ impl Tiers {
                     )));
                 }
             }
-            let opts: Vec<(String, String)> = cfg
-                .l3_options
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
             let l3 = {
                 let _enter = rt.enter();
-                Arc::new(
-                    L3Store::from_url(url, &opts, L3Options::default())
-                        .map_err(|e| Error::Config(format!("l3_url {url:?}: {e}")))?,
-                )
+                Arc::new(crate::stack::open_l3(&cfg, url)?)
             };
             tiers.push(Tier {
                 name: "L3".into(),
@@ -124,16 +115,15 @@ impl Tiers {
             let certs = cfg.peer_certs.clone().ok_or_else(|| {
                 Error::Config("peers need peer_certs (the CA and the job's certificate)".into())
             })?;
-            let files = strata_peer::tls::CertFiles::in_dir(&certs, &format!("client-{}", cfg.job));
             for (name, addr) in peers {
                 let store = {
                     let _enter = rt.enter();
-                    PeerStore::new(addr, &name, &files, strata_peer::PeerOptions::default())?
+                    crate::stack::open_peer(&cfg, &certs, &name, addr)?
                 };
                 tiers.push(Tier {
                     name: format!("L2:{name}"),
                     kind: TierKind::L2,
-                    store: Arc::new(store),
+                    store,
                     l1: None,
                     l3: None,
                 });

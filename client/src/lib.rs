@@ -32,6 +32,7 @@
 //! `docs/commit-protocol.md`. Errors carry an [`ErrorKind`] that says what
 //! to do about them.
 
+mod builder;
 mod checkpointer;
 mod commit;
 pub mod config;
@@ -48,7 +49,10 @@ mod policy;
 pub mod reader;
 pub mod replication;
 mod restore;
+mod restore_fetch;
 mod restore_l3;
+mod restore_place;
+mod shared;
 mod snapshot;
 pub mod stack;
 mod staging;
@@ -56,8 +60,10 @@ mod state;
 pub mod stats;
 mod step_states;
 pub mod synthetic;
+mod tier_states;
 pub mod tiering;
 
+pub use builder::CheckpointerBuilder;
 pub use checkpointer::Checkpointer;
 pub use config::{BusyPolicy, Config};
 pub use coordinator::{Coordinator, InProcessCoordinator, SoloCoordinator};
@@ -66,7 +72,7 @@ pub use gpu::DeviceBytes;
 pub use handle::{SaveHandle, Target};
 pub use replication::L2State;
 pub use restore::StepSelector;
-pub use stack::{CheckpointerBuilder, NamedTier, TierStack};
+pub use stack::{NamedTier, TierStack};
 pub use state::{Entry, RestoredEntry, RestoredState};
 pub use stats::{RestoreStats, SaveStats};
 pub use strata_format as format;

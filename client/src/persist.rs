@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 use strata_format::{ChunkId, EntrySpec, ShardInfo, ShardManifest};
 use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore};
 
-use crate::checkpointer::{Completion, Shared};
 use crate::commit::{self, Committed, Vote};
 use crate::error::{Error, Result};
+use crate::handle::Completion;
 use crate::par::par_map;
+use crate::shared::Shared;
 use crate::snapshot::Plan;
 use crate::stats::SaveStats;
 

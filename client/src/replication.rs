@@ -13,111 +13,21 @@
 //! manifest, then L1's commit record. Steps being replicated stay on L1
 //! until their push ends.
 
-use std::collections::{BTreeMap, HashSet};
 use std::sync::{mpsc, Arc, Mutex};
 
-use strata_peer::PeerStore;
 use strata_tiered::ChunkStore;
 
-use crate::checkpointer::Shared;
 use crate::commit::Committed;
 use crate::copy::{copy_step, CopyOptions, Verify};
 use crate::error::{Error, Result};
-use crate::step_states::StepStates;
+use crate::shared::Shared;
+use crate::stack::NamedTier;
+use crate::tier_states::Replication;
 
 /// Chunk bytes read from L1 and pushed per batch.
 const PUSH_BATCH_BYTES: u64 = 64 << 20;
 
-/// A step's replication, for this rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum L2State {
-    /// Waiting or being pushed.
-    Pending,
-    /// On `peers.len()` of the wanted peers (replicated r/R).
-    Replicated {
-        /// Peers holding the step (committed there).
-        peers: Vec<String>,
-        /// Replicas wanted.
-        wanted: usize,
-        /// Chunk bytes sent (the rest the peers held already).
-        sent: u64,
-        /// Of `sent`, the bytes that went beside the L1 write (the eager
-        /// push); the rest went after the L1 commit, from L1.
-        early: u64,
-    },
-    /// On fewer peers than wanted: every candidate in the ring was tried.
-    Degraded {
-        /// Peers holding the step.
-        peers: Vec<String>,
-        /// Replicas wanted.
-        wanted: usize,
-        /// Why the others failed.
-        errors: Vec<String>,
-    },
-}
-
-/// One peer in ring order.
-pub(crate) type Peer = crate::stack::NamedTier;
-
-/// Replication state shared by the worker and the API.
-#[derive(Default)]
-pub(crate) struct Replication {
-    pub(crate) states: StepStates<L2State>,
-}
-
-impl Replication {
-    fn set(&self, step: u64, st: L2State) {
-        self.states.set(step, st);
-    }
-
-    /// Waits until no step is pending.
-    pub(crate) fn wait_idle(&self) {
-        drop(self.states.wait_until(None, |m| {
-            !m.values().any(|st| matches!(st, L2State::Pending))
-        }));
-    }
-
-    /// Every step's state.
-    pub(crate) fn snapshot(&self) -> BTreeMap<u64, L2State> {
-        self.states.snapshot()
-    }
-
-    /// Steps still being pushed: L1 retention keeps them.
-    pub(crate) fn pinned(&self) -> HashSet<u64> {
-        self.snapshot()
-            .into_iter()
-            .filter(|(_, st)| matches!(st, L2State::Pending))
-            .map(|(s, _)| s)
-            .collect()
-    }
-}
-
-/// Opens the peers of `cfg` in ring order (none without `peers`). Must run
-/// inside a tokio runtime context (the endpoints bind to it).
-pub(crate) fn open_peers(cfg: &crate::Config) -> Result<Vec<Peer>> {
-    let list = cfg.peer_list()?;
-    if list.is_empty() {
-        return Ok(Vec::new());
-    }
-    let Some(dir) = &cfg.peer_certs else {
-        return Ok(Vec::new());
-    };
-    let names: Vec<String> = list.iter().map(|(n, _)| n.clone()).collect();
-    let order = strata_peer::ring::placement(&names, &cfg.node, cfg.rank);
-    let certs = strata_peer::tls::CertFiles::in_dir(dir, &format!("client-{}", cfg.job));
-    order
-        .into_iter()
-        .filter_map(|name| list.iter().find(|(n, _)| *n == name).cloned())
-        .map(|(name, addr)| {
-            let store = PeerStore::new(addr, &name, &certs, strata_peer::PeerOptions::default())
-                .map_err(|e| Error::Config(format!("peer {name}: {e}")))?;
-            Ok(Peer {
-                name,
-                store: Arc::new(store) as Arc<dyn ChunkStore>,
-            })
-        })
-        .collect()
-}
+pub use crate::tier_states::L2State;
 
 /// The replicator's subscription to "step committed": every committed
 /// step is marked pending at once (L1 retention keeps it) and queued.
@@ -240,7 +150,7 @@ fn replicate(s: &Shared, step: u64) -> L2State {
     let mut sent_early = 0;
     let mut next = 0;
     while peers.len() < wanted && next < s.l2.len() {
-        let round: Vec<&Peer> = s.l2[next..].iter().take(wanted - peers.len()).collect();
+        let round: Vec<&NamedTier> = s.l2[next..].iter().take(wanted - peers.len()).collect();
         next += round.len();
         let results: Vec<Result<u64>> = std::thread::scope(|sc| {
             let pushes: Vec<_> = round

@@ -7,9 +7,9 @@ use std::sync::Mutex;
 use strata_format::ShardManifest;
 use strata_tiered::{AlignedBuf, ChunkPut, ChunkStore};
 
-use crate::checkpointer::Shared;
 use crate::error::{Error, Result};
-use crate::restore::{chunk_error, place, run_lanes, take, Counters, Loaded, Targets};
+use crate::restore_place::{chunk_error, place, run_lanes, take, Counters, Loaded, Targets};
+use crate::shared::Shared;
 
 /// Chunks queued for the L1 write-back of a restore from L3.
 const WRITE_BACK_QUEUE: usize = 8;

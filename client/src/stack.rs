@@ -1,5 +1,6 @@
 //! The tier stack a [`Checkpointer`](crate::Checkpointer) works over, and
-//! the builder that assembles a checkpointer from settings and components.
+//! the opening of its tiers from a [`Config`] (the checkpointer and the
+//! inspection tools open them the same way).
 //!
 //! The engine knows tiers only as `Arc<dyn ChunkStore>` in three roles,
 //! fastest first: the node's local store (every save is written there
@@ -10,11 +11,11 @@
 
 use std::sync::Arc;
 
-use strata_tiered::{ChunkStore, Clock, L1Store, L3Options, L3Store, SystemClock};
+use strata_tiered::{ChunkStore, L1Store, L3Options, L3Store};
 
-use crate::checkpointer::Checkpointer;
+use strata_peer::PeerStore;
+
 use crate::config::Config;
-use crate::coordinator::{Coordinator, SoloCoordinator};
 use crate::error::{Error, Result};
 
 /// A tier of the stack with the name reports use.
@@ -61,7 +62,7 @@ impl TierStack {
         };
         Ok(TierStack {
             local: Arc::new(l1),
-            peers: crate::replication::open_peers(cfg)?,
+            peers: open_peers(cfg)?,
             remote,
         })
     }
@@ -86,73 +87,41 @@ pub(crate) fn open_l3(cfg: &Config, url: &str) -> Result<L3Store> {
         .map_err(|e| Error::Config(format!("l3_url {url:?}: {e}")))
 }
 
-/// Assembles a [`Checkpointer`]: settings from a [`Config`], components
-/// (the coordinator, the tiers, the clock) from builder methods; whatever
-/// is not given comes from the config.
-#[must_use]
-pub struct CheckpointerBuilder {
-    pub(crate) cfg: Config,
-    pub(crate) coord: Arc<dyn Coordinator>,
-    pub(crate) local: Option<Arc<dyn ChunkStore>>,
-    pub(crate) peers: Option<Vec<NamedTier>>,
-    pub(crate) remote: Option<Option<Arc<dyn ChunkStore>>>,
-    pub(crate) clock: Arc<dyn Clock>,
+/// Opens the peers of `cfg` in ring order (none without `peers`). Must run
+/// inside a tokio runtime context (the endpoints bind to it).
+pub(crate) fn open_peers(cfg: &Config) -> Result<Vec<NamedTier>> {
+    let list = cfg.peer_list()?;
+    if list.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(dir) = &cfg.peer_certs else {
+        return Ok(Vec::new());
+    };
+    let names: Vec<String> = list.iter().map(|(n, _)| n.clone()).collect();
+    let order = strata_peer::ring::placement(&names, &cfg.node, cfg.rank);
+    order
+        .into_iter()
+        .filter_map(|name| list.iter().find(|(n, _)| *n == name).cloned())
+        .map(|(name, addr)| {
+            Ok(NamedTier {
+                store: open_peer(cfg, dir, &name, addr)?,
+                name,
+            })
+        })
+        .collect()
 }
 
-impl CheckpointerBuilder {
-    pub(crate) fn new(cfg: Config) -> Self {
-        CheckpointerBuilder {
-            cfg,
-            coord: Arc::new(SoloCoordinator),
-            local: None,
-            peers: None,
-            remote: None,
-            clock: Arc::new(SystemClock),
-        }
-    }
-
-    /// How ranks agree (default: a world of one).
-    pub fn coordinator(mut self, coord: Arc<dyn Coordinator>) -> Self {
-        self.coord = coord;
-        self
-    }
-
-    /// Every tier at once (the config's `l1_dir`, `peers` and `l3_url` are
-    /// then ignored).
-    pub fn tiers(mut self, stack: TierStack) -> Self {
-        self.local = Some(stack.local);
-        self.peers = Some(stack.peers);
-        self.remote = Some(stack.remote);
-        self
-    }
-
-    /// The local store instead of L1 on `l1_dir`.
-    pub fn local(mut self, store: Arc<dyn ChunkStore>) -> Self {
-        self.local = Some(store);
-        self
-    }
-
-    /// The peers, in ring order, instead of the config's `peers`.
-    pub fn peers(mut self, peers: Vec<NamedTier>) -> Self {
-        self.peers = Some(peers);
-        self
-    }
-
-    /// The remote store (or none) instead of the config's `l3_url`; the
-    /// upload policy settings apply to it.
-    pub fn remote(mut self, store: Option<Arc<dyn ChunkStore>>) -> Self {
-        self.remote = Some(store);
-        self
-    }
-
-    /// The clock every time-based decision asks (default: the system's).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Builds the checkpointer (starts its workers).
-    pub fn build(self) -> Result<Checkpointer> {
-        Checkpointer::from_builder(self)
-    }
+/// Opens the peer service `name` at `addr` with the job's client
+/// certificate from `certs` (the CA and `client-<job>`). Must run inside a
+/// tokio runtime context (the endpoint binds to it); connects on first use.
+pub(crate) fn open_peer(
+    cfg: &Config,
+    certs: &std::path::Path,
+    name: &str,
+    addr: std::net::SocketAddr,
+) -> Result<Arc<dyn ChunkStore>> {
+    let files = strata_peer::tls::CertFiles::in_dir(certs, &format!("client-{}", cfg.job));
+    let store = PeerStore::new(addr, name, &files, strata_peer::PeerOptions::default())
+        .map_err(|e| Error::Config(format!("peer {name}: {e}")))?;
+    Ok(Arc::new(store))
 }

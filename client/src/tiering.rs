@@ -17,82 +17,17 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use strata_tiered::{ChunkStore, ThrottleConfig, ThrottleStore};
 
-use crate::checkpointer::{Checkpointer, Shared};
+use crate::checkpointer::Checkpointer;
 use crate::commit::Committed;
 use crate::copy::{copy_step, CopyOptions, CopyProgress, Verify};
 use crate::error::{Error, Result};
-use crate::replication::L2State;
-use crate::step_states::StepStates;
+use crate::shared::Shared;
+use crate::tier_states::{L2State, UploadJob, Uploads};
 
 /// Chunk bytes read from L1 and uploaded per batch (bounds upload memory).
 const UPLOAD_BATCH_BYTES: u64 = 64 << 20;
 
-/// Where a step stands on L3, for this rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum L3State {
-    /// Waiting in the upload queue.
-    Queued,
-    /// Uploading: chunk bytes sent so far of those L3 lacked.
-    Uploading {
-        /// Bytes sent.
-        done: u64,
-        /// Bytes to send.
-        total: u64,
-    },
-    /// Committed on L3 by this rank.
-    Committed {
-        /// Chunk bytes this upload sent (the rest L3 already held).
-        sent: u64,
-        /// Chunk bytes L3 already held.
-        deduped: u64,
-    },
-    /// The upload failed (it is retried when asked for again).
-    Failed(String),
-}
-
-/// Upload progress, shared by the uploader thread and the API.
-#[derive(Default)]
-pub(crate) struct Uploads {
-    pub(crate) states: StepStates<L3State>,
-    queued: AtomicU64,
-}
-
-impl Uploads {
-    fn set(&self, step: u64, st: L3State) {
-        self.states.set(step, st);
-    }
-
-    /// Adds `n` to an upload's progress; returns the bytes done so far.
-    fn add_done(&self, step: u64, n: u64, total: u64) -> u64 {
-        self.states
-            .update(|m| {
-                let done = match m.get(&step) {
-                    Some(L3State::Uploading { done, .. }) => done + n,
-                    _ => n,
-                };
-                m.insert(step, L3State::Uploading { done, total });
-                done
-            })
-            .unwrap_or(0)
-    }
-
-    /// The state of every step this process queued for upload.
-    pub(crate) fn snapshot(&self) -> BTreeMap<u64, L3State> {
-        self.states.snapshot()
-    }
-
-    /// Steps queued or uploading: L1 retention must keep them.
-    pub(crate) fn pinned(&self) -> std::collections::HashSet<u64> {
-        self.snapshot()
-            .into_iter()
-            .filter(|(_, st)| matches!(st, L3State::Queued | L3State::Uploading { .. }))
-            .map(|(s, _)| s)
-            .collect()
-    }
-}
-
-/// What the uploader thread receives: the step to upload.
-pub(crate) type UploadJob = u64;
+pub use crate::tier_states::L3State;
 
 /// The uploader's subscription to "step committed": queues the steps the
 /// barrier decided to upload (marked queued at once, so L1 retention keeps

@@ -1,0 +1,258 @@
+//! Assembling a [`Checkpointer`]: settings from a [`Config`], components
+//! (the coordinator, the tier stack, the clock) from builder methods; then
+//! the shared state and the background workers, each subscribed to the
+//! commit protocol's "step committed" events. The top of the module graph:
+//! nothing imports it but the crate root.
+
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use strata_tiered::{ChunkStore, Clock, L1Store, L3Store, SystemClock};
+
+use crate::checkpointer::Checkpointer;
+use crate::commit::{CommitEvents, KnownCommitted};
+use crate::config::Config;
+use crate::coordinator::{Coordinator, SoloCoordinator};
+use crate::error::{Error, Result};
+use crate::persist::{persist, PersistJob};
+use crate::policy::UploadPolicy;
+use crate::shared::{OwnRuntime, Shared};
+use crate::stack::{open_l3, open_peers, NamedTier, TierStack};
+use crate::staging::StagingPool;
+use crate::tier_states::UploadJob;
+
+/// Assembles a [`Checkpointer`]: settings from a [`Config`], components
+/// (the coordinator, the tiers, the clock) from builder methods; whatever
+/// is not given comes from the config.
+#[must_use]
+pub struct CheckpointerBuilder {
+    pub(crate) cfg: Config,
+    pub(crate) coord: Arc<dyn Coordinator>,
+    pub(crate) local: Option<Arc<dyn ChunkStore>>,
+    pub(crate) peers: Option<Vec<NamedTier>>,
+    pub(crate) remote: Option<Option<Arc<dyn ChunkStore>>>,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl CheckpointerBuilder {
+    pub(crate) fn new(cfg: Config) -> Self {
+        CheckpointerBuilder {
+            cfg,
+            coord: Arc::new(SoloCoordinator),
+            local: None,
+            peers: None,
+            remote: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// How ranks agree (default: a world of one).
+    pub fn coordinator(mut self, coord: Arc<dyn Coordinator>) -> Self {
+        self.coord = coord;
+        self
+    }
+
+    /// Every tier at once (the config's `l1_dir`, `peers` and `l3_url` are
+    /// then ignored).
+    pub fn tiers(mut self, stack: TierStack) -> Self {
+        self.local = Some(stack.local);
+        self.peers = Some(stack.peers);
+        self.remote = Some(stack.remote);
+        self
+    }
+
+    /// The local store instead of L1 on `l1_dir`.
+    pub fn local(mut self, store: Arc<dyn ChunkStore>) -> Self {
+        self.local = Some(store);
+        self
+    }
+
+    /// The peers, in ring order, instead of the config's `peers`.
+    pub fn peers(mut self, peers: Vec<NamedTier>) -> Self {
+        self.peers = Some(peers);
+        self
+    }
+
+    /// The remote store (or none) instead of the config's `l3_url`; the
+    /// upload policy settings apply to it.
+    pub fn remote(mut self, store: Option<Arc<dyn ChunkStore>>) -> Self {
+        self.remote = Some(store);
+        self
+    }
+
+    /// The clock every time-based decision asks (default: the system's).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Builds the checkpointer (starts its workers).
+    pub fn build(self) -> Result<Checkpointer> {
+        Checkpointer::from_builder(self)
+    }
+}
+
+impl Checkpointer {
+    /// A checkpointer for a world of one, on the tiers `cfg` describes.
+    pub fn new(cfg: Config) -> Result<Self> {
+        Self::builder(cfg).build()
+    }
+
+    /// A builder: settings from `cfg`, components (coordinator, tier
+    /// stack, clock) from its methods.
+    pub fn builder(cfg: Config) -> CheckpointerBuilder {
+        CheckpointerBuilder::new(cfg)
+    }
+
+    /// A checkpointer whose ranks agree through `coord`.
+    pub fn with_coordinator(cfg: Config, coord: Arc<dyn Coordinator>) -> Result<Self> {
+        Self::builder(cfg).coordinator(coord).build()
+    }
+
+    /// A checkpointer with an L3 store built by the caller (custom
+    /// `object_store` settings, a wrapper): `cfg.l3_url` is ignored; the
+    /// upload policy settings apply to `l3`. The same as
+    /// `builder(cfg).coordinator(coord).remote(l3)`.
+    pub fn with_tiers(
+        cfg: Config,
+        coord: Arc<dyn Coordinator>,
+        l3: Option<L3Store>,
+    ) -> Result<Self> {
+        Self::builder(cfg)
+            .coordinator(coord)
+            .remote(l3.map(|s| Arc::new(s) as Arc<dyn ChunkStore>))
+            .build()
+    }
+
+    pub(crate) fn from_builder(b: CheckpointerBuilder) -> Result<Self> {
+        let cfg = b.cfg;
+        let coord = b.coord;
+        cfg.validate()?;
+        if coord.world_size() != cfg.world_size {
+            return Err(Error::Config(format!(
+                "coordinator has {} ranks, config {}",
+                coord.world_size(),
+                cfg.world_size
+            )));
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("strata-rt")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Config(format!("cannot start the runtime: {e}")))?;
+        let (l1, l1_disk) = match b.local {
+            Some(l) => (l, None),
+            None => {
+                let disk = L1Store::open(&cfg.l1_dir, cfg.engine()?)?;
+                (Arc::new(disk.clone()) as Arc<dyn ChunkStore>, Some(disk))
+            }
+        };
+        let l2 = match b.peers {
+            Some(p) => p,
+            None => {
+                let _guard = rt.enter();
+                open_peers(&cfg)?
+            }
+        };
+        let l3 = match b.remote {
+            Some(r) => r,
+            None => match &cfg.l3_url {
+                Some(url) => Some(Arc::new(open_l3(&cfg, url)?) as Arc<dyn ChunkStore>),
+                None => None,
+            },
+        };
+        let upload_policy = UploadPolicy::new(
+            l3.is_some(),
+            cfg.upload_every,
+            Duration::from_secs(cfg.upload_min_interval_secs),
+            b.clock.clone(),
+        );
+        let (upload_tx, upload_rx) = mpsc::channel::<UploadJob>();
+        let (repl_tx, repl_rx) = mpsc::channel::<u64>();
+        tracing::info!(local = %l1.describe(), rank = cfg.rank, peers = l2.len(), remote = l3.is_some(), "strata checkpointer ready");
+        let shared = Arc::new(Shared {
+            rt: OwnRuntime(Some(rt)),
+            l1,
+            l1_disk,
+            coord,
+            pool: StagingPool::default(),
+            restores: std::sync::atomic::AtomicU64::new(0),
+            gpu: Mutex::new(None),
+            l3,
+            uploads: Arc::default(),
+            upload_tx: Mutex::new(Some(upload_tx.clone())),
+            l2,
+            replication: Arc::default(),
+            eager: Mutex::default(),
+            clock: b.clock,
+            upload_policy,
+            commits: CommitEvents::default(),
+            committed: KnownCommitted::default(),
+            cfg,
+        });
+        // The workers hear of committed steps as subscribers; the save
+        // path never calls them.
+        shared
+            .commits
+            .subscribe(Box::new(crate::tiering::subscriber(
+                shared.uploads.clone(),
+                upload_tx,
+            )));
+        let replicator = if shared.l2.is_empty() {
+            None
+        } else {
+            shared
+                .commits
+                .subscribe(Box::new(crate::replication::subscriber(
+                    shared.replication.clone(),
+                    repl_tx,
+                    shared.cfg.replicas,
+                )));
+            let s2 = shared.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("strata-replicate".into())
+                    .spawn(move || crate::replication::run(&s2, &repl_rx))
+                    .map_err(|e| Error::Config(format!("cannot start replication: {e}")))?,
+            )
+        };
+        let uploader = match shared.l3.clone() {
+            Some(l3) => {
+                let s3 = shared.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("strata-upload".into())
+                        .spawn(move || crate::tiering::run(&s3, l3, &upload_rx))
+                        .map_err(|e| Error::Config(format!("cannot start the uploader: {e}")))?,
+                )
+            }
+            None => None,
+        };
+        let (tx, rx) = mpsc::channel::<PersistJob>();
+        let s2 = shared.clone();
+        let worker = std::thread::Builder::new()
+            .name("strata-persist".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    let done = job.done.clone();
+                    let mut segments = Vec::new();
+                    let r = persist(&s2, job, &mut segments);
+                    for seg in segments {
+                        s2.pool.give_back(seg);
+                    }
+                    done.finish(r);
+                }
+            })
+            .map_err(|e| Error::Config(format!("cannot start the persist worker: {e}")))?;
+        Ok(Checkpointer {
+            shared,
+            tx: Some(tx),
+            worker: Some(worker),
+            uploader,
+            replicator,
+            inflight: Mutex::new(None),
+            skipped: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+}

@@ -1,0 +1,172 @@
+//! The state the [`Checkpointer`](crate::Checkpointer)'s API and its
+//! background workers (persist, eager push, replication, upload, restore)
+//! share. Every pipeline module imports this one and none of them imports
+//! the checkpointer: the module graph points one way, from the API down.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{mpsc, Arc, Mutex};
+
+use strata_tiered::{ChunkStore, Clock, L1Store};
+
+use crate::commit::{CommitEvents, KnownCommitted};
+use crate::config::Config;
+use crate::coordinator::Coordinator;
+use crate::error::{Error, Result};
+use crate::gpu::{DeviceBytes, Gpu};
+use crate::policy::UploadPolicy;
+use crate::stack::NamedTier;
+use crate::staging::StagingPool;
+use crate::tier_states::{Replication, UploadJob, Uploads};
+
+/// What an eager push sent, by peer name (chunk bytes).
+pub(crate) type EagerOutcome = HashMap<String, u64>;
+
+/// The checkpointer's private runtime, which drives tier calls. Shut down
+/// without blocking when dropped, so a checkpointer can be dropped inside an
+/// async context (a plain runtime's drop panics there).
+pub(crate) struct OwnRuntime(pub(crate) Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for OwnRuntime {
+    type Target = tokio::runtime::Runtime;
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        // Some until drop.
+        self.0
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("runtime used after drop"))
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// What the checkpointer's API and its workers share: the settings, the
+/// runtime, the tier stack, the coordinator and the pipelines' states.
+pub(crate) struct Shared {
+    pub(crate) cfg: Config,
+    pub(crate) rt: OwnRuntime,
+    /// The local tier (L1): every save is written here first.
+    pub(crate) l1: Arc<dyn ChunkStore>,
+    /// The same, typed, when it is the default L1 on `l1_dir`.
+    pub(crate) l1_disk: Option<L1Store>,
+    pub(crate) coord: Arc<dyn Coordinator>,
+    pub(crate) pool: StagingPool,
+    pub(crate) restores: std::sync::atomic::AtomicU64,
+    pub(crate) gpu: Mutex<Option<Arc<Gpu>>>,
+    /// The remote tier (L3), when configured.
+    pub(crate) l3: Option<Arc<dyn ChunkStore>>,
+    /// Upload progress.
+    pub(crate) uploads: Arc<Uploads>,
+    /// The uploader's queue for steps asked for by [`Checkpointer::upload`]
+    /// (taken on drop so the uploader finishes).
+    pub(crate) upload_tx: Mutex<Option<mpsc::Sender<UploadJob>>>,
+    /// Peer tiers (L2) in ring order (empty: no replication).
+    pub(crate) l2: Vec<NamedTier>,
+    /// Replication progress.
+    pub(crate) replication: Arc<Replication>,
+    /// Eager pushes by step, until the replication worker takes them.
+    pub(crate) eager: Mutex<HashMap<u64, tokio::sync::oneshot::Receiver<EagerOutcome>>>,
+    /// The clock of every time-based decision.
+    pub(crate) clock: Arc<dyn Clock>,
+    /// Which committed steps go to L3 (rank 0's answer is everyone's).
+    pub(crate) upload_policy: UploadPolicy,
+    /// "Step committed" events (the uploader and replicator subscribe).
+    pub(crate) commits: CommitEvents,
+    /// Steps this rank knows committed in some tier: a save of one of
+    /// them is refused.
+    pub(crate) committed: KnownCommitted,
+}
+
+impl Shared {
+    /// Refuses a save of a step this rank already committed in some tier
+    /// (saving it again would replace a committed shard's manifest):
+    /// checked before anything is written. A restore's own listing of the
+    /// tiers fills the set (a resuming job restores first, so its saves
+    /// list nothing); otherwise the first save lists the tiers once. An
+    /// unreachable tier is skipped (its own guard still refuses to replace
+    /// a committed manifest).
+    pub(crate) fn refuse_committed(&self, step: u64) -> Result<()> {
+        let known = match self.committed.contains(step) {
+            Some(k) => k,
+            None => {
+                // On a thread of its own: `save` may be called from inside
+                // an async runtime, where blocking on ours would panic.
+                let listed = std::thread::scope(|sc| {
+                    sc.spawn(|| self.list_committed())
+                        .join()
+                        .unwrap_or_default()
+                });
+                self.committed.fill(listed);
+                self.committed.contains(step).unwrap_or(false)
+            }
+        };
+        if known {
+            return Err(Error::AlreadyCommitted {
+                step,
+                tier: "by this rank".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The steps this rank committed in any tier it can list.
+    pub(crate) fn list_committed(&self) -> BTreeSet<u64> {
+        let mut known = BTreeSet::new();
+        let tiers = std::iter::once(("L1".to_string(), &self.l1))
+            .chain(self.l2.iter().map(|p| (format!("L2 {}", p.name), &p.store)))
+            .chain(self.l3.iter().map(|l3| ("L3".to_string(), l3)));
+        for (name, t) in tiers {
+            match self.rt.block_on(t.list_steps(&self.cfg.job)) {
+                Ok(steps) => known.extend(crate::commit::restorable(&self.cfg, &steps)),
+                Err(e) => {
+                    tracing::warn!(tier = %name, error = %e, "cannot list a tier to check for committed steps")
+                }
+            }
+        }
+        known
+    }
+
+    /// The GPU engine for these device buffers (opened on first use), or
+    /// None when there are none. All must live on one device.
+    pub(crate) fn gpu_for(
+        &self,
+        devices: impl Iterator<Item = DeviceBytes>,
+    ) -> Result<Option<Arc<Gpu>>> {
+        let mut ordinal = None;
+        for d in devices {
+            match ordinal {
+                None => ordinal = Some(d.device()),
+                Some(o) if o != d.device() => {
+                    return Err(Error::Gpu(format!(
+                        "tensors on devices {o} and {}: one checkpointer serves one device",
+                        d.device()
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        let Some(ordinal) = ordinal else {
+            return Ok(None);
+        };
+        let mut slot = self
+            .gpu
+            .lock()
+            .map_err(|_| Error::Pipeline("poisoned".into()))?;
+        if let Some(g) = slot.as_ref() {
+            if g.device() != ordinal {
+                return Err(Error::Gpu(format!(
+                    "this checkpointer serves device {}, not {ordinal}",
+                    g.device()
+                )));
+            }
+            return Ok(Some(g.clone()));
+        }
+        let g = Arc::new(Gpu::open(ordinal)?);
+        *slot = Some(g.clone());
+        Ok(Some(g))
+    }
+}

@@ -1,0 +1,138 @@
+//! Where each step stands beyond L1, for this rank: its upload to L3
+//! ([`L3State`]) and its replication to peers ([`L2State`]), in waitable
+//! maps the workers update and the API (and [`SaveHandle`]) reads.
+//!
+//! [`SaveHandle`]: crate::SaveHandle
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::AtomicU64;
+
+use crate::step_states::StepStates;
+
+/// Where a step stands on L3, for this rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum L3State {
+    /// Waiting in the upload queue.
+    Queued,
+    /// Uploading: chunk bytes sent so far of those L3 lacked.
+    Uploading {
+        /// Bytes sent.
+        done: u64,
+        /// Bytes to send.
+        total: u64,
+    },
+    /// Committed on L3 by this rank.
+    Committed {
+        /// Chunk bytes this upload sent (the rest L3 already held).
+        sent: u64,
+        /// Chunk bytes L3 already held.
+        deduped: u64,
+    },
+    /// The upload failed (it is retried when asked for again).
+    Failed(String),
+}
+
+/// Upload progress, shared by the uploader thread and the API.
+#[derive(Default)]
+pub(crate) struct Uploads {
+    pub(crate) states: StepStates<L3State>,
+    pub(crate) queued: AtomicU64,
+}
+
+impl Uploads {
+    pub(crate) fn set(&self, step: u64, st: L3State) {
+        self.states.set(step, st);
+    }
+
+    /// Adds `n` to an upload's progress; returns the bytes done so far.
+    pub(crate) fn add_done(&self, step: u64, n: u64, total: u64) -> u64 {
+        self.states
+            .update(|m| {
+                let done = match m.get(&step) {
+                    Some(L3State::Uploading { done, .. }) => done + n,
+                    _ => n,
+                };
+                m.insert(step, L3State::Uploading { done, total });
+                done
+            })
+            .unwrap_or(0)
+    }
+
+    /// The state of every step this process queued for upload.
+    pub(crate) fn snapshot(&self) -> BTreeMap<u64, L3State> {
+        self.states.snapshot()
+    }
+
+    /// Steps queued or uploading: L1 retention must keep them.
+    pub(crate) fn pinned(&self) -> std::collections::HashSet<u64> {
+        self.snapshot()
+            .into_iter()
+            .filter(|(_, st)| matches!(st, L3State::Queued | L3State::Uploading { .. }))
+            .map(|(s, _)| s)
+            .collect()
+    }
+}
+
+/// What the uploader thread receives: the step to upload.
+pub(crate) type UploadJob = u64;
+
+/// A step's replication, for this rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum L2State {
+    /// Waiting or being pushed.
+    Pending,
+    /// On `peers.len()` of the wanted peers (replicated r/R).
+    Replicated {
+        /// Peers holding the step (committed there).
+        peers: Vec<String>,
+        /// Replicas wanted.
+        wanted: usize,
+        /// Chunk bytes sent (the rest the peers held already).
+        sent: u64,
+        /// Of `sent`, the bytes that went beside the L1 write (the eager
+        /// push); the rest went after the L1 commit, from L1.
+        early: u64,
+    },
+    /// On fewer peers than wanted: every candidate in the ring was tried.
+    Degraded {
+        /// Peers holding the step.
+        peers: Vec<String>,
+        /// Replicas wanted.
+        wanted: usize,
+        /// Why the others failed.
+        errors: Vec<String>,
+    },
+}
+
+/// Replication state shared by the worker and the API.
+#[derive(Default)]
+pub(crate) struct Replication {
+    pub(crate) states: StepStates<L2State>,
+}
+
+impl Replication {
+    pub(crate) fn set(&self, step: u64, st: L2State) {
+        self.states.set(step, st);
+    }
+
+    /// Waits until no step is pending.
+    pub(crate) fn wait_idle(&self) {
+        drop(self.states.wait_until(None, |m| {
+            !m.values().any(|st| matches!(st, L2State::Pending))
+        }));
+    }
+
+    /// Every step's state.
+    pub(crate) fn snapshot(&self) -> BTreeMap<u64, L2State> {
+        self.states.snapshot()
+    }
+
+    /// Steps still being pushed: L1 retention keeps them.
+    pub(crate) fn pinned(&self) -> HashSet<u64> {
+        self.snapshot()
+            .into_iter()
+            .filter(|(_, st)| matches!(st, L2State::Pending))
+            .map(|(s, _)| s)
+            .collect()
+    }
+}
