@@ -312,24 +312,54 @@ impl Replicas {
 
     /// Deletes chunks (absent ones are fine).
     pub fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
+        self.delete_where(job, ids, |_| true)
+    }
+
+    /// Deletes the chunks of `ids` not touched (put or found present)
+    /// after `cutoff`, re-checked under the lock at deletion time: a chunk
+    /// a client deduplicated against after retention planned its sweep
+    /// survives. Returns how many were deleted.
+    pub fn delete_untouched_since(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        cutoff: Instant,
+    ) -> Result<u64> {
+        let mut n = 0;
+        self.delete_where(job, ids, |slot| {
+            let old = slot.touched <= cutoff;
+            n += u64::from(old);
+            old
+        })?;
+        Ok(n)
+    }
+
+    /// Deletes the chunks of `ids` whose slot passes `doomed`. The spill
+    /// files go while the lock is held: a put of the same id that finds
+    /// the slot gone writes its file after this one is removed, never
+    /// before (it would lose its file to this delete).
+    fn delete_where(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        mut doomed: impl FnMut(&Slot) -> bool,
+    ) -> Result<()> {
         validate_job_id(job)?;
-        let mut files = Vec::new();
-        {
-            let mut c = self.chunks.lock().map_err(|_| poisoned())?;
-            for id in ids {
-                if let Some(slot) = c.map.remove(&(job.to_string(), *id)) {
-                    match slot.place {
-                        Place::Memory(b) => c.memory -= b.len() as u64,
-                        Place::Disk(n) => {
-                            c.disk -= n;
-                            files.push(self.file(job, id));
-                        }
+        let mut c = self.chunks.lock().map_err(|_| poisoned())?;
+        for id in ids {
+            let key = (job.to_string(), *id);
+            if !c.map.get(&key).is_some_and(&mut doomed) {
+                continue;
+            }
+            if let Some(slot) = c.map.remove(&key) {
+                match slot.place {
+                    Place::Memory(b) => c.memory -= b.len() as u64,
+                    Place::Disk(n) => {
+                        c.disk -= n;
+                        let _ = std::fs::remove_file(self.file(job, id));
                     }
                 }
             }
-        }
-        for f in files {
-            let _ = std::fs::remove_file(f);
         }
         Ok(())
     }
@@ -463,20 +493,22 @@ impl Replicas {
             }
         }
         let now = Instant::now();
+        let Some(cutoff) = now.checked_sub(self.limits.grace) else {
+            return Ok(0); // the service is younger than the grace period
+        };
         let doomed: Vec<ChunkId> = {
             let c = self.chunks.lock().map_err(|_| poisoned())?;
             c.map
                 .iter()
                 .filter(|((j, id), slot)| {
-                    j == job
-                        && !referenced.contains(id)
-                        && now.duration_since(slot.touched) >= self.limits.grace
+                    j == job && !referenced.contains(id) && slot.touched <= cutoff
                 })
                 .map(|((_, id), _)| *id)
                 .collect()
         };
         let before = self.stats()?;
-        self.delete_chunks(job, &doomed)?;
+        // Re-checked at deletion: a chunk touched since the plan stays.
+        self.delete_untouched_since(job, &doomed, cutoff)?;
         let after = self.stats()?;
         Ok((before.0 + before.1).saturating_sub(after.0 + after.1))
     }
@@ -579,6 +611,50 @@ mod tests {
         // Deleting gives the space back.
         let ids: Vec<ChunkId> = chunks.iter().map(|c| ChunkId::of(c)).collect();
         r.delete_chunks("j", &ids).unwrap();
+        assert_eq!(r.stats().unwrap(), (0, 0, 0, 0));
+    }
+
+    /// Retention's re-check at deletion: a chunk planned for the sweep but
+    /// deduplicated against (found present) or put again after the plan
+    /// survives; one left alone goes, memory and spilled alike.
+    #[test]
+    fn a_chunk_touched_after_the_plan_survives_the_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Replicas::new(
+            &dir.path().join("spill"),
+            Limits {
+                memory_bytes: 1000,
+                disk_bytes: 10_000,
+                ..Limits::default()
+            },
+        )
+        .unwrap();
+        let chunks: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i; 900]).collect();
+        let ids: Vec<ChunkId> = chunks.iter().map(|c| ChunkId::of(c)).collect();
+        for (c, id) in chunks.iter().zip(&ids) {
+            assert!(r.put_chunk("j", *id, frame(c)).unwrap());
+        }
+        let (_, disk, _, _) = r.stats().unwrap();
+        assert!(disk > 0, "some chunks spilled");
+        // The plan: every chunk is old enough.
+        std::thread::sleep(Duration::from_millis(5));
+        let cutoff = Instant::now();
+        std::thread::sleep(Duration::from_millis(5));
+        // Meanwhile a client finds chunk 1 present and puts chunk 3 again.
+        assert_eq!(r.has("j", &ids[1..2]).unwrap(), [true]);
+        assert!(!r.put_chunk("j", ids[3], frame(&chunks[3])).unwrap());
+        let gone = r.delete_untouched_since("j", &ids, cutoff).unwrap();
+        assert_eq!(gone, 2);
+        assert_eq!(r.has("j", &ids).unwrap(), [false, true, false, true]);
+        for i in [1, 3] {
+            assert_eq!(
+                r.get_frame("j", &ids[i]).unwrap().as_ref(),
+                &frame(&chunks[i])[..]
+            );
+        }
+        // Nothing touched since a later cutoff: the rest goes.
+        let gone = r.delete_untouched_since("j", &ids, Instant::now()).unwrap();
+        assert_eq!(gone, 2);
         assert_eq!(r.stats().unwrap(), (0, 0, 0, 0));
     }
 }
