@@ -104,6 +104,17 @@ pub enum Error {
     /// The ranks did not all report in time, or disagreed.
     #[error("coordination: {0}")]
     Coordination(String),
+    /// Another process holds (or took) this rank of the job: two processes
+    /// claimed one rank. Fix the launcher's rank assignment.
+    #[error("rank {rank} of job {job} is claimed twice: {other}")]
+    RankClaimed {
+        /// The job.
+        job: String,
+        /// The rank.
+        rank: u32,
+        /// Who else claims it (host, pid, when).
+        other: String,
+    },
     /// A tier failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -137,7 +148,7 @@ impl Error {
             Error::Busy { .. } | Error::Coordination(_) | Error::Timeout { .. } => {
                 ErrorKind::Unavailable
             }
-            Error::AlreadyCommitted { .. } => ErrorKind::Conflict,
+            Error::AlreadyCommitted { .. } | Error::RankClaimed { .. } => ErrorKind::Conflict,
             Error::NothingToRestore(_) => ErrorKind::NotFound,
             Error::Chunk { source, .. } => store_kind(source.kind()),
             Error::Manifest { .. } => ErrorKind::Corrupt,

@@ -1,0 +1,359 @@
+//! The few calls of etcd's v3 API the coordinator needs, over etcd's JSON
+//! gateway (`POST /v3/kv/range` and friends; keys and values in base64,
+//! 64-bit numbers as strings). HTTP/1.1 through `reqwest`, which the
+//! object-store client already builds: no protobuf compiler and no gRPC
+//! stack at build time. Endpoints are tried in order until one answers;
+//! every response is read under a size bound.
+
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use crate::error::{Error, Result};
+
+/// Largest response body read (a round of a large world is a few MB).
+const MAX_RESPONSE: usize = 64 << 20;
+
+/// One key-value pair as etcd returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Kv {
+    pub(crate) key: Vec<u8>,
+    pub(crate) value: Vec<u8>,
+    pub(crate) create_revision: i64,
+}
+
+/// A client of one etcd cluster.
+pub(crate) struct EtcdApi {
+    http: reqwest::Client,
+    endpoints: Vec<String>,
+    token: Option<String>,
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Coordination(format!("etcd {what}: {e}"))
+}
+
+/// The end of the key range holding every key that starts with `prefix`.
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // every key
+}
+
+fn num(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn bytes(v: &Value) -> Result<Vec<u8>> {
+    match v {
+        Value::String(s) => B64.decode(s).map_err(|e| err("response", e)),
+        Value::Null => Ok(Vec::new()),
+        other => Err(err("response", format!("not base64: {other}"))),
+    }
+}
+
+fn kvs(v: &Value) -> Result<Vec<Kv>> {
+    let Some(list) = v.get("kvs").and_then(Value::as_array) else {
+        return Ok(Vec::new());
+    };
+    list.iter()
+        .map(|kv| {
+            Ok(Kv {
+                key: bytes(&kv["key"])?,
+                value: bytes(&kv["value"])?,
+                create_revision: num(&kv["create_revision"]),
+            })
+        })
+        .collect()
+}
+
+/// TLS and authentication of the connection.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Security {
+    /// PEM of the CA that signed the servers' certificates.
+    pub(crate) ca_pem: Option<Vec<u8>>,
+    /// PEM of the client certificate and its key (mutual TLS).
+    pub(crate) identity_pem: Option<Vec<u8>>,
+    /// User name and password (etcd's own authentication).
+    pub(crate) user: Option<(String, String)>,
+}
+
+impl EtcdApi {
+    /// A client of the cluster at `endpoints` (`http://host:port` or
+    /// `https://…`); authenticates first when a user is given.
+    pub(crate) async fn connect(
+        endpoints: Vec<String>,
+        sec: &Security,
+        timeout: Duration,
+    ) -> Result<Self> {
+        if endpoints.is_empty() {
+            return Err(Error::Config("etcd: no endpoint".into()));
+        }
+        let mut b = reqwest::Client::builder()
+            .connect_timeout(timeout)
+            .pool_idle_timeout(Duration::from_secs(30));
+        if let Some(ca) = &sec.ca_pem {
+            let cert = reqwest::Certificate::from_pem(ca).map_err(|e| err("CA certificate", e))?;
+            b = b.tls_certs_only([cert]);
+        }
+        if let Some(id) = &sec.identity_pem {
+            let id = reqwest::Identity::from_pem(id).map_err(|e| err("client certificate", e))?;
+            b = b.identity(id);
+        }
+        let http = b.build().map_err(|e| err("client", e))?;
+        let mut api = EtcdApi {
+            http,
+            endpoints,
+            token: None,
+        };
+        if let Some((name, password)) = &sec.user {
+            let r = api
+                .call(
+                    "/v3/auth/authenticate",
+                    &json!({"name": name, "password": password}),
+                    timeout,
+                )
+                .await?;
+            let token = r["token"]
+                .as_str()
+                .ok_or_else(|| Error::Coordination("etcd authenticate: no token".into()))?;
+            api.token = Some(token.to_string());
+        }
+        Ok(api)
+    }
+
+    /// Sends one request to the first endpoint that answers.
+    async fn send(&self, path: &str, body: &Value, timeout: Duration) -> Result<reqwest::Response> {
+        let mut errors = Vec::new();
+        for ep in &self.endpoints {
+            let mut req = self
+                .http
+                .post(format!("{}{path}", ep.trim_end_matches('/')))
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .timeout(timeout);
+            if let Some(t) = &self.token {
+                req = req.header("authorization", t);
+            }
+            match req.send().await {
+                Ok(resp) => return Ok(resp),
+                Err(e) => errors.push(format!("{ep}: {e}")),
+            }
+        }
+        Err(Error::Coordination(format!(
+            "etcd unreachable: {}",
+            errors.join("; ")
+        )))
+    }
+
+    /// One request and its JSON answer (an error status is an error).
+    pub(crate) async fn call(&self, path: &str, body: &Value, timeout: Duration) -> Result<Value> {
+        let mut resp = self.send(path, body, timeout).await?;
+        let status = resp.status();
+        let mut buf = Vec::new();
+        while let Some(c) = resp.chunk().await.map_err(|e| err(path, e))? {
+            if buf.len() + c.len() > MAX_RESPONSE {
+                return Err(err(path, "response too large"));
+            }
+            buf.extend_from_slice(&c);
+        }
+        let v: Value = serde_json::from_slice(&buf).map_err(|e| err(path, e))?;
+        if !status.is_success() || v.get("error").is_some() {
+            let msg = v["message"]
+                .as_str()
+                .or(v["error"].as_str())
+                .unwrap_or("error");
+            return Err(Error::Coordination(format!("etcd {path}: {status}: {msg}")));
+        }
+        Ok(v)
+    }
+
+    /// Grants a lease of `ttl`; returns its id.
+    pub(crate) async fn grant(&self, ttl: Duration, timeout: Duration) -> Result<i64> {
+        let v = self
+            .call(
+                "/v3/lease/grant",
+                &json!({"TTL": ttl.as_secs().max(1).to_string()}),
+                timeout,
+            )
+            .await?;
+        match num(&v["ID"]) {
+            0 => Err(Error::Coordination("etcd lease grant: no id".into())),
+            id => Ok(id),
+        }
+    }
+
+    /// Renews a lease; returns its remaining TTL in seconds (0: it expired).
+    pub(crate) async fn keepalive(&self, lease: i64, timeout: Duration) -> Result<i64> {
+        let v = self
+            .call(
+                "/v3/lease/keepalive",
+                &json!({"ID": lease.to_string()}),
+                timeout,
+            )
+            .await?;
+        Ok(num(&v["result"]["TTL"]))
+    }
+
+    /// Ends a lease (its keys go with it).
+    pub(crate) async fn revoke(&self, lease: i64, timeout: Duration) -> Result<()> {
+        self.call(
+            "/v3/lease/revoke",
+            &json!({"ID": lease.to_string()}),
+            timeout,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Puts `key` (attached to `lease` unless 0).
+    pub(crate) async fn put(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+        t: Duration,
+    ) -> Result<()> {
+        let mut body = json!({"key": B64.encode(key), "value": B64.encode(value)});
+        if lease != 0 {
+            body["lease"] = Value::String(lease.to_string());
+        }
+        self.call("/v3/kv/put", &body, t).await.map(drop)
+    }
+
+    /// Puts `key` only if it does not exist; otherwise returns what is
+    /// there.
+    pub(crate) async fn create(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+        t: Duration,
+    ) -> Result<std::result::Result<(), Kv>> {
+        let k = B64.encode(key);
+        let mut put = json!({"key": k, "value": B64.encode(value)});
+        if lease != 0 {
+            put["lease"] = Value::String(lease.to_string());
+        }
+        let body = json!({
+            "compare": [{"key": k, "target": "CREATE", "create_revision": "0"}],
+            "success": [{"request_put": put}],
+            "failure": [{"request_range": {"key": k}}],
+        });
+        let v = self.call("/v3/kv/txn", &body, t).await?;
+        if v["succeeded"].as_bool() == Some(true) {
+            return Ok(Ok(()));
+        }
+        let held = kvs(&v["responses"][0]["response_range"])?;
+        match held.into_iter().next() {
+            Some(kv) => Ok(Err(kv)),
+            // Gone between the compare and the range: try again later.
+            None => Err(Error::Coordination(format!(
+                "etcd create {}: contended",
+                String::from_utf8_lossy(key)
+            ))),
+        }
+    }
+
+    /// Every key under `prefix`, and the store's revision.
+    pub(crate) async fn range_prefix(&self, prefix: &[u8], t: Duration) -> Result<(Vec<Kv>, i64)> {
+        let body = json!({
+            "key": B64.encode(prefix),
+            "range_end": B64.encode(prefix_end(prefix)),
+        });
+        let v = self.call("/v3/kv/range", &body, t).await?;
+        Ok((kvs(&v)?, num(&v["header"]["revision"])))
+    }
+
+    /// Deletes `key`.
+    pub(crate) async fn delete(&self, key: &[u8], t: Duration) -> Result<()> {
+        self.call("/v3/kv/deleterange", &json!({"key": B64.encode(key)}), t)
+            .await
+            .map(drop)
+    }
+
+    /// Waits until a key under `prefix` changes after `revision`, or `wait`
+    /// passes. Returns whether something changed.
+    pub(crate) async fn watch_prefix(
+        &self,
+        prefix: &[u8],
+        revision: i64,
+        wait: Duration,
+    ) -> Result<bool> {
+        let body = json!({"create_request": {
+            "key": B64.encode(prefix),
+            "range_end": B64.encode(prefix_end(prefix)),
+            "start_revision": (revision + 1).to_string(),
+        }});
+        let watched = async {
+            // The stream has no end of its own: the timeout around this
+            // future ends it.
+            let mut resp = self
+                .send("/v3/watch", &body, wait + Duration::from_secs(5))
+                .await?;
+            let mut line = Vec::new();
+            while let Some(c) = resp.chunk().await.map_err(|e| err("watch", e))? {
+                for &b in c.iter() {
+                    if b != b'\n' {
+                        if line.len() >= MAX_RESPONSE {
+                            return Err(err("watch", "message too large"));
+                        }
+                        line.push(b);
+                        continue;
+                    }
+                    let v: Value = serde_json::from_slice(&line).map_err(|e| err("watch", e))?;
+                    line.clear();
+                    if let Some(e) = v.get("error") {
+                        return Err(err("watch", e));
+                    }
+                    let events = v["result"]["events"]
+                        .as_array()
+                        .is_some_and(|e| !e.is_empty());
+                    if events || v["result"]["canceled"].as_bool() == Some(true) {
+                        return Ok(true);
+                    }
+                }
+            }
+            Ok(false)
+        };
+        match tokio::time::timeout(wait, watched).await {
+            Ok(r) => r,
+            Err(_) => Ok(false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end(b"/a/"), b"/a0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+    }
+
+    #[test]
+    fn responses_decode_and_bad_ones_are_errors() {
+        let v = json!({"kvs": [{"key": B64.encode("k"), "value": B64.encode("v"), "create_revision": "7"}]});
+        let got = kvs(&v).unwrap();
+        assert_eq!(got[0].key, b"k");
+        assert_eq!(got[0].value, b"v");
+        assert_eq!(got[0].create_revision, 7);
+        assert!(kvs(&json!({"kvs": [{"key": "***", "value": ""}]})).is_err());
+        assert!(kvs(&json!({"kvs": [{"key": 5}]})).is_err());
+        assert_eq!(kvs(&json!({})).unwrap(), Vec::new());
+    }
+}

@@ -1,0 +1,490 @@
+//! [`EtcdCoordinator`]: ranks in separate processes on many nodes agreeing
+//! through etcd (v3 API). See `docs/coordination.md` for the contract.
+//!
+//! Keys, under `<prefix>/<job>/`:
+//! - `ranks/<rank>`: this process's claim of its rank (host, pid, an
+//!   instance id), created only if absent, attached to a lease the process
+//!   keeps alive every third of its TTL. A process that dies loses its
+//!   lease and its keys within the TTL; the others see the rank gone.
+//! - `claims/<rank>/<instance>`: a second process's claim of a held rank,
+//!   on a short lease of its own: the holder's keep-alive sees it and the
+//!   holder's next call fails too (`Error::RankClaimed` on both).
+//! - `rounds/<key>/<rank>`: a rank's value in the all-gather `key` (on the
+//!   lease). A rank deletes its value of a round once the next round is
+//!   complete (every rank has then read it); a dead rank's go with its
+//!   lease.
+
+mod api;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::coordinator::Coordinator;
+use crate::error::{Error, Result};
+use api::{EtcdApi, Security};
+
+/// How to reach etcd and how long a dead rank may go unnoticed.
+#[derive(Clone, Debug)]
+pub struct EtcdOptions {
+    /// Client URLs of the cluster (`http://10.0.0.5:2379`, `https://…`),
+    /// tried in order.
+    pub endpoints: Vec<String>,
+    /// Key prefix of every job (default `/strata`).
+    pub prefix: String,
+    /// Lease of a rank's keys: a dead rank is seen within this time.
+    pub lease_ttl: Duration,
+    /// Time limit of one request to etcd.
+    pub request_timeout: Duration,
+    /// PEM file of the CA that signed the servers' certificates (https).
+    pub ca_file: Option<PathBuf>,
+    /// PEM files of a client certificate and its key (mutual TLS).
+    pub cert_file: Option<PathBuf>,
+    /// The key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// etcd user and password (etcd's own authentication).
+    pub user: Option<(String, String)>,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            endpoints: Vec::new(),
+            prefix: "/strata".into(),
+            lease_ttl: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            user: None,
+        }
+    }
+}
+
+impl EtcdOptions {
+    fn security(&self) -> Result<Security> {
+        let read = |p: &PathBuf| {
+            std::fs::read(p).map_err(|e| Error::Config(format!("etcd: {}: {e}", p.display())))
+        };
+        let identity_pem = match (&self.cert_file, &self.key_file) {
+            (Some(c), Some(k)) => {
+                let mut pem = read(c)?;
+                pem.push(b'\n');
+                pem.extend(read(k)?);
+                Some(pem)
+            }
+            (None, None) => None,
+            _ => {
+                return Err(Error::Config(
+                    "etcd: a client certificate needs its key (and the key its certificate)".into(),
+                ))
+            }
+        };
+        Ok(Security {
+            ca_pem: self.ca_file.as_ref().map(read).transpose()?,
+            identity_pem,
+            user: self.user.clone(),
+        })
+    }
+}
+
+/// What the keep-alive task and the calls share.
+#[derive(Default)]
+struct State {
+    /// Set once this process lost its rank (lease expired, or another
+    /// process claimed it): every later call fails with it.
+    lost: Option<Error>,
+    /// Ranks seen holding their claim: one that disappears has died.
+    seen: BTreeSet<u32>,
+    /// This rank's key of the last complete round (deleted after the next).
+    last_round: Option<Vec<u8>>,
+}
+
+/// Ranks in many processes agreeing through etcd. One per process; it
+/// claims its rank on connect and holds it until dropped.
+pub struct EtcdCoordinator {
+    rt: Option<tokio::runtime::Runtime>,
+    api: Arc<EtcdApi>,
+    opts: EtcdOptions,
+    root: String,
+    rank: u32,
+    world: u32,
+    lease: i64,
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for EtcdCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "EtcdCoordinator({} rank {}/{})",
+            self.root, self.rank, self.world
+        )
+    }
+}
+
+/// A key segment with `/` and `%` escaped (an all-gather key such as
+/// `restore/j/1` must not be a prefix of another round's keys).
+fn escape(key: &str) -> String {
+    key.replace('%', "%25").replace('/', "%2F")
+}
+
+/// This host's name (the kernel's), else `HOSTNAME`, else "unknown".
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn poisoned<T>(_: T) -> Error {
+    Error::Coordination("coordinator state poisoned".into())
+}
+
+impl EtcdCoordinator {
+    /// Connects to etcd and claims `rank` of `job` in a world of `world`.
+    /// A rank another live process holds is [`Error::RankClaimed`] (and
+    /// that process's next call fails the same way).
+    pub fn connect(opts: EtcdOptions, job: &str, rank: u32, world: u32) -> Result<Self> {
+        strata_format::names::validate_job_id(job).map_err(|e| Error::Config(e.to_string()))?;
+        if world == 0 || rank >= world {
+            return Err(Error::Config(format!("rank {rank} of world size {world}")));
+        }
+        if opts.lease_ttl < Duration::from_secs(1) {
+            return Err(Error::Config("etcd lease_ttl must be at least 1 s".into()));
+        }
+        let sec = opts.security()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("strata-etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Config(format!("cannot start the etcd runtime: {e}")))?;
+        let t = opts.request_timeout;
+        let api = Arc::new(rt.block_on(EtcdApi::connect(opts.endpoints.clone(), &sec, t))?);
+        let root = format!("{}/{job}", opts.prefix.trim_end_matches('/'));
+        let lease = rt.block_on(api.grant(opts.lease_ttl, t))?;
+        let since = strata_tiered::clock::unix_ms(&strata_tiered::SystemClock);
+        let instance = format!(
+            "{:016x}",
+            std::hash::BuildHasher::hash_one(
+                &std::collections::hash_map::RandomState::new(),
+                (std::process::id(), since, lease)
+            )
+        );
+        let me = format!(
+            "host={} pid={} instance={instance} since_unix_ms={since}",
+            hostname(),
+            std::process::id()
+        );
+        let claim = format!("{root}/ranks/{rank:08}");
+        let state = Arc::new(Mutex::new(State::default()));
+        match rt.block_on(api.create(claim.as_bytes(), me.as_bytes(), lease, t))? {
+            Ok(()) => {}
+            Err(held) => {
+                // Tell the holder on a short lease of its own, then fail.
+                let short = rt.block_on(api.grant(opts.lease_ttl * 3, t))?;
+                let key = format!("{root}/claims/{rank:08}/{instance}");
+                let told = rt.block_on(api.put(key.as_bytes(), me.as_bytes(), short, t));
+                let _ = rt.block_on(api.revoke(lease, t));
+                if let Err(e) = told {
+                    tracing::warn!(error = %e, "could not tell the holder of the rank");
+                }
+                return Err(Error::RankClaimed {
+                    job: job.to_string(),
+                    rank,
+                    other: format!(
+                        "held by {}; this process is {me}",
+                        String::from_utf8_lossy(&held.value)
+                    ),
+                });
+            }
+        }
+        rt.spawn(keep_alive(
+            api.clone(),
+            state.clone(),
+            lease,
+            opts.clone(),
+            format!("{root}/claims/{rank:08}/"),
+            job.to_string(),
+            rank,
+        ));
+        tracing::info!(rank, world, %me, "claimed the rank in etcd");
+        Ok(EtcdCoordinator {
+            rt: Some(rt),
+            api,
+            opts,
+            root,
+            rank,
+            world,
+            lease,
+            state,
+        })
+    }
+
+    /// Every key this job has in etcd (for operators and tests): claims,
+    /// second claims and round values.
+    pub fn keys(&self) -> Result<Vec<String>> {
+        let t = self.opts.request_timeout;
+        let prefix = format!("{}/", self.root);
+        let (kvs, _) = self.on_own_thread(self.api.range_prefix(prefix.as_bytes(), t))?;
+        Ok(kvs
+            .into_iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+            .collect())
+    }
+
+    /// Which process holds each rank that is held now (host, pid,
+    /// instance).
+    pub fn members(&self) -> Result<BTreeMap<u32, String>> {
+        let t = self.opts.request_timeout;
+        let prefix = format!("{}/ranks/", self.root);
+        let (kvs, _) = self.on_own_thread(self.api.range_prefix(prefix.as_bytes(), t))?;
+        Ok(kvs
+            .into_iter()
+            .filter_map(|kv| {
+                let r = std::str::from_utf8(kv.key.strip_prefix(prefix.as_bytes())?)
+                    .ok()?
+                    .parse()
+                    .ok()?;
+                Some((r, String::from_utf8_lossy(&kv.value).into_owned()))
+            })
+            .collect())
+    }
+
+    /// Runs `f` on the coordinator's runtime from a thread of its own (the
+    /// caller may be inside an async runtime, where blocking would panic).
+    fn on_own_thread<T: Send>(
+        &self,
+        f: impl std::future::Future<Output = Result<T>> + Send,
+    ) -> Result<T> {
+        let rt = self.rt()?;
+        std::thread::scope(|sc| {
+            sc.spawn(|| rt.block_on(f))
+                .join()
+                .unwrap_or_else(|_| Err(Error::Coordination("the etcd call panicked".into())))
+        })
+    }
+
+    fn rt(&self) -> Result<&tokio::runtime::Runtime> {
+        self.rt
+            .as_ref()
+            .ok_or_else(|| Error::Coordination("etcd coordinator closed".into()))
+    }
+
+    fn check_lost(&self) -> Result<()> {
+        match &self.state.lock().map_err(poisoned)?.lost {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    async fn gather(&self, key: &str, value: Vec<u8>, timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        let t = self.opts.request_timeout;
+        let round = format!("{}/rounds/{}/", self.root, escape(key));
+        let mine = format!("{round}{:08}", self.rank).into_bytes();
+        self.api.put(&mine, &value, self.lease, t).await?;
+        let members = format!("{}/ranks/", self.root);
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_lost()?;
+            let (kvs, rev) = self.api.range_prefix(round.as_bytes(), t).await?;
+            let mut got: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+            for kv in kvs {
+                let r = kv
+                    .key
+                    .strip_prefix(round.as_bytes())
+                    .and_then(|s| std::str::from_utf8(s).ok())
+                    .and_then(|s| s.parse::<u32>().ok());
+                match r {
+                    Some(r) if r < self.world => {
+                        got.insert(r, kv.value);
+                    }
+                    _ => {
+                        return Err(Error::Coordination(format!(
+                            "{key}: a value under {} that is not a rank of a world of {} (another job with the same id and another world size?)",
+                            String::from_utf8_lossy(&kv.key),
+                            self.world
+                        )))
+                    }
+                }
+            }
+            if got.len() == self.world as usize {
+                let last = {
+                    let mut st = self.state.lock().map_err(poisoned)?;
+                    st.last_round.replace(mine)
+                };
+                // Every rank has put this round, so every rank is done
+                // reading the previous one: this rank's value of it goes.
+                if let Some(old) = last {
+                    if let Err(e) = self.api.delete(&old, t).await {
+                        tracing::warn!(error = %e, "could not delete an old round's key");
+                    }
+                }
+                return Ok(got.into_values().collect());
+            }
+            // A rank that held its claim and lost it has died: fail now,
+            // not at the timeout.
+            let (held, _) = self.api.range_prefix(members.as_bytes(), t).await?;
+            let alive: BTreeSet<u32> = held
+                .iter()
+                .filter_map(|kv| {
+                    kv.key
+                        .strip_prefix(members.as_bytes())
+                        .and_then(|s| std::str::from_utf8(s).ok())
+                        .and_then(|s| s.parse().ok())
+                })
+                .collect();
+            let missing: Vec<u32> = (0..self.world).filter(|r| !got.contains_key(r)).collect();
+            {
+                let mut st = self.state.lock().map_err(poisoned)?;
+                st.seen.extend(alive.iter().copied());
+                let dead: Vec<u32> = missing
+                    .iter()
+                    .copied()
+                    .filter(|r| st.seen.contains(r) && !alive.contains(r))
+                    .collect();
+                if !dead.is_empty() {
+                    return Err(Error::Coordination(format!(
+                        "{key}: rank{} {dead:?} left (lease expired: the process or its node died); {} of {} ranks reported",
+                        if dead.len() == 1 { "" } else { "s" },
+                        got.len(),
+                        self.world
+                    )));
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let never: Vec<u32> = missing
+                    .iter()
+                    .copied()
+                    .filter(|r| !alive.contains(r))
+                    .collect();
+                return Err(Error::Coordination(format!(
+                    "{key}: only {} of {} ranks reported within {timeout:?}; missing {missing:?} (of which never connected or gone: {never:?})",
+                    got.len(),
+                    self.world
+                )));
+            }
+            // Wait for the round (or the membership check) to change.
+            let wait = (deadline - now).min(self.opts.lease_ttl / 2);
+            self.api.watch_prefix(round.as_bytes(), rev, wait).await?;
+        }
+    }
+}
+
+/// Keeps the lease alive every third of its TTL and watches for a second
+/// claim of this rank; records why the rank was lost, then stops.
+async fn keep_alive(
+    api: Arc<EtcdApi>,
+    state: Arc<Mutex<State>>,
+    lease: i64,
+    opts: EtcdOptions,
+    claims: String,
+    job: String,
+    rank: u32,
+) {
+    let every = opts.lease_ttl / 3;
+    let t = opts
+        .request_timeout
+        .min(every.max(Duration::from_millis(500)));
+    loop {
+        tokio::time::sleep(every).await;
+        let lost = match api.keepalive(lease, t).await {
+            Ok(0) => Some(Error::Coordination(format!(
+                "rank {rank}: this process's etcd lease expired (unreachable for over {:?}); its rank may be taken by another process",
+                opts.lease_ttl
+            ))),
+            Ok(_) => match api.range_prefix(claims.as_bytes(), t).await {
+                Ok((kvs, _)) => kvs.first().map(|kv| Error::RankClaimed {
+                    job: job.clone(),
+                    rank,
+                    other: format!(
+                        "another process tried to claim it: {}",
+                        String::from_utf8_lossy(&kv.value)
+                    ),
+                }),
+                Err(_) => None,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "etcd keep-alive failed; retrying");
+                None
+            }
+        };
+        if let Some(e) = lost {
+            tracing::error!(error = %e, "lost the rank");
+            if let Ok(mut st) = state.lock() {
+                st.lost = Some(e);
+            }
+            return;
+        }
+    }
+}
+
+impl Coordinator for EtcdCoordinator {
+    fn world_size(&self) -> u32 {
+        self.world
+    }
+
+    fn all_gather(
+        &self,
+        rank: u32,
+        key: &str,
+        value: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>> {
+        if rank != self.rank {
+            return Err(Error::Config(format!(
+                "this coordinator holds rank {}, not {rank}",
+                self.rank
+            )));
+        }
+        self.check_lost()?;
+        self.on_own_thread(self.gather(key, value, timeout))
+    }
+}
+
+impl Drop for EtcdCoordinator {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            // Give the rank up at once (its keys go with the lease).
+            let (api, lease, t) = (self.api.clone(), self.lease, self.opts.request_timeout);
+            let _ = std::thread::spawn(move || {
+                let r = rt.block_on(api.revoke(lease, t.min(Duration::from_secs(2))));
+                rt.shutdown_background();
+                r
+            })
+            .join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_escape_so_no_round_is_a_prefix_of_another() {
+        assert_eq!(escape("restore/j/1"), "restore%2Fj%2F1");
+        assert!(!escape("restore/j/1/ready/5").starts_with(&format!("{}/", escape("restore/j/1"))));
+        assert_eq!(escape("a%2Fb"), "a%252Fb");
+    }
+
+    #[test]
+    fn bad_options_are_config_errors() {
+        let e = EtcdCoordinator::connect(EtcdOptions::default(), "j", 0, 1).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        let e = EtcdCoordinator::connect(EtcdOptions::default(), "j", 2, 2).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        let opts = EtcdOptions {
+            endpoints: vec!["http://127.0.0.1:1".into()],
+            cert_file: Some("/x".into()),
+            ..EtcdOptions::default()
+        };
+        let e = EtcdCoordinator::connect(opts, "j", 0, 1).unwrap_err();
+        assert!(e.to_string().contains("needs its key"), "{e}");
+    }
+}

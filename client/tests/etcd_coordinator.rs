@@ -1,0 +1,176 @@
+//! The etcd coordinator against a real etcd server: all-gathers in order,
+//! old rounds cleaned up, a rank claimed twice is an error on both
+//! processes, a rank killed with SIGKILL is seen within its lease (not at
+//! the timeout), a rank that never came is named at the timeout, and
+//! etcd's authentication is used when configured.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "support/etcd.rs"]
+mod etcd;
+
+use std::time::{Duration, Instant};
+
+use strata::{Coordinator, Error, ErrorKind, EtcdCoordinator, EtcdOptions};
+
+fn opts(url: &str) -> EtcdOptions {
+    EtcdOptions {
+        endpoints: vec![url.to_string()],
+        lease_ttl: Duration::from_secs(2),
+        ..EtcdOptions::default()
+    }
+}
+
+const LONG: Duration = Duration::from_secs(60);
+
+#[test]
+fn ranks_gather_in_rank_order_and_old_rounds_are_removed() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let world = 3;
+    let coords: Vec<EtcdCoordinator> = (0..world)
+        .map(|r| EtcdCoordinator::connect(opts(&etcd.url), "gather", r, world).unwrap())
+        .collect();
+    assert_eq!(coords[0].members().unwrap().len(), 3);
+    std::thread::scope(|s| {
+        for c in &coords {
+            s.spawn(move || {
+                let me = (0..world)
+                    .find(|&r| c.all_gather(r, "probe", vec![], LONG).is_ok())
+                    .unwrap();
+                // Keys that nest ("k/1" and "k/1/x") are separate rounds.
+                for round in ["k/1", "k/1/x", "k/2", "k/3"] {
+                    let got = c
+                        .all_gather(me, round, format!("{round}@{me}").into_bytes(), LONG)
+                        .unwrap();
+                    let want: Vec<Vec<u8>> = (0..world)
+                        .map(|r| format!("{round}@{r}").into_bytes())
+                        .collect();
+                    assert_eq!(got, want, "{round}");
+                }
+            });
+        }
+    });
+    // Only the last round's values are left (each rank deletes its value
+    // of a round once the next one is complete), plus the claims.
+    let keys = coords[0].keys().unwrap();
+    let rounds: Vec<&String> = keys.iter().filter(|k| k.contains("/rounds/")).collect();
+    assert_eq!(rounds.len(), 3, "{keys:?}");
+    assert!(rounds.iter().all(|k| k.contains("k%2F3")), "{rounds:?}");
+    // A rank's keys go with it when it is dropped.
+    drop(coords);
+    let c = EtcdCoordinator::connect(opts(&etcd.url), "gather", 0, world).unwrap();
+    let keys = c.keys().unwrap();
+    assert_eq!(keys.len(), 1, "only the new claim: {keys:?}");
+}
+
+#[test]
+fn a_rank_claimed_twice_is_an_error_on_both_processes() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let first = EtcdCoordinator::connect(opts(&etcd.url), "twice", 1, 2).unwrap();
+    let e = EtcdCoordinator::connect(opts(&etcd.url), "twice", 1, 2).unwrap_err();
+    assert!(matches!(e, Error::RankClaimed { rank: 1, .. }), "{e}");
+    assert_eq!(e.kind(), ErrorKind::Conflict);
+    assert!(e.to_string().contains("pid="), "names the holder: {e}");
+    // The holder learns of it at its next keep-alive (a third of the TTL).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let e = loop {
+        match first.all_gather(1, "after", vec![], Duration::from_millis(200)) {
+            Err(e @ Error::RankClaimed { .. }) => break e,
+            _ => assert!(Instant::now() < deadline, "the holder never learned"),
+        }
+    };
+    assert!(e.to_string().contains("another process"), "{e}");
+    // The other rank of the job is unaffected.
+    EtcdCoordinator::connect(opts(&etcd.url), "twice", 0, 2).unwrap();
+}
+
+#[test]
+fn a_rank_that_never_came_is_named_at_the_timeout() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let c = EtcdCoordinator::connect(opts(&etcd.url), "lonely", 0, 2).unwrap();
+    let t = Instant::now();
+    let e = c
+        .all_gather(0, "commit/lonely/1", vec![1], Duration::from_secs(1))
+        .unwrap_err();
+    assert!(t.elapsed() >= Duration::from_secs(1));
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    let msg = e.to_string();
+    assert!(msg.contains("only 1 of 2") && msg.contains("[1]"), "{msg}");
+    // A coordinator serves only its own rank.
+    assert!(c.all_gather(1, "x", vec![], LONG).is_err());
+}
+
+/// Child side of the kill test: holds rank 1, joins one round, then
+/// waits to be killed.
+#[test]
+fn child_rank_for_the_kill_test() {
+    let Ok(url) = std::env::var("STRATA_TEST_ETCD_CHILD") else {
+        return; // only runs as the child of the test below
+    };
+    let c = EtcdCoordinator::connect(opts(&url), "killed", 1, 2).unwrap();
+    c.all_gather(1, "first", vec![1], LONG).unwrap();
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+#[test]
+fn a_rank_killed_with_sigkill_is_seen_within_its_lease_not_the_timeout() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let me = EtcdCoordinator::connect(opts(&etcd.url), "killed", 0, 2).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_rank_for_the_kill_test", "--nocapture"])
+        .env("STRATA_TEST_ETCD_CHILD", &etcd.url)
+        .spawn()
+        .unwrap();
+    me.all_gather(0, "first", vec![0], LONG).unwrap();
+    assert_eq!(me.members().unwrap().len(), 2);
+    child.kill().unwrap(); // SIGKILL: no clean-up of its own
+    child.wait().unwrap();
+    let t = Instant::now();
+    let e = me.all_gather(0, "second", vec![0], LONG).unwrap_err();
+    let took = t.elapsed();
+    assert!(e.to_string().contains("left"), "{e}");
+    // The lease is 2 s; the timeout 60 s.
+    assert!(took < Duration::from_secs(10), "seen after {took:?}");
+    assert!(me.members().unwrap().keys().eq([0].iter()));
+}
+
+#[test]
+fn etcd_authentication_is_used_when_configured() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    // root user with the root role, then authentication on.
+    for (path, body) in [
+        (
+            "/v3/auth/user/add",
+            r#"{"name":"root","password":"s3cret"}"#,
+        ),
+        ("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#),
+        ("/v3/auth/enable", "{}"),
+    ] {
+        assert!(etcd.post(path, body).is_some(), "{path}");
+    }
+    let e = EtcdCoordinator::connect(opts(&etcd.url), "auth", 0, 1).unwrap_err();
+    assert!(
+        e.to_string().to_lowercase().contains("user"),
+        "refused without credentials: {e}"
+    );
+    let wrong = EtcdOptions {
+        user: Some(("root".into(), "nope".into())),
+        ..opts(&etcd.url)
+    };
+    assert!(EtcdCoordinator::connect(wrong, "auth", 0, 1).is_err());
+    let right = EtcdOptions {
+        user: Some(("root".into(), "s3cret".into())),
+        ..opts(&etcd.url)
+    };
+    let c = EtcdCoordinator::connect(right, "auth", 0, 1).unwrap();
+    assert_eq!(c.all_gather(0, "r", vec![7], LONG).unwrap(), vec![vec![7]]);
+}
