@@ -46,6 +46,13 @@ export STRATA_REQUIRE_PYTHON=1
 # The L3 tests fail (instead of skipping) if a server is missing.
 export STRATA_REQUIRE_SERVERS=1
 
+log "etcd (the cross-process coordinator's tests run a real server)"
+if ! command -v etcd >/dev/null 2>&1; then
+  (apt-get install -y -qq etcd-server || (apt-get update -qq && apt-get install -y -qq etcd-server)) >/dev/null
+fi
+etcd --version | head -1
+export STRATA_REQUIRE_ETCD=1
+
 log "iproute2 (the network-namespace test; it skips without root or ip netns)"
 if ! command -v ip >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq iproute2) \

@@ -14,6 +14,7 @@ use crate::commit::{CommitEvents, KnownCommitted};
 use crate::config::Config;
 use crate::coordinator::{Coordinator, SoloCoordinator};
 use crate::error::{Error, Result};
+use crate::etcd::{EtcdCoordinator, EtcdOptions};
 use crate::persist::{persist, PersistJob};
 use crate::policy::UploadPolicy;
 use crate::shared::{OwnRuntime, Shared};
@@ -27,7 +28,7 @@ use crate::tier_states::UploadJob;
 #[must_use]
 pub struct CheckpointerBuilder {
     pub(crate) cfg: Config,
-    pub(crate) coord: Arc<dyn Coordinator>,
+    pub(crate) coord: Option<Arc<dyn Coordinator>>,
     pub(crate) local: Option<Arc<dyn ChunkStore>>,
     pub(crate) peers: Option<Vec<NamedTier>>,
     pub(crate) remote: Option<Option<Arc<dyn ChunkStore>>>,
@@ -38,7 +39,7 @@ impl CheckpointerBuilder {
     pub(crate) fn new(cfg: Config) -> Self {
         CheckpointerBuilder {
             cfg,
-            coord: Arc::new(SoloCoordinator),
+            coord: None,
             local: None,
             peers: None,
             remote: None,
@@ -46,9 +47,10 @@ impl CheckpointerBuilder {
         }
     }
 
-    /// How ranks agree (default: a world of one).
+    /// How ranks agree (default: etcd when `etcd_endpoints` is set, else a
+    /// world of one).
     pub fn coordinator(mut self, coord: Arc<dyn Coordinator>) -> Self {
-        self.coord = coord;
+        self.coord = Some(coord);
         self
     }
 
@@ -126,8 +128,23 @@ impl Checkpointer {
 
     pub(crate) fn from_builder(b: CheckpointerBuilder) -> Result<Self> {
         let cfg = b.cfg;
-        let coord = b.coord;
         cfg.validate()?;
+        let coord: Arc<dyn Coordinator> = match b.coord {
+            Some(c) => c,
+            None if !cfg.etcd_endpoints.is_empty() => Arc::new(EtcdCoordinator::connect(
+                EtcdOptions::from_config(&cfg)?,
+                &cfg.job,
+                cfg.rank,
+                cfg.world_size,
+            )?),
+            None if cfg.world_size == 1 => Arc::new(SoloCoordinator),
+            None => {
+                return Err(Error::Config(format!(
+                    "a world of {} ranks needs a coordinator: set etcd_endpoints (STRATA_ETCD_ENDPOINTS) or give one to the builder",
+                    cfg.world_size
+                )))
+            }
+        };
         if coord.world_size() != cfg.world_size {
             return Err(Error::Config(format!(
                 "coordinator has {} ranks, config {}",

@@ -68,6 +68,17 @@ impl std::str::FromStr for BusyPolicy {
     }
 }
 
+/// This host's name (the kernel's), else `HOSTNAME`, else "unknown": the
+/// default node name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
 /// Settings of a checkpointer.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -112,7 +123,8 @@ pub struct Config {
     pub upload_min_interval_secs: u64,
     /// Bandwidth cap of uploads in bytes per second (0: none).
     pub upload_bytes_per_sec: u64,
-    /// This node's name in `peers` (replicas go to other nodes).
+    /// This node's name in `peers` (replicas go to other nodes; default:
+    /// the host name).
     pub node: String,
     /// The peer services of the cluster, `name=host:port` each (L2; empty:
     /// no replication). Every node lists the same set.
@@ -138,6 +150,24 @@ pub struct Config {
     /// deduplicated against for this long, so a save in flight (of any rank
     /// sharing the directory) never loses a chunk it relies on.
     pub gc_grace_secs: u64,
+    /// etcd client URLs (`http://10.0.0.5:2379`, ...): ranks in separate
+    /// processes agree through etcd ([`crate::EtcdCoordinator`]). Empty:
+    /// a world of one, or a coordinator handed to the builder.
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix in etcd (every job lives under `<prefix>/<job>/`).
+    pub etcd_prefix: String,
+    /// Lease of a rank in etcd: a dead rank is seen within this time.
+    pub etcd_lease_secs: u64,
+    /// PEM of the CA that signed etcd's certificates (https endpoints).
+    pub etcd_ca: Option<PathBuf>,
+    /// PEM client certificate and key for etcd (mutual TLS).
+    pub etcd_cert: Option<PathBuf>,
+    /// The key of `etcd_cert`.
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user (with `etcd_password_file`).
+    pub etcd_user: Option<String>,
+    /// A file holding the etcd user's password (kept out of the config).
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -161,13 +191,21 @@ impl Default for Config {
             upload_min_interval_secs: 0,
             upload_bytes_per_sec: 0,
             rehydrate_l1: true,
-            node: "local".into(),
+            node: hostname(),
             peers: Vec::new(),
             replicas: 1,
             replication_retry_secs: 30,
             eager_push: true,
             peer_certs: None,
             gc_grace_secs: 600,
+            etcd_endpoints: Vec::new(),
+            etcd_prefix: "/strata".into(),
+            etcd_lease_secs: 5,
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
+            etcd_user: None,
+            etcd_password_file: None,
         }
     }
 }
@@ -316,8 +354,33 @@ impl Config {
 
     /// Applies `STRATA_*` overrides from an environment (`std::env::vars()`
     /// in production; injected in tests).
+    ///
+    /// The launcher's variables come first and `STRATA_*` wins over them:
+    /// torchrun's `RANK` and `WORLD_SIZE`, Slurm's `SLURM_PROCID` and
+    /// `SLURM_NTASKS` (torchrun's if both are set). The node name stays
+    /// the host name unless `STRATA_NODE` (or the file) says otherwise.
     pub fn with_env(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
-        for (k, v) in vars {
+        let vars: Vec<(String, String)> = vars.into_iter().collect();
+        let get = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let launcher = |a: &str, b: &str| -> Result<Option<u32>> {
+            match get(a).or_else(|| get(b)) {
+                None => Ok(None),
+                Some(v) => v.trim().parse().map(Some).map_err(|_| {
+                    Error::Config(format!("{a} or {b}: {v:?} is not a rank or a world size"))
+                }),
+            }
+        };
+        if let Some(r) = launcher("RANK", "SLURM_PROCID")? {
+            self.rank = r;
+        }
+        if let Some(w) = launcher("WORLD_SIZE", "SLURM_NTASKS")? {
+            self.world_size = w;
+        }
+        for (k, v) in vars.iter().cloned() {
             let Some(key) = k.strip_prefix("STRATA_") else {
                 continue;
             };
@@ -363,6 +426,23 @@ impl Config {
                 "REPLICATION_RETRY_SECS" => self.replication_retry_secs = num(&v)?,
                 "EAGER_PUSH" => self.eager_push = flag(&v)?,
                 "PEER_CERTS" => self.peer_certs = (!v.is_empty()).then(|| PathBuf::from(&v)),
+                "ETCD_ENDPOINTS" => {
+                    self.etcd_endpoints = v
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|p| !p.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                }
+                "ETCD_PREFIX" => self.etcd_prefix = v.clone(),
+                "ETCD_LEASE_SECS" => self.etcd_lease_secs = num(&v)?,
+                "ETCD_CA" => self.etcd_ca = (!v.is_empty()).then(|| PathBuf::from(&v)),
+                "ETCD_CERT" => self.etcd_cert = (!v.is_empty()).then(|| PathBuf::from(&v)),
+                "ETCD_KEY" => self.etcd_key = (!v.is_empty()).then(|| PathBuf::from(&v)),
+                "ETCD_USER" => self.etcd_user = (!v.is_empty()).then(|| v.clone()),
+                "ETCD_PASSWORD_FILE" => {
+                    self.etcd_password_file = (!v.is_empty()).then(|| PathBuf::from(&v))
+                }
                 _ => {}
             }
         }
@@ -489,5 +569,43 @@ mod tests {
             .with_env([("STRATA_PEERS".into(), "127.0.0.1:7070".into())])
             .unwrap();
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn the_launchers_variables_set_rank_and_world_and_strata_wins() {
+        let env = |pairs: &[(&str, &str)]| {
+            Config::default().with_env(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let torchrun = env(&[("RANK", "5"), ("WORLD_SIZE", "16"), ("LOCAL_RANK", "1")]).unwrap();
+        assert_eq!((torchrun.rank, torchrun.world_size), (5, 16));
+        let slurm = env(&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "8")]).unwrap();
+        assert_eq!((slurm.rank, slurm.world_size), (3, 8));
+        // torchrun's over Slurm's (torchrun under srun), STRATA_* over both.
+        let both = env(&[("RANK", "1"), ("SLURM_PROCID", "3"), ("WORLD_SIZE", "4")]).unwrap();
+        assert_eq!(both.rank, 1);
+        let ours = env(&[("RANK", "1"), ("STRATA_RANK", "2"), ("WORLD_SIZE", "4")]).unwrap();
+        assert_eq!(ours.rank, 2);
+        assert!(env(&[("RANK", "x")]).is_err());
+        // The node is the host name unless STRATA_NODE says otherwise.
+        assert_eq!(env(&[]).unwrap().node, hostname());
+        assert_eq!(env(&[("STRATA_NODE", "n7")]).unwrap().node, "n7");
+        let etcd = env(&[
+            ("STRATA_ETCD_ENDPOINTS", "http://a:2379, http://b:2379"),
+            ("STRATA_ETCD_LEASE_SECS", "3"),
+        ])
+        .unwrap();
+        assert_eq!(etcd.etcd_endpoints, ["http://a:2379", "http://b:2379"]);
+        let o = crate::EtcdOptions::from_config(&etcd).unwrap();
+        assert_eq!(o.lease_ttl, std::time::Duration::from_secs(3));
+        let user = env(&[("STRATA_ETCD_USER", "u")]).unwrap();
+        assert!(
+            crate::EtcdOptions::from_config(&user).is_err(),
+            "a user needs a password file"
+        );
     }
 }

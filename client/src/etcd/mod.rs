@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::config::Config;
 use crate::coordinator::Coordinator;
 use crate::error::{Error, Result};
 use api::{EtcdApi, Security};
@@ -63,6 +64,33 @@ impl Default for EtcdOptions {
 }
 
 impl EtcdOptions {
+    /// The options the `etcd_*` settings of `cfg` give (the password read
+    /// from its file).
+    pub fn from_config(cfg: &Config) -> Result<EtcdOptions> {
+        let user = match (&cfg.etcd_user, &cfg.etcd_password_file) {
+            (Some(u), Some(f)) => {
+                let pw = std::fs::read_to_string(f).map_err(|e| {
+                    Error::Config(format!("etcd_password_file {}: {e}", f.display()))
+                })?;
+                Some((u.clone(), pw.trim_end_matches(['\n', '\r']).to_string()))
+            }
+            (Some(_), None) => {
+                return Err(Error::Config("etcd_user needs etcd_password_file".into()))
+            }
+            (None, _) => None,
+        };
+        Ok(EtcdOptions {
+            endpoints: cfg.etcd_endpoints.clone(),
+            prefix: cfg.etcd_prefix.clone(),
+            lease_ttl: std::time::Duration::from_secs(cfg.etcd_lease_secs),
+            ca_file: cfg.etcd_ca.clone(),
+            cert_file: cfg.etcd_cert.clone(),
+            key_file: cfg.etcd_key.clone(),
+            user,
+            ..EtcdOptions::default()
+        })
+    }
+
     fn security(&self) -> Result<Security> {
         let read = |p: &PathBuf| {
             std::fs::read(p).map_err(|e| Error::Config(format!("etcd: {}: {e}", p.display())))
@@ -130,16 +158,6 @@ fn escape(key: &str) -> String {
     key.replace('%', "%25").replace('/', "%2F")
 }
 
-/// This host's name (the kernel's), else `HOSTNAME`, else "unknown".
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown".into())
-}
-
 fn poisoned<T>(_: T) -> Error {
     Error::Coordination("coordinator state poisoned".into())
 }
@@ -177,7 +195,7 @@ impl EtcdCoordinator {
         );
         let me = format!(
             "host={} pid={} instance={instance} since_unix_ms={since}",
-            hostname(),
+            crate::config::hostname(),
             std::process::id()
         );
         let claim = format!("{root}/ranks/{rank:08}");
