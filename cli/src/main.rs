@@ -12,6 +12,7 @@ mod ls;
 mod out;
 mod peer;
 mod progress;
+mod rank;
 mod safetensors_io;
 mod show;
 mod size;
@@ -70,6 +71,11 @@ enum Command {
     /// The L2 peer service and its certificates.
     #[command(subcommand)]
     Peer(peer::PeerCmd),
+    /// One rank of a synthetic data-parallel job, as its own process:
+    /// resume, save steps, restore and check them; one JSON line per event
+    /// (the multi-node demo runs these; under torchrun or srun, a smoke
+    /// test of Strata across the nodes).
+    Rank(rank::RankArgs),
 }
 
 /// Errors the CLI reports in one line before exiting non-zero.
@@ -169,6 +175,7 @@ fn main() -> ExitCode {
         Command::Export(a) => safetensors_io::export(&a),
         Command::Import(a) => safetensors_io::import(&a),
         Command::Peer(cmd) => peer::run(&cmd),
+        Command::Rank(a) => rank::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

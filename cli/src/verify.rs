@@ -152,11 +152,13 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
                         let good = good_manifest(&t, &all, tier, step, rank);
                         p.good_copies = good.iter().map(|x| x.name.clone()).collect();
                         if a.repair && !good.is_empty() {
-                            match copy_from_first(&t, &good, tier, step, rank) {
-                                Ok(()) => {
-                                    p.repaired = t.load_shard(tier, steps_here, step, rank).is_ok();
-                                }
-                                Err(e) => p.error = format!("{}; repair failed: {e}", p.error),
+                            let copied = copy_from_first(&t, &good, tier, step, rank);
+                            // A tier already committed refuses the record
+                            // again (AlreadyExists) after the manifest was
+                            // rewritten: what counts is that it reads good.
+                            p.repaired = t.load_shard(tier, steps_here, step, rank).is_ok();
+                            if let (Err(e), false) = (copied, p.repaired) {
+                                p.error = format!("{}; repair failed: {e}", p.error);
                             }
                         }
                         problems.push(p);
@@ -345,8 +347,9 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
 /// Ranks whose shard manifest `tier` holds for a step committed elsewhere,
 /// but whose commit record there is missing or unreadable (the tier's
 /// listing skipped it): the step is not committed in that tier. `--repair`
-/// writes the good record from another tier (a damaged one is replaced:
-/// it cannot be a valid winner of the create-only commit).
+/// copies the shard from a tier holding it committed (the chunks this tier
+/// lacks, the manifest, the record; a damaged record is replaced: it
+/// cannot be a valid winner of the create-only commit).
 fn record_problems(
     t: &Tiers,
     all: &Catalog<'_>,

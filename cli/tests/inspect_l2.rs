@@ -160,7 +160,7 @@ fn peers_are_tiers_for_ls_verify_repair_and_export() {
     )
     .unwrap();
     let hex = m.chunks[1].id.to_hex();
-    let file = find(&spill, &hex).expect("the spilled replica");
+    let file = support::find_spilled(&spill, &hex).expect("the spilled replica");
     let mut bytes = std::fs::read(&file).unwrap();
     let n = bytes.len();
     bytes[n - 10] ^= 0xff;

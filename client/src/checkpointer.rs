@@ -10,7 +10,8 @@
 //! never runs on its threads.
 //!
 //! This module is the save side of the API; construction is in
-//! `builder.rs`, restore in `restore.rs`, tier states in `tiering.rs`.
+//! `builder.rs`, restore in `restore.rs`, uploads in `tiering.rs` and
+//! replication in `replication.rs` (their states in `tier_states.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::{mpsc, Arc, Mutex};

@@ -380,7 +380,7 @@ impl Config {
         if let Some(w) = launcher("WORLD_SIZE", "SLURM_NTASKS")? {
             self.world_size = w;
         }
-        for (k, v) in vars.iter().cloned() {
+        for (k, v) in vars {
             let Some(key) = k.strip_prefix("STRATA_") else {
                 continue;
             };

@@ -58,6 +58,9 @@ pub struct CopyStats {
     pub chunks_sent: u64,
     /// Chunk bytes sent (raw lengths).
     pub bytes_sent: u64,
+    /// Bytes the destination says it wrote for them (its own encoding; a
+    /// chunk another writer put meanwhile is not counted).
+    pub bytes_written: u64,
     /// Chunk bytes the destination already held.
     pub bytes_present: u64,
 }
@@ -79,7 +82,8 @@ pub enum CopyProgress {
 
 /// Copies rank `rank`'s shard of `step` from `src` to `dst` and commits it
 /// there: the shard's manifest is read from `src` and checked against the
-/// commit record `src` lists for it, then [`copy_shard`] runs.
+/// commit record `src` lists for it, then [`copy_shard`] runs. Must run on
+/// a tokio runtime (the reads are tasks of their own).
 pub async fn copy_step(
     src: &Arc<dyn ChunkStore>,
     dst: &dyn ChunkStore,
@@ -114,12 +118,13 @@ pub async fn copy_shard(
     let total: u64 = missing.iter().map(|&i| u64::from(m.chunks[i].len)).sum();
     let all: u64 = m.chunks.iter().map(|c| u64::from(c.len)).sum();
     progress(CopyProgress::Planned { total });
-    let sent = send_chunks(src, dst, job, m, &missing, opts, progress).await?;
+    let (sent, written) = send_chunks(src, dst, job, m, &missing, opts, progress).await?;
     commit_copy(dst, job, shard).await?;
     Ok(CopyStats {
         chunks: ids.len() as u64,
         chunks_sent: missing.len() as u64,
         bytes_sent: sent,
+        bytes_written: written,
         bytes_present: all - total,
     })
 }
@@ -140,7 +145,7 @@ pub async fn commit_copy(dst: &dyn ChunkStore, job: &str, shard: &LoadedShard) -
 /// most `opts.batch_bytes` and puts each batch to `dst` (as ids found
 /// missing: no second presence check), reading the next batch meanwhile.
 /// Stops at the first error (a damaged source chunk is an
-/// [`Error::Chunk`]). Returns the bytes sent.
+/// [`Error::Chunk`]). Returns the bytes sent and the bytes `dst` wrote.
 async fn send_chunks(
     src: &Arc<dyn ChunkStore>,
     dst: &dyn ChunkStore,
@@ -149,7 +154,7 @@ async fn send_chunks(
     wanted: &[usize],
     opts: CopyOptions,
     progress: &(dyn Fn(CopyProgress) + Send + Sync),
-) -> Result<u64> {
+) -> Result<(u64, u64)> {
     let batches = batches(m, wanted, opts.batch_bytes);
     // Reads run as tasks of their own, so the next batch's reads (and
     // their hashing) proceed on other threads while this one is sent.
@@ -164,7 +169,7 @@ async fn send_chunks(
         })
     };
     let mut next = batches.first().map(read);
-    let mut sent = 0u64;
+    let (mut sent, mut written) = (0u64, 0u64);
     let mut result = Ok(());
     for (k, batch) in batches.iter().enumerate() {
         let Some(pending) = next.take() else { break };
@@ -176,6 +181,15 @@ async fn send_chunks(
             }
         };
         next = batches.get(k + 1).map(read);
+        if got.len() != batch.len() {
+            result = Err(Error::Pipeline(format!(
+                "{} answered {} chunks of {}",
+                src.name(),
+                got.len(),
+                batch.len()
+            )));
+            break;
+        }
         let puts = batch
             .iter()
             .zip(got)
@@ -196,7 +210,9 @@ async fn send_chunks(
         let done = match puts {
             Ok(puts) => {
                 let n: u64 = puts.iter().map(|p| p.data.len() as u64).sum();
-                dst.put_missing_chunks(job, puts).await.map(|_| n)
+                dst.put_missing_chunks(job, puts)
+                    .await
+                    .map(|st| (n, st.bytes_written))
             }
             Err(e) => {
                 result = Err(e);
@@ -204,8 +220,9 @@ async fn send_chunks(
             }
         };
         match done {
-            Ok(n) => {
+            Ok((n, w)) => {
                 sent += n;
+                written += w;
                 progress(CopyProgress::Sent { bytes: n });
             }
             Err(e) => {
@@ -217,7 +234,7 @@ async fn send_chunks(
     if let Some(n) = next.take() {
         n.abort();
     }
-    result.map(|()| sent)
+    result.map(|()| (sent, written))
 }
 
 /// Consecutive runs of `wanted`, each at most `batch_bytes` (a chunk larger

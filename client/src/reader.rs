@@ -1,15 +1,15 @@
 //! The tiered reader: chunks read from an ordered list of tiers, each one
-//! verified by the tier that serves it; a chunk the first tier lacks or
-//! holds damaged (or cannot reach) is read from the next tier that has a
-//! good copy. Tiers marked for repair get their bad copy replaced by the
+//! verified by the tier that serves it; a chunk the first tier cannot give
+//! (missing, damaged, unreachable, refused) is read from the next tier that
+//! has a good copy. Tiers marked for repair get their bad copy replaced by the
 //! good one (removed, rewritten, read back verified); an optional
 //! write-back tier receives every chunk read. Used by restore, by
 //! `strata export`, `diff` and `show`, and by `verify --repair`. It logs
 //! nothing: what it found is in its result, for the caller to report.
 
 use strata_format::manifest::ChunkRef;
+use strata_tiered::StoreErrorKind as K;
 use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore, PutStats, StoreError};
-use strata_tiered::{StoreErrorKind, StoreErrorKind as K};
 
 /// One tier of a read, in the order tried.
 #[derive(Clone, Copy)]
@@ -54,13 +54,6 @@ impl ReadOutcome {
     pub fn repaired(&self) -> u64 {
         self.chunks.iter().map(|c| c.repaired.len() as u64).sum()
     }
-}
-
-/// Whether a chunk that failed with `kind` is worth asking the next tier
-/// for: it is absent or damaged there, or the tier is out of reach. Other
-/// kinds (a refused request, a bug) are not the copy's fault.
-fn falls_back(kind: StoreErrorKind) -> bool {
-    matches!(kind, K::NotFound | K::Corrupt | K::Unavailable)
 }
 
 /// Reads chunks over an ordered list of tiers (see the module docs).
@@ -121,19 +114,14 @@ impl<'a> TieredReader<'a> {
             .collect();
         let mut spare = Some(spare);
         for (t, tier) in self.tiers.iter().enumerate() {
+            // Every chunk not served yet goes on to the next tier, whatever
+            // the error (a tier refusing or failing must not hide a good
+            // copy further down); a served one only to list good copies of
+            // a chunk that failed somewhere.
             let todo: Vec<usize> = (0..ids.len())
                 .filter(|&i| {
                     let r = &out[i];
-                    let last_ok = r.errors.last().is_none_or(|(_, e)| falls_back(e.kind()));
-                    if t == 0 {
-                        true
-                    } else if r.from.is_some() {
-                        // Already served: read on only to list good copies
-                        // of a chunk that failed somewhere.
-                        self.every_copy && !r.errors.is_empty()
-                    } else {
-                        last_ok
-                    }
+                    t == 0 || r.from.is_none() || (self.every_copy && !r.errors.is_empty())
                 })
                 .collect();
             if todo.is_empty() {
@@ -144,6 +132,18 @@ impl<'a> TieredReader<'a> {
                 Some(bufs) if t == 0 => tier.store.get_chunks_reusing(self.job, &want, bufs).await,
                 _ => tier.store.get_chunks(self.job, &want).await,
             };
+            if got.len() != todo.len() {
+                let e = StoreError::Internal(format!(
+                    "{} answered {} results for {} chunks",
+                    tier.store.name(),
+                    got.len(),
+                    todo.len()
+                ));
+                for &i in &todo {
+                    out[i].errors.push((t, e.clone()));
+                }
+                continue;
+            }
             for (i, r) in todo.into_iter().zip(got) {
                 let c = &mut out[i];
                 match r {
@@ -218,7 +218,13 @@ impl<'a> TieredReader<'a> {
                 }
                 continue;
             }
-            let back = tier.store.get_chunks(self.job, &ids).await;
+            let mut back = tier.store.get_chunks(self.job, &ids).await;
+            if back.len() != ids.len() {
+                back = ids
+                    .iter()
+                    .map(|_| Err(StoreError::Internal("short read-back".into())))
+                    .collect();
+            }
             for (&i, r) in which.iter().zip(back) {
                 match r {
                     Ok(_) => out[i].repaired.push(t),

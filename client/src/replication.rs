@@ -201,8 +201,8 @@ fn replicate(s: &Shared, step: u64) -> L2State {
 
 /// Pushes this rank's shard of `step` from L1 to one peer and commits it
 /// there ([`copy_step`]; the peer verifies every chunk it receives, so
-/// L1's copies are not hashed on the way out). Returns the chunk bytes
-/// sent.
+/// L1's copies are not hashed on the way out). Returns the bytes the peer
+/// wrote (those it received meanwhile from the eager push are not).
 fn push(s: &Shared, peer: &dyn ChunkStore, step: u64) -> Result<u64> {
     let opts = CopyOptions {
         batch_bytes: PUSH_BATCH_BYTES,
@@ -217,5 +217,5 @@ fn push(s: &Shared, peer: &dyn ChunkStore, step: u64) -> Result<u64> {
         opts,
         &|_| {},
     ))?;
-    Ok(st.bytes_sent)
+    Ok(st.bytes_written)
 }

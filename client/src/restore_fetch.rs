@@ -30,7 +30,7 @@ const RESTORE_LANES: usize = 3;
 /// From L1, [`RESTORE_LANES`] lanes each take the next batch of chunks (at
 /// most [`BATCH_BYTES`]), read it into the lane's reused buffers and copy it
 /// out: while one lane verifies and copies, another's reads keep the disk
-/// busy. From L3 (a step L1 does not hold), see [`l3_lane`]. Memory in
+/// busy. From L3 (a step L1 does not hold), see `restore_l3.rs`. Memory in
 /// flight is bounded by the lanes, whatever the shard's size.
 pub(crate) fn fetch_into(
     s: &Shared,

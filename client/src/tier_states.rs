@@ -44,18 +44,15 @@ impl Uploads {
         self.states.set(step, st);
     }
 
-    /// Adds `n` to an upload's progress; returns the bytes done so far.
-    pub(crate) fn add_done(&self, step: u64, n: u64, total: u64) -> u64 {
-        self.states
-            .update(|m| {
-                let done = match m.get(&step) {
-                    Some(L3State::Uploading { done, .. }) => done + n,
-                    _ => n,
-                };
-                m.insert(step, L3State::Uploading { done, total });
-                done
-            })
-            .unwrap_or(0)
+    /// Adds `n` to an upload's progress.
+    pub(crate) fn add_done(&self, step: u64, n: u64, total: u64) {
+        self.states.update(|m| {
+            let done = match m.get(&step) {
+                Some(L3State::Uploading { done, .. }) => done + n,
+                _ => n,
+            };
+            m.insert(step, L3State::Uploading { done, total });
+        });
     }
 
     /// The state of every step this process queued for upload.

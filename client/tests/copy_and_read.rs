@@ -330,3 +330,95 @@ fn reader_skips_an_unreachable_tier_without_repairing_it_and_keeps_the_first_err
     assert_eq!(out.repaired(), 0);
     assert!(out.written_back.is_none());
 }
+
+/// A tier that refuses every call (a peer that no longer accepts the
+/// job's certificate).
+#[derive(Debug)]
+struct Refusing;
+
+fn refused<T>() -> strata::tiered::Result<T> {
+    Err(strata::tiered::StoreError::Unauthorized(
+        "not this job".into(),
+    ))
+}
+
+#[async_trait::async_trait]
+impl ChunkStore for Refusing {
+    fn name(&self) -> &str {
+        "refusing"
+    }
+    async fn put_chunks(
+        &self,
+        _: &str,
+        _: Vec<ChunkPut>,
+    ) -> strata::tiered::Result<strata::tiered::PutStats> {
+        refused()
+    }
+    async fn get_chunk(
+        &self,
+        _: &str,
+        _: &ChunkId,
+        _: Option<std::ops::Range<u32>>,
+    ) -> strata::tiered::Result<ChunkData> {
+        refused()
+    }
+    async fn has_chunks(&self, _: &str, _: &[ChunkId]) -> strata::tiered::Result<Vec<bool>> {
+        refused()
+    }
+    async fn list_chunks(&self, _: &str) -> strata::tiered::Result<Vec<ChunkId>> {
+        refused()
+    }
+    async fn delete_chunks(&self, _: &str, _: &[ChunkId]) -> strata::tiered::Result<()> {
+        refused()
+    }
+    async fn put_manifest(&self, _: &str, _: u64, _: u32, _: &[u8]) -> strata::tiered::Result<()> {
+        refused()
+    }
+    async fn get_manifest(&self, _: &str, _: u64, _: u32) -> strata::tiered::Result<Vec<u8>> {
+        refused()
+    }
+    async fn commit(&self, _: &strata::format::CommitRecord) -> strata::tiered::Result<()> {
+        refused()
+    }
+    async fn list_steps(&self, _: &str) -> strata::tiered::Result<Vec<strata::tiered::StepInfo>> {
+        refused()
+    }
+    async fn delete_step(&self, _: &str, _: u64) -> strata::tiered::Result<()> {
+        refused()
+    }
+    async fn delete_shard(&self, _: &str, _: u64, _: u32) -> strata::tiered::Result<()> {
+        refused()
+    }
+}
+
+#[test]
+fn a_tier_refusing_the_job_does_not_hide_a_good_copy_further_down() {
+    let (refs, puts) = chunks();
+    let (first, last) = (MemoryStore::new(), holding(&puts));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let reader = TieredReader::new(
+        "c",
+        vec![
+            ReadTier {
+                store: &first,
+                repair: true,
+            },
+            ReadTier {
+                store: &Refusing,
+                repair: false,
+            },
+            ReadTier {
+                store: &last,
+                repair: false,
+            },
+        ],
+    );
+    let out = rt.block_on(reader.read(&refs, Vec::new()));
+    for (c, p) in out.chunks.iter().zip(&puts) {
+        assert_eq!(c.from, Some(2), "{:?}", c.errors);
+        assert_eq!(c.result.as_ref().unwrap().as_slice(), p.data.as_slice());
+        assert_eq!(c.errors[1].1.kind(), StoreErrorKind::Unauthorized);
+        // The first tier lacked it: repaired from the last one.
+        assert_eq!(c.repaired, [0]);
+    }
+}

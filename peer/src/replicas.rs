@@ -24,7 +24,13 @@ use strata_tiered::{ChunkStore, MemoryStore, Result, StepInfo, StoreError};
 /// Where a chunk's frame is.
 enum Place {
     Memory(Bytes),
-    Disk(u64),
+    /// In the spill file `<id>.<seq>` of this many bytes: each put writes
+    /// a file of its own, so a delete (which unlinks outside the lock) and
+    /// a put of the same id never touch one file.
+    Disk {
+        len: u64,
+        seq: u64,
+    },
 }
 
 struct Slot {
@@ -120,8 +126,8 @@ impl Replicas {
         &self.limits
     }
 
-    fn file(&self, job: &str, id: &ChunkId) -> PathBuf {
-        self.spill.join(job).join(id.to_hex())
+    fn file(&self, job: &str, id: &ChunkId, seq: u64) -> PathBuf {
+        self.spill.join(job).join(format!("{}.{seq}", id.to_hex()))
     }
 
     /// Verifies `frame` is chunk `id`, then keeps it (idempotent). Returns
@@ -161,7 +167,7 @@ impl Replicas {
             Place::Memory(frame)
         } else {
             match self.write_spill(job, &id, &frame) {
-                Ok(()) => Place::Disk(len),
+                Ok(seq) => Place::Disk { len, seq },
                 Err(e) => {
                     if let Ok(mut c) = self.chunks.lock() {
                         c.disk -= len;
@@ -175,7 +181,11 @@ impl Replicas {
             // Another put of the same chunk won; give the space back.
             match place {
                 Place::Memory(_) => c.memory -= len,
-                Place::Disk(_) => c.disk -= len,
+                Place::Disk { seq, .. } => {
+                    c.disk -= len;
+                    drop(c);
+                    let _ = std::fs::remove_file(self.file(job, &id, seq));
+                }
             }
             return Ok(false);
         }
@@ -189,14 +199,16 @@ impl Replicas {
         Ok(true)
     }
 
-    fn write_spill(&self, job: &str, id: &ChunkId, frame: &[u8]) -> Result<()> {
+    /// Writes a spill file of its own for this put; returns its sequence.
+    fn write_spill(&self, job: &str, id: &ChunkId, frame: &[u8]) -> Result<u64> {
         let dir = self.spill.join(job);
         std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("creating", &dir, e))?;
         let n = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!(".tmp-{n}"));
         std::fs::write(&tmp, frame).map_err(|e| StoreError::io("spilling", &tmp, e))?;
-        let dst = self.file(job, id);
-        std::fs::rename(&tmp, &dst).map_err(|e| StoreError::io("spilling", &dst, e))
+        let dst = self.file(job, id, n);
+        std::fs::rename(&tmp, &dst).map_err(|e| StoreError::io("spilling", &dst, e))?;
+        Ok(n)
     }
 
     /// The stored frame of a chunk. Blocking (may read the spill file).
@@ -206,7 +218,7 @@ impl Replicas {
             let c = self.chunks.lock().map_err(|_| poisoned())?;
             match c.map.get(&(job.to_string(), *id)).map(|s| &s.place) {
                 Some(Place::Memory(b)) => return Ok(b.clone()),
-                Some(Place::Disk(n)) => *n,
+                Some(Place::Disk { len, seq }) => (*len, *seq),
                 None => {
                     return Err(StoreError::NotFound {
                         what: format!("chunk {id}"),
@@ -214,7 +226,8 @@ impl Replicas {
                 }
             }
         };
-        let path = self.file(job, id);
+        let (disk_len, seq) = disk_len;
+        let path = self.file(job, id, seq);
         let bytes = std::fs::read(&path).map_err(|e| StoreError::io("reading", &path, e))?;
         if bytes.len() as u64 != disk_len {
             return Err(StoreError::Corrupt {
@@ -334,10 +347,9 @@ impl Replicas {
         Ok(n)
     }
 
-    /// Deletes the chunks of `ids` whose slot passes `doomed`. The spill
-    /// files go while the lock is held: a put of the same id that finds
-    /// the slot gone writes its file after this one is removed, never
-    /// before (it would lose its file to this delete).
+    /// Deletes the chunks of `ids` whose slot passes `doomed`, then their
+    /// spill files (outside the lock: every put writes a file of its own,
+    /// so a put of the same id meanwhile keeps its file).
     fn delete_where(
         &self,
         job: &str,
@@ -345,21 +357,27 @@ impl Replicas {
         mut doomed: impl FnMut(&Slot) -> bool,
     ) -> Result<()> {
         validate_job_id(job)?;
-        let mut c = self.chunks.lock().map_err(|_| poisoned())?;
-        for id in ids {
-            let key = (job.to_string(), *id);
-            if !c.map.get(&key).is_some_and(&mut doomed) {
-                continue;
-            }
-            if let Some(slot) = c.map.remove(&key) {
-                match slot.place {
-                    Place::Memory(b) => c.memory -= b.len() as u64,
-                    Place::Disk(n) => {
-                        c.disk -= n;
-                        let _ = std::fs::remove_file(self.file(job, id));
+        let mut files = Vec::new();
+        {
+            let mut c = self.chunks.lock().map_err(|_| poisoned())?;
+            for id in ids {
+                let key = (job.to_string(), *id);
+                if !c.map.get(&key).is_some_and(&mut doomed) {
+                    continue;
+                }
+                if let Some(slot) = c.map.remove(&key) {
+                    match slot.place {
+                        Place::Memory(b) => c.memory -= b.len() as u64,
+                        Place::Disk { len, seq } => {
+                            c.disk -= len;
+                            files.push(self.file(job, id, seq));
+                        }
                     }
                 }
             }
+        }
+        for f in files {
+            let _ = std::fs::remove_file(f);
         }
         Ok(())
     }
@@ -494,7 +512,7 @@ impl Replicas {
         }
         let now = Instant::now();
         let Some(cutoff) = now.checked_sub(self.limits.grace) else {
-            return Ok(0); // the service is younger than the grace period
+            return Ok(0); // a grace period reaching before the clock's origin
         };
         let doomed: Vec<ChunkId> = {
             let c = self.chunks.lock().map_err(|_| poisoned())?;
@@ -528,7 +546,7 @@ impl Replicas {
             .filter(|((j, _), _)| j == job)
             .fold((0, 0, 0), |(m, d, n), (_, slot)| match &slot.place {
                 Place::Memory(b) => (m + b.len() as u64, d, n + 1),
-                Place::Disk(len) => (m, d + len, n + 1),
+                Place::Disk { len, .. } => (m, d + len, n + 1),
             }))
     }
 }
