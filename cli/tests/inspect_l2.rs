@@ -16,7 +16,6 @@ use strata::{Checkpointer, Config, Entry};
 use strata_peer::replicas::Limits;
 use strata_peer::service::{Service, ServiceConfig};
 use strata_peer::tls::{make_certs, CertFiles};
-use support::find;
 
 const JOB: &str = "insp-l2";
 
