@@ -126,6 +126,15 @@ fn ms(d: Duration) -> f64 {
 }
 
 pub(crate) fn run(a: &RankArgs) -> Result<(), CliError> {
+    let r = run_rank(a);
+    if let Err(e) = &r {
+        // Every failure is an event too (a launcher collects stdout).
+        say!("{}", json!({"event": "error", "error": e.to_string()}));
+    }
+    r
+}
+
+fn run_rank(a: &RankArgs) -> Result<(), CliError> {
     let file = match &a.config {
         Some(p) => Config::from_file(p)?,
         None => Config::default(),

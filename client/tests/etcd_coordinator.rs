@@ -57,11 +57,23 @@ fn ranks_gather_in_rank_order_and_old_rounds_are_removed() {
     let rounds: Vec<&String> = keys.iter().filter(|k| k.contains("/rounds/")).collect();
     assert_eq!(rounds.len(), 3, "{keys:?}");
     assert!(rounds.iter().all(|k| k.contains("k%2F3")), "{rounds:?}");
-    // A rank's keys go with it when it is dropped.
+    // A rank that ends leaves its claim marked exited (a slower rank may
+    // still read its last value); a new process takes the rank at once.
     drop(coords);
     let c = EtcdCoordinator::connect(opts(&etcd.url), "gather", 0, world).unwrap();
-    let keys = c.keys().unwrap();
-    assert_eq!(keys.len(), 1, "only the new claim: {keys:?}");
+    let m = c.members().unwrap();
+    assert!(!m[&0].contains("exited"), "{m:?}");
+    assert!(
+        m[&1].contains("exited") && m[&2].contains("exited"),
+        "{m:?}"
+    );
+    // The new rank 0 never uses the ended ranks' values of a round with
+    // the same key (they belong to an earlier incarnation of the job): it
+    // waits for ranks 1 and 2 to come back.
+    let e = c
+        .all_gather(0, "k/3", vec![], Duration::from_secs(1))
+        .unwrap_err();
+    assert!(e.to_string().contains("only 1 of 3"), "{e}");
 }
 
 #[test]

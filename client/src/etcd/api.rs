@@ -22,6 +22,7 @@ pub(crate) struct Kv {
     pub(crate) key: Vec<u8>,
     pub(crate) value: Vec<u8>,
     pub(crate) create_revision: i64,
+    pub(crate) mod_revision: i64,
 }
 
 /// A client of one etcd cluster.
@@ -73,6 +74,7 @@ fn kvs(v: &Value) -> Result<Vec<Kv>> {
                 key: bytes(&kv["key"])?,
                 value: bytes(&kv["value"])?,
                 create_revision: num(&kv["create_revision"]),
+                mod_revision: num(&kv["mod_revision"]),
             })
         })
         .collect()
@@ -232,15 +234,15 @@ impl EtcdApi {
         self.call("/v3/kv/put", &body, t).await.map(drop)
     }
 
-    /// Puts `key` only if it does not exist; otherwise returns what is
-    /// there.
+    /// Puts `key` only if it does not exist (returns the revision of the
+    /// put); otherwise returns what is there.
     pub(crate) async fn create(
         &self,
         key: &[u8],
         value: &[u8],
         lease: i64,
         t: Duration,
-    ) -> Result<std::result::Result<(), Kv>> {
+    ) -> Result<std::result::Result<i64, Kv>> {
         let k = B64.encode(key);
         let mut put = json!({"key": k, "value": B64.encode(value)});
         if lease != 0 {
@@ -253,7 +255,7 @@ impl EtcdApi {
         });
         let v = self.call("/v3/kv/txn", &body, t).await?;
         if v["succeeded"].as_bool() == Some(true) {
-            return Ok(Ok(()));
+            return Ok(Ok(num(&v["header"]["revision"])));
         }
         let held = kvs(&v["responses"][0]["response_range"])?;
         match held.into_iter().next() {
@@ -274,6 +276,48 @@ impl EtcdApi {
         });
         let v = self.call("/v3/kv/range", &body, t).await?;
         Ok((kvs(&v)?, num(&v["header"]["revision"])))
+    }
+
+    /// Every key under each of two prefixes, read at one revision (a
+    /// consistent view of both).
+    pub(crate) async fn range_two(
+        &self,
+        a: &[u8],
+        b: &[u8],
+        t: Duration,
+    ) -> Result<(Vec<Kv>, Vec<Kv>, i64)> {
+        let range = |p: &[u8]| json!({"request_range": {"key": B64.encode(p), "range_end": B64.encode(prefix_end(p))}});
+        let body = json!({"compare": [], "success": [range(a), range(b)]});
+        let v = self.call("/v3/kv/txn", &body, t).await?;
+        Ok((
+            kvs(&v["responses"][0]["response_range"])?,
+            kvs(&v["responses"][1]["response_range"])?,
+            num(&v["header"]["revision"]),
+        ))
+    }
+
+    /// Puts `key` only if it was last modified at `mod_revision` (nobody
+    /// changed it since it was read); returns the revision of the put, if
+    /// it did.
+    pub(crate) async fn replace(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+        mod_revision: i64,
+        t: Duration,
+    ) -> Result<Option<i64>> {
+        let k = B64.encode(key);
+        let mut put = json!({"key": k, "value": B64.encode(value)});
+        if lease != 0 {
+            put["lease"] = Value::String(lease.to_string());
+        }
+        let body = json!({
+            "compare": [{"key": k, "target": "MOD", "mod_revision": mod_revision.to_string()}],
+            "success": [{"request_put": put}],
+        });
+        let v = self.call("/v3/kv/txn", &body, t).await?;
+        Ok((v["succeeded"].as_bool() == Some(true)).then(|| num(&v["header"]["revision"])))
     }
 
     /// Deletes `key`.
@@ -347,11 +391,11 @@ mod tests {
 
     #[test]
     fn responses_decode_and_bad_ones_are_errors() {
-        let v = json!({"kvs": [{"key": B64.encode("k"), "value": B64.encode("v"), "create_revision": "7"}]});
+        let v = json!({"kvs": [{"key": B64.encode("k"), "value": B64.encode("v"), "create_revision": "7", "mod_revision": "9"}]});
         let got = kvs(&v).unwrap();
         assert_eq!(got[0].key, b"k");
         assert_eq!(got[0].value, b"v");
-        assert_eq!(got[0].create_revision, 7);
+        assert_eq!((got[0].create_revision, got[0].mod_revision), (7, 9));
         assert!(kvs(&json!({"kvs": [{"key": "***", "value": ""}]})).is_err());
         assert!(kvs(&json!({"kvs": [{"key": 5}]})).is_err());
         assert_eq!(kvs(&json!({})).unwrap(), Vec::new());

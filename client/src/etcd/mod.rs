@@ -2,17 +2,22 @@
 //! through etcd (v3 API). See `docs/coordination.md` for the contract.
 //!
 //! Keys, under `<prefix>/<job>/`:
-//! - `ranks/<rank>`: this process's claim of its rank (host, pid, an
-//!   instance id), created only if absent, attached to a lease the process
-//!   keeps alive every third of its TTL. A process that dies loses its
-//!   lease and its keys within the TTL; the others see the rank gone.
-//! - `claims/<rank>/<instance>`: a second process's claim of a held rank,
-//!   on a short lease of its own: the holder's keep-alive sees it and the
-//!   holder's next call fails too (`Error::RankClaimed` on both).
-//! - `rounds/<key>/<rank>`: a rank's value in the all-gather `key` (on the
-//!   lease). A rank deletes its value of a round once the next round is
-//!   complete (every rank has then read it); a dead rank's go with its
-//!   lease.
+//! - `ranks/<rank>`: the claim of a rank by one process (host, pid, an
+//!   instance id), on a lease the process keeps alive every third of its
+//!   TTL. A process that dies loses its lease and its claim within the
+//!   TTL; the others see the rank gone. A process that ends cleanly leaves
+//!   its claim marked `exited` (on a longer lease): the others can still
+//!   use its values of the last round, and a new process may take the rank
+//!   over at once. A live claim is waited for up to one TTL (a dead
+//!   predecessor's lease expiring), then it is [`Error::RankClaimed`].
+//! - `claims/<rank>/<instance>`: a second process's attempt on a held
+//!   rank, on a short lease of its own: the holder's keep-alive sees it
+//!   and the holder's next call fails too (`RankClaimed` on both).
+//! - `rounds/<key>/<rank>/<instance>`: a rank's value in the all-gather
+//!   `key`, on the longer lease. Only the value of the instance that holds
+//!   (or held, and exited) the rank counts: a value an earlier incarnation
+//!   of the job left under the same key is never read. A rank deletes its
+//!   value of a round once the next round is complete.
 
 mod api;
 
@@ -123,7 +128,8 @@ struct State {
     /// Set once this process lost its rank (lease expired, or another
     /// process claimed it): every later call fails with it.
     lost: Option<Error>,
-    /// Ranks seen holding their claim: one that disappears has died.
+    /// Ranks seen holding a live claim: one whose claim disappears has
+    /// died.
     seen: BTreeSet<u32>,
     /// This rank's key of the last complete round (deleted after the next).
     last_round: Option<Vec<u8>>,
@@ -138,9 +144,48 @@ pub struct EtcdCoordinator {
     root: String,
     rank: u32,
     world: u32,
+    /// The claim's lease (short: a dead process is seen within it).
     lease: i64,
+    /// The rounds' lease (longer; also holds the claim once exited).
+    rounds_lease: i64,
+    instance: String,
+    me: String,
+    /// The revision at which this process claimed its rank: a claim that
+    /// exited before it belongs to an earlier incarnation of the job.
+    claimed_at: i64,
     state: Arc<Mutex<State>>,
 }
+
+/// A rank's claim as read from etcd.
+struct Claim {
+    instance: String,
+    exited: bool,
+    /// When it was last written (for an exited claim: when it ended).
+    mod_revision: i64,
+}
+
+fn parse_claim(value: &[u8], mod_revision: i64) -> Claim {
+    let text = String::from_utf8_lossy(value);
+    Claim {
+        mod_revision,
+        instance: text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("instance="))
+            .unwrap_or("")
+            .to_string(),
+        exited: text.split_whitespace().any(|w| w == "exited"),
+    }
+}
+
+/// The rank number at the start of `rest` (`00000003` or `00000003/...`).
+fn rank_in(rest: &[u8]) -> Option<u32> {
+    let end = rest.iter().position(|&b| b == b'/').unwrap_or(rest.len());
+    std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+}
+
+/// How long the rounds' lease lives: a slow rank must still find the
+/// values of ranks that finished the round and exited.
+const ROUNDS_TTL: Duration = Duration::from_secs(120);
 
 impl std::fmt::Debug for EtcdCoordinator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -198,33 +243,61 @@ impl EtcdCoordinator {
             crate::config::hostname(),
             std::process::id()
         );
+        let rounds_lease = rt.block_on(api.grant(ROUNDS_TTL, t))?;
         let claim = format!("{root}/ranks/{rank:08}");
         let state = Arc::new(Mutex::new(State::default()));
-        match rt.block_on(api.create(claim.as_bytes(), me.as_bytes(), lease, t))? {
-            Ok(()) => {}
-            Err(held) => {
-                // Tell the holder on a short lease of its own, then fail.
-                let short = rt.block_on(api.grant(opts.lease_ttl * 3, t))?;
-                let key = format!("{root}/claims/{rank:08}/{instance}");
-                let told = rt.block_on(api.put(key.as_bytes(), me.as_bytes(), short, t));
-                let _ = rt.block_on(api.revoke(lease, t));
-                if let Err(e) = told {
-                    tracing::warn!(error = %e, "could not tell the holder of the rank");
+        // A live holder is waited for up to one lease TTL (plus a margin):
+        // a predecessor that died is gone by then.
+        let deadline = Instant::now() + opts.lease_ttl + Duration::from_secs(1);
+        let claimed_at = loop {
+            let held = match rt.block_on(api.create(claim.as_bytes(), me.as_bytes(), lease, t)) {
+                Ok(Ok(rev)) => break rev,
+                Ok(Err(held)) => held,
+                // Gone between the compare and the read: try again.
+                Err(Error::Coordination(m)) if m.contains("contended") => continue,
+                Err(e) => return Err(e),
+            };
+            if parse_claim(&held.value, held.mod_revision).exited {
+                // The previous holder ended cleanly: take the rank over.
+                match rt.block_on(api.replace(
+                    claim.as_bytes(),
+                    me.as_bytes(),
+                    lease,
+                    held.mod_revision,
+                    t,
+                ))? {
+                    Some(rev) => break rev,
+                    None => continue,
                 }
-                return Err(Error::RankClaimed {
-                    job: job.to_string(),
-                    rank,
-                    other: format!(
-                        "held by {}; this process is {me}",
-                        String::from_utf8_lossy(&held.value)
-                    ),
-                });
             }
-        }
+            if Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(200));
+                // This process's own lease must outlive the wait.
+                rt.block_on(api.keepalive(lease, t))?;
+                continue;
+            }
+            // Tell the holder on a short lease of its own, then fail.
+            let short = rt.block_on(api.grant(opts.lease_ttl * 3, t))?;
+            let key = format!("{root}/claims/{rank:08}/{instance}");
+            let told = rt.block_on(api.put(key.as_bytes(), me.as_bytes(), short, t));
+            let _ = rt.block_on(api.revoke(lease, t));
+            let _ = rt.block_on(api.revoke(rounds_lease, t));
+            if let Err(e) = told {
+                tracing::warn!(error = %e, "could not tell the holder of the rank");
+            }
+            return Err(Error::RankClaimed {
+                job: job.to_string(),
+                rank,
+                other: format!(
+                    "held by {}; this process is {me}",
+                    String::from_utf8_lossy(&held.value)
+                ),
+            });
+        };
         rt.spawn(keep_alive(
             api.clone(),
             state.clone(),
-            lease,
+            [lease, rounds_lease],
             opts.clone(),
             format!("{root}/claims/{rank:08}/"),
             job.to_string(),
@@ -239,6 +312,10 @@ impl EtcdCoordinator {
             rank,
             world,
             lease,
+            rounds_lease,
+            instance,
+            me,
+            claimed_at,
             state,
         })
     }
@@ -303,31 +380,48 @@ impl EtcdCoordinator {
     async fn gather(&self, key: &str, value: Vec<u8>, timeout: Duration) -> Result<Vec<Vec<u8>>> {
         let t = self.opts.request_timeout;
         let round = format!("{}/rounds/{}/", self.root, escape(key));
-        let mine = format!("{round}{:08}", self.rank).into_bytes();
-        self.api.put(&mine, &value, self.lease, t).await?;
+        let mine = format!("{round}{:08}/{}", self.rank, self.instance).into_bytes();
+        self.api.put(&mine, &value, self.rounds_lease, t).await?;
         let members = format!("{}/ranks/", self.root);
         let deadline = Instant::now() + timeout;
         loop {
             self.check_lost()?;
-            let (kvs, rev) = self.api.range_prefix(round.as_bytes(), t).await?;
+            // The round and the claims at one revision.
+            let (values, claims, rev) = self
+                .api
+                .range_two(round.as_bytes(), members.as_bytes(), t)
+                .await?;
+            let mut holder: BTreeMap<u32, Claim> = BTreeMap::new();
+            for kv in &claims {
+                if let Some(r) = kv.key.strip_prefix(members.as_bytes()).and_then(rank_in) {
+                    let c = parse_claim(&kv.value, kv.mod_revision);
+                    // An exited claim older than this process is an earlier
+                    // incarnation's: as if the rank had not come yet.
+                    if !(c.exited && c.mod_revision < self.claimed_at) {
+                        holder.insert(r, c);
+                    }
+                }
+            }
             let mut got: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
-            for kv in kvs {
-                let r = kv
-                    .key
-                    .strip_prefix(round.as_bytes())
-                    .and_then(|s| std::str::from_utf8(s).ok())
-                    .and_then(|s| s.parse::<u32>().ok());
-                match r {
-                    Some(r) if r < self.world => {
-                        got.insert(r, kv.value);
-                    }
-                    _ => {
-                        return Err(Error::Coordination(format!(
-                            "{key}: a value under {} that is not a rank of a world of {} (another job with the same id and another world size?)",
-                            String::from_utf8_lossy(&kv.key),
-                            self.world
-                        )))
-                    }
+            for kv in values {
+                let Some(rest) = kv.key.strip_prefix(round.as_bytes()) else {
+                    continue;
+                };
+                let Some(r) = rank_in(rest) else { continue };
+                if r >= self.world {
+                    return Err(Error::Coordination(format!(
+                        "{key}: a value of rank {r} in a world of {} (another job with the same id and another world size?)",
+                        self.world
+                    )));
+                }
+                let instance = rest.rsplit(|&b| b == b'/').next().unwrap_or_default();
+                // Only the holder's value counts (not an earlier
+                // incarnation's under the same key).
+                if holder
+                    .get(&r)
+                    .is_some_and(|h| h.instance.as_bytes() == instance)
+                {
+                    got.insert(r, kv.value);
                 }
             }
             if got.len() == self.world as usize {
@@ -344,30 +438,24 @@ impl EtcdCoordinator {
                 }
                 return Ok(got.into_values().collect());
             }
-            // A rank that held its claim and lost it has died: fail now,
-            // not at the timeout.
-            let (held, _) = self.api.range_prefix(members.as_bytes(), t).await?;
-            let alive: BTreeSet<u32> = held
-                .iter()
-                .filter_map(|kv| {
-                    kv.key
-                        .strip_prefix(members.as_bytes())
-                        .and_then(|s| std::str::from_utf8(s).ok())
-                        .and_then(|s| s.parse().ok())
-                })
-                .collect();
             let missing: Vec<u32> = (0..self.world).filter(|r| !got.contains_key(r)).collect();
             {
+                // A rank whose live claim was seen and is gone has died; one
+                // that exited without a value here will never give one.
                 let mut st = self.state.lock().map_err(poisoned)?;
-                st.seen.extend(alive.iter().copied());
+                st.seen
+                    .extend(holder.iter().filter(|(_, c)| !c.exited).map(|(r, _)| *r));
                 let dead: Vec<u32> = missing
                     .iter()
                     .copied()
-                    .filter(|r| st.seen.contains(r) && !alive.contains(r))
+                    .filter(|r| match holder.get(r) {
+                        None => st.seen.contains(r),
+                        Some(c) => c.exited,
+                    })
                     .collect();
                 if !dead.is_empty() {
                     return Err(Error::Coordination(format!(
-                        "{key}: rank{} {dead:?} left (lease expired: the process or its node died); {} of {} ranks reported",
+                        "{key}: rank{} {dead:?} left (the process ended or its lease expired: it or its node died); {} of {} ranks reported",
                         if dead.len() == 1 { "" } else { "s" },
                         got.len(),
                         self.world
@@ -379,7 +467,7 @@ impl EtcdCoordinator {
                 let never: Vec<u32> = missing
                     .iter()
                     .copied()
-                    .filter(|r| !alive.contains(r))
+                    .filter(|r| !holder.contains_key(r))
                     .collect();
                 return Err(Error::Coordination(format!(
                     "{key}: only {} of {} ranks reported within {timeout:?}; missing {missing:?} (of which never connected or gone: {never:?})",
@@ -387,7 +475,7 @@ impl EtcdCoordinator {
                     self.world
                 )));
             }
-            // Wait for the round (or the membership check) to change.
+            // Wait for the round to change (or re-check the claims).
             let wait = (deadline - now).min(self.opts.lease_ttl / 2);
             self.api.watch_prefix(round.as_bytes(), rev, wait).await?;
         }
@@ -399,7 +487,7 @@ impl EtcdCoordinator {
 async fn keep_alive(
     api: Arc<EtcdApi>,
     state: Arc<Mutex<State>>,
-    lease: i64,
+    leases: [i64; 2],
     opts: EtcdOptions,
     claims: String,
     job: String,
@@ -411,7 +499,10 @@ async fn keep_alive(
         .min(every.max(Duration::from_millis(500)));
     loop {
         tokio::time::sleep(every).await;
-        let lost = match api.keepalive(lease, t).await {
+        // The rounds' lease is renewed too; only the claim's matters for
+        // whether this process still holds its rank.
+        let _ = api.keepalive(leases[1], t).await;
+        let lost = match api.keepalive(leases[0], t).await {
             Ok(0) => Some(Error::Coordination(format!(
                 "rank {rank}: this process's etcd lease expired (unreachable for over {:?}); its rank may be taken by another process",
                 opts.lease_ttl
@@ -467,13 +558,29 @@ impl Coordinator for EtcdCoordinator {
 
 impl Drop for EtcdCoordinator {
     fn drop(&mut self) {
+        let lost = self.state.lock().map_or(true, |st| st.lost.is_some());
         if let Some(rt) = self.rt.take() {
-            // Give the rank up at once (its keys go with the lease).
-            let (api, lease, t) = (self.api.clone(), self.lease, self.opts.request_timeout);
-            let _ = std::thread::spawn(move || {
-                let r = rt.block_on(api.revoke(lease, t.min(Duration::from_secs(2))));
+            if lost {
+                // Another process may hold the rank now: touch nothing.
                 rt.shutdown_background();
-                r
+                return;
+            }
+            // Leave the claim marked exited, on the rounds' lease: a slower
+            // rank still uses this process's last values, and a new process
+            // may take the rank at once. Then the claim's own lease goes.
+            let (api, t) = (
+                self.api.clone(),
+                self.opts.request_timeout.min(Duration::from_secs(2)),
+            );
+            let key = format!("{}/ranks/{:08}", self.root, self.rank);
+            let value = format!("{} exited", self.me);
+            let (lease, rounds) = (self.lease, self.rounds_lease);
+            let _ = std::thread::spawn(move || {
+                rt.block_on(async {
+                    let _ = api.put(key.as_bytes(), value.as_bytes(), rounds, t).await;
+                    let _ = api.revoke(lease, t).await;
+                });
+                rt.shutdown_background();
             })
             .join();
         }

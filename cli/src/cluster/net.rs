@@ -1,0 +1,176 @@
+//! The network of a test-bed cluster: each node in a Linux network
+//! namespace of its own, joined by veth pairs to a bridge in the host's
+//! namespace (which holds the bridge's address, where etcd and the object
+//! store listen); a node's link can be cut (veth down) and restored. Where
+//! namespaces cannot be made (not root, no `ip`), every node gets its own
+//! loopback address instead and the fabric says so; links cannot be cut
+//! there.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+/// How the nodes are separated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Isolation {
+    /// Network namespaces joined by a bridge.
+    Namespaces,
+    /// Loopback addresses in one namespace, and why namespaces were not
+    /// used.
+    Loopback(String),
+}
+
+/// The nodes' network.
+#[derive(Debug)]
+pub struct Fabric {
+    /// How nodes are separated.
+    pub isolation: Isolation,
+    tag: String,
+    subnet: [u8; 3],
+    nodes: usize,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Fabric {
+    /// A network for `nodes` nodes: namespaces when possible (and not
+    /// `force_loopback`), else loopback addresses.
+    pub fn new(nodes: usize, force_loopback: bool) -> Fabric {
+        let id = std::process::id();
+        let tag = format!("{:x}", id % 0xfffff);
+        let subnet = [10, 200 + (id % 50) as u8, ((id / 50) % 250) as u8];
+        let mut f = Fabric {
+            isolation: Isolation::Loopback(String::new()),
+            tag,
+            subnet,
+            nodes,
+        };
+        if force_loopback {
+            f.isolation = Isolation::Loopback("asked for".into());
+            return f;
+        }
+        match f.build() {
+            Ok(()) => f.isolation = Isolation::Namespaces,
+            Err(e) => {
+                f.teardown();
+                f.isolation = Isolation::Loopback(e);
+            }
+        }
+        f
+    }
+
+    fn bridge(&self) -> String {
+        format!("sb{}", self.tag)
+    }
+
+    /// The namespace of node `i`.
+    pub fn namespace(&self, i: usize) -> String {
+        format!("sn{}-{i}", self.tag)
+    }
+
+    fn veth(&self, i: usize) -> (String, String) {
+        (format!("sv{}h{i}", self.tag), format!("sv{}n{i}", self.tag))
+    }
+
+    fn build(&self) -> Result<(), String> {
+        let [a, b, c] = self.subnet;
+        let br = self.bridge();
+        ip(&["link", "add", "name", &br, "type", "bridge"])?;
+        ip(&["addr", "add", &format!("{a}.{b}.{c}.254/24"), "dev", &br])?;
+        ip(&["link", "set", &br, "up"])?;
+        for i in 0..self.nodes {
+            let ns = self.namespace(i);
+            let (host, node) = self.veth(i);
+            ip(&["netns", "add", &ns])?;
+            ip(&["link", "add", &host, "type", "veth", "peer", "name", &node])?;
+            ip(&["link", "set", &node, "netns", &ns])?;
+            ip(&["link", "set", &host, "master", &br])?;
+            ip(&["link", "set", &host, "up"])?;
+            let addr = format!("{a}.{b}.{c}.{}/24", i + 1);
+            ip(&[
+                "netns", "exec", &ns, "ip", "addr", "add", &addr, "dev", &node,
+            ])?;
+            ip(&["netns", "exec", &ns, "ip", "link", "set", &node, "up"])?;
+            ip(&["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])?;
+        }
+        Ok(())
+    }
+
+    fn teardown(&self) {
+        for i in 0..self.nodes {
+            let _ = ip(&["link", "del", &self.veth(i).0]);
+            let _ = ip(&["netns", "del", &self.namespace(i)]);
+        }
+        let _ = ip(&["link", "del", &self.bridge()]);
+    }
+
+    /// Node `i`'s address.
+    pub fn addr(&self, i: usize) -> Ipv4Addr {
+        match self.isolation {
+            Isolation::Namespaces => {
+                let [a, b, c] = self.subnet;
+                Ipv4Addr::new(a, b, c, (i + 1) as u8)
+            }
+            Isolation::Loopback(_) => Ipv4Addr::new(127, 0, 2, (i + 1) as u8),
+        }
+    }
+
+    /// The address shared services (etcd, the object store) listen on,
+    /// reachable from every node.
+    pub fn services_addr(&self) -> Ipv4Addr {
+        match self.isolation {
+            Isolation::Namespaces => {
+                let [a, b, c] = self.subnet;
+                Ipv4Addr::new(a, b, c, 254)
+            }
+            Isolation::Loopback(_) => Ipv4Addr::new(127, 0, 2, 254),
+        }
+    }
+
+    /// A command that runs `program` on node `i` (in its namespace).
+    pub fn command(&self, i: usize, program: &std::path::Path) -> Command {
+        match self.isolation {
+            Isolation::Namespaces => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &self.namespace(i)]).arg(program);
+                c
+            }
+            Isolation::Loopback(_) => Command::new(program),
+        }
+    }
+
+    /// Cuts (`up` false) or restores node `i`'s link. Only with
+    /// namespaces.
+    pub fn link(&self, i: usize, up: bool) -> Result<(), String> {
+        if self.isolation != Isolation::Namespaces {
+            return Err("links can only be cut between network namespaces".into());
+        }
+        ip(&[
+            "link",
+            "set",
+            &self.veth(i).0,
+            if up { "up" } else { "down" },
+        ])
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        if self.isolation == Isolation::Namespaces {
+            self.teardown();
+        }
+    }
+}
