@@ -7,6 +7,7 @@
 mod catalog;
 mod codec_report;
 mod demo;
+mod demo_cluster;
 mod diff;
 mod ls;
 mod out;
@@ -50,7 +51,13 @@ enum Command {
     /// restore from L3, verifying every byte; print stalls, throughput and
     /// what the codecs would store.
     ///
+    /// With --nodes N --ranks-per-node M, the same as a cluster of
+    /// processes: nodes in network namespaces with their own peer services
+    /// and disks, ranks agreeing through etcd, L3 on an S3 server; a node
+    /// is lost and its replacement restores from its peers.
+    ///
     /// Example: strata demo --state-size 2GiB --steps 4
+    ///          strata demo --nodes 3 --ranks-per-node 2
     Demo(demo::DemoArgs),
     /// The job's steps, newest first, with their state in every tier.
     Ls(ls::LsArgs),

@@ -302,3 +302,51 @@ fn two_processes_claiming_one_rank_fail_clearly() {
         assert_eq!(failed[0]["step"], 3, "{ev:?}");
     }
 }
+
+#[test]
+fn the_cluster_demo_runs_loses_a_node_and_restores_it_from_peers() {
+    if find_bin("etcd").is_none() || find_bin("s3s-fs").is_none() {
+        assert!(
+            std::env::var("STRATA_REQUIRE_ETCD").as_deref() != Ok("1"),
+            "etcd and s3s-fs are required by the test command"
+        );
+        eprintln!("SKIPPED: etcd or s3s-fs not found");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "demo",
+            "--nodes",
+            "2",
+            "--ranks-per-node",
+            "2",
+            "--steps",
+            "2",
+        ])
+        .args(["--state-size", "4MiB", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("4 rank processes"), "{text}");
+    assert!(text.contains("all 4 ranks saved 2 steps"), "{text}");
+    assert!(text.contains("lost node-1"), "{text}");
+    // Both of the lost node's ranks restored from a peer, none from L3.
+    let restored: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("on the replacement"))
+        .collect();
+    assert_eq!(restored.len(), 2, "{text}");
+    assert!(
+        restored
+            .iter()
+            .all(|l| l.contains("4.00 MiB from peers, 0 B from L3")),
+        "{text}"
+    );
+}
