@@ -350,3 +350,76 @@ fn the_cluster_demo_runs_loses_a_node_and_restores_it_from_peers() {
         "{text}"
     );
 }
+
+#[test]
+fn a_link_cut_during_a_save_commits_nothing_and_the_next_step_commits_once_it_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(c) = cluster(dir.path(), 3, 1) else {
+        return;
+    };
+    if c.fabric.isolation != Isolation::Namespaces {
+        eprintln!("SKIPPED: links can only be cut between network namespaces");
+        return;
+    }
+    let common = ["--state-size", "2MiB"];
+    let mut first = c
+        .spawn_ranks(
+            &[0, 1, 2],
+            &args(&[&["--steps", "4"][..], &common].concat()),
+        )
+        .unwrap();
+    assert!(wait_all(&mut first, Duration::from_secs(300))
+        .iter()
+        .all(|&ok| ok));
+    // Step 5: node 2 holds back 4 s; its link is cut meanwhile.
+    let run = args(&[&["--resume", "--steps", "1"][..], &common].concat());
+    let mut ranks = c.spawn_ranks(&[0, 1], &run).unwrap();
+    let held_args: Vec<String> = run
+        .iter()
+        .cloned()
+        .chain(args(&["--pause-before", "5:4"]))
+        .collect();
+    let mut held = c.spawn_ranks(&[2], &held_args).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ranks
+        .iter()
+        .chain(&held)
+        .all(|r| !of(&r.events(), "resumed").is_empty())
+    {
+        assert!(Instant::now() < deadline, "never resumed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.fabric.link(2, false).unwrap();
+    let ok = wait_all(&mut ranks, Duration::from_secs(60));
+    let ok_held = wait_all(&mut held, Duration::from_secs(60));
+    c.fabric.link(2, true).unwrap();
+    assert!(
+        ok.iter().chain(&ok_held).all(|&ok| !ok),
+        "every rank's save of step 5 fails"
+    );
+    for r in ranks.iter().chain(&held) {
+        let ev = r.events();
+        let failed = of(&ev, "failed");
+        assert_eq!(
+            failed.first().map(|f| f["step"].clone()),
+            Some(5.into()),
+            "{ev:?}"
+        );
+    }
+    for i in 0..3 {
+        let steps = committed_on_l1(&c, i, c.rank_of(i, 0));
+        assert!(
+            steps.contains(&4) && !steps.contains(&5),
+            "node {i}: {steps:?}"
+        );
+    }
+    // The link is back: the next attempt commits step 5 everywhere.
+    let mut again = c.spawn_ranks(&[0, 1, 2], &run).unwrap();
+    assert!(wait_all(&mut again, Duration::from_secs(300))
+        .iter()
+        .all(|&ok| ok));
+    for r in &again {
+        let ev = r.events();
+        assert!(of(&ev, "saved").iter().any(|e| e["step"] == 5), "{ev:?}");
+    }
+}
