@@ -318,11 +318,13 @@ fn retention(s: &Shared) -> Result<(u64, u64)> {
             .into_iter()
             .filter(|id| !referenced.contains(id))
             .collect();
-    let cutoff = s
-        .clock
-        .now()
-        .checked_sub(Duration::from_secs(cfg.gc_grace_secs))
-        .unwrap_or(std::time::UNIX_EPOCH);
+    // The grace period is measured by the tier's clock (which stamped the
+    // chunks), not this rank's: a rank whose clock runs minutes ahead must
+    // not see another writer's fresh chunks as old.
+    let cutoff =
+        s.rt.block_on(s.l1.now(&cfg.job))?
+            .checked_sub(Duration::from_secs(cfg.gc_grace_secs))
+            .unwrap_or(std::time::UNIX_EPOCH);
     let (_, bytes) =
         s.rt.block_on(s.l1.delete_chunks_untouched_since(&cfg.job, &unreferenced, cutoff))?;
     Ok((retired, bytes))

@@ -299,3 +299,65 @@ fn wait_for_l3_is_woken_when_the_upload_commits() {
     assert_eq!(e.kind(), ErrorKind::Invalid);
     assert!(e.to_string().contains("upload(1)"), "{e}");
 }
+
+#[test]
+fn a_rank_whose_clock_runs_ten_minutes_ahead_deletes_nothing_early() {
+    // Two ranks share one local tier (a node's L1 on a shared file
+    // system); the tier's clock stands at T, rank 1's at T + 10 min. A
+    // chunk another writer put a moment ago (a save in flight, its
+    // manifest not yet written) is unreferenced but fresh: the 5-minute
+    // grace period, measured by the tier's clock, keeps it.
+    use std::time::SystemTime;
+    use strata::tiered::ManualClock;
+    let t = SystemTime::now();
+    let tier_clock = ManualClock::new(t);
+    let shared = Arc::new(MemoryStore::with_clock(Arc::new(tier_clock)));
+    let in_flight = vec![9u8; 1000];
+    let id = strata::format::ChunkId::of(&in_flight);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(shared.put_chunks(
+        "p",
+        vec![strata::tiered::ChunkPut {
+            id,
+            hint: strata::format::codec::ElemHint {
+                size: 1,
+                float: false,
+            },
+            data: strata::tiered::ChunkData::copy_from(&in_flight),
+        }],
+    ))
+    .unwrap();
+    let coord = InProcessCoordinator::new(2);
+    let dir = tempfile::tempdir().unwrap();
+    std::thread::scope(|sc| {
+        for rank in 0..2u32 {
+            let (coord, shared) = (coord.clone(), shared.clone());
+            let dir = dir.path();
+            sc.spawn(move || {
+                let skew = if rank == 1 {
+                    Duration::from_secs(600)
+                } else {
+                    Duration::ZERO
+                };
+                let c = cfg(dir).rank(rank, 2).gc_grace_secs(300).keep_last(1);
+                let ck = Checkpointer::builder(c)
+                    .coordinator(Arc::new(coord))
+                    .tiers(TierStack::local(shared))
+                    .clock(Arc::new(ManualClock::new(t + skew)))
+                    .build()
+                    .unwrap();
+                for step in 1..=3u64 {
+                    ck.save(step, &entries(&state(step as u8 + rank as u8 * 50)))
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(
+        rt.block_on(shared.has_chunks("p", &[id])).unwrap(),
+        [true],
+        "the fresh chunk survived both ranks' retention"
+    );
+}

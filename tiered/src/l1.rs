@@ -644,6 +644,24 @@ impl ChunkStore for L1Store {
         self.run(move |i| i.chunk_info(&job)).await
     }
 
+    /// The file system's time: a marker file rewritten now and its
+    /// modification time read back (on a shared file system, the server's
+    /// clock, which stamps every chunk file).
+    async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
+        validate_job_id(job)?;
+        let job = job.to_string();
+        self.run(move |i| {
+            let dir = i.job_dir(&job).join("tmp");
+            std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("creating", &dir, e))?;
+            let marker = dir.join("clock");
+            std::fs::write(&marker, b"").map_err(|e| StoreError::io("writing", &marker, e))?;
+            std::fs::metadata(&marker)
+                .and_then(|m| m.modified())
+                .map_err(|e| StoreError::io("reading the time of", &marker, e))
+        })
+        .await
+    }
+
     async fn delete_chunks_untouched_since(
         &self,
         job: &str,

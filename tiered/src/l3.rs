@@ -562,6 +562,26 @@ impl ChunkStore for L3Store {
         self.chunk_info(job).await
     }
 
+    /// The object store's time: a marker object written now and its
+    /// last-modified time read back (every chunk object is stamped by the
+    /// same server).
+    async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
+        let key = self.key(&[job, "clock"]);
+        self.retrying(|| async {
+            self.store
+                .put(&key, PutPayload::from_static(b""))
+                .await
+                .map_err(|e| os_err(format!("writing {key}"), e))?;
+            let meta = self
+                .store
+                .head(&key)
+                .await
+                .map_err(|e| os_err(format!("reading {key}"), e))?;
+            Ok(std::time::SystemTime::from(meta.last_modified))
+        })
+        .await
+    }
+
     /// Uploads chunks the caller just found missing (with
     /// [`ChunkStore::has_chunks`]) without asking again for each one, as
     /// [`ChunkStore::put_chunks`] does: one request per chunk less. A chunk

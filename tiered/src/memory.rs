@@ -162,6 +162,10 @@ impl ChunkStore for MemoryStore {
         })
     }
 
+    async fn now(&self, _job: &str) -> Result<std::time::SystemTime> {
+        Ok(self.clock.now())
+    }
+
     async fn list_chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
         self.with(job, |j| {
             let mut v: Vec<ChunkInfo> = j

@@ -304,6 +304,16 @@ pub trait ChunkStore: Send + Sync + std::fmt::Debug {
         ))
     }
 
+    /// The tier's own time: the clock that stamps its chunks' `touched`
+    /// times (a disk's or file server's, an object store's). Retention
+    /// measures grace periods against it, never against the caller's own
+    /// clock: a rank whose clock is minutes off must not see another
+    /// writer's fresh chunks as old. The default is this host's clock.
+    async fn now(&self, job: &str) -> Result<SystemTime> {
+        let _ = job;
+        Ok(SystemTime::now())
+    }
+
     /// How many requests the tier serves well at once (a hint for readers
     /// that fan out: an object store wants many, a disk a few).
     fn concurrency(&self) -> usize {

@@ -107,6 +107,9 @@ macro_rules! forward_chunk_store {
                     .delete_chunks_untouched_since(job, ids, cutoff)
                     .await
             }
+            async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
+                (**self).now(job).await
+            }
             fn concurrency(&self) -> usize {
                 (**self).concurrency()
             }

@@ -374,6 +374,10 @@ impl<S: ChunkStore> ChunkStore for FaultStore<S> {
             .delete_chunks_untouched_since(job, ids, cutoff)
             .await
     }
+    async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
+        self.gate(Class::List).await?;
+        self.inner.now(job).await
+    }
     fn concurrency(&self) -> usize {
         self.inner.concurrency()
     }

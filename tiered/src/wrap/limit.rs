@@ -170,6 +170,10 @@ impl<S: ChunkStore> ChunkStore for LimitStore<S> {
             .delete_chunks_untouched_since(job, ids, cutoff)
             .await
     }
+    async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
+        let _p = self.permit().await?;
+        self.inner.now(job).await
+    }
     fn concurrency(&self) -> usize {
         self.inner.concurrency()
     }

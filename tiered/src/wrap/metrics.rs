@@ -267,6 +267,11 @@ impl<S: ChunkStore> ChunkStore for MetricsStore<S> {
             .await;
         self.done(OpFamily::Delete, t0, r)
     }
+    async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
+        let t0 = Instant::now();
+        let r = self.inner.now(job).await;
+        self.done(OpFamily::List, t0, r)
+    }
     fn concurrency(&self) -> usize {
         self.inner.concurrency()
     }

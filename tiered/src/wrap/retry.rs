@@ -275,6 +275,9 @@ impl<S: ChunkStore> ChunkStore for RetryStore<S> {
         self.run(|| self.inner.delete_chunks_untouched_since(job, ids, cutoff))
             .await
     }
+    async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
+        self.run(|| self.inner.now(job)).await
+    }
     fn concurrency(&self) -> usize {
         self.inner.concurrency()
     }

@@ -209,6 +209,9 @@ impl<S: ChunkStore> ChunkStore for ThrottleStore<S> {
             .delete_chunks_untouched_since(job, ids, cutoff)
             .await
     }
+    async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
+        self.inner.now(job).await
+    }
     fn concurrency(&self) -> usize {
         self.inner.concurrency()
     }
