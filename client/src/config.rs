@@ -131,6 +131,12 @@ pub struct Config {
     pub peers: Vec<String>,
     /// Replicas of each committed step on other nodes.
     pub replicas: usize,
+    /// Spread the ranks of one node over different peers (the ring
+    /// rotated by rank). Off (the default), every rank of a node
+    /// replicates to the same peers, so tensors that data-parallel ranks
+    /// hold identically are stored once per peer, and a rank finding them
+    /// already pushed by its neighbour does not send them again.
+    pub spread_replicas: bool,
     /// While a step still on L1 is degraded (a peer was down or cut off),
     /// it is pushed again this often (and at once after a later step
     /// replicates fully), so a returning peer gets it without a new save.
@@ -194,6 +200,7 @@ impl Default for Config {
             node: hostname(),
             peers: Vec::new(),
             replicas: 1,
+            spread_replicas: false,
             replication_retry_secs: 30,
             eager_push: true,
             peer_certs: None,
@@ -423,6 +430,7 @@ impl Config {
                         .collect()
                 }
                 "REPLICAS" => self.replicas = num(&v)? as usize,
+                "SPREAD_REPLICAS" => self.spread_replicas = flag(&v)?,
                 "REPLICATION_RETRY_SECS" => self.replication_retry_secs = num(&v)?,
                 "EAGER_PUSH" => self.eager_push = flag(&v)?,
                 "PEER_CERTS" => self.peer_certs = (!v.is_empty()).then(|| PathBuf::from(&v)),

@@ -98,7 +98,10 @@ pub(crate) fn open_peers(cfg: &Config) -> Result<Vec<NamedTier>> {
         return Ok(Vec::new());
     };
     let names: Vec<String> = list.iter().map(|(n, _)| n.clone()).collect();
-    let order = strata_peer::ring::placement(&names, &cfg.node, cfg.rank);
+    // By node unless asked to spread: the ranks of a node then share their
+    // peers, and identical chunks of data-parallel ranks are stored once.
+    let rotate = if cfg.spread_replicas { cfg.rank } else { 0 };
+    let order = strata_peer::ring::placement(&names, &cfg.node, rotate);
     order
         .into_iter()
         .filter_map(|name| list.iter().find(|(n, _)| *n == name).cloned())

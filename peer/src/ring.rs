@@ -1,8 +1,9 @@
 //! Where a rank's replicas go: a deterministic ring over the node list.
 //!
 //! Nodes are ordered by name. A rank on node `me` considers the other nodes
-//! in ring order starting after `me`, rotated by the rank (so the ranks of
-//! one node spread their replicas over different peers); the first `R` are
+//! in ring order starting after `me`, rotated by `rank` (the client passes
+//! 0 unless `spread_replicas` is set, so the ranks of a node share their
+//! peers; with it, they spread over different peers); the first `R` are
 //! its replicas, the rest the fallbacks used in order when one is down.
 //! Every process computes the same answer from the same list.
 
