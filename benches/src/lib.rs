@@ -1,3 +1,4 @@
 //! Helpers shared by the benchmark commands.
 
 pub mod cpu;
+pub mod quic;
