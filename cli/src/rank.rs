@@ -121,6 +121,15 @@ fn entries<'a>(s: &'a [(String, Vec<u8>)], shape: &'a [u64; 1]) -> Vec<Entry<'a>
         .collect()
 }
 
+/// Whether a restored state is exactly `want`, entry by entry.
+fn same(want: &[(String, Vec<u8>)], got: &[strata::RestoredEntry]) -> bool {
+    want.len() == got.len()
+        && want
+            .iter()
+            .zip(got)
+            .all(|((n, d), e)| *n == e.name && *d == e.bytes)
+}
+
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
@@ -148,12 +157,7 @@ fn run_rank(a: &RankArgs) -> Result<(), CliError> {
     if a.resume {
         match ck.restore(StepSelector::Latest) {
             Ok(got) => {
-                let want = state(a, rank, got.step);
-                let ok = want.len() == got.entries.len()
-                    && want
-                        .iter()
-                        .zip(&got.entries)
-                        .all(|((n, d), e)| *n == e.name && *d == e.bytes);
+                let ok = same(&state(a, rank, got.step), &got.entries);
                 line(
                     json!({"event": "resumed", "rank": rank, "node": cfg.node, "step": got.step,
                     "ok": ok, "ms": ms(got.stats.duration), "bytes": got.stats.bytes_read,
@@ -209,12 +213,7 @@ fn run_rank(a: &RankArgs) -> Result<(), CliError> {
     if a.verify {
         for step in first..=last {
             let got = ck.restore(StepSelector::Step(step))?;
-            let want = state(a, rank, step);
-            let ok = want.len() == got.entries.len()
-                && want
-                    .iter()
-                    .zip(&got.entries)
-                    .all(|((n, d), e)| *n == e.name && *d == e.bytes);
+            let ok = same(&state(a, rank, step), &got.entries);
             line(
                 json!({"event": "verified", "rank": rank, "step": step, "ok": ok,
                 "from_l2": got.stats.bytes_from_l2, "from_l3": got.stats.bytes_from_l3}),

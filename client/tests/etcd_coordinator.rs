@@ -186,3 +186,30 @@ fn etcd_authentication_is_used_when_configured() {
     let c = EtcdCoordinator::connect(right, "auth", 0, 1).unwrap();
     assert_eq!(c.all_gather(0, "r", vec![7], LONG).unwrap(), vec![vec![7]]);
 }
+
+#[test]
+fn etcd_over_https_needs_its_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    strata::peer::tls::make_certs(&certs, &["etcd".into()], &[], &["tls".into()]).unwrap();
+    let Some(etcd) = etcd::Etcd::start_tls(&certs.join("etcd.pem"), &certs.join("etcd.key")) else {
+        return;
+    };
+    assert!(etcd.url.starts_with("https://"));
+    // Without the CA the server's certificate is not trusted.
+    let e = EtcdCoordinator::connect(opts(&etcd.url), "tls", 0, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    let with_ca = EtcdOptions {
+        ca_file: Some(certs.join("ca.pem")),
+        ..opts(&etcd.url)
+    };
+    let c = EtcdCoordinator::connect(with_ca, "tls", 0, 1).unwrap();
+    assert_eq!(c.all_gather(0, "r", vec![3], LONG).unwrap(), vec![vec![3]]);
+    // A CA file that is not PEM is a configuration error.
+    std::fs::write(dir.path().join("bad.pem"), b"not a certificate").unwrap();
+    let bad = EtcdOptions {
+        ca_file: Some(dir.path().join("bad.pem")),
+        ..opts(&etcd.url)
+    };
+    assert!(EtcdCoordinator::connect(bad, "tls", 0, 1).is_err());
+}

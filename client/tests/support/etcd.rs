@@ -24,6 +24,15 @@ impl Etcd {
     /// Starts etcd, or returns None (test skipped) when it is not
     /// installed and not required.
     pub(crate) fn start() -> Option<Etcd> {
+        Self::start_with(None)
+    }
+
+    /// etcd serving https with this certificate and key (PEM files).
+    pub(crate) fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> Option<Etcd> {
+        Self::start_with(Some((cert, key)))
+    }
+
+    fn start_with(tls: Option<(&std::path::Path, &std::path::Path)>) -> Option<Etcd> {
         let found = Command::new("etcd")
             .arg("--version")
             .stdout(Stdio::null())
@@ -40,8 +49,13 @@ impl Etcd {
         }
         let dir = tempfile::tempdir().expect("tempdir");
         let (client, peer) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client}");
-        let child = Command::new("etcd")
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://127.0.0.1:{client}");
+        let mut cmd = Command::new("etcd");
+        if let Some((cert, key)) = tls {
+            cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
+        }
+        let child = cmd
             .arg("--data-dir")
             .arg(dir.path().join("data"))
             .args([
@@ -66,7 +80,12 @@ impl Etcd {
             assert!(Instant::now() < deadline, "etcd did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
-        // Serving once a read succeeds (the port opens a little earlier).
+        // Serving once a read succeeds (the port opens a little earlier;
+        // over https, give it a moment instead).
+        if tls.is_some() {
+            std::thread::sleep(Duration::from_millis(1500));
+            return Some(e);
+        }
         while e.post("/v3/kv/range", r#"{"key":"AA=="}"#).is_none() {
             assert!(Instant::now() < deadline, "etcd did not answer");
             std::thread::sleep(Duration::from_millis(50));
