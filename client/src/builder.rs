@@ -188,6 +188,9 @@ impl Checkpointer {
         let (upload_tx, upload_rx) = mpsc::channel::<UploadJob>();
         let (repl_tx, repl_rx) = mpsc::channel::<u64>();
         tracing::info!(local = %l1.describe(), rank = cfg.rank, peers = l2.len(), remote = l3.is_some(), "strata checkpointer ready");
+        let claims = l1_disk
+            .as_ref()
+            .map(|_| crate::push_claims::PushClaims::new(&cfg.l1_dir, &cfg.job));
         let shared = Arc::new(Shared {
             rt: OwnRuntime(Some(rt)),
             l1,
@@ -206,6 +209,7 @@ impl Checkpointer {
             upload_policy,
             commits: CommitEvents::default(),
             committed: KnownCommitted::default(),
+            claims,
             cfg,
         });
         // The workers hear of committed steps as subscribers; the save

@@ -13,11 +13,27 @@
 
 use std::sync::Arc;
 
-use strata_format::ShardManifest;
+use strata_format::{ChunkId, ShardManifest};
 use strata_tiered::{ChunkPut, ChunkStore, StepInfo};
 
 use crate::error::{Error, Result};
 use crate::inspect::{load_shard, LoadedShard};
+
+/// How processes that copy from sources holding the same chunks (ranks of
+/// one node, whose data-parallel tensors are identical) share the work of
+/// sending them to one destination: each chunk is sent by the process that
+/// claims it; the others wait until the destination holds it.
+pub trait PushCoordination: Send + Sync {
+    /// Claims `id`: a guard (the claim ends when it is dropped) if this
+    /// process is to send it, None if another process is sending it.
+    fn claim(&self, id: &ChunkId) -> Option<Box<dyn Send>>;
+    /// Whether another process's claim of `id` is still live.
+    fn sibling_sending(&self, id: &ChunkId) -> bool;
+}
+
+/// How long a copy waits for chunks another process claimed to reach the
+/// destination before it sends them itself.
+const SIBLING_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Who hashes the chunks read from the source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,20 +47,34 @@ pub enum Verify {
 }
 
 /// How a copy runs.
-#[derive(Clone, Copy, Debug)]
-pub struct CopyOptions {
+#[derive(Clone, Copy)]
+pub struct CopyOptions<'a> {
     /// Most chunk bytes read and sent per batch. Two batches are in memory
     /// at once: the next one is read while the current one is sent.
     pub batch_bytes: u64,
     /// Who verifies the chunks read from the source.
     pub verify: Verify,
+    /// Other processes sending the same chunks to the same destination
+    /// (the ranks of a node): chunks they claimed are left to them.
+    pub siblings: Option<&'a dyn PushCoordination>,
 }
 
-impl Default for CopyOptions {
+impl std::fmt::Debug for CopyOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyOptions")
+            .field("batch_bytes", &self.batch_bytes)
+            .field("verify", &self.verify)
+            .field("siblings", &self.siblings.is_some())
+            .finish()
+    }
+}
+
+impl Default for CopyOptions<'_> {
     fn default() -> Self {
         CopyOptions {
             batch_bytes: 64 << 20,
             verify: Verify::Here,
+            siblings: None,
         }
     }
 }
@@ -90,7 +120,7 @@ pub async fn copy_step(
     job: &str,
     step: u64,
     rank: u32,
-    opts: CopyOptions,
+    opts: CopyOptions<'_>,
     progress: &(dyn Fn(CopyProgress) + Send + Sync),
 ) -> Result<CopyStats> {
     let steps: Vec<StepInfo> = src.list_steps(job).await?;
@@ -100,15 +130,19 @@ pub async fn copy_step(
 
 /// Copies a shard already loaded (and checked) from `src` to `dst`: the
 /// chunks `dst` lacks, in batches read from `src` (the next batch read
-/// while the current one is sent), then [`commit_copy`].
+/// while the current one is sent), then [`commit_copy`]. With
+/// `opts.siblings`, chunks another process claimed are left to it and
+/// waited for (sent here after all if its claim ends first, or after
+/// [`SIBLING_WAIT`]).
 pub async fn copy_shard(
     src: &Arc<dyn ChunkStore>,
     dst: &dyn ChunkStore,
     job: &str,
     shard: &LoadedShard,
-    opts: CopyOptions,
+    opts: CopyOptions<'_>,
     progress: &(dyn Fn(CopyProgress) + Send + Sync),
 ) -> Result<CopyStats> {
+    let siblings = opts.siblings;
     let m = &shard.manifest;
     let ids: Vec<_> = m.chunks.iter().map(|c| c.id).collect();
     let present = dst.has_chunks(job, &ids).await?;
@@ -118,7 +152,42 @@ pub async fn copy_shard(
     let total: u64 = missing.iter().map(|&i| u64::from(m.chunks[i].len)).sum();
     let all: u64 = m.chunks.iter().map(|c| u64::from(c.len)).sum();
     progress(CopyProgress::Planned { total });
-    let (sent, written) = send_chunks(src, dst, job, m, &missing, opts, progress).await?;
+    // Chunks another process claimed are left to it.
+    let (mut mine, mut theirs, mut claims) = (Vec::new(), Vec::new(), Vec::new());
+    for &i in &missing {
+        match siblings.map(|s| s.claim(&ids[i])) {
+            Some(None) => theirs.push(i),
+            Some(Some(c)) => {
+                claims.push(c);
+                mine.push(i);
+            }
+            None => mine.push(i),
+        }
+    }
+    let (mut sent, mut written) = send_chunks(src, dst, job, m, &mine, opts, progress).await?;
+    drop(claims);
+    if let (Some(s), false) = (siblings, theirs.is_empty()) {
+        let deadline = tokio::time::Instant::now() + SIBLING_WAIT;
+        loop {
+            let want: Vec<ChunkId> = theirs.iter().map(|&i| ids[i]).collect();
+            let there = dst.has_chunks(job, &want).await?;
+            let mut k = 0;
+            theirs.retain(|_| {
+                let keep = there.get(k) != Some(&true);
+                k += 1;
+                keep
+            });
+            let waiting = theirs.iter().any(|&i| s.sibling_sending(&ids[i]));
+            if theirs.is_empty() || !waiting || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        // What the others did not deliver is sent here.
+        let (s2, w2) = send_chunks(src, dst, job, m, &theirs, opts, progress).await?;
+        sent += s2;
+        written += w2;
+    }
     commit_copy(dst, job, shard).await?;
     Ok(CopyStats {
         chunks: ids.len() as u64,
@@ -152,7 +221,7 @@ async fn send_chunks(
     job: &str,
     m: &ShardManifest,
     wanted: &[usize],
-    opts: CopyOptions,
+    opts: CopyOptions<'_>,
     progress: &(dyn Fn(CopyProgress) + Send + Sync),
 ) -> Result<(u64, u64)> {
     let batches = batches(m, wanted, opts.batch_bytes);

@@ -81,8 +81,9 @@ impl EagerPush {
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let job = s.cfg.job.clone();
         let flag = idle.clone();
+        let claims = s.claims.clone();
         s.rt.spawn(async move {
-            let outcome = run(job, peers, rx, flag).await;
+            let outcome = run(job, peers, rx, flag, claims).await;
             let _ = done_tx.send(outcome);
         });
         if let Ok(mut m) = s.eager.lock() {
@@ -121,6 +122,7 @@ async fn run(
     peers: Vec<NamedPeer>,
     mut rx: tokio::sync::mpsc::Receiver<Offered>,
     idle: Arc<std::sync::atomic::AtomicBool>,
+    claims: Option<crate::push_claims::PushClaims>,
 ) -> Outcome {
     let mut sent: HashMap<String, u64> = peers.iter().map(|(n, _)| (n.clone(), 0)).collect();
     let mut spares: Vec<Arc<AlignedBuf>> = Vec::new();
@@ -155,6 +157,20 @@ async fn run(
                     tracing::debug!(peer = %p.0, error = %e, "eager push: peer left out for this step");
                     sent.remove(&p.0);
                 }
+            }
+        }
+        // A chunk a sibling rank of this node is sending to that peer is
+        // left to it (the push after the commit waits for it).
+        let mut held = Vec::new();
+        if let Some(c) = &claims {
+            for ((name, _), missing) in &mut lacks {
+                missing.retain(|&i| match c.claim(name, &ids[i]) {
+                    Some(guard) => {
+                        held.push(guard);
+                        true
+                    }
+                    None => false,
+                });
             }
         }
         let mut wanted: Vec<usize> = lacks.iter().flat_map(|(_, v)| v.iter().copied()).collect();
@@ -218,6 +234,7 @@ async fn run(
                 }
             }
         }
+        drop(held);
         // Reused for a later batch once nothing refers to it any more.
         if spares.len() < SPARES {
             spares.push(buf);

@@ -47,6 +47,7 @@ pub mod inspect;
 pub mod par;
 mod persist;
 mod policy;
+mod push_claims;
 pub mod reader;
 pub mod replication;
 mod restore;

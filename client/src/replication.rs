@@ -155,7 +155,7 @@ fn replicate(s: &Shared, step: u64) -> L2State {
         let results: Vec<Result<u64>> = std::thread::scope(|sc| {
             let pushes: Vec<_> = round
                 .iter()
-                .map(|p| sc.spawn(|| push(s, &p.store, step)))
+                .map(|p| sc.spawn(|| push(s, p, step)))
                 .collect();
             pushes
                 .into_iter()
@@ -203,14 +203,20 @@ fn replicate(s: &Shared, step: u64) -> L2State {
 /// there ([`copy_step`]; the peer verifies every chunk it receives, so
 /// L1's copies are not hashed on the way out). Returns the bytes the peer
 /// wrote (those it received meanwhile from the eager push are not).
-fn push(s: &Shared, peer: &dyn ChunkStore, step: u64) -> Result<u64> {
+fn push(s: &Shared, peer: &NamedTier, step: u64) -> Result<u64> {
+    // The ranks of this node share the chunks they hold identically: each
+    // goes to the peer once (see `push_claims`).
+    let claims = s.claims.as_ref().map(|c| c.for_peer(&peer.name));
     let opts = CopyOptions {
         batch_bytes: PUSH_BATCH_BYTES,
         verify: Verify::Receiver,
+        siblings: claims
+            .as_ref()
+            .map(|c| c as &dyn crate::copy::PushCoordination),
     };
     let st = s.rt.block_on(copy_step(
         &s.l1,
-        peer,
+        &*peer.store,
         &s.cfg.job,
         step,
         s.cfg.rank,

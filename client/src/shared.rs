@@ -14,6 +14,7 @@ use crate::coordinator::Coordinator;
 use crate::error::{Error, Result};
 use crate::gpu::{DeviceBytes, Gpu};
 use crate::policy::UploadPolicy;
+use crate::push_claims::PushClaims;
 use crate::stack::NamedTier;
 use crate::staging::StagingPool;
 use crate::tier_states::{Replication, UploadJob, Uploads};
@@ -79,6 +80,9 @@ pub(crate) struct Shared {
     /// Steps this rank knows committed in some tier: a save of one of
     /// them is refused.
     pub(crate) committed: KnownCommitted,
+    /// Which rank of this node sends a chunk its ranks share (on the
+    /// default L1 only: the claims live in its directory).
+    pub(crate) claims: Option<PushClaims>,
 }
 
 impl Shared {

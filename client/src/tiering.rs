@@ -105,6 +105,7 @@ fn upload_step(s: &Shared, l3: &dyn ChunkStore, step: u64) -> Result<(u64, u64)>
     let opts = CopyOptions {
         batch_bytes: UPLOAD_BATCH_BYTES,
         verify: Verify::Here,
+        siblings: None,
     };
     let total = AtomicU64::new(0);
     let progress = |p: CopyProgress| match p {

@@ -78,6 +78,7 @@ fn copy_step_sends_only_what_is_missing_commits_and_is_idempotent() {
     let opts = CopyOptions {
         batch_bytes: 100 * KIB as u64,
         verify: Verify::Here,
+        siblings: None,
     };
     let st = rt
         .block_on(copy_step(&src_dyn, &*dst, "c", 7, 0, opts, &progress))
