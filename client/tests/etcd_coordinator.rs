@@ -192,7 +192,8 @@ fn etcd_over_https_needs_its_ca() {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path().join("certs");
     strata::peer::tls::make_certs(&certs, &["etcd".into()], &[], &["tls".into()]).unwrap();
-    let Some(etcd) = etcd::Etcd::start_tls(&certs.join("etcd.pem"), &certs.join("etcd.key")) else {
+    let Some(etcd) = etcd::Etcd::start_tls(&certs.join("etcd.pem"), &certs.join("etcd.key"), None)
+    else {
         return;
     };
     assert!(etcd.url.starts_with("https://"));
@@ -212,4 +213,31 @@ fn etcd_over_https_needs_its_ca() {
         ..opts(&etcd.url)
     };
     assert!(EtcdCoordinator::connect(bad, "tls", 0, 1).is_err());
+}
+
+#[test]
+fn etcd_requiring_client_certificates_takes_the_jobs_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    strata::peer::tls::make_certs(&certs, &["etcd".into()], &[], &["mtls".into()]).unwrap();
+    let ca = certs.join("ca.pem");
+    let Some(etcd) =
+        etcd::Etcd::start_tls(&certs.join("etcd.pem"), &certs.join("etcd.key"), Some(&ca))
+    else {
+        return;
+    };
+    // The CA alone is not enough: etcd wants a client certificate.
+    let no_cert = EtcdOptions {
+        ca_file: Some(ca.clone()),
+        ..opts(&etcd.url)
+    };
+    assert!(EtcdCoordinator::connect(no_cert, "mtls", 0, 1).is_err());
+    let mutual = EtcdOptions {
+        ca_file: Some(ca),
+        cert_file: Some(certs.join("client-mtls.pem")),
+        key_file: Some(certs.join("client-mtls.key")),
+        ..opts(&etcd.url)
+    };
+    let c = EtcdCoordinator::connect(mutual, "mtls", 0, 1).unwrap();
+    assert_eq!(c.all_gather(0, "r", vec![5], LONG).unwrap(), vec![vec![5]]);
 }

@@ -211,11 +211,17 @@ fn issue(
     let key = rcgen::KeyPair::generate().map_err(gen)?;
     let mut p = rcgen::CertificateParams::new(names).map_err(gen)?;
     p.distinguished_name.push(rcgen::DnType::CommonName, cn);
-    p.extended_key_usages = vec![if server {
-        rcgen::ExtendedKeyUsagePurpose::ServerAuth
+    // A node's certificate serves, and may also authenticate the node as
+    // a client of a service of the cluster's (etcd's gateway dials its
+    // own gRPC port with its server certificate).
+    p.extended_key_usages = if server {
+        vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ]
     } else {
-        rcgen::ExtendedKeyUsagePurpose::ClientAuth
-    }];
+        vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth]
+    };
     let cert = p.signed_by(&key, issuer).map_err(gen)?;
     let (c, k) = (
         dir.join(format!("{file}.pem")),

@@ -24,15 +24,23 @@ impl Etcd {
     /// Starts etcd, or returns None (test skipped) when it is not
     /// installed and not required.
     pub(crate) fn start() -> Option<Etcd> {
-        Self::start_with(None)
+        Self::start_with(None, None)
     }
 
-    /// etcd serving https with this certificate and key (PEM files).
-    pub(crate) fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> Option<Etcd> {
-        Self::start_with(Some((cert, key)))
+    /// etcd serving https with this certificate and key (PEM files), and
+    /// with `client_ca`, requiring client certificates it signed.
+    pub(crate) fn start_tls(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        client_ca: Option<&std::path::Path>,
+    ) -> Option<Etcd> {
+        Self::start_with(Some((cert, key)), client_ca)
     }
 
-    fn start_with(tls: Option<(&std::path::Path, &std::path::Path)>) -> Option<Etcd> {
+    fn start_with(
+        tls: Option<(&std::path::Path, &std::path::Path)>,
+        client_ca: Option<&std::path::Path>,
+    ) -> Option<Etcd> {
         let found = Command::new("etcd")
             .arg("--version")
             .stdout(Stdio::null())
@@ -54,6 +62,11 @@ impl Etcd {
         let mut cmd = Command::new("etcd");
         if let Some((cert, key)) = tls {
             cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
+        }
+        if let Some(ca) = client_ca {
+            cmd.arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(ca);
         }
         let child = cmd
             .arg("--data-dir")
