@@ -158,12 +158,11 @@ fn run_rank(a: &RankArgs) -> Result<(), CliError> {
         match ck.restore(StepSelector::Latest) {
             Ok(got) => {
                 let ok = same(&state(a, rank, got.step), &got.entries);
-                line(
-                    json!({"event": "resumed", "rank": rank, "node": cfg.node, "step": got.step,
+                line(json!({"event": "resumed", "rank": rank, "node": cfg.node,
+                    "local_rank": cfg.local_rank, "node_rank": cfg.node_rank, "step": got.step,
                     "ok": ok, "ms": ms(got.stats.duration), "bytes": got.stats.bytes_read,
                     "from_l2": got.stats.bytes_from_l2, "from_l3": got.stats.bytes_from_l3,
-                    "since_start_ms": ms(started.elapsed())}),
-                );
+                    "since_start_ms": ms(started.elapsed())}));
                 if !ok {
                     return Err(CliError::Verify(format!(
                         "step {} restored different bytes",

@@ -89,6 +89,15 @@ pub struct Config {
     pub rank: u32,
     /// Number of ranks.
     pub world_size: u32,
+    /// This process's rank among its node's (`LOCAL_RANK`,
+    /// `SLURM_LOCALID`), when the launcher says.
+    pub local_rank: Option<u32>,
+    /// Ranks on this node (`LOCAL_WORLD_SIZE`), when the launcher says.
+    pub local_world_size: Option<u32>,
+    /// This node's index among the job's nodes (`GROUP_RANK`,
+    /// `SLURM_NODEID`), when the launcher says. The node's name for the
+    /// peers stays `node` (the host name by default).
+    pub node_rank: Option<u32>,
     /// L1 directory on local NVMe.
     pub l1_dir: PathBuf,
     /// Chunk size in bytes (a multiple of 64; default 16 MiB).
@@ -182,6 +191,9 @@ impl Default for Config {
             job: "default".into(),
             rank: 0,
             world_size: 1,
+            local_rank: None,
+            local_world_size: None,
+            node_rank: None,
             l1_dir: PathBuf::from("strata-l1"),
             chunk_size: DEFAULT_CHUNK_SIZE,
             io_engine: "auto".into(),
@@ -387,6 +399,15 @@ impl Config {
         if let Some(w) = launcher("WORLD_SIZE", "SLURM_NTASKS")? {
             self.world_size = w;
         }
+        if let Some(l) = launcher("LOCAL_RANK", "SLURM_LOCALID")? {
+            self.local_rank = Some(l);
+        }
+        if let Some(l) = launcher("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE")? {
+            self.local_world_size = Some(l);
+        }
+        if let Some(n) = launcher("GROUP_RANK", "SLURM_NODEID")? {
+            self.node_rank = Some(n);
+        }
         for (k, v) in vars {
             let Some(key) = k.strip_prefix("STRATA_") else {
                 continue;
@@ -421,6 +442,17 @@ impl Config {
                 "UPLOAD_BYTES_PER_SEC" => self.upload_bytes_per_sec = num(&v)?,
                 "REHYDRATE_L1" => self.rehydrate_l1 = flag(&v)?,
                 "NODE" => self.node = v.clone(),
+                "LOCAL_RANK" => {
+                    self.local_rank =
+                        Some(num(&v)?.try_into().map_err(|_| bad("too large".into()))?)
+                }
+                "LOCAL_WORLD_SIZE" => {
+                    self.local_world_size =
+                        Some(num(&v)?.try_into().map_err(|_| bad("too large".into()))?)
+                }
+                "NODE_RANK" => {
+                    self.node_rank = Some(num(&v)?.try_into().map_err(|_| bad("too large".into()))?)
+                }
                 "PEERS" => {
                     self.peers = v
                         .split(',')
@@ -465,6 +497,14 @@ impl Config {
                 "rank {} of world size {}",
                 self.rank, self.world_size
             )));
+        }
+        if let (Some(l), Some(n)) = (self.local_rank, self.local_world_size) {
+            if l >= n || n > self.world_size {
+                return Err(Error::Config(format!(
+                    "local rank {l} of {n} ranks on the node, in a world of {}",
+                    self.world_size
+                )));
+            }
         }
         validate_chunk_size(self.chunk_size).map_err(|e| Error::Config(e.to_string()))?;
         self.engine()?;
@@ -591,8 +631,38 @@ mod tests {
         };
         let torchrun = env(&[("RANK", "5"), ("WORLD_SIZE", "16"), ("LOCAL_RANK", "1")]).unwrap();
         assert_eq!((torchrun.rank, torchrun.world_size), (5, 16));
-        let slurm = env(&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "8")]).unwrap();
+        let slurm = env(&[
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NODEID", "1"),
+        ])
+        .unwrap();
         assert_eq!((slurm.rank, slurm.world_size), (3, 8));
+        assert_eq!((slurm.local_rank, slurm.node_rank), (Some(1), Some(1)));
+        let local = env(&[
+            ("RANK", "5"),
+            ("WORLD_SIZE", "16"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "8"),
+            ("GROUP_RANK", "0"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (local.local_rank, local.local_world_size, local.node_rank),
+            (Some(1), Some(8), Some(0))
+        );
+        local.validate().unwrap();
+        let bad = env(&[
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "8"),
+            ("LOCAL_WORLD_SIZE", "8"),
+        ])
+        .unwrap();
+        assert!(
+            bad.validate().is_err(),
+            "local rank beyond the node's ranks"
+        );
         // torchrun's over Slurm's (torchrun under srun), STRATA_* over both.
         let both = env(&[("RANK", "1"), ("SLURM_PROCID", "3"), ("WORLD_SIZE", "4")]).unwrap();
         assert_eq!(both.rank, 1);
