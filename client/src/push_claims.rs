@@ -15,8 +15,9 @@ use strata_format::ChunkId;
 
 use crate::copy::PushCoordination;
 
-/// A claim older than this is a crashed sibling's: taken over.
-const STALE: Duration = Duration::from_secs(60);
+/// A claim older than this is a crashed sibling's: taken over (and removed
+/// when a checkpointer opens the directory).
+const STALE: Duration = Duration::from_secs(600);
 
 /// The claims of one node's L1 directory for one job.
 #[derive(Clone, Debug)]
@@ -49,8 +50,24 @@ fn segment(peer: &str) -> String {
 impl PushClaims {
     /// The claims under `l1_dir` for `job`.
     pub(crate) fn new(l1_dir: &Path, job: &str) -> Self {
-        PushClaims {
+        let c = PushClaims {
             dir: l1_dir.join(job).join("tmp").join("push-claims"),
+        };
+        c.clear_stale();
+        c
+    }
+
+    /// Removes claims crashed ranks left behind.
+    fn clear_stale(&self) {
+        let Ok(peers) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for p in peers.flatten() {
+            for f in std::fs::read_dir(p.path()).into_iter().flatten().flatten() {
+                if self.is_stale(&f.path()) {
+                    let _ = std::fs::remove_file(f.path());
+                }
+            }
         }
     }
 

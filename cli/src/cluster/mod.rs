@@ -197,7 +197,7 @@ impl Cluster {
         let etcd_bin = find_bin("etcd").ok_or("etcd not found (apt-get install etcd-server)")?;
         let (cport, pport) = (free_port(svc)?, free_port(svc)?);
         let etcd_url = format!("http://{svc}:{cport}");
-        let mut etcd = Command::new(etcd_bin)
+        let etcd = Command::new(etcd_bin)
             .arg("--data-dir")
             .arg(spec.dir.join("etcd"))
             .args([
@@ -212,13 +212,13 @@ impl Cluster {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("etcd: {e}"))?;
-        wait_port((svc, cport), &mut etcd, "etcd")?;
-        let etcd = Proc(etcd);
+        let mut etcd = Proc(etcd);
+        wait_port((svc, cport), &mut etcd.0, "etcd")?;
         let s3_bin = find_bin("s3s-fs").ok_or("s3s-fs not found (scripts/test.sh installs it)")?;
         let s3_dir = spec.dir.join("s3");
         mkdir(&s3_dir.join(BUCKET))?;
         let s3_port = free_port(svc)?;
-        let mut s3 = Command::new(s3_bin)
+        let s3 = Command::new(s3_bin)
             .args(["--host", &svc.to_string(), "--port", &s3_port.to_string()])
             .args(["--access-key", S3_KEY.0, "--secret-key", S3_KEY.1])
             .arg(&s3_dir)
@@ -226,8 +226,8 @@ impl Cluster {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("s3s-fs: {e}"))?;
-        wait_port((svc, s3_port), &mut s3, "s3s-fs")?;
-        let s3 = Proc(s3);
+        let mut s3 = Proc(s3);
+        wait_port((svc, s3_port), &mut s3.0, "s3s-fs")?;
 
         let nodes: Vec<Node> = (0..spec.nodes)
             .map(|i| Node {

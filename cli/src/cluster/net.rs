@@ -49,7 +49,10 @@ impl Fabric {
     /// A network for `nodes` nodes: namespaces when possible (and not
     /// `force_loopback`), else loopback addresses.
     pub fn new(nodes: usize, force_loopback: bool) -> Fabric {
-        let id = std::process::id();
+        // Unique per fabric: tests on threads of one process share a pid.
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = std::process::id().wrapping_mul(7).wrapping_add(n);
         let tag = format!("{:x}", id % 0xfffff);
         let subnet = [10, 200 + (id % 50) as u8, ((id / 50) % 250) as u8];
         let mut f = Fabric {
@@ -124,7 +127,9 @@ impl Fabric {
                 let [a, b, c] = self.subnet;
                 Ipv4Addr::new(a, b, c, (i + 1) as u8)
             }
-            Isolation::Loopback(_) => Ipv4Addr::new(127, 0, 2, (i + 1) as u8),
+            Isolation::Loopback(_) => {
+                Ipv4Addr::new(127, self.subnet[1], self.subnet[2], (i + 1) as u8)
+            }
         }
     }
 
@@ -136,7 +141,7 @@ impl Fabric {
                 let [a, b, c] = self.subnet;
                 Ipv4Addr::new(a, b, c, 254)
             }
-            Isolation::Loopback(_) => Ipv4Addr::new(127, 0, 2, 254),
+            Isolation::Loopback(_) => Ipv4Addr::new(127, self.subnet[1], self.subnet[2], 254),
         }
     }
 

@@ -29,7 +29,10 @@ pub(crate) struct Kv {
 pub(crate) struct EtcdApi {
     http: reqwest::Client,
     endpoints: Vec<String>,
-    token: Option<String>,
+    /// etcd's authentication token, renewed when etcd says it expired.
+    token: std::sync::Mutex<Option<String>>,
+    user: Option<(String, String)>,
+    timeout: Duration,
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -102,8 +105,10 @@ impl EtcdApi {
         if endpoints.is_empty() {
             return Err(Error::Config("etcd: no endpoint".into()));
         }
+        // A dead endpoint must not hold up the next one (nor a lease's
+        // renewal) for a whole request timeout.
         let mut b = reqwest::Client::builder()
-            .connect_timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(2)))
             .pool_idle_timeout(Duration::from_secs(30));
         if let Some(ca) = &sec.ca_pem {
             let cert = reqwest::Certificate::from_pem(ca).map_err(|e| err("CA certificate", e))?;
@@ -114,29 +119,47 @@ impl EtcdApi {
             b = b.identity(id);
         }
         let http = b.build().map_err(|e| err("client", e))?;
-        let mut api = EtcdApi {
+        let api = EtcdApi {
             http,
             endpoints,
-            token: None,
+            token: std::sync::Mutex::new(None),
+            user: sec.user.clone(),
+            timeout,
         };
-        if let Some((name, password)) = &sec.user {
-            let r = api
-                .call(
-                    "/v3/auth/authenticate",
-                    &json!({"name": name, "password": password}),
-                    timeout,
-                )
-                .await?;
-            let token = r["token"]
-                .as_str()
-                .ok_or_else(|| Error::Coordination("etcd authenticate: no token".into()))?;
-            api.token = Some(token.to_string());
-        }
+        api.authenticate().await?;
         Ok(api)
     }
 
+    /// Gets a token for the user, if one is configured.
+    async fn authenticate(&self) -> Result<()> {
+        let Some((name, password)) = &self.user else {
+            return Ok(());
+        };
+        let r = self
+            .call_once(
+                "/v3/auth/authenticate",
+                &json!({"name": name, "password": password}),
+                self.timeout,
+                None,
+            )
+            .await?;
+        let token = r["token"]
+            .as_str()
+            .ok_or_else(|| Error::Coordination("etcd authenticate: no token".into()))?;
+        if let Ok(mut t) = self.token.lock() {
+            *t = Some(token.to_string());
+        }
+        Ok(())
+    }
+
     /// Sends one request to the first endpoint that answers.
-    async fn send(&self, path: &str, body: &Value, timeout: Duration) -> Result<reqwest::Response> {
+    async fn send(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+        token: Option<&str>,
+    ) -> Result<reqwest::Response> {
         let mut errors = Vec::new();
         for ep in &self.endpoints {
             let mut req = self
@@ -145,7 +168,7 @@ impl EtcdApi {
                 .header("content-type", "application/json")
                 .body(body.to_string())
                 .timeout(timeout);
-            if let Some(t) = &self.token {
+            if let Some(t) = token {
                 req = req.header("authorization", t);
             }
             match req.send().await {
@@ -159,9 +182,35 @@ impl EtcdApi {
         )))
     }
 
-    /// One request and its JSON answer (an error status is an error).
+    fn token(&self) -> Option<String> {
+        self.token.lock().ok().and_then(|t| t.clone())
+    }
+
+    /// One request and its JSON answer (an error status is an error); an
+    /// expired authentication token is renewed once and the request sent
+    /// again.
     pub(crate) async fn call(&self, path: &str, body: &Value, timeout: Duration) -> Result<Value> {
-        let mut resp = self.send(path, body, timeout).await?;
+        match self
+            .call_once(path, body, timeout, self.token().as_deref())
+            .await
+        {
+            Err(Error::Coordination(m)) if self.user.is_some() && m.contains("auth token") => {
+                self.authenticate().await?;
+                self.call_once(path, body, timeout, self.token().as_deref())
+                    .await
+            }
+            r => r,
+        }
+    }
+
+    async fn call_once(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+        token: Option<&str>,
+    ) -> Result<Value> {
+        let mut resp = self.send(path, body, timeout, token).await?;
         let status = resp.status();
         let mut buf = Vec::new();
         while let Some(c) = resp.chunk().await.map_err(|e| err(path, e))? {
@@ -320,6 +369,25 @@ impl EtcdApi {
         Ok((v["succeeded"].as_bool() == Some(true)).then(|| num(&v["header"]["revision"])))
     }
 
+    /// Puts `key` only while it is attached to lease `expect` (still the
+    /// writer's own); returns whether it did.
+    pub(crate) async fn put_if_lease(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+        expect: i64,
+        t: Duration,
+    ) -> Result<bool> {
+        let k = B64.encode(key);
+        let body = json!({
+            "compare": [{"key": k, "target": "LEASE", "lease": expect.to_string()}],
+            "success": [{"request_put": {"key": k, "value": B64.encode(value), "lease": lease.to_string()}}],
+        });
+        let v = self.call("/v3/kv/txn", &body, t).await?;
+        Ok(v["succeeded"].as_bool() == Some(true))
+    }
+
     /// Deletes `key`.
     pub(crate) async fn delete(&self, key: &[u8], t: Duration) -> Result<()> {
         self.call("/v3/kv/deleterange", &json!({"key": B64.encode(key)}), t)
@@ -343,8 +411,14 @@ impl EtcdApi {
         let watched = async {
             // The stream has no end of its own: the timeout around this
             // future ends it.
+            let token = self.token();
             let mut resp = self
-                .send("/v3/watch", &body, wait + Duration::from_secs(5))
+                .send(
+                    "/v3/watch",
+                    &body,
+                    wait + Duration::from_secs(5),
+                    token.as_deref(),
+                )
                 .await?;
             let mut line = Vec::new();
             while let Some(c) = resp.chunk().await.map_err(|e| err("watch", e))? {

@@ -133,6 +133,10 @@ struct State {
     seen: BTreeSet<u32>,
     /// This rank's key of the last complete round (deleted after the next).
     last_round: Option<Vec<u8>>,
+    /// Calls of each all-gather key so far: a key used again (a step
+    /// saved again after a failed commit) is a new round, never mixed with
+    /// the failed one's values.
+    attempts: std::collections::HashMap<String, u32>,
 }
 
 /// Ranks in many processes agreeing through etcd. One per process; it
@@ -183,8 +187,9 @@ fn rank_in(rest: &[u8]) -> Option<u32> {
     std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
 }
 
-/// How long the rounds' lease lives: a slow rank must still find the
-/// values of ranks that finished the round and exited.
+/// How long the rounds' lease lives at least: a slow rank must still find
+/// the values of ranks that finished the round and exited. (At least three
+/// claim leases too, so renewals always come in time.)
 const ROUNDS_TTL: Duration = Duration::from_secs(120);
 
 impl std::fmt::Debug for EtcdCoordinator {
@@ -212,6 +217,16 @@ impl EtcdCoordinator {
     /// A rank another live process holds is [`Error::RankClaimed`] (and
     /// that process's next call fails the same way).
     pub fn connect(opts: EtcdOptions, job: &str, rank: u32, world: u32) -> Result<Self> {
+        // On a thread of its own: the caller may be inside an async
+        // runtime, where blocking on (or dropping) ours would panic.
+        std::thread::scope(|sc| {
+            sc.spawn(|| Self::connect_here(opts, job, rank, world))
+                .join()
+                .unwrap_or_else(|_| Err(Error::Coordination("etcd connect panicked".into())))
+        })
+    }
+
+    fn connect_here(opts: EtcdOptions, job: &str, rank: u32, world: u32) -> Result<Self> {
         strata_format::names::validate_job_id(job).map_err(|e| Error::Config(e.to_string()))?;
         if world == 0 || rank >= world {
             return Err(Error::Config(format!("rank {rank} of world size {world}")));
@@ -243,7 +258,7 @@ impl EtcdCoordinator {
             crate::config::hostname(),
             std::process::id()
         );
-        let rounds_lease = rt.block_on(api.grant(ROUNDS_TTL, t))?;
+        let rounds_lease = rt.block_on(api.grant(ROUNDS_TTL.max(opts.lease_ttl * 3), t))?;
         let claim = format!("{root}/ranks/{rank:08}");
         let state = Arc::new(Mutex::new(State::default()));
         // A live holder is waited for up to one lease TTL (plus a margin):
@@ -297,11 +312,16 @@ impl EtcdCoordinator {
         rt.spawn(keep_alive(
             api.clone(),
             state.clone(),
-            [lease, rounds_lease],
             opts.clone(),
-            format!("{root}/claims/{rank:08}/"),
-            job.to_string(),
-            rank,
+            Holder {
+                leases: [lease, rounds_lease],
+                claim: claim.clone(),
+                claims: format!("{root}/claims/{rank:08}/"),
+                instance: instance.clone(),
+                claimed_at,
+                job: job.to_string(),
+                rank,
+            },
         ));
         tracing::info!(rank, world, %me, "claimed the rank in etcd");
         Ok(EtcdCoordinator {
@@ -379,18 +399,50 @@ impl EtcdCoordinator {
 
     async fn gather(&self, key: &str, value: Vec<u8>, timeout: Duration) -> Result<Vec<Vec<u8>>> {
         let t = self.opts.request_timeout;
-        let round = format!("{}/rounds/{}/", self.root, escape(key));
+        let attempt = {
+            let mut st = self.state.lock().map_err(poisoned)?;
+            let n = st.attempts.entry(key.to_string()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let round = format!("{}/rounds/{}@{attempt}/", self.root, escape(key));
         let mine = format!("{round}{:08}/{}", self.rank, self.instance).into_bytes();
         self.api.put(&mine, &value, self.rounds_lease, t).await?;
+        let r = self.gather_round(key, &round, &mine, timeout).await;
+        if r.is_err() {
+            // A failed round's value goes at once: no late rank counts it.
+            let _ = self.api.delete(&mine, t).await;
+        }
+        r
+    }
+
+    async fn gather_round(
+        &self,
+        key: &str,
+        round: &str,
+        mine: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>> {
+        let t = self.opts.request_timeout;
         let members = format!("{}/ranks/", self.root);
         let deadline = Instant::now() + timeout;
         loop {
             self.check_lost()?;
-            // The round and the claims at one revision.
-            let (values, claims, rev) = self
+            // The round and the claims at one revision (a transient etcd
+            // error is retried until the deadline).
+            let (values, claims, rev) = match self
                 .api
                 .range_two(round.as_bytes(), members.as_bytes(), t)
-                .await?;
+                .await
+            {
+                Ok(v) => v,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "etcd read failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let mut holder: BTreeMap<u32, Claim> = BTreeMap::new();
             for kv in &claims {
                 if let Some(r) = kv.key.strip_prefix(members.as_bytes()).and_then(rank_in) {
@@ -427,11 +479,11 @@ impl EtcdCoordinator {
             if got.len() == self.world as usize {
                 let last = {
                     let mut st = self.state.lock().map_err(poisoned)?;
-                    st.last_round.replace(mine)
+                    st.last_round.replace(mine.to_vec())
                 };
                 // Every rank has put this round, so every rank is done
                 // reading the previous one: this rank's value of it goes.
-                if let Some(old) = last {
+                if let Some(old) = last.filter(|o| o.as_slice() != mine) {
                     if let Err(e) = self.api.delete(&old, t).await {
                         tracing::warn!(error = %e, "could not delete an old round's key");
                     }
@@ -477,47 +529,46 @@ impl EtcdCoordinator {
             }
             // Wait for the round to change (or re-check the claims).
             let wait = (deadline - now).min(self.opts.lease_ttl / 2);
-            self.api.watch_prefix(round.as_bytes(), rev, wait).await?;
+            if let Err(e) = self.api.watch_prefix(round.as_bytes(), rev, wait).await {
+                tracing::warn!(error = %e, "etcd watch failed; reading again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
     }
 }
 
-/// Keeps the lease alive every third of its TTL and watches for a second
-/// claim of this rank; records why the rank was lost, then stops.
-async fn keep_alive(
-    api: Arc<EtcdApi>,
-    state: Arc<Mutex<State>>,
+/// What the keep-alive task needs to know about this process's claim.
+struct Holder {
     leases: [i64; 2],
-    opts: EtcdOptions,
+    claim: String,
     claims: String,
+    instance: String,
+    claimed_at: i64,
     job: String,
     rank: u32,
-) {
+}
+
+/// Keeps the claim's lease alive every third of its TTL (first, before
+/// anything else), the rounds' lease too, and checks that the claim is
+/// still this process's and that no newer process tried to take the rank;
+/// records why the rank was lost, then stops.
+async fn keep_alive(api: Arc<EtcdApi>, state: Arc<Mutex<State>>, opts: EtcdOptions, h: Holder) {
     let every = opts.lease_ttl / 3;
-    let t = opts
-        .request_timeout
-        .min(every.max(Duration::from_millis(500)));
+    // A renewal must not outlast its own period.
+    let t = every.max(Duration::from_millis(500));
+    let mut next = tokio::time::Instant::now() + every;
     loop {
-        tokio::time::sleep(every).await;
-        // The rounds' lease is renewed too; only the claim's matters for
-        // whether this process still holds its rank.
-        let _ = api.keepalive(leases[1], t).await;
-        let lost = match api.keepalive(leases[0], t).await {
+        tokio::time::sleep_until(next).await;
+        next += every;
+        let lost = match api.keepalive(h.leases[0], t).await {
             Ok(0) => Some(Error::Coordination(format!(
-                "rank {rank}: this process's etcd lease expired (unreachable for over {:?}); its rank may be taken by another process",
-                opts.lease_ttl
+                "rank {}: this process's etcd lease expired (unreachable for over {:?}); its rank may be taken by another process",
+                h.rank, opts.lease_ttl
             ))),
-            Ok(_) => match api.range_prefix(claims.as_bytes(), t).await {
-                Ok((kvs, _)) => kvs.first().map(|kv| Error::RankClaimed {
-                    job: job.clone(),
-                    rank,
-                    other: format!(
-                        "another process tried to claim it: {}",
-                        String::from_utf8_lossy(&kv.value)
-                    ),
-                }),
-                Err(_) => None,
-            },
+            Ok(_) => {
+                let _ = api.keepalive(h.leases[1], t).await;
+                check_claim(&api, &h, t).await
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "etcd keep-alive failed; retrying");
                 None
@@ -531,6 +582,36 @@ async fn keep_alive(
             return;
         }
     }
+}
+
+/// Whether the claim is still this process's, and no process tried to
+/// take the rank since it was claimed (an older attempt's marker, from
+/// before this claim, is not about this process).
+async fn check_claim(api: &EtcdApi, h: &Holder, t: Duration) -> Option<Error> {
+    let (held, _) = api.range_prefix(h.claim.as_bytes(), t).await.ok()?;
+    let mine = held
+        .iter()
+        .find(|kv| kv.key == h.claim.as_bytes())
+        .is_some_and(|kv| parse_claim(&kv.value, kv.mod_revision).instance == h.instance);
+    if !mine {
+        return Some(Error::RankClaimed {
+            job: h.job.clone(),
+            rank: h.rank,
+            other: "another process holds it now (this process's claim was lost)".into(),
+        });
+    }
+    let (tried, _) = api.range_prefix(h.claims.as_bytes(), t).await.ok()?;
+    tried
+        .into_iter()
+        .find(|kv| kv.create_revision > h.claimed_at)
+        .map(|kv| Error::RankClaimed {
+            job: h.job.clone(),
+            rank: h.rank,
+            other: format!(
+                "another process tried to claim it: {}",
+                String::from_utf8_lossy(&kv.value)
+            ),
+        })
 }
 
 impl Coordinator for EtcdCoordinator {
@@ -577,7 +658,11 @@ impl Drop for EtcdCoordinator {
             let (lease, rounds) = (self.lease, self.rounds_lease);
             let _ = std::thread::spawn(move || {
                 rt.block_on(async {
-                    let _ = api.put(key.as_bytes(), value.as_bytes(), rounds, t).await;
+                    // Only while the claim is still on this process's
+                    // lease (another process may hold the rank by now).
+                    let _ = api
+                        .put_if_lease(key.as_bytes(), value.as_bytes(), rounds, lease, t)
+                        .await;
                     let _ = api.revoke(lease, t).await;
                 });
                 rt.shutdown_background();
