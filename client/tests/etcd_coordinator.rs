@@ -241,3 +241,30 @@ fn etcd_requiring_client_certificates_takes_the_jobs_certificate() {
     let c = EtcdCoordinator::connect(mutual, "mtls", 0, 1).unwrap();
     assert_eq!(c.all_gather(0, "r", vec![5], LONG).unwrap(), vec![vec![5]]);
 }
+
+#[test]
+fn a_failed_round_leaves_nothing_behind_and_a_repeat_is_a_new_round() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let a = EtcdCoordinator::connect(opts(&etcd.url), "again", 0, 2).unwrap();
+    let b = EtcdCoordinator::connect(opts(&etcd.url), "again", 1, 2).unwrap();
+    let short = Duration::from_millis(500);
+    // Rank 0 alone: fails. Rank 1 alone afterwards: fails too, rank 0's
+    // value of the failed round is gone (it must not commit alone).
+    assert!(a
+        .all_gather(0, "commit/again/5", b"old".to_vec(), short)
+        .is_err());
+    let e = b
+        .all_gather(1, "commit/again/5", b"b1".to_vec(), short)
+        .unwrap_err();
+    assert!(e.to_string().contains("only 1 of 2"), "{e}");
+    // Both call the key again: a new round, with only the new values.
+    let got = std::thread::scope(|s| {
+        let ha = s.spawn(|| a.all_gather(0, "commit/again/5", b"a2".to_vec(), LONG));
+        let hb = s.spawn(|| b.all_gather(1, "commit/again/5", b"b2".to_vec(), LONG));
+        (ha.join().unwrap().unwrap(), hb.join().unwrap().unwrap())
+    });
+    assert_eq!(got.0, vec![b"a2".to_vec(), b"b2".to_vec()]);
+    assert_eq!(got.0, got.1);
+}
