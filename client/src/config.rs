@@ -179,6 +179,10 @@ pub struct Config {
     pub etcd_cert: Option<PathBuf>,
     /// The key of `etcd_cert`.
     pub etcd_key: Option<PathBuf>,
+    /// Which start of the job this is (`TORCHELASTIC_RESTART_COUNT`,
+    /// `SLURM_RESTART_COUNT`, or `STRATA_INCARNATION`): the etcd rounds of
+    /// different starts never meet.
+    pub incarnation: Option<String>,
     /// etcd user (with `etcd_password_file`).
     pub etcd_user: Option<String>,
     /// A file holding the etcd user's password (kept out of the config).
@@ -225,6 +229,7 @@ impl Default for Config {
             etcd_key: None,
             etcd_user: None,
             etcd_password_file: None,
+            incarnation: None,
         }
     }
 }
@@ -408,6 +413,9 @@ impl Config {
         if let Some(n) = launcher("GROUP_RANK", "SLURM_NODEID")? {
             self.node_rank = Some(n);
         }
+        if let Some(i) = get("TORCHELASTIC_RESTART_COUNT").or_else(|| get("SLURM_RESTART_COUNT")) {
+            self.incarnation = Some(i.to_string());
+        }
         for (k, v) in vars {
             let Some(key) = k.strip_prefix("STRATA_") else {
                 continue;
@@ -475,6 +483,7 @@ impl Config {
                         .collect()
                 }
                 "ETCD_PREFIX" => self.etcd_prefix = v.clone(),
+                "INCARNATION" => self.incarnation = (!v.is_empty()).then(|| v.clone()),
                 "ETCD_LEASE_SECS" => self.etcd_lease_secs = num(&v)?,
                 "ETCD_CA" => self.etcd_ca = (!v.is_empty()).then(|| PathBuf::from(&v)),
                 "ETCD_CERT" => self.etcd_cert = (!v.is_empty()).then(|| PathBuf::from(&v)),
@@ -680,6 +689,9 @@ mod tests {
         assert_eq!(etcd.etcd_endpoints, ["http://a:2379", "http://b:2379"]);
         let o = crate::EtcdOptions::from_config(&etcd).unwrap();
         assert_eq!(o.lease_ttl, std::time::Duration::from_secs(3));
+        assert_eq!(o.incarnation, None);
+        let again = env(&[("TORCHELASTIC_RESTART_COUNT", "2")]).unwrap();
+        assert_eq!(again.incarnation.as_deref(), Some("2"));
         let user = env(&[("STRATA_ETCD_USER", "u")]).unwrap();
         assert!(
             crate::EtcdOptions::from_config(&user).is_err(),

@@ -268,3 +268,38 @@ fn a_failed_round_leaves_nothing_behind_and_a_repeat_is_a_new_round() {
     assert_eq!(got.0, vec![b"a2".to_vec(), b"b2".to_vec()]);
     assert_eq!(got.0, got.1);
 }
+
+#[test]
+fn rounds_of_different_starts_of_the_job_never_meet() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let start = |i: &str| EtcdOptions {
+        incarnation: Some(i.into()),
+        ..opts(&etcd.url)
+    };
+    // Start 0 completes a round; its rank 0 ends, its rank 1 is still
+    // ending (alive) when start 1's rank 0 comes up and calls the key.
+    let old0 = EtcdCoordinator::connect(start("0"), "starts", 0, 2).unwrap();
+    let old1 = EtcdCoordinator::connect(start("0"), "starts", 1, 2).unwrap();
+    std::thread::scope(|s| {
+        let h = s.spawn(|| old1.all_gather(1, "restore/starts/0", b"old1".to_vec(), LONG));
+        old0.all_gather(0, "restore/starts/0", b"old0".to_vec(), LONG)
+            .unwrap();
+        h.join().unwrap().unwrap();
+    });
+    drop(old0);
+    let new0 = EtcdCoordinator::connect(start("1"), "starts", 0, 2).unwrap();
+    // Rank 1's holder is still start 0's process, with a value under the
+    // same key: it is not start 1's, so the round does not complete.
+    let e = new0
+        .all_gather(
+            0,
+            "restore/starts/0",
+            b"new0".to_vec(),
+            Duration::from_millis(800),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("only 1 of 2"), "{e}");
+    drop(old1);
+}

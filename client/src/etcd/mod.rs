@@ -51,6 +51,11 @@ pub struct EtcdOptions {
     pub key_file: Option<PathBuf>,
     /// etcd user and password (etcd's own authentication).
     pub user: Option<(String, String)>,
+    /// Which start of the job this is (the launcher's restart count:
+    /// torchrun's `TORCHELASTIC_RESTART_COUNT`, Slurm's
+    /// `SLURM_RESTART_COUNT`): rounds of different starts never meet, even
+    /// if a process of an earlier start is still ending.
+    pub incarnation: Option<String>,
 }
 
 impl Default for EtcdOptions {
@@ -64,6 +69,7 @@ impl Default for EtcdOptions {
             cert_file: None,
             key_file: None,
             user: None,
+            incarnation: None,
         }
     }
 }
@@ -92,6 +98,7 @@ impl EtcdOptions {
             cert_file: cfg.etcd_cert.clone(),
             key_file: cfg.etcd_key.clone(),
             user,
+            incarnation: cfg.incarnation.clone(),
             ..EtcdOptions::default()
         })
     }
@@ -405,7 +412,15 @@ impl EtcdCoordinator {
             *n += 1;
             *n
         };
-        let round = format!("{}/rounds/{}@{attempt}/", self.root, escape(key));
+        let round = match &self.opts.incarnation {
+            Some(i) => format!(
+                "{}/rounds/{}/{}@{attempt}/",
+                self.root,
+                escape(i),
+                escape(key)
+            ),
+            None => format!("{}/rounds/{}@{attempt}/", self.root, escape(key)),
+        };
         let mine = format!("{round}{:08}/{}", self.rank, self.instance).into_bytes();
         self.api.put(&mine, &value, self.rounds_lease, t).await?;
         let r = self.gather_round(key, &round, &mine, timeout).await;
