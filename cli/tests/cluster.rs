@@ -261,7 +261,7 @@ fn two_processes_claiming_one_rank_fail_clearly() {
                 "--state-size",
                 "1MiB",
                 "--pause-before",
-                "3:6",
+                "3:12",
             ]),
         )
         .unwrap();
@@ -415,11 +415,29 @@ fn a_link_cut_during_a_save_commits_nothing_and_the_next_step_commits_once_it_is
     }
     // The link is back: the next attempt commits step 5 everywhere.
     let mut again = c.spawn_ranks(&[0, 1, 2], &run).unwrap();
-    assert!(wait_all(&mut again, Duration::from_secs(300))
-        .iter()
-        .all(|&ok| ok));
+    let ok = wait_all(&mut again, Duration::from_secs(300));
+    for (r, ok) in again.iter().zip(ok) {
+        assert!(ok, "rank {}: {:?}", r.rank, r.events());
+    }
     for r in &again {
         let ev = r.events();
         assert!(of(&ev, "saved").iter().any(|e| e["step"] == 5), "{ev:?}");
     }
+}
+
+#[test]
+fn a_delay_is_set_where_the_kernel_has_netem_and_refused_clearly_elsewhere() {
+    let f = strata_cli::cluster::Fabric::new(2, false);
+    if f.isolation != Isolation::Namespaces {
+        eprintln!("SKIPPED: delays need network namespaces");
+        return;
+    }
+    match f.delay(0, Duration::from_millis(20)) {
+        Ok(()) => f.delay(0, Duration::ZERO).unwrap(),
+        Err(e) => assert!(e.contains("netem"), "{e}"),
+    }
+    // Loopback fabrics cannot delay or cut links at all.
+    let lo = strata_cli::cluster::Fabric::new(1, true);
+    assert!(lo.delay(0, Duration::from_millis(1)).is_err());
+    assert!(lo.link(0, false).is_err());
 }

@@ -4,7 +4,8 @@
 //! `strata rank` processes (several per node, sharing the node's L1 and
 //! peer service); etcd and an S3 server (s3s-fs) on the bridge, outside
 //! every node. The driver starts and stops nodes, kills a node's
-//! processes (SIGKILL), wipes its disk and cuts its link.
+//! processes (SIGKILL), wipes its disk, cuts its link and, where the
+//! kernel has netem, delays it ([`Fabric::delay`]).
 
 pub mod net;
 

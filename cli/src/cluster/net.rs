@@ -172,6 +172,39 @@ impl Fabric {
     }
 }
 
+impl Fabric {
+    /// Delays node `i`'s outgoing packets by `delay` (`tc netem`; zero
+    /// removes it). Only with namespaces, and only where the kernel has
+    /// netem (`sch_netem`): elsewhere an error that says so.
+    pub fn delay(&self, i: usize, delay: std::time::Duration) -> Result<(), String> {
+        if self.isolation != Isolation::Namespaces {
+            return Err("delays need network namespaces".into());
+        }
+        let ns = self.namespace(i);
+        let dev = self.veth(i).1;
+        let mut args = vec!["netns", "exec", &ns, "tc", "qdisc"];
+        let ms = format!("{}ms", delay.as_millis());
+        if delay.is_zero() {
+            args.extend(["del", "dev", &dev, "root"]);
+        } else {
+            args.extend(["replace", "dev", &dev, "root", "netem", "delay", &ms]);
+        }
+        let out = Command::new("ip")
+            .args(&args)
+            .output()
+            .map_err(|e| format!("tc: {e} (is iproute2's tc installed?)"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "tc netem on {}: {} (this kernel may lack sch_netem)",
+                self.namespace(i),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+}
+
 impl Drop for Fabric {
     fn drop(&mut self) {
         if self.isolation == Isolation::Namespaces {

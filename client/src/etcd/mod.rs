@@ -8,7 +8,7 @@
 //!   TTL; the others see the rank gone. A process that ends cleanly leaves
 //!   its claim marked `exited` (on a longer lease): the others can still
 //!   use its values of the last round, and a new process may take the rank
-//!   over at once. A live claim is waited for up to one TTL (a dead
+//!   over at once. A live claim is waited for up to two TTLs (a dead
 //!   predecessor's lease expiring), then it is [`Error::RankClaimed`].
 //! - `claims/<rank>/<instance>`: a second process's attempt on a held
 //!   rank, on a short lease of its own: the holder's keep-alive sees it
@@ -268,9 +268,10 @@ impl EtcdCoordinator {
         let rounds_lease = rt.block_on(api.grant(ROUNDS_TTL.max(opts.lease_ttl * 3), t))?;
         let claim = format!("{root}/ranks/{rank:08}");
         let state = Arc::new(Mutex::new(State::default()));
-        // A live holder is waited for up to one lease TTL (plus a margin):
-        // a predecessor that died is gone by then.
-        let deadline = Instant::now() + opts.lease_ttl + Duration::from_secs(1);
+        // A live holder is waited for up to two lease TTLs (plus a
+        // margin): a predecessor that died is gone by then, even where
+        // etcd runs late on a loaded machine.
+        let deadline = Instant::now() + opts.lease_ttl * 2 + Duration::from_secs(2);
         let claimed_at = loop {
             let held = match rt.block_on(api.create(claim.as_bytes(), me.as_bytes(), lease, t)) {
                 Ok(Ok(rev)) => break rev,
