@@ -160,11 +160,25 @@ async fn run(
             }
         }
         // A chunk a sibling rank of this node is sending to that peer is
-        // left to it (the push after the commit waits for it).
+        // left to it (the push after the commit waits for it). The claims
+        // are files: made off the async workers.
         let mut held = Vec::new();
         if let Some(c) = &claims {
-            for ((name, _), missing) in &mut lacks {
-                missing.retain(|&i| match c.claim(name, &ids[i]) {
+            let asks: Vec<(String, ChunkId)> = lacks
+                .iter()
+                .flat_map(|((name, _), missing)| missing.iter().map(|&i| (name.clone(), ids[i])))
+                .collect();
+            let c = c.clone();
+            let got = tokio::task::spawn_blocking(move || {
+                asks.iter()
+                    .map(|(name, id)| c.claim(name, id))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            let mut got = got.into_iter();
+            for (_, missing) in &mut lacks {
+                missing.retain(|_| match got.next().flatten() {
                     Some(guard) => {
                         held.push(guard);
                         true
@@ -234,7 +248,10 @@ async fn run(
                 }
             }
         }
-        drop(held);
+        // Releasing the claims removes their files: off the workers too.
+        if !held.is_empty() {
+            tokio::task::spawn_blocking(move || drop(held));
+        }
         // Reused for a later batch once nothing refers to it any more.
         if spares.len() < SPARES {
             spares.push(buf);

@@ -390,6 +390,41 @@ pub async fn deletion(s: &dyn ChunkStore) -> Outcome {
     ensure(st.written == 1, || format!("{st:?}"))
 }
 
+/// The tier's clock (`now`) is the one that dates its chunks: a chunk just
+/// put is no older than a minute and not in the future by it, a sweep with
+/// a grace period measured from it keeps the chunk, and (where the tier
+/// reports ages) one with a cutoff past `now` deletes it.
+pub async fn tier_clock_dates_its_chunks(s: &dyn ChunkStore) -> Outcome {
+    let c = chunk(3000, 77);
+    s.put_chunks(JOB, vec![c.clone()])
+        .await
+        .map_err(err("put"))?;
+    let now = s.now(JOB).await.map_err(err("now"))?;
+    let info = s.list_chunk_info(JOB).await.map_err(err("chunk info"))?;
+    let touched = info.iter().find(|i| i.id == c.id).and_then(|i| i.touched);
+    let minute = std::time::Duration::from_secs(60);
+    if let Some(t) = touched {
+        ensure(
+            t <= now + minute && now.duration_since(t).unwrap_or_default() < minute,
+            || format!("chunk dated {t:?}, tier's now {now:?}"),
+        )?;
+    }
+    let hour_ago = now - 60 * minute;
+    s.delete_chunks_untouched_since(JOB, &[c.id], hour_ago)
+        .await
+        .map_err(err("sweep"))?;
+    let has = s.has_chunks(JOB, &[c.id]).await.map_err(err("has"))?;
+    ensure(has == vec![true], || "a fresh chunk was swept".into())?;
+    if touched.is_some() {
+        s.delete_chunks_untouched_since(JOB, &[c.id], now + minute)
+            .await
+            .map_err(err("sweep"))?;
+        let has = s.has_chunks(JOB, &[c.id]).await.map_err(err("has"))?;
+        ensure(has == vec![false], || "an old chunk was kept".into())?;
+    }
+    Ok(())
+}
+
 /// Reading into spare buffers (stale bytes, some too small, fewer buffers
 /// than chunks) returns exactly each chunk's bytes, and the buffers come back.
 pub async fn reads_into_spare_buffers(s: &dyn ChunkStore) -> Outcome {
@@ -441,7 +476,7 @@ macro_rules! conformance_tests {
             concurrent_puts_of_one_chunk, errors_have_kinds, jobs_are_isolated, manifests,
             commits_are_create_only, deletion, reads_into_spare_buffers,
             committed_manifest_is_never_replaced, delete_shard_leaves_other_ranks,
-            concurrent_writers_of_one_id);
+            concurrent_writers_of_one_id, tier_clock_dates_its_chunks);
         $crate::conformance_tests!(@damage $make; damaged_chunk_is_corrupt,
             damaged_record_is_reported);
     };
