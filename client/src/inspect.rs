@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use strata_format::{ChunkId, CommitRecord, ShardManifest};
-use strata_tiered::{ChunkStore, L1Store, L3Store, StepInfo};
+use strata_tiered::{ChunkStore, L1Store, StepInfo};
 
 use crate::error::{Error, Result};
 use crate::Config;
@@ -33,8 +33,6 @@ pub struct Tier {
     pub kind: TierKind,
     /// The store.
     pub store: Arc<dyn ChunkStore>,
-    l1: Option<L1Store>,
-    l3: Option<Arc<L3Store>>,
 }
 
 impl std::fmt::Debug for Tier {
@@ -78,9 +76,7 @@ impl Tiers {
             tiers.push(Tier {
                 name: "L1".into(),
                 kind: TierKind::L1,
-                store: Arc::new(l1.clone()),
-                l1: Some(l1),
-                l3: None,
+                store: Arc::new(l1),
             });
         } else if require_l1 {
             return Err(Error::Config(format!(
@@ -105,9 +101,7 @@ impl Tiers {
             tiers.push(Tier {
                 name: "L3".into(),
                 kind: TierKind::L3,
-                store: l3.clone(),
-                l1: None,
-                l3: Some(l3),
+                store: l3,
             });
         }
         let peers = cfg.peer_list()?;
@@ -124,8 +118,6 @@ impl Tiers {
                     name: format!("L2:{name}"),
                     kind: TierKind::L2,
                     store,
-                    l1: None,
-                    l3: None,
                 });
             }
         }
@@ -175,17 +167,17 @@ impl Tiers {
         ))
     }
 
-    /// The stored size of every chunk `tier` holds for the job: file sizes
-    /// on L1, object sizes on L3 (one listing). `None` for a peer, which
-    /// does not report sizes.
+    /// The stored size of every chunk `tier` holds for the job (file sizes
+    /// on L1, object sizes on L3: one listing, through the tier's
+    /// `list_chunk_info`). `None` for a tier that does not report sizes.
     pub fn chunk_sizes(&self, tier: &Tier) -> Result<Option<BTreeMap<ChunkId, u64>>> {
-        if let Some(l1) = &tier.l1 {
-            return Ok(Some(self.rt.block_on(l1.chunk_sizes(&self.cfg.job))?));
-        }
-        if let Some(l3) = &tier.l3 {
-            return Ok(Some(self.rt.block_on(l3.chunk_sizes(&self.cfg.job))?));
-        }
-        Ok(None)
+        let info = self
+            .rt
+            .block_on(tier.store.list_chunk_info(&self.cfg.job))?;
+        Ok(info
+            .into_iter()
+            .map(|c| c.stored_len.map(|n| (c.id, n)))
+            .collect())
     }
 }
 

@@ -167,13 +167,6 @@ impl L1Store {
         }
     }
 
-    /// Every chunk the job holds here, with its file's size.
-    pub async fn chunk_sizes(&self, job: &str) -> Result<std::collections::BTreeMap<ChunkId, u64>> {
-        let job = job.to_string();
-        self.run(move |i| Ok(i.chunk_sizes(&job)?.into_iter().collect()))
-            .await
-    }
-
     async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Inner) -> Result<T> + Send + 'static,

@@ -441,7 +441,7 @@ impl L3Store {
 
     /// Every chunk object the job holds here, with its stored (encoded)
     /// size: one listing.
-    pub async fn chunk_sizes(&self, job: &str) -> Result<std::collections::BTreeMap<ChunkId, u64>> {
+    async fn chunk_sizes(&self, job: &str) -> Result<std::collections::BTreeMap<ChunkId, u64>> {
         Ok(self
             .chunk_info(job)
             .await?
