@@ -36,7 +36,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use strata_format::layout::{validate_chunk_size, DEFAULT_CHUNK_SIZE};
 use strata_format::names::validate_job_id;
 use strata_tiered::EngineChoice;
@@ -44,7 +44,7 @@ use strata_tiered::EngineChoice;
 use crate::error::{Error, Result};
 
 /// What `save` does when the previous save is still persisting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BusyPolicy {
     /// Block until the previous save is durable, then snapshot.
@@ -80,7 +80,7 @@ pub fn hostname() -> String {
 }
 
 /// Settings of a checkpointer.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Job namespace.

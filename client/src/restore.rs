@@ -95,6 +95,20 @@ impl Checkpointer {
         }
     }
 
+    /// Agrees with every rank on the selected step, exactly as
+    /// [`Self::restore`] does, and returns it with this rank's manifest
+    /// (entry names, dtypes, shapes, lengths and metadata), reading no
+    /// chunk. All ranks call it together. For callers that allocate their
+    /// own destination buffers (the Python bindings allocate tensors) and
+    /// then call [`Self::restore_into`] with `StepSelector::Step(step)`.
+    pub fn restore_plan(
+        &self,
+        which: StepSelector,
+    ) -> Result<(u64, strata_format::manifest::ShardManifest)> {
+        let (step, loaded) = self.agree_and_load(which)?;
+        Ok((step, loaded.shard.manifest))
+    }
+
     /// Restores the selected step into caller-provided buffers, by entry name
     /// (a subset of the entries is fine; only their chunks are read). Each
     /// buffer must be exactly the entry's length. Returns what was read

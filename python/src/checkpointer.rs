@@ -1,0 +1,360 @@
+//! The checkpointer, for Python (private: wrapped by `strata.Checkpointer`,
+//! which turns state dicts into the flat entry lists taken here).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use strata::format::{DType, EntryKind};
+use strata::{Checkpointer, DeviceBytes, Entry, RestoreStats, StepSelector};
+
+use crate::config::build;
+use crate::coordinator::PyCoordinator;
+use crate::errors::{invalid, to_py, IntoPy};
+use crate::handle::PySaveHandle;
+use crate::logs::drain;
+
+/// Memory of one entry to save.
+enum Source<'py> {
+    /// A Python `bytes` object (a blob, or a small tensor).
+    Bytes(Bound<'py, PyBytes>),
+    /// Host memory: address and length.
+    Host(usize, usize),
+    /// Device memory: address, length, device ordinal.
+    Device(u64, u64, usize),
+}
+
+/// One parsed entry: name, tensor dtype and shape (or a blob), memory.
+struct Parsed<'py> {
+    name: String,
+    tensor: Option<(DType, Vec<u64>)>,
+    source: Source<'py>,
+}
+
+fn parse_entry<'py>(item: &Bound<'py, PyAny>) -> PyResult<Parsed<'py>> {
+    let t = item
+        .cast::<PyTuple>()
+        .map_err(|_| invalid("each entry is a tuple (name, dtype, shape, data)"))?;
+    if t.len() != 4 {
+        return Err(invalid("each entry is a tuple (name, dtype, shape, data)"));
+    }
+    let name: String = t.get_item(0)?.extract()?;
+    let dtype: Option<String> = t.get_item(1)?.extract()?;
+    let shape: Option<Vec<u64>> = t.get_item(2)?.extract()?;
+    let tensor = match (dtype, shape) {
+        (Some(d), Some(s)) => Some((d.parse::<DType>().map_err(|e| invalid(e.to_string()))?, s)),
+        (None, None) => None,
+        _ => {
+            return Err(invalid(format!(
+                "{name:?}: a tensor needs a dtype and a shape"
+            )))
+        }
+    };
+    let data = t.get_item(3)?;
+    let source = if let Ok(b) = data.cast::<PyBytes>() {
+        Source::Bytes(b.clone())
+    } else {
+        let (ptr, len, device): (u64, u64, Option<usize>) = data.extract().map_err(|_| {
+            invalid(format!(
+                "{name:?}: data is bytes or (address, length, device)"
+            ))
+        })?;
+        match device {
+            Some(d) => Source::Device(ptr, len, d),
+            None => {
+                let ptr = usize::try_from(ptr).map_err(|_| invalid("address out of range"))?;
+                let len = usize::try_from(len)
+                    .ok()
+                    .filter(|&l| l <= isize::MAX as usize)
+                    .ok_or_else(|| invalid("length out of range"))?;
+                if ptr == 0 && len > 0 {
+                    return Err(invalid(format!("{name:?}: null address")));
+                }
+                Source::Host(ptr, len)
+            }
+        }
+    };
+    Ok(Parsed {
+        name,
+        tensor,
+        source,
+    })
+}
+
+fn selector(step: Option<u64>) -> StepSelector {
+    step.map_or(StepSelector::Latest, StepSelector::Step)
+}
+
+fn restore_dict<'py>(py: Python<'py>, s: &RestoreStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("step", s.step)?;
+    d.set_item("chunks", s.chunks)?;
+    d.set_item("bytes_read", s.bytes_read)?;
+    d.set_item("bytes_from_l2", s.bytes_from_l2)?;
+    d.set_item("bytes_from_l3", s.bytes_from_l3)?;
+    d.set_item("chunks_repaired", s.chunks_repaired)?;
+    d.set_item("rehydrated", s.rehydrated)?;
+    d.set_item("duration_s", s.duration.as_secs_f64())?;
+    Ok(d)
+}
+
+/// The Rust checkpointer (private: see `strata.Checkpointer`).
+#[pyclass(name = "Checkpointer", module = "strata._strata", frozen)]
+pub(crate) struct PyCheckpointer {
+    inner: Mutex<Option<Arc<Checkpointer>>>,
+    config_json: String,
+}
+
+impl PyCheckpointer {
+    fn get(&self) -> PyResult<Arc<Checkpointer>> {
+        self.inner
+            .lock()
+            .ok()
+            .and_then(|g| g.clone())
+            .ok_or_else(|| invalid("the checkpointer is closed"))
+    }
+}
+
+#[pymethods]
+impl PyCheckpointer {
+    /// Opens a checkpointer. `settings` is a JSON object of `Config` keys
+    /// (winning over the environment, which wins over the TOML file at
+    /// `path`). `gather`, if given, is the coordinator callable
+    /// `gather(rank, key, value, timeout_secs) -> list[bytes]`.
+    #[new]
+    #[pyo3(signature = (settings, path=None, gather=None))]
+    fn new(
+        py: Python<'_>,
+        settings: &str,
+        path: Option<&str>,
+        gather: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let settings = settings.to_string();
+        let path = path.map(str::to_string);
+        let r = py.detach(move || -> strata::Result<(Checkpointer, String)> {
+            let cfg = build(&settings, path.as_deref())?;
+            let json =
+                serde_json::to_string(&cfg).map_err(|e| strata::Error::Config(e.to_string()))?;
+            let ckpt = match gather {
+                Some(g) => Checkpointer::with_coordinator(
+                    cfg.clone(),
+                    Arc::new(PyCoordinator {
+                        world: cfg.world_size,
+                        gather: g,
+                    }),
+                )?,
+                None => Checkpointer::new(cfg)?,
+            };
+            Ok((ckpt, json))
+        });
+        drain(py);
+        let (ckpt, config_json) = r.py_err()?;
+        Ok(PyCheckpointer {
+            inner: Mutex::new(Some(Arc::new(ckpt))),
+            config_json,
+        })
+    }
+
+    /// The resolved configuration, as JSON.
+    #[getter]
+    fn config_json(&self) -> &str {
+        &self.config_json
+    }
+
+    /// The disk I/O engine in use.
+    fn engine_name(&self) -> PyResult<String> {
+        Ok(self.get()?.engine_name())
+    }
+
+    /// Saves `step`: `entries` is a list of `(name, dtype, shape, data)`,
+    /// `dtype` a safetensors name (`"BF16"`) and `shape` a list for a
+    /// tensor, both `None` for a blob; `data` is `bytes`, or
+    /// `(address, length, device)` of memory the caller keeps alive and
+    /// unmoved until this returns (`device` is `None` for host memory, the
+    /// CUDA ordinal for device memory). Blocks (without the GIL) only for
+    /// the snapshot; returns a handle.
+    #[pyo3(signature = (step, entries, metadata=None))]
+    fn save(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        entries: &Bound<'_, PyList>,
+        metadata: Option<BTreeMap<String, String>>,
+    ) -> PyResult<PySaveHandle> {
+        let ckpt = self.get()?;
+        let parsed: Vec<Parsed<'_>> = entries
+            .iter()
+            .map(|e| parse_entry(&e))
+            .collect::<PyResult<_>>()?;
+        let mut list: Vec<Entry<'_>> = Vec::with_capacity(parsed.len());
+        for p in &parsed {
+            let bytes: &[u8] = match &p.source {
+                Source::Bytes(b) => b.as_bytes(),
+                // SAFETY: the Python layer passes the address and length of
+                // a live, C-contiguous host tensor or array that it keeps
+                // referenced (so unmoved and unfreed) until this call returns;
+                // the save copies the bytes into staging before returning.
+                Source::Host(ptr, len) if *len > 0 => unsafe {
+                    std::slice::from_raw_parts(*ptr as *const u8, *len)
+                },
+                Source::Host(..) | Source::Device(..) => &[],
+            };
+            let e = match (&p.tensor, &p.source) {
+                (Some((dtype, shape)), Source::Device(ptr, len, device)) => {
+                    // SAFETY: as above, for device memory the caller's tensor
+                    // owns on `device`; the save reads it before returning.
+                    let at = unsafe { DeviceBytes::new(*ptr, *len, *device) };
+                    Entry::device_tensor(&p.name, *dtype, shape, at)
+                }
+                (Some((dtype, shape)), _) => Entry::tensor(&p.name, *dtype, shape, bytes),
+                (None, Source::Device(..)) => {
+                    return Err(invalid(format!("{:?}: a blob in device memory", p.name)))
+                }
+                (None, _) => Entry::blob(&p.name, bytes),
+            };
+            list.push(e);
+        }
+        let metadata = metadata.unwrap_or_default();
+        let r = py.detach(|| ckpt.save_with_metadata(step, &list, metadata));
+        drain(py);
+        Ok(PySaveHandle { inner: r.py_err()? })
+    }
+
+    /// Agrees with every rank on a step (`None`: the newest every rank can
+    /// restore) and returns `(step, entries, metadata)`, each entry
+    /// `(name, dtype, shape, length)` (`dtype` and `shape` `None` for a
+    /// blob). Reads no chunk. All ranks call it together.
+    #[pyo3(signature = (step=None))]
+    fn restore_plan<'py>(
+        &self,
+        py: Python<'py>,
+        step: Option<u64>,
+    ) -> PyResult<(u64, Bound<'py, PyList>, BTreeMap<String, String>)> {
+        let ckpt = self.get()?;
+        let r = py.detach(|| ckpt.restore_plan(selector(step)));
+        drain(py);
+        let (step, manifest) = r.py_err()?;
+        let out = PyList::empty(py);
+        for e in &manifest.entries {
+            let (dtype, shape) = match &e.kind {
+                EntryKind::Tensor { dtype, shape } => (Some(dtype.name()), Some(shape.clone())),
+                _ => (None, None),
+            };
+            out.append((e.name.as_str(), dtype, shape, e.len))?;
+        }
+        Ok((step, out, manifest.metadata))
+    }
+
+    /// Restores `step` into memory the caller owns: `dests` is a list of
+    /// `(name, address, length)` of live, writable, C-contiguous host
+    /// buffers the caller keeps alive until this returns, each exactly the
+    /// entry's length. Every byte is verified. All ranks call it together.
+    fn restore_into<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        dests: Vec<(String, u64, u64)>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let ckpt = self.get()?;
+        let mut slots: Vec<(&str, &mut [u8])> = Vec::with_capacity(dests.len());
+        for (name, ptr, len) in &dests {
+            let ptr = usize::try_from(*ptr).map_err(|_| invalid("address out of range"))?;
+            let len = usize::try_from(*len)
+                .ok()
+                .filter(|&l| l <= isize::MAX as usize)
+                .ok_or_else(|| invalid("length out of range"))?;
+            let buf: &mut [u8] = if len == 0 {
+                &mut []
+            } else if ptr == 0 {
+                return Err(invalid(format!("{name:?}: null address")));
+            } else {
+                // SAFETY: the Python layer passes the address and length of
+                // a live, writable, C-contiguous host tensor it allocated (or
+                // the caller's own, checked contiguous) and keeps referenced
+                // until this returns; no two entries share memory (each is a
+                // distinct tensor), and Python code cannot touch it meanwhile
+                // except through other threads, which the caller owns.
+                unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
+            };
+            slots.push((name.as_str(), buf));
+        }
+        let r = py.detach(|| ckpt.restore_into(StepSelector::Step(step), &mut slots));
+        drain(py);
+        restore_dict(py, &r.py_err()?)
+    }
+
+    /// The steps this rank committed on some tier, oldest first: a list of
+    /// dicts (`step`, `l1`, `l3`, `peers`, `upload`).
+    fn steps<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let ckpt = self.get()?;
+        let r = py.detach(|| ckpt.steps());
+        drain(py);
+        let out = PyList::empty(py);
+        for st in r.py_err()? {
+            let d = PyDict::new(py);
+            d.set_item("step", st.step)?;
+            d.set_item("l1", st.l1)?;
+            d.set_item("l3", st.l3)?;
+            d.set_item("peers", st.replication.as_ref().map(l2_text))?;
+            d.set_item("upload", st.upload.as_ref().map(l3_text))?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// Queues `step` for upload to L3.
+    fn upload(&self, py: Python<'_>, step: u64) -> PyResult<()> {
+        let ckpt = self.get()?;
+        let r = py.detach(|| ckpt.upload(step));
+        drain(py);
+        r.py_err()
+    }
+
+    /// Waits (without the GIL) for the save in flight, every queued upload
+    /// and every queued replication.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let ckpt = self.get()?;
+        py.detach(|| {
+            ckpt.flush();
+            ckpt.wait_replication();
+            ckpt.wait_uploads();
+        });
+        drain(py);
+        Ok(())
+    }
+
+    /// Finishes what was started (the save in flight, queued uploads and
+    /// pushes) and releases the checkpointer. Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = self
+            .inner
+            .lock()
+            .map_err(|_| to_py(strata::Error::Pipeline("poisoned".into())))?
+            .take();
+        if let Some(ckpt) = taken {
+            py.detach(move || drop(ckpt));
+        }
+        drain(py);
+        Ok(())
+    }
+}
+
+fn l2_text(s: &strata::L2State) -> String {
+    match s {
+        strata::L2State::Pending => "pending".into(),
+        strata::L2State::Replicated { peers, .. } => format!("replicated to {}", peers.join(", ")),
+        strata::L2State::Degraded { peers, wanted, .. } => {
+            format!("degraded: {} of {wanted} peers", peers.len())
+        }
+    }
+}
+
+fn l3_text(s: &strata::L3State) -> String {
+    match s {
+        strata::L3State::Queued => "queued".into(),
+        strata::L3State::Uploading { done, total } => format!("uploading {done}/{total}"),
+        strata::L3State::Committed { .. } => "committed".into(),
+        strata::L3State::Failed(why) => format!("failed: {why}"),
+    }
+}

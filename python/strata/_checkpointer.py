@@ -1,0 +1,427 @@
+"""``strata.Checkpointer``: save and load nested state dicts."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _strata
+from ._arrays import (
+    address,
+    alloc_numpy,
+    alloc_torch,
+    fillable,
+    numpy_entry,
+    torch_entry,
+)
+from ._dist import StoreGather, torch_world
+from ._errors import InvalidError, NotFoundError
+from ._tree import TREE_ENTRY, Leaf, entry_refs, flatten, parse, path_text, unflatten
+
+log = logging.getLogger("strata")
+
+# Open checkpointers, closed at interpreter exit (background work must
+# finish before Python goes away).
+_OPEN: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for c in list(_OPEN):
+        try:
+            c.close()
+        except Exception:  # noqa: BLE001 - exiting; the error was logged
+            log.exception("closing a checkpointer at exit")
+
+
+class SaveHandle:
+    """A save in progress. ``wait`` blocks until it reached a tier;
+    ``done`` says whether it is durable on L1 (or failed). Dropping the
+    handle does not cancel the save."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        self.stats: Optional[Dict[str, Any]] = None
+
+    @property
+    def step(self) -> int:
+        """The step."""
+        return self._native.step
+
+    @property
+    def stall_s(self) -> float:
+        """Seconds ``save`` blocked the training loop."""
+        return self._native.stall_s
+
+    def done(self) -> bool:
+        """True once the step is durable and committed on L1, or failed."""
+        return self._native.done()
+
+    def wait(self, target: str = "l1", timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Blocks until the step is committed on ``target`` (``"l1"``,
+        ``"peers"`` or ``"l3"``) and returns the save's counters; raises
+        ``WaitTimeoutError`` after ``timeout`` seconds (the save goes on),
+        or the save's error."""
+        self.stats = self._native.wait(target, timeout)
+        return self.stats
+
+    def __repr__(self) -> str:
+        return f"SaveHandle(step={self.step}, done={self.done()})"
+
+
+class Checkpointer:
+    """Saves and restores a training job's state through Strata's tiers.
+
+    Configuration: ``config`` (a TOML file), then the environment (the
+    launcher's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ... and
+    ``STRATA_*``), then the keyword arguments, each winning over the one
+    before; the keys are those of the Rust ``Config`` (``job``, ``l1_dir``,
+    ``keep_last``, ``peers``, ``l3_url``, ``upload_every``, ...).
+
+    Ranks: with torch.distributed initialised, rank and world size come
+    from it and ranks agree through its store; otherwise a world of one, or
+    etcd when ``etcd_endpoints`` is configured. Use as a context manager, or
+    call ``close``.
+    """
+
+    def __init__(self, config: Optional[str] = None, **settings: Any) -> None:
+        gather = None
+        world = torch_world()
+        if world is not None:
+            rank, size, store = world
+            for k, v in (("rank", rank), ("world_size", size)):
+                if k in settings and settings[k] != v:
+                    raise InvalidError(f"{k}={settings[k]} but torch.distributed says {v}")
+                settings[k] = v
+            if size > 1 and not settings.get("etcd_endpoints"):
+                job = settings.get("job") or "default"
+                gather = StoreGather(store, size, f"strata/{job}/")
+        try:
+            self._native = _strata.Checkpointer(json.dumps(settings), config, gather)
+        finally:
+            _strata.drain_logs()
+        self.config: Dict[str, Any] = json.loads(self._native.config_json)
+        _OPEN.add(self)
+
+    # -- properties -------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return int(self.config["rank"])
+
+    @property
+    def world_size(self) -> int:
+        return int(self.config["world_size"])
+
+    @property
+    def job(self) -> str:
+        return str(self.config["job"])
+
+    # -- save -------------------------------------------------------------
+
+    def save(self, step: int, state: Any, *, metadata: Optional[Dict[str, str]] = None) -> SaveHandle:
+        """Snapshots ``state`` (a nested dict of tensors, numpy arrays and
+        plain values) as ``step`` and returns at once; the step becomes
+        durable in the background (``SaveHandle.wait``). The state's tensors
+        may be changed as soon as this returns. Raises ``ConflictError`` if
+        this rank already committed ``step``."""
+        tree, leaves = flatten(state)
+        entries: List[tuple] = []
+        keep: List[Any] = []
+        for leaf in leaves:
+            entries.append(self._entry(leaf, keep))
+        entries.append((TREE_ENTRY, None, None, tree))
+        md = {"strata.tree": "1"}
+        if metadata:
+            md.update({str(k): str(v) for k, v in metadata.items()})
+        try:
+            return SaveHandle(self._native.save(int(step), entries, md))
+        finally:
+            del keep
+
+    @staticmethod
+    def _entry(leaf: Leaf, keep: List[Any]) -> tuple:
+        where = path_text(leaf.path)
+        if leaf.kind == "bytes":
+            return (leaf.name, None, None, leaf.value)
+        if leaf.kind == "torch":
+            e, obj = torch_entry(leaf.name, leaf.value, where)
+        else:
+            e, obj = numpy_entry(leaf.name, leaf.value, where)
+        keep.append(obj)
+        return e
+
+    # -- load -------------------------------------------------------------
+
+    def _plan(self, step: Optional[int]) -> Tuple[int, Dict[str, tuple], Any]:
+        """Agree on the step; its entries by name and its tree (None for a
+        step saved without one, e.g. from Rust)."""
+        st, entries, metadata = self._native.restore_plan(None if step is None else int(step))
+        by_name = {e[0]: e for e in entries}
+        root = None
+        if metadata.get("strata.tree") == "1" and TREE_ENTRY in by_name:
+            n = by_name[TREE_ENTRY][3]
+            buf = bytearray(n)
+            self._native.restore_into(st, [(TREE_ENTRY, *address(buf))])
+            root = parse(bytes(buf))
+        return st, by_name, root
+
+    def load(self, step: Optional[int] = None, *, device: Any = None) -> Dict[str, Any]:
+        """Restores ``step`` (default: the newest step every rank can
+        restore) and returns the state as it was saved: torch tensors with
+        their dtype and shape (on ``device`` if given, else on the CPU),
+        numpy arrays, and the plain values. Every byte is verified. All
+        ranks call it together. Raises ``NotFoundError`` if there is
+        nothing to restore."""
+        st, by_name, root = self._plan(step)
+        if root is None:
+            # A step saved without a tree (from Rust): a flat dict.
+            root = {"d": [[n, {"B" if e[1] is None else "T": n}] for n, e in by_name.items()]}
+        refs = entry_refs(root)
+        values: Dict[str, Any] = {}
+        dests: List[tuple] = []
+        for name, tag in refs.items():
+            e = by_name.get(name)
+            if e is None:
+                raise InvalidError(f"step {st}: the state tree names an entry {name!r} the manifest lacks")
+            _, dtype, shape, length = e
+            if tag == "B" or dtype is None:
+                obj: Any = bytearray(length)
+            elif tag == "T":
+                obj = alloc_torch(dtype, shape, name)
+            else:
+                obj = alloc_numpy(dtype, shape, name)
+            values[name] = obj
+            dests.append((name, *address(obj)))
+        self._native.restore_into(st, dests)
+        if device is not None:
+            for name, tag in refs.items():
+                if tag == "T":
+                    values[name] = values[name].to(device)
+
+        def entry(tag: str, name: str, path: Tuple[Any, ...]) -> Any:
+            v = values[name]
+            return bytes(v) if tag == "B" else v
+
+        return unflatten(root, entry)
+
+    def load_into(self, state: Any, step: Optional[int] = None, *, strict: bool = True) -> int:
+        """Restores ``step`` (default: the newest step every rank can
+        restore) into ``state`` in place: every tensor and numpy array in
+        ``state`` is filled with the stored bytes (the model's and the
+        optimizer's own memory; contiguous CPU tensors without a copy), and
+        the plain values in its dicts and lists are replaced by the stored
+        ones. With ``strict``, a tensor in ``state`` that the step does not
+        hold with the same dtype and shape is an ``InvalidError`` (raised
+        before any chunk is read). Returns the step. All ranks call it
+        together."""
+        st, by_name, root = self._plan(step)
+        if root is None:
+            raise InvalidError(f"step {st} was not saved from Python; use load()")
+        # The saved structure, with each entry reference as a marker.
+        markers = unflatten(root, lambda tag, name, path: _Ref(tag, name))
+        fills: Dict[str, Any] = {}  # entry name -> target array
+        copies: Dict[str, Any] = {}  # entry name -> (staging, target)
+        aliases: List[Tuple[str, Any]] = []  # (entry name, another target)
+        problems: List[str] = []
+
+        def match(target: Any, saved: Any, path: Tuple[Any, ...]) -> Any:
+            if isinstance(saved, _Ref):
+                e = by_name.get(saved.name)
+                if e is None:
+                    problems.append(f"{path_text(path)}: the manifest lacks entry {saved.name!r}")
+                    return target
+                _, dtype, shape, length = e
+                if saved.tag == "B":
+                    return saved
+                if _is_array(target):
+                    why = fillable(target, dtype, shape)
+                    if why is not None:
+                        problems.append(f"{path_text(path)}: {why}")
+                        return target
+                    if saved.name in fills or saved.name in copies:
+                        # The same entry again (a tensor saved once under
+                        # two paths): copied from the first after the read.
+                        aliases.append((saved.name, target))
+                        return target
+                    if _in_place(target):
+                        fills[saved.name] = target
+                    else:
+                        stage = alloc_torch(dtype, shape, saved.name) if hasattr(target, "data_ptr") else alloc_numpy(dtype, shape, saved.name)
+                        copies[saved.name] = (stage, target)
+                    return target
+                return saved
+            if isinstance(target, dict) and isinstance(saved, dict):
+                for k, v in saved.items():
+                    target[k] = match(target.get(k), v, path + (k,))
+                return target
+            if isinstance(target, list) and isinstance(saved, list) and len(target) == len(saved):
+                for i, v in enumerate(saved):
+                    target[i] = match(target[i], v, path + (i,))
+                return target
+            if isinstance(target, tuple) and isinstance(saved, tuple) and len(target) == len(saved):
+                return type(saved)(match(t, v, path + (i,)) for i, (t, v) in enumerate(zip(target, saved)))
+            if strict and _contains_array(target):
+                problems.append(f"{path_text(path)}: the state holds tensors here, the step does not")
+            return saved
+
+        result = match(state, markers, ())
+        if strict:
+            _check_covered(state, fills, copies, aliases, problems)
+        if problems:
+            raise InvalidError(f"step {st} does not fit the state: " + "; ".join(problems[:10]))
+        # Entries the state had no array for (new values) are restored fresh.
+        fresh: Dict[str, Any] = {}
+        dests: List[tuple] = []
+        for name, target in fills.items():
+            dests.append((name, *address(target)))
+        for name, (stage, _) in copies.items():
+            dests.append((name, *address(stage)))
+        for name, tag in entry_refs(root).items():
+            if name in fills or name in copies:
+                continue
+            _, dtype, shape, length = by_name[name]
+            obj: Any = bytearray(length) if (tag == "B" or dtype is None) else (
+                alloc_torch(dtype, shape, name) if tag == "T" else alloc_numpy(dtype, shape, name))
+            fresh[name] = obj
+            dests.append((name, *address(obj)))
+        self._native.restore_into(st, dests)
+        pairs = [(stage, target) for stage, target in copies.values()]
+        for name, target in aliases:
+            pairs.append((fills[name] if name in fills else copies[name][1], target))
+        for source, target in pairs:
+            if hasattr(target, "copy_"):
+                import torch
+
+                with torch.no_grad():
+                    target.copy_(source)
+            else:
+                target[...] = source
+        _replace_refs(result, fresh)
+        return st
+
+    # -- inspection -------------------------------------------------------
+
+    def latest_step(self) -> Optional[int]:
+        """The newest step every rank can restore, or None. All ranks call
+        it together (it is an agreement, like ``load``)."""
+        try:
+            st, _, _ = self._native.restore_plan(None)
+        except NotFoundError:
+            return None
+        return st
+
+    def steps(self) -> List[int]:
+        """The steps this rank has committed on some tier, oldest first."""
+        return [d["step"] for d in self._native.steps()]
+
+    def status(self, step: int) -> Dict[str, Any]:
+        """Where ``step`` stands for this rank, per tier: ``l1`` and ``l3``
+        (committed there), ``peers`` (this process's replication of it) and
+        ``upload`` (this process's upload of it)."""
+        for d in self._native.steps():
+            if d["step"] == step:
+                return d
+        return {"step": step, "l1": False, "l3": False, "peers": None, "upload": None}
+
+    def upload(self, step: int) -> None:
+        """Queues ``step`` for upload to L3 (beyond what ``upload_every``
+        picks)."""
+        self._native.upload(int(step))
+
+    def flush(self) -> None:
+        """Waits for the save in flight and every queued push and upload."""
+        self._native.flush()
+
+    def close(self) -> None:
+        """Finishes what was started and releases the checkpointer."""
+        self._native.close()
+        _OPEN.discard(self)
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Checkpointer(job={self.job!r}, rank={self.rank}, world_size={self.world_size})"
+
+
+class _Ref:
+    __slots__ = ("tag", "name")
+
+    def __init__(self, tag: str, name: str) -> None:
+        self.tag = tag
+        self.name = name
+
+
+def _is_array(v: Any) -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    np = sys.modules.get("numpy")
+    return (torch is not None and isinstance(v, torch.Tensor)) or (np is not None and isinstance(v, np.ndarray))
+
+
+def _in_place(v: Any) -> bool:
+    """True if the stored bytes can be written straight into ``v``."""
+    if hasattr(v, "data_ptr"):
+        # Raw writes bypass autograd, as a load under no_grad would.
+        return v.device.type == "cpu" and v.is_contiguous()
+    return bool(v.flags["C_CONTIGUOUS"] and v.flags["WRITEABLE"])
+
+
+def _contains_array(v: Any) -> bool:
+    if _is_array(v):
+        return True
+    if isinstance(v, dict):
+        return any(_contains_array(x) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return any(_contains_array(x) for x in v)
+    return False
+
+
+def _check_covered(
+    state: Any,
+    fills: Dict[str, Any],
+    copies: Dict[str, Any],
+    aliases: List[Tuple[str, Any]],
+    problems: List[str],
+) -> None:
+    covered = {id(t) for t in fills.values()} | {id(t) for _, t in copies.values()}
+    covered |= {id(t) for _, t in aliases}
+
+    def walk(v: Any, path: Tuple[Any, ...]) -> None:
+        if _is_array(v):
+            if id(v) not in covered:
+                problems.append(f"{path_text(path)}: the step holds no tensor here")
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, path + (k,))
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                walk(x, path + (i,))
+
+    walk(state, ())
+
+
+def _replace_refs(v: Any, fresh: Dict[str, Any]) -> Any:
+    """Replaces the remaining entry markers in the merged state."""
+    if isinstance(v, _Ref):
+        obj = fresh[v.name]
+        return bytes(obj) if v.tag == "B" else obj
+    if isinstance(v, dict):
+        for k in list(v.keys()):
+            v[k] = _replace_refs(v[k], fresh)
+        return v
+    if isinstance(v, list):
+        for i in range(len(v)):
+            v[i] = _replace_refs(v[i], fresh)
+        return v
+    if isinstance(v, tuple):
+        return type(v)(_replace_refs(x, fresh) for x in v)
+    return v
