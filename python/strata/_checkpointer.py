@@ -99,6 +99,8 @@ class Checkpointer:
             if size > 1 and not settings.get("etcd_endpoints"):
                 job = settings.get("job") or "default"
                 gather = StoreGather(store, size, f"strata/{job}/")
+        # Also picks up the `strata` logger's level before anything logs.
+        _strata.drain_logs()
         try:
             self._native = _strata.Checkpointer(json.dumps(settings), config, gather)
         finally:
@@ -348,6 +350,9 @@ class Checkpointer:
         self.close()
 
     def __repr__(self) -> str:
+        c = getattr(self, "config", None)
+        if c is None:
+            return "Checkpointer(<not open>)"
         return f"Checkpointer(job={self.job!r}, rank={self.rank}, world_size={self.world_size})"
 
 

@@ -1,0 +1,232 @@
+"""What a training loop relies on: saves isolated from later mutation,
+in-place loads, typed errors, flat memory, the GIL released, logs."""
+
+import glob
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import strata
+
+
+def test_tensors_mutated_right_after_save_do_not_change_the_step(make):
+    ckpt = make()
+    w = torch.randn(256, 1024)
+    a = np.arange(1000, dtype=np.float64)
+    expect_w, expect_a = w.clone(), a.copy()
+    h = ckpt.save(1, {"w": w, "a": a})
+    # Training goes on at once and overwrites everything in place.
+    w.add_(1.0)
+    a += 1.0
+    w.zero_()
+    h.wait()
+    back = ckpt.load()
+    assert torch.equal(back["w"], expect_w)
+    assert np.array_equal(back["a"], expect_a)
+
+
+def test_load_into_fills_the_models_and_optimizers_own_memory(make):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+    ckpt = make()
+    saved = {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}
+    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+    ckpt.save(7, saved).wait()
+
+    # A fresh model and optimizer (same architecture), trained differently.
+    torch.manual_seed(1)
+    model2 = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt2 = torch.optim.Adam(model2.parameters(), lr=5e-2)
+    model2(torch.randn(8, 16)).sum().backward()
+    opt2.step()
+    ptrs = {n: p.data_ptr() for n, p in model2.named_parameters()}
+    state = {"model": model2.state_dict(), "optim": opt2.state_dict(), "epoch": 0}
+    exp_avg = state["optim"]["state"][0]["exp_avg"]
+    assert ckpt.load_into(state) == 7
+    opt2.load_state_dict(state["optim"])
+    for n, p in model2.named_parameters():
+        assert p.data_ptr() == ptrs[n], "filled in place, not replaced"
+        assert torch.equal(p.detach(), snapshot[n])
+    assert state["epoch"] == 3
+    assert state["optim"]["state"][0]["exp_avg"] is exp_avg
+    assert torch.equal(exp_avg, opt.state_dict()["state"][0]["exp_avg"])
+    assert opt2.param_groups[0]["lr"] == 1e-3
+
+
+def test_load_into_non_contiguous_targets_and_new_keys(make):
+    ckpt = make()
+    ckpt.save(1, {"t": torch.arange(12.0).reshape(3, 4), "extra": torch.ones(2), "n": 5}).wait()
+    target = torch.zeros(4, 3).t()  # non-contiguous view, shape (3, 4)
+    state = {"t": target}
+    ckpt.load_into(state, strict=False)
+    assert state["t"] is target and torch.equal(target, torch.arange(12.0).reshape(3, 4))
+    assert torch.equal(state["extra"], torch.ones(2)) and state["n"] == 5
+
+
+def test_load_into_refuses_a_state_that_does_not_fit(make):
+    ckpt = make()
+    ckpt.save(1, {"w": torch.zeros(4, 4)}).wait()
+    target = torch.full((4, 5), 9.0)
+    with pytest.raises(strata.InvalidError, match="shape"):
+        ckpt.load_into({"w": target})
+    assert torch.equal(target, torch.full((4, 5), 9.0)), "nothing written"
+    with pytest.raises(strata.InvalidError, match="dtype"):
+        ckpt.load_into({"w": torch.zeros(4, 4, dtype=torch.float64)})
+    with pytest.raises(strata.InvalidError, match="holds no tensor"):
+        ckpt.load_into({"w": torch.zeros(4, 4), "other": torch.zeros(1)})
+
+
+def test_errors_raise_the_class_of_their_kind(make, l1, job):
+    ckpt = make()
+    with pytest.raises(strata.NotFoundError) as e:
+        ckpt.load()
+    assert isinstance(e.value, LookupError) and isinstance(e.value, strata.StrataError)
+    assert ckpt.latest_step() is None
+    with pytest.raises(strata.InvalidError) as e:
+        strata.Checkpointer(job=job, l1_dir=l1, no_such_setting=1)
+    assert isinstance(e.value, ValueError) and "no_such_setting" in str(e.value)
+    with pytest.raises(strata.InvalidError):
+        strata.Checkpointer(job="bad/job", l1_dir=l1)
+    with pytest.raises(strata.InvalidError, match="cannot store"):
+        ckpt.save(1, {"x": object()})
+    with pytest.raises(strata.InvalidError, match="not supported"):
+        ckpt.save(1, {"x": torch.zeros(2, dtype=torch.complex64)})
+    h = ckpt.save(2, {"x": torch.ones(3)})
+    with pytest.raises(strata.InvalidError, match="target"):
+        h.wait("l9")
+    with pytest.raises(strata.InvalidError, match="no L3"):
+        h.wait("l3")
+    with pytest.raises(strata.InvalidError, match="no peers"):
+        h.wait("peers")
+    assert h.wait()["step"] == 2 and h.done()
+
+
+def test_saving_a_committed_step_again_is_a_conflict_and_keeps_it(make):
+    ckpt = make()
+    ckpt.save(3, {"w": torch.ones(8)}).wait()
+    with pytest.raises(strata.ConflictError, match="already committed"):
+        ckpt.save(3, {"w": torch.zeros(8)}).wait()
+    assert torch.equal(ckpt.load(3)["w"], torch.ones(8))
+
+
+def test_damaged_chunk_on_the_only_tier_is_a_corrupt_error(make, l1, job):
+    ckpt = make()
+    ckpt.save(1, {"w": torch.randn(1 << 16)}).wait()
+    chunks = sorted(glob.glob(os.path.join(l1, job, "chunks", "*", "*")), key=os.path.getsize)
+    assert chunks
+    with open(chunks[-1], "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(strata.CorruptError):
+        ckpt.load()
+
+
+def test_wait_timeout_is_a_timeout_error(make):
+    ckpt = make()
+    h = ckpt.save(1, {"w": torch.randn(256 << 20 >> 2)})  # 256 MiB: not durable within 1 ms
+    with pytest.raises(strata.WaitTimeoutError) as e:
+        h.wait("l1", timeout=0.001)
+    assert isinstance(e.value, TimeoutError) and isinstance(e.value, strata.UnavailableError)
+    with pytest.raises(strata.InvalidError):
+        h.wait("l1", timeout=-1.0)
+    assert h.wait()["step"] == 1, "the save went on"
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_thousand_saves_keep_memory_flat(make):
+    ckpt = make(keep_last=2, chunk_size=1 << 18)
+    w = torch.randn(1 << 18)  # 1 MiB
+    marks = {}
+    for step in range(1, 1001):
+        w[step % w.numel()] += 1.0
+        h = ckpt.save(step, {"w": w, "step": step, "blob": b"x" * 100})
+        if step % 50 == 0:
+            h.wait()
+        if step in (100, 1000):
+            h.wait()
+            marks[step] = rss_bytes()
+    ckpt.flush()
+    grown = marks[1000] - marks[100]
+    assert grown < 24 << 20, f"RSS grew {grown >> 20} MiB over 900 saves"
+    assert ckpt.steps() == [999, 1000]
+
+
+def test_the_gil_is_released_while_saving_and_waiting(make):
+    ckpt = make()
+    state = {"w": torch.randn(64 << 20 >> 2)}  # 64 MiB
+    ticks = []
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        start = time.perf_counter()
+        h = ckpt.save(1, state)
+        h.wait()
+        end = time.perf_counter()
+    finally:
+        stop.set()
+        t.join()
+    during = [x for x in ticks if start <= x <= end]
+    # The other thread ran all along: it ticked about once a millisecond.
+    assert len(during) >= 0.3 * (end - start) * 1000, (len(during), end - start)
+
+
+def test_logs_reach_python_logging(make, caplog):
+    with caplog.at_level(logging.INFO, logger="strata"):
+        ckpt = make()
+        ckpt.save(1, {"w": torch.ones(4)}).wait()
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name == "strata")
+    assert "checkpointer ready" in text and "step durable on L1" in text
+
+
+def test_configuration_layers_file_env_keywords(tmp_path, monkeypatch, l1):
+    cfg = tmp_path / "strata.toml"
+    cfg.write_text('job = "from-file"\nkeep_last = 7\nchunk_size = 1048576\n')
+    monkeypatch.setenv("STRATA_KEEP_LAST", "5")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    r = strata.resolve_config(str(cfg), l1_dir=l1)
+    assert r["job"] == "from-file" and r["keep_last"] == 5 and r["chunk_size"] == 1 << 20
+    assert (r["rank"], r["world_size"], r["local_rank"]) == (1, 4, 1)
+    r = strata.resolve_config(str(cfg), keep_last=9, rank=0, world_size=1)
+    assert r["keep_last"] == 9 and r["rank"] == 0
+    monkeypatch.setenv("STRATA_KEEP_LAST", "many")
+    with pytest.raises(strata.InvalidError, match="STRATA_KEEP_LAST"):
+        strata.resolve_config()
+
+
+def test_a_world_above_one_needs_a_coordinator(l1, job, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(strata.InvalidError, match="coordinat"):
+        strata.Checkpointer(job=job, l1_dir=l1)
+
+
+def test_context_manager_closes_and_finishes_the_save(l1, job):
+    with strata.Checkpointer(job=job, l1_dir=l1) as ckpt:
+        ckpt.save(1, {"w": torch.ones(1 << 20)})
+    with pytest.raises(strata.InvalidError, match="closed"):
+        ckpt.steps()
+    with strata.Checkpointer(job=job, l1_dir=l1) as again:
+        assert again.steps() == [1]
