@@ -98,7 +98,7 @@ class Checkpointer:
                 settings[k] = v
             if size > 1 and not settings.get("etcd_endpoints"):
                 job = settings.get("job") or "default"
-                gather = StoreGather(store, size, f"strata/{job}/")
+                gather = StoreGather(store, size, f"strata/{job}")
         # Also picks up the `strata` logger's level before anything logs.
         _strata.drain_logs()
         try:
