@@ -106,6 +106,9 @@ class Checkpointer:
         finally:
             _strata.drain_logs()
         self.config: Dict[str, Any] = json.loads(self._native.config_json)
+        #: The counters of the last ``load`` or ``load_into``: bytes read,
+        #: and how many came from peers (``bytes_from_l2``) and from L3.
+        self.last_restore: Optional[Dict[str, Any]] = None
         _OPEN.add(self)
 
     # -- properties -------------------------------------------------------
@@ -198,7 +201,7 @@ class Checkpointer:
                 obj = alloc_numpy(dtype, shape, name)
             values[name] = obj
             dests.append((name, *address(obj)))
-        self._native.restore_into(st, dests)
+        self.last_restore = self._native.restore_into(st, dests)
         if device is not None:
             for name, tag in refs.items():
                 if tag == "T":
@@ -290,7 +293,7 @@ class Checkpointer:
                 alloc_torch(dtype, shape, name) if tag == "T" else alloc_numpy(dtype, shape, name))
             fresh[name] = obj
             dests.append((name, *address(obj)))
-        self._native.restore_into(st, dests)
+        self.last_restore = self._native.restore_into(st, dests)
         pairs = [(stage, target) for stage, target in copies.values()]
         for name, target in aliases:
             pairs.append((fills[name] if name in fills else copies[name][1], target))
