@@ -63,6 +63,19 @@ if [ "$(id -u)" = 0 ] && ip netns list >/dev/null 2>&1; then
   export STRATA_REQUIRE_NETNS=1
 fi
 
+log "python: a venv with torch (CPU use of the PyPI build), numpy, pytest; the strata package"
+# torch is ~5 GB: the venv lives outside the repo and is reused when present.
+VENV="${STRATA_VENV:-$HOME/.cache/strata/venv}"
+if ! "$VENV/bin/python" -c 'import torch, numpy, pytest' 2>/dev/null; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --upgrade pip
+  "$VENV/bin/pip" install --quiet 'torch==2.15.*' 'numpy<3' 'pytest>=7' 'maturin>=1.9,<2'
+fi
+"$VENV/bin/python" -c 'import torch; print("torch", torch.__version__, "gloo", torch.distributed.is_gloo_available())'
+# What a user runs: pip builds the extension (maturin, release) and installs it.
+"$VENV/bin/pip" install --quiet ./python
+export STRATA_PYTHON="$VENV/bin/python" STRATA_REQUIRE_TORCH=1
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -81,6 +94,10 @@ cargo test --workspace --doc --locked
 
 log "tests"
 cargo nextest run --workspace --locked --no-fail-fast
+
+log "python tests (pytest: round trips, torchrun with gloo, a rank killed mid-save, the example killed and resumed)"
+# From the tests' directory, so the installed package is imported, not the source tree.
+(cd python/tests && "$STRATA_PYTHON" -m pytest -q -p no:cacheprovider .)
 
 log "GPU tests with --features cuda (prints whether the GPU path ran or why it was skipped)"
 cargo nextest run -p strata --features cuda --locked --no-capture --test gpu

@@ -82,6 +82,44 @@ fn parse_entry<'py>(item: &Bound<'py, PyAny>) -> PyResult<Parsed<'py>> {
     })
 }
 
+fn parse_entries<'py>(entries: &Bound<'py, PyList>) -> PyResult<Vec<Parsed<'py>>> {
+    entries.iter().map(|e| parse_entry(&e)).collect()
+}
+
+/// The entries of parsed items, borrowing their memory.
+fn entries_of<'a>(parsed: &'a [Parsed<'_>]) -> PyResult<Vec<Entry<'a>>> {
+    let mut list: Vec<Entry<'a>> = Vec::with_capacity(parsed.len());
+    for p in parsed {
+        let bytes: &[u8] = match &p.source {
+            Source::Bytes(b) => b.as_bytes(),
+            // SAFETY: the Python layer passes the address and length of
+            // a live, C-contiguous host tensor or array that it keeps
+            // referenced (so unmoved and unfreed) until the native call
+            // returns; a save copies the bytes into staging before
+            // returning, `prepare` reads only the lengths.
+            Source::Host(ptr, len) if *len > 0 => unsafe {
+                std::slice::from_raw_parts(*ptr as *const u8, *len)
+            },
+            Source::Host(..) | Source::Device(..) => &[],
+        };
+        let e = match (&p.tensor, &p.source) {
+            (Some((dtype, shape)), Source::Device(ptr, len, device)) => {
+                // SAFETY: as above, for device memory the caller's tensor
+                // owns on `device`; a save reads it before returning.
+                let at = unsafe { DeviceBytes::new(*ptr, *len, *device) };
+                Entry::device_tensor(&p.name, *dtype, shape, at)
+            }
+            (Some((dtype, shape)), _) => Entry::tensor(&p.name, *dtype, shape, bytes),
+            (None, Source::Device(..)) => {
+                return Err(invalid(format!("{:?}: a blob in device memory", p.name)))
+            }
+            (None, _) => Entry::blob(&p.name, bytes),
+        };
+        list.push(e);
+    }
+    Ok(list)
+}
+
 fn selector(step: Option<u64>) -> StepSelector {
     step.map_or(StepSelector::Latest, StepSelector::Step)
 }
@@ -183,42 +221,23 @@ impl PyCheckpointer {
         metadata: Option<BTreeMap<String, String>>,
     ) -> PyResult<PySaveHandle> {
         let ckpt = self.get()?;
-        let parsed: Vec<Parsed<'_>> = entries
-            .iter()
-            .map(|e| parse_entry(&e))
-            .collect::<PyResult<_>>()?;
-        let mut list: Vec<Entry<'_>> = Vec::with_capacity(parsed.len());
-        for p in &parsed {
-            let bytes: &[u8] = match &p.source {
-                Source::Bytes(b) => b.as_bytes(),
-                // SAFETY: the Python layer passes the address and length of
-                // a live, C-contiguous host tensor or array that it keeps
-                // referenced (so unmoved and unfreed) until this call returns;
-                // the save copies the bytes into staging before returning.
-                Source::Host(ptr, len) if *len > 0 => unsafe {
-                    std::slice::from_raw_parts(*ptr as *const u8, *len)
-                },
-                Source::Host(..) | Source::Device(..) => &[],
-            };
-            let e = match (&p.tensor, &p.source) {
-                (Some((dtype, shape)), Source::Device(ptr, len, device)) => {
-                    // SAFETY: as above, for device memory the caller's tensor
-                    // owns on `device`; the save reads it before returning.
-                    let at = unsafe { DeviceBytes::new(*ptr, *len, *device) };
-                    Entry::device_tensor(&p.name, *dtype, shape, at)
-                }
-                (Some((dtype, shape)), _) => Entry::tensor(&p.name, *dtype, shape, bytes),
-                (None, Source::Device(..)) => {
-                    return Err(invalid(format!("{:?}: a blob in device memory", p.name)))
-                }
-                (None, _) => Entry::blob(&p.name, bytes),
-            };
-            list.push(e);
-        }
+        let parsed = parse_entries(entries)?;
+        let list = entries_of(&parsed)?;
         let metadata = metadata.unwrap_or_default();
         let r = py.detach(|| ckpt.save_with_metadata(step, &list, metadata));
         drain(py);
         Ok(PySaveHandle { inner: r.py_err()? })
+    }
+
+    /// Allocates and pre-faults the staging memory a save of `entries`
+    /// (as for `save`) needs, so the first save stalls only for its copy.
+    fn prepare(&self, py: Python<'_>, entries: &Bound<'_, PyList>) -> PyResult<()> {
+        let ckpt = self.get()?;
+        let parsed = parse_entries(entries)?;
+        let list = entries_of(&parsed)?;
+        let r = py.detach(|| ckpt.prepare(&list));
+        drain(py);
+        r.py_err()
     }
 
     /// Agrees with every rank on a step (`None`: the newest every rank can

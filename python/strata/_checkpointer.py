@@ -127,18 +127,29 @@ class Checkpointer:
 
     # -- save -------------------------------------------------------------
 
+    def _entries(self, state: Any, keep: List[Any]) -> List[tuple]:
+        tree, leaves = flatten(state)
+        entries = [self._entry(leaf, keep) for leaf in leaves]
+        entries.append((TREE_ENTRY, None, None, tree))
+        return entries
+
+    def prepare(self, state: Any) -> None:
+        """Allocates and pre-faults the staging memory a save of ``state``
+        needs, so the first save blocks training only for its copy (without
+        it, the first save also pays for fresh memory). Call it once before
+        training starts; optional."""
+        keep: List[Any] = []
+        self._native.prepare(self._entries(state, keep))
+        del keep
+
     def save(self, step: int, state: Any, *, metadata: Optional[Dict[str, str]] = None) -> SaveHandle:
         """Snapshots ``state`` (a nested dict of tensors, numpy arrays and
         plain values) as ``step`` and returns at once; the step becomes
         durable in the background (``SaveHandle.wait``). The state's tensors
         may be changed as soon as this returns. Raises ``ConflictError`` if
         this rank already committed ``step``."""
-        tree, leaves = flatten(state)
-        entries: List[tuple] = []
         keep: List[Any] = []
-        for leaf in leaves:
-            entries.append(self._entry(leaf, keep))
-        entries.append((TREE_ENTRY, None, None, tree))
+        entries = self._entries(state, keep)
         md = {"strata.tree": "1"}
         if metadata:
             md.update({str(k): str(v) for k, v in metadata.items()})

@@ -230,3 +230,14 @@ def test_context_manager_closes_and_finishes_the_save(l1, job):
         ckpt.steps()
     with strata.Checkpointer(job=job, l1_dir=l1) as again:
         assert again.steps() == [1]
+
+
+def test_prepare_takes_the_first_saves_memory_cost(make):
+    ckpt = make()
+    state = {"w": torch.randn(32 << 20 >> 2), "n": 1}
+    ckpt.prepare(state)
+    h = ckpt.save(1, state)
+    h.wait()
+    assert torch.equal(ckpt.load()["w"], state["w"])
+    with pytest.raises(strata.InvalidError):
+        ckpt.prepare({"x": object()})
