@@ -74,7 +74,7 @@ pub use etcd::{EtcdCoordinator, EtcdOptions};
 pub use gpu::DeviceBytes;
 pub use handle::{SaveHandle, Target};
 pub use replication::L2State;
-pub use restore::StepSelector;
+pub use restore::{RestorePlan, StepSelector};
 pub use stack::{NamedTier, TierStack};
 pub use state::{Entry, RestoredEntry, RestoredState};
 pub use stats::{RestoreStats, SaveStats};

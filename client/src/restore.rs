@@ -27,6 +27,34 @@ pub enum StepSelector {
 
 pub(crate) use crate::commit::restorable;
 
+/// A step every rank agreed to restore, with this rank's manifest loaded
+/// and checked against its commit record ([`Checkpointer::plan_restore`]).
+pub struct RestorePlan {
+    step: u64,
+    loaded: Loaded,
+}
+
+impl RestorePlan {
+    /// The step.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// This rank's manifest of the step: its entries and metadata.
+    pub fn manifest(&self) -> &strata_format::ShardManifest {
+        &self.loaded.shard.manifest
+    }
+}
+
+impl std::fmt::Debug for RestorePlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestorePlan")
+            .field("step", &self.step)
+            .field("entries", &self.loaded.shard.manifest.entries.len())
+            .finish()
+    }
+}
+
 impl Checkpointer {
     /// The steps this rank has committed on L1, oldest first.
     pub fn committed_steps(&self) -> Result<Vec<u64>> {
@@ -96,17 +124,15 @@ impl Checkpointer {
     }
 
     /// Agrees with every rank on the selected step, exactly as
-    /// [`Self::restore`] does, and returns it with this rank's manifest
-    /// (entry names, dtypes, shapes, lengths and metadata), reading no
-    /// chunk. All ranks call it together. For callers that allocate their
-    /// own destination buffers (the Python bindings allocate tensors) and
-    /// then call [`Self::restore_into`] with `StepSelector::Step(step)`.
-    pub fn restore_plan(
-        &self,
-        which: StepSelector,
-    ) -> Result<(u64, strata_format::manifest::ShardManifest)> {
+    /// [`Self::restore`] does, and loads this rank's manifest, reading no
+    /// chunk. All ranks call it together. The plan's manifest says what the
+    /// step holds (names, dtypes, shapes, lengths, metadata), so a caller
+    /// can allocate its own buffers (the Python bindings allocate tensors)
+    /// and then read into them with [`Self::restore_planned_into`], once or
+    /// in parts, without agreeing again.
+    pub fn plan_restore(&self, which: StepSelector) -> Result<RestorePlan> {
         let (step, loaded) = self.agree_and_load(which)?;
-        Ok((step, loaded.shard.manifest))
+        Ok(RestorePlan { step, loaded })
     }
 
     /// Restores the selected step into caller-provided buffers, by entry name
@@ -118,7 +144,20 @@ impl Checkpointer {
         which: StepSelector,
         dests: &mut [(&str, &mut [u8])],
     ) -> Result<RestoreStats> {
-        let (step, loaded) = self.agree_and_load(which)?;
+        let plan = self.plan_restore(which)?;
+        self.restore_planned_into(&plan, dests)
+    }
+
+    /// Reads the entries named in `dests` of a planned step (see
+    /// [`Self::plan_restore`]) into caller-provided buffers, each exactly
+    /// the entry's length, every chunk verified. Local to this rank: no
+    /// agreement with the others.
+    pub fn restore_planned_into(
+        &self,
+        plan: &RestorePlan,
+        dests: &mut [(&str, &mut [u8])],
+    ) -> Result<RestoreStats> {
+        let (step, loaded) = (plan.step, &plan.loaded);
         let manifest = &loaded.shard.manifest;
         let index: HashMap<&str, usize> = manifest
             .entries
@@ -148,7 +187,7 @@ impl Checkpointer {
             }
             slots[i] = Some(&mut **buf);
         }
-        fetch_into(&self.shared, &loaded, &mut slots, false)
+        fetch_into(&self.shared, loaded, &mut slots, false)
     }
 
     /// Restores the selected step into GPU memory, by entry name: each

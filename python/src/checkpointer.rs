@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use strata::format::{DType, EntryKind};
-use strata::{Checkpointer, DeviceBytes, Entry, RestoreStats, StepSelector};
+use strata::{Checkpointer, DeviceBytes, Entry, RestorePlan, RestoreStats, StepSelector};
 
 use crate::config::build;
 use crate::coordinator::PyCoordinator;
@@ -137,6 +137,42 @@ fn restore_dict<'py>(py: Python<'py>, s: &RestoreStats) -> PyResult<Bound<'py, P
     Ok(d)
 }
 
+/// A step every rank agreed to restore, with this rank's manifest.
+#[pyclass(name = "RestorePlan", module = "strata._strata", frozen)]
+pub(crate) struct PyRestorePlan {
+    inner: RestorePlan,
+}
+
+#[pymethods]
+impl PyRestorePlan {
+    /// The step.
+    #[getter]
+    fn step(&self) -> u64 {
+        self.inner.step()
+    }
+
+    /// The entries: `(name, dtype, shape, length)` each (`dtype` and
+    /// `shape` `None` for a blob).
+    #[getter]
+    fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        for e in &self.inner.manifest().entries {
+            let (dtype, shape) = match &e.kind {
+                EntryKind::Tensor { dtype, shape } => (Some(dtype.name()), Some(shape.clone())),
+                _ => (None, None),
+            };
+            out.append((e.name.as_str(), dtype, shape, e.len))?;
+        }
+        Ok(out)
+    }
+
+    /// The user metadata saved with the step.
+    #[getter]
+    fn metadata(&self) -> BTreeMap<String, String> {
+        self.inner.manifest().metadata.clone()
+    }
+}
+
 /// The Rust checkpointer (private: see `strata.Checkpointer`).
 #[pyclass(name = "Checkpointer", module = "strata._strata", frozen)]
 pub(crate) struct PyCheckpointer {
@@ -241,38 +277,25 @@ impl PyCheckpointer {
     }
 
     /// Agrees with every rank on a step (`None`: the newest every rank can
-    /// restore) and returns `(step, entries, metadata)`, each entry
-    /// `(name, dtype, shape, length)` (`dtype` and `shape` `None` for a
-    /// blob). Reads no chunk. All ranks call it together.
+    /// restore) and loads this rank's manifest; reads no chunk. All ranks
+    /// call it together.
     #[pyo3(signature = (step=None))]
-    fn restore_plan<'py>(
-        &self,
-        py: Python<'py>,
-        step: Option<u64>,
-    ) -> PyResult<(u64, Bound<'py, PyList>, BTreeMap<String, String>)> {
+    fn plan(&self, py: Python<'_>, step: Option<u64>) -> PyResult<PyRestorePlan> {
         let ckpt = self.get()?;
-        let r = py.detach(|| ckpt.restore_plan(selector(step)));
+        let r = py.detach(|| ckpt.plan_restore(selector(step)));
         drain(py);
-        let (step, manifest) = r.py_err()?;
-        let out = PyList::empty(py);
-        for e in &manifest.entries {
-            let (dtype, shape) = match &e.kind {
-                EntryKind::Tensor { dtype, shape } => (Some(dtype.name()), Some(shape.clone())),
-                _ => (None, None),
-            };
-            out.append((e.name.as_str(), dtype, shape, e.len))?;
-        }
-        Ok((step, out, manifest.metadata))
+        Ok(PyRestorePlan { inner: r.py_err()? })
     }
 
-    /// Restores `step` into memory the caller owns: `dests` is a list of
-    /// `(name, address, length)` of live, writable, C-contiguous host
-    /// buffers the caller keeps alive until this returns, each exactly the
-    /// entry's length. Every byte is verified. All ranks call it together.
-    fn restore_into<'py>(
+    /// Reads entries of a planned step into memory the caller owns:
+    /// `dests` is a list of `(name, address, length)` of live, writable,
+    /// C-contiguous host buffers the caller keeps alive until this returns,
+    /// each exactly the entry's length. Every byte is verified. Local to
+    /// this rank (no agreement).
+    fn read<'py>(
         &self,
         py: Python<'py>,
-        step: u64,
+        plan: &PyRestorePlan,
         dests: Vec<(String, u64, u64)>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let ckpt = self.get()?;
@@ -289,16 +312,16 @@ impl PyCheckpointer {
                 return Err(invalid(format!("{name:?}: null address")));
             } else {
                 // SAFETY: the Python layer passes the address and length of
-                // a live, writable, C-contiguous host tensor it allocated (or
-                // the caller's own, checked contiguous) and keeps referenced
-                // until this returns; no two entries share memory (each is a
-                // distinct tensor), and Python code cannot touch it meanwhile
-                // except through other threads, which the caller owns.
+                // a live, writable, C-contiguous host buffer (a tensor or
+                // array it allocated, or the caller's own, checked
+                // contiguous) and keeps it referenced until this returns; no
+                // two names share memory (each is a distinct buffer).
                 unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
             };
             slots.push((name.as_str(), buf));
         }
-        let r = py.detach(|| ckpt.restore_into(StepSelector::Step(step), &mut slots));
+        let plan = &plan.inner;
+        let r = py.detach(|| ckpt.restore_planned_into(plan, &mut slots));
         drain(py);
         restore_dict(py, &r.py_err()?)
     }

@@ -29,6 +29,7 @@ fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install();
     m.add_class::<checkpointer::PyCheckpointer>()?;
     m.add_class::<handle::PySaveHandle>()?;
+    m.add_class::<checkpointer::PyRestorePlan>()?;
     m.add_function(wrap_pyfunction!(logs::drain_logs, m)?)?;
     m.add_function(wrap_pyfunction!(config::resolve_config, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -172,18 +172,18 @@ class Checkpointer:
 
     # -- load -------------------------------------------------------------
 
-    def _plan(self, step: Optional[int]) -> Tuple[int, Dict[str, tuple], Any]:
-        """Agree on the step; its entries by name and its tree (None for a
-        step saved without one, e.g. from Rust)."""
-        st, entries, metadata = self._native.restore_plan(None if step is None else int(step))
-        by_name = {e[0]: e for e in entries}
+    def _plan(self, step: Optional[int]) -> Tuple[Any, Dict[str, tuple], Any]:
+        """Agrees with every rank on the step (the only collective of a
+        load); returns the plan, its entries by name and its tree (None for
+        a step saved without one, e.g. from Rust)."""
+        plan = self._native.plan(None if step is None else int(step))
+        by_name = {e[0]: e for e in plan.entries}
         root = None
-        if metadata.get("strata.tree") == "1" and TREE_ENTRY in by_name:
-            n = by_name[TREE_ENTRY][3]
-            buf = bytearray(n)
-            self._native.restore_into(st, [(TREE_ENTRY, *address(buf))])
+        if plan.metadata.get("strata.tree") == "1" and TREE_ENTRY in by_name:
+            buf = bytearray(by_name[TREE_ENTRY][3])
+            self._native.read(plan, [(TREE_ENTRY, *address(buf))])
             root = parse(bytes(buf))
-        return st, by_name, root
+        return plan, by_name, root
 
     def load(self, step: Optional[int] = None, *, device: Any = None) -> Dict[str, Any]:
         """Restores ``step`` (default: the newest step every rank can
@@ -192,7 +192,8 @@ class Checkpointer:
         numpy arrays, and the plain values. Every byte is verified. All
         ranks call it together. Raises ``NotFoundError`` if there is
         nothing to restore."""
-        st, by_name, root = self._plan(step)
+        plan, by_name, root = self._plan(step)
+        st = plan.step
         if root is None:
             # A step saved without a tree (from Rust): a flat dict.
             root = {"d": [[n, {"B" if e[1] is None else "T": n}] for n, e in by_name.items()]}
@@ -212,7 +213,7 @@ class Checkpointer:
                 obj = alloc_numpy(dtype, shape, name)
             values[name] = obj
             dests.append((name, *address(obj)))
-        self.last_restore = self._native.restore_into(st, dests)
+        self.last_restore = self._native.read(plan, dests)
         if device is not None:
             for name, tag in refs.items():
                 if tag == "T":
@@ -234,7 +235,8 @@ class Checkpointer:
         hold with the same dtype and shape is an ``InvalidError`` (raised
         before any chunk is read). Returns the step. All ranks call it
         together."""
-        st, by_name, root = self._plan(step)
+        plan, by_name, root = self._plan(step)
+        st = plan.step
         if root is None:
             raise InvalidError(f"step {st} was not saved from Python; use load()")
         # The saved structure, with each entry reference as a marker.
@@ -304,7 +306,7 @@ class Checkpointer:
                 alloc_torch(dtype, shape, name) if tag == "T" else alloc_numpy(dtype, shape, name))
             fresh[name] = obj
             dests.append((name, *address(obj)))
-        self.last_restore = self._native.restore_into(st, dests)
+        self.last_restore = self._native.read(plan, dests)
         pairs = [(stage, target) for stage, target in copies.values()]
         for name, target in aliases:
             pairs.append((fills[name] if name in fills else copies[name][1], target))
@@ -325,10 +327,9 @@ class Checkpointer:
         """The newest step every rank can restore, or None. All ranks call
         it together (it is an agreement, like ``load``)."""
         try:
-            st, _, _ = self._native.restore_plan(None)
+            return self._native.plan(None).step
         except NotFoundError:
             return None
-        return st
 
     def steps(self) -> List[int]:
         """The steps this rank has committed on some tier, oldest first."""
