@@ -83,7 +83,7 @@ log "cargo clippy (workspace, all targets, -D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 log "cargo clippy --features cuda (the GPU path compiles without a toolkit or driver)"
-cargo clippy -p strata --all-targets --features cuda --locked -- -D warnings
+cargo clippy -p strata -p strata-python --all-targets --features cuda --locked -- -D warnings
 
 log "fuzz targets compile"
 # Stable toolchain: this checks the targets' code; running them needs cargo-fuzz.

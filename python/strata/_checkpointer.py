@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -97,8 +98,17 @@ class Checkpointer:
                     raise InvalidError(f"{k}={settings[k]} but torch.distributed says {v}")
                 settings[k] = v
             if size > 1 and not settings.get("etcd_endpoints"):
-                job = settings.get("job") or "default"
-                gather = StoreGather(store, size, f"strata/{job}")
+                job = settings.get("job") or os.environ.get("STRATA_JOB") or "default"
+                # A restarted job (torchrun's restart count, Slurm's requeue
+                # count) never meets its previous start's rounds in a store
+                # that outlived it.
+                start = (
+                    os.environ.get("STRATA_INCARNATION")
+                    or os.environ.get("TORCHELASTIC_RESTART_COUNT")
+                    or os.environ.get("SLURM_RESTART_COUNT")
+                    or "0"
+                )
+                gather = StoreGather(store, size, f"strata/{job}/{start}")
         # Also picks up the `strata` logger's level before anything logs.
         _strata.drain_logs()
         try:

@@ -241,3 +241,26 @@ def test_prepare_takes_the_first_saves_memory_cost(make):
     assert torch.equal(ckpt.load()["w"], state["w"])
     with pytest.raises(strata.InvalidError):
         ckpt.prepare({"x": object()})
+
+
+def test_device_memory_without_the_gpu_build_is_refused_before_anything_is_written(make, l1, job):
+    ckpt = make()
+    # What a CUDA tensor turns into: a device address (the package is built
+    # without the `cuda` feature here, and there is no driver).
+    with pytest.raises(strata.InvalidError, match="(?i)gpu|cuda"):
+        ckpt._native.save(1, [("w", "F32", [4], (0xDEAD0000, 16, 0))], {}).wait("l1", None)
+    assert ckpt.steps() == []
+    assert not os.path.exists(os.path.join(l1, job, "steps", f"{1:020}"))
+
+
+def test_the_store_coordinator_round_trip_and_its_bounds():
+    from strata._dist import _pack, _unpack
+
+    vals = [b"", b"abc", bytes(range(256))]
+    assert _unpack(_pack(vals), 3) == vals
+    with pytest.raises(ValueError):
+        _unpack(_pack(vals), 2)
+    with pytest.raises(ValueError):
+        _unpack(_pack(vals)[:-1], 3)
+    with pytest.raises(ValueError):
+        _unpack(b"\x01\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\x7f", 1)
