@@ -382,6 +382,18 @@ impl PyCheckpointer {
     }
 }
 
+impl Drop for PyCheckpointer {
+    fn drop(&mut self) {
+        // Dropping the checkpointer joins its workers, and a commit round
+        // through the torch.distributed store takes the GIL: joining while
+        // holding it (Python deallocates with the GIL held) would deadlock.
+        let taken = self.inner.get_mut().ok().and_then(Option::take);
+        if let Some(ckpt) = taken {
+            Python::attach(|py| py.detach(move || drop(ckpt)));
+        }
+    }
+}
+
 fn l2_text(s: &strata::L2State) -> String {
     match s {
         strata::L2State::Pending => "pending".into(),

@@ -51,6 +51,12 @@ def test_torchrun_two_ranks_save_and_load(tmp_path, l1, job):
         assert res["load_into"] == 2 and res["into_ok"], res
 
 
+def test_a_checkpointer_dropped_right_after_a_save_finishes_it(tmp_path, l1, job):
+    out = str(tmp_path)
+    for res in torchrun("drop", l1, job, out, timeout=120):
+        assert res["steps"] == [1], res
+
+
 def launch(mode, l1, job, out, port):
     procs = []
     for r in range(2):

@@ -5,6 +5,7 @@ Usage: dist_worker.py MODE L1_DIR JOB OUT_DIR
   load    loads the newest step and checks every rank's own tensors
   die     saves step 1, then rank 1 is killed in the middle of saving step 2
           while rank 0 waits for step 2 (and reports what it got)
+  drop    saves step 1 and drops the checkpointer without closing it
   resume  checks the newest step every rank can restore is 1
 """
 
@@ -74,6 +75,16 @@ elif mode == "die":
         result["error"] = type(e).__name__
         result["message"] = str(e)
     result["waited_s"] = time.monotonic() - t0
+elif mode == "drop":
+    # Dropped without close() right after a save: the commit round (which
+    # takes the GIL) must still finish while the checkpointer is torn down.
+    ckpt.save(1, state_for(1))
+    del ckpt
+    import gc
+
+    gc.collect()
+    ckpt = strata.Checkpointer(job=job, l1_dir=l1, chunk_size=1 << 20, coordination_timeout_secs=timeout)
+    result["steps"] = ckpt.steps()
 elif mode == "resume":
     result["latest"] = ckpt.latest_step()
     got = ckpt.load()
