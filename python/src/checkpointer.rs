@@ -92,11 +92,13 @@ fn entries_of<'a>(parsed: &'a [Parsed<'_>]) -> PyResult<Vec<Entry<'a>>> {
     for p in parsed {
         let bytes: &[u8] = match &p.source {
             Source::Bytes(b) => b.as_bytes(),
-            // SAFETY: the Python layer passes the address and length of
-            // a live, C-contiguous host tensor or array that it keeps
-            // referenced (so unmoved and unfreed) until the native call
-            // returns; a save copies the bytes into staging before
-            // returning, `prepare` reads only the lengths.
+            // SAFETY: the Python layer passes the address and length of a
+            // C-contiguous host tensor or array that it keeps referenced
+            // until the native call returns; a save copies the bytes into
+            // staging before returning, `prepare` reads only the lengths.
+            // A precondition the package documents and cannot enforce: no
+            // other thread frees or resizes the tensor's storage during the
+            // call (the GIL is released for it).
             Source::Host(ptr, len) if *len > 0 => unsafe {
                 std::slice::from_raw_parts(*ptr as *const u8, *len)
             },
@@ -118,6 +120,25 @@ fn entries_of<'a>(parsed: &'a [Parsed<'_>]) -> PyResult<Vec<Entry<'a>>> {
         list.push(e);
     }
     Ok(list)
+}
+
+/// Refuses destination ranges that overlap: each becomes a `&mut [u8]`.
+fn disjoint(dests: &[(String, u64, u64)]) -> PyResult<()> {
+    let mut ranges: Vec<(u64, u64, &str)> = dests
+        .iter()
+        .filter(|(_, _, len)| *len > 0)
+        .map(|(name, ptr, len)| (*ptr, ptr.saturating_add(*len), name.as_str()))
+        .collect();
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(invalid(format!(
+                "the buffers for {:?} and {:?} overlap",
+                w[0].2, w[1].2
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn selector(step: Option<u64>) -> StepSelector {
@@ -260,7 +281,7 @@ impl PyCheckpointer {
         let parsed = parse_entries(entries)?;
         let list = entries_of(&parsed)?;
         let metadata = metadata.unwrap_or_default();
-        let r = py.detach(|| ckpt.save_with_metadata(step, &list, metadata));
+        let r = py.detach(move || ckpt.save_with_metadata(step, &list, metadata));
         drain(py);
         Ok(PySaveHandle { inner: r.py_err()? })
     }
@@ -271,7 +292,7 @@ impl PyCheckpointer {
         let ckpt = self.get()?;
         let parsed = parse_entries(entries)?;
         let list = entries_of(&parsed)?;
-        let r = py.detach(|| ckpt.prepare(&list));
+        let r = py.detach(move || ckpt.prepare(&list));
         drain(py);
         r.py_err()
     }
@@ -282,7 +303,7 @@ impl PyCheckpointer {
     #[pyo3(signature = (step=None))]
     fn plan(&self, py: Python<'_>, step: Option<u64>) -> PyResult<PyRestorePlan> {
         let ckpt = self.get()?;
-        let r = py.detach(|| ckpt.plan_restore(selector(step)));
+        let r = py.detach(move || ckpt.plan_restore(selector(step)));
         drain(py);
         Ok(PyRestorePlan { inner: r.py_err()? })
     }
@@ -299,6 +320,7 @@ impl PyCheckpointer {
         dests: Vec<(String, u64, u64)>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let ckpt = self.get()?;
+        disjoint(&dests)?;
         let mut slots: Vec<(&str, &mut [u8])> = Vec::with_capacity(dests.len());
         for (name, ptr, len) in &dests {
             let ptr = usize::try_from(*ptr).map_err(|_| invalid("address out of range"))?;
@@ -312,16 +334,18 @@ impl PyCheckpointer {
                 return Err(invalid(format!("{name:?}: null address")));
             } else {
                 // SAFETY: the Python layer passes the address and length of
-                // a live, writable, C-contiguous host buffer (a tensor or
-                // array it allocated, or the caller's own, checked
-                // contiguous) and keeps it referenced until this returns; no
-                // two names share memory (each is a distinct buffer).
+                // a writable, C-contiguous host buffer (a tensor or array it
+                // allocated, or the caller's own, checked contiguous and
+                // writable) and keeps it referenced until this returns; the
+                // ranges are checked disjoint below, so no two slices alias.
+                // Documented precondition: no other thread frees or resizes
+                // the buffer's storage during the call.
                 unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
             };
             slots.push((name.as_str(), buf));
         }
         let plan = &plan.inner;
-        let r = py.detach(|| ckpt.restore_planned_into(plan, &mut slots));
+        let r = py.detach(move || ckpt.restore_planned_into(plan, &mut slots));
         drain(py);
         restore_dict(py, &r.py_err()?)
     }
@@ -330,7 +354,7 @@ impl PyCheckpointer {
     /// dicts (`step`, `l1`, `l3`, `peers`, `upload`).
     fn steps<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let ckpt = self.get()?;
-        let r = py.detach(|| ckpt.steps());
+        let r = py.detach(move || ckpt.steps());
         drain(py);
         let out = PyList::empty(py);
         for st in r.py_err()? {
@@ -348,7 +372,7 @@ impl PyCheckpointer {
     /// Queues `step` for upload to L3.
     fn upload(&self, py: Python<'_>, step: u64) -> PyResult<()> {
         let ckpt = self.get()?;
-        let r = py.detach(|| ckpt.upload(step));
+        let r = py.detach(move || ckpt.upload(step));
         drain(py);
         r.py_err()
     }
@@ -357,7 +381,7 @@ impl PyCheckpointer {
     /// and every queued replication.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         let ckpt = self.get()?;
-        py.detach(|| {
+        py.detach(move || {
             ckpt.flush();
             ckpt.wait_replication();
             ckpt.wait_uploads();

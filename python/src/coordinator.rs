@@ -33,7 +33,8 @@ impl Coordinator for PyCoordinator {
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>> {
         let fail = |what: String| Error::Coordination(format!("{key}: {what}"));
-        Python::attach(|py| {
+        // Never blocks interpreter shutdown: past it, the round fails.
+        let attached = Python::try_attach(|py| {
             let out = self
                 .gather
                 .call1(
@@ -61,6 +62,7 @@ impl Coordinator for PyCoordinator {
                         })
                 })
                 .collect()
-        })
+        });
+        attached.unwrap_or_else(|| Err(fail("the Python interpreter is shutting down".into())))
     }
 }

@@ -101,9 +101,12 @@ def numpy_entry(name: str, a: Any, where: str) -> Tuple[tuple, Any]:
     sd = NUMPY_TO_STRATA.get((a.dtype.kind, a.dtype.itemsize))
     if sd is None or a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and not _little()):
         raise InvalidError(f"{where}: numpy dtype {a.dtype} is not supported")
-    a = np.ascontiguousarray(a)
+    shape = [int(d) for d in a.shape]
+    if not a.flags["C_CONTIGUOUS"]:
+        # ascontiguousarray makes a 0-d array 1-d: keep the shape.
+        a = np.ascontiguousarray(a).reshape(shape)
     addr = a.__array_interface__["data"][0]
-    return (name, sd, [int(d) for d in a.shape], (int(addr), int(a.nbytes), None)), a
+    return (name, sd, shape, (int(addr), int(a.nbytes), None)), a
 
 
 def _little() -> bool:
@@ -153,6 +156,8 @@ def fillable(t: Any, dtype: str, shape: List[int]) -> Optional[str]:
             return f"dtype {t.dtype} where {dtype} is stored"
     elif NUMPY_TO_STRATA.get((t.dtype.kind, t.dtype.itemsize)) != dtype:
         return f"dtype {t.dtype} where {dtype} is stored"
+    elif t.dtype.byteorder == ">" or (t.dtype.byteorder == "=" and not _little()):
+        return f"byte order of {t.dtype} (stored little-endian)"
     if got != list(shape):
         return f"shape {got} where {list(shape)} is stored"
     return None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -97,18 +96,19 @@ class Checkpointer:
                 if k in settings and settings[k] != v:
                     raise InvalidError(f"{k}={settings[k]} but torch.distributed says {v}")
                 settings[k] = v
-            if size > 1 and not settings.get("etcd_endpoints"):
-                job = settings.get("job") or os.environ.get("STRATA_JOB") or "default"
+            # The whole configuration decides (file, environment, keywords):
+            # with etcd configured, ranks agree through etcd instead.
+            resolved = json.loads(_strata.resolve_config(json.dumps(settings), config))
+            if size > 1 and not resolved.get("etcd_endpoints"):
                 # A restarted job (torchrun's restart count, Slurm's requeue
                 # count) never meets its previous start's rounds in a store
-                # that outlived it.
-                start = (
-                    os.environ.get("STRATA_INCARNATION")
-                    or os.environ.get("TORCHELASTIC_RESTART_COUNT")
-                    or os.environ.get("SLURM_RESTART_COUNT")
-                    or "0"
-                )
-                gather = StoreGather(store, size, f"strata/{job}/{start}")
+                # that outlived it; the n-th checkpointer a rank opens meets
+                # the n-th of every other rank (each opens them in program
+                # order), never an earlier one's rounds.
+                start = resolved.get("incarnation") or "0"
+                base = f"strata/{resolved['job']}/{start}"
+                nth = store.add(f"{base}/opened/{rank}", 1)
+                gather = StoreGather(store, size, f"{base}/{nth}")
         # Also picks up the `strata` logger's level before anything logs.
         _strata.drain_logs()
         try:
@@ -141,6 +141,7 @@ class Checkpointer:
         tree, leaves = flatten(state)
         entries = [self._entry(leaf, keep) for leaf in leaves]
         entries.append((TREE_ENTRY, None, None, tree))
+        _sync_devices(entries)
         return entries
 
     def prepare(self, state: Any) -> None:
@@ -211,16 +212,7 @@ class Checkpointer:
         values: Dict[str, Any] = {}
         dests: List[tuple] = []
         for name, tag in refs.items():
-            e = by_name.get(name)
-            if e is None:
-                raise InvalidError(f"step {st}: the state tree names an entry {name!r} the manifest lacks")
-            _, dtype, shape, length = e
-            if tag == "B" or dtype is None:
-                obj: Any = bytearray(length)
-            elif tag == "T":
-                obj = alloc_torch(dtype, shape, name)
-            else:
-                obj = alloc_numpy(dtype, shape, name)
+            obj = _alloc(st, by_name, name, tag)
             values[name] = obj
             dests.append((name, *address(obj)))
         self.last_restore = self._native.read(plan, dests)
@@ -242,18 +234,19 @@ class Checkpointer:
         optimizer's own memory; contiguous CPU tensors without a copy), and
         the plain values in its dicts and lists are replaced by the stored
         ones. With ``strict``, a tensor in ``state`` that the step does not
-        hold with the same dtype and shape is an ``InvalidError`` (raised
-        before any chunk is read). Returns the step. All ranks call it
-        together."""
+        hold with the same dtype and shape is an ``InvalidError``. Nothing
+        in ``state`` changes unless the whole read succeeds. Returns the
+        step. All ranks call it together."""
         plan, by_name, root = self._plan(step)
         st = plan.step
         if root is None:
             raise InvalidError(f"step {st} was not saved from Python; use load()")
         # The saved structure, with each entry reference as a marker.
         markers = unflatten(root, lambda tag, name, path: _Ref(tag, name))
-        fills: Dict[str, Any] = {}  # entry name -> target array
+        fills: Dict[str, Any] = {}  # entry name -> target array (read in place)
         copies: Dict[str, Any] = {}  # entry name -> (staging, target)
         aliases: List[Tuple[str, Any]] = []  # (entry name, another target)
+        ops: List[Tuple[Any, Any, Any]] = []  # (container, key, value), applied last
         problems: List[str] = []
 
         def match(target: Any, saved: Any, path: Tuple[Any, ...]) -> Any:
@@ -262,33 +255,28 @@ class Checkpointer:
                 if e is None:
                     problems.append(f"{path_text(path)}: the manifest lacks entry {saved.name!r}")
                     return target
-                _, dtype, shape, length = e
-                if saved.tag == "B":
+                _, dtype, shape, _ = e
+                if saved.tag == "B" or not _is_array(target):
                     return saved
-                if _is_array(target):
-                    why = fillable(target, dtype, shape)
-                    if why is not None:
-                        problems.append(f"{path_text(path)}: {why}")
-                        return target
-                    if saved.name in fills or saved.name in copies:
-                        # The same entry again (a tensor saved once under
-                        # two paths): copied from the first after the read.
-                        aliases.append((saved.name, target))
-                        return target
-                    if _in_place(target):
-                        fills[saved.name] = target
-                    else:
-                        stage = alloc_torch(dtype, shape, saved.name) if hasattr(target, "data_ptr") else alloc_numpy(dtype, shape, saved.name)
-                        copies[saved.name] = (stage, target)
+                why = fillable(target, dtype, shape)
+                if why is not None:
+                    problems.append(f"{path_text(path)}: {why}")
                     return target
-                return saved
+                if saved.name in fills or saved.name in copies:
+                    # The same entry again: copied from the first after the read.
+                    aliases.append((saved.name, target))
+                elif _in_place(target):
+                    fills[saved.name] = target
+                else:
+                    copies[saved.name] = (_alloc(st, by_name, saved.name, saved.tag, like=target), target)
+                return target
             if isinstance(target, dict) and isinstance(saved, dict):
                 for k, v in saved.items():
-                    target[k] = match(target.get(k), v, path + (k,))
+                    ops.append((target, k, match(target.get(k), v, path + (k,))))
                 return target
             if isinstance(target, list) and isinstance(saved, list) and len(target) == len(saved):
                 for i, v in enumerate(saved):
-                    target[i] = match(target[i], v, path + (i,))
+                    ops.append((target, i, match(target[i], v, path + (i,))))
                 return target
             if isinstance(target, tuple) and isinstance(saved, tuple) and len(target) == len(saved):
                 return type(saved)(match(t, v, path + (i,)) for i, (t, v) in enumerate(zip(target, saved)))
@@ -301,26 +289,27 @@ class Checkpointer:
             _check_covered(state, fills, copies, aliases, problems)
         if problems:
             raise InvalidError(f"step {st} does not fit the state: " + "; ".join(problems[:10]))
+        # Targets whose memory overlaps another's (views of one storage)
+        # are read through staging, then copied: never two writers at once.
+        for name in _overlapping(fills):
+            target = fills.pop(name)
+            copies[name] = (_alloc(st, by_name, name, "T" if hasattr(target, "data_ptr") else "N", like=target), target)
         # Entries the state had no array for (new values) are restored fresh.
         fresh: Dict[str, Any] = {}
-        dests: List[tuple] = []
-        for name, target in fills.items():
-            dests.append((name, *address(target)))
-        for name, (stage, _) in copies.items():
-            dests.append((name, *address(stage)))
+        dests: List[tuple] = [(name, *address(t)) for name, t in fills.items()]
+        dests += [(name, *address(stage)) for name, (stage, _) in copies.items()]
         for name, tag in entry_refs(root).items():
-            if name in fills or name in copies:
-                continue
-            _, dtype, shape, length = by_name[name]
-            obj: Any = bytearray(length) if (tag == "B" or dtype is None) else (
-                alloc_torch(dtype, shape, name) if tag == "T" else alloc_numpy(dtype, shape, name))
-            fresh[name] = obj
-            dests.append((name, *address(obj)))
+            if name not in fills and name not in copies:
+                fresh[name] = _alloc(st, by_name, name, tag)
+                dests.append((name, *address(fresh[name])))
         self.last_restore = self._native.read(plan, dests)
-        pairs = [(stage, target) for stage, target in copies.values()]
+        # The read succeeded: now the state changes.
+        pairs = list(copies.values())
         for name, target in aliases:
             pairs.append((fills[name] if name in fills else copies[name][1], target))
         for source, target in pairs:
+            if source is target:
+                continue
             if hasattr(target, "copy_"):
                 import torch
 
@@ -328,6 +317,8 @@ class Checkpointer:
                     target.copy_(source)
             else:
                 target[...] = source
+        for container, key, value in ops:
+            container[key] = _replace_refs(value, fresh)
         _replace_refs(result, fresh)
         return st
 
@@ -379,6 +370,48 @@ class Checkpointer:
         if c is None:
             return "Checkpointer(<not open>)"
         return f"Checkpointer(job={self.job!r}, rank={self.rank}, world_size={self.world_size})"
+
+
+def _alloc(step: int, by_name: Dict[str, tuple], name: str, tag: str, like: Any = None) -> Any:
+    """Memory for entry ``name`` of the kind its tree reference says."""
+    e = by_name.get(name)
+    if e is None:
+        raise InvalidError(f"step {step}: the state tree names an entry {name!r} the manifest lacks")
+    _, dtype, shape, length = e
+    if tag == "B":
+        if dtype is not None:
+            raise InvalidError(f"step {step}: entry {name!r} is a tensor where the tree expects bytes")
+        return bytearray(length)
+    if dtype is None:
+        raise InvalidError(f"step {step}: entry {name!r} is a blob where the tree expects an array")
+    torch_kind = hasattr(like, "data_ptr") if like is not None else tag == "T"
+    return alloc_torch(dtype, shape, name) if torch_kind else alloc_numpy(dtype, shape, name)
+
+
+def _overlapping(fills: Dict[str, Any]) -> List[str]:
+    """Names of fill targets whose memory overlaps another target's."""
+    spans = sorted((address(t) + (n,)) for n, t in fills.items() if address(t)[1] > 0)
+    out = set()
+    end, prev = -1, None
+    for start, length, name in spans:
+        if start < end and prev is not None:
+            out.add(name)
+            out.add(prev)
+        if start + length > end:
+            end, prev = start + length, name
+    return sorted(out)
+
+
+def _sync_devices(entries: List[tuple]) -> None:
+    """Waits for the work queued on each CUDA device whose tensors are
+    saved: Strata copies them on its own stream, which must see what the
+    trainer's kernels (an optimizer step) have written."""
+    devices = {e[3][2] for e in entries if isinstance(e[3], tuple) and e[3][2] is not None}
+    if devices:
+        import torch
+
+        for d in devices:
+            torch.cuda.current_stream(d).synchronize()
 
 
 class _Ref:

@@ -74,12 +74,22 @@ class _Flattener:
     def __init__(self) -> None:
         self.leaves: List[Leaf] = []
         self.names: Dict[str, int] = {TREE_ENTRY: 1}
-        self.seen: Dict[int, str] = {}
+        # One entry per distinct view: the same tensor object, or another
+        # object over the same memory with the same dtype, shape and strides
+        # (tied weights in a state_dict()).
+        self.seen: Dict[Any, str] = {}
         # Keeps every object whose id() is in `seen` alive, so ids stay unique.
         self.keep: List[Any] = []
 
     def name_for(self, path: Tuple[Any, ...]) -> str:
         base = path_text(path)
+        # Entry names are 1-4096 bytes without control characters; a key
+        # that makes another name gets a generated one (the tree keeps the
+        # real path either way).
+        if not base or len(base.encode("utf-8", "surrogatepass")) > 4000 or any(
+            ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in base
+        ):
+            base = f"entry.{len(self.leaves)}"
         n = self.names.get(base, 0)
         self.names[base] = n + 1
         if n == 0:
@@ -92,10 +102,11 @@ class _Flattener:
         return name
 
     def leaf(self, kind: str, value: Any, path: Tuple[Any, ...]) -> str:
-        if id(value) in self.seen:
-            return self.seen[id(value)]
+        key = _view_key(kind, value)
+        if key in self.seen:
+            return self.seen[key]
         name = self.name_for(path)
-        self.seen[id(value)] = name
+        self.seen[key] = name
         self.keep.append(value)
         self.leaves.append(Leaf(name, kind, value, path))
         return name
@@ -147,11 +158,24 @@ class _Flattener:
         )
 
     def key(self, k: Any, path: Tuple[Any, ...]) -> Any:
-        if k is None or isinstance(k, (bool, str, int, float)):
+        """A dict key or set member: always inline (never an entry)."""
+        if k is None or isinstance(k, (bool, str, int, float, complex)):
             return self.node(k, path)
-        if isinstance(k, (tuple, bytes, frozenset, complex)):
-            return self.node(k, path)
-        raise InvalidError(f"{path_text(path)}: a dict key of type {type(k).__name__} is not supported")
+        if isinstance(k, bytes):
+            return {"b": base64.b64encode(k).decode("ascii")}
+        if isinstance(k, tuple):
+            return {"t": [self.key(x, path) for x in k]}
+        if isinstance(k, frozenset):
+            return {"fset": [self.key(x, path) for x in k]}
+        raise InvalidError(f"{path_text(path)}: a dict key or set member of type {type(k).__name__} is not supported")
+
+
+def _view_key(kind: str, v: Any) -> Any:
+    if kind == "torch" and v.numel() > 0:
+        return ("torch", v.data_ptr(), str(v.device), str(v.dtype), tuple(v.shape), tuple(v.stride()))
+    if kind == "numpy" and v.size > 0:
+        return ("numpy", v.__array_interface__["data"][0], v.dtype.str, v.shape, v.strides)
+    return id(v)
 
 
 def flatten(state: Any) -> Tuple[bytes, List[Leaf]]:
@@ -166,7 +190,7 @@ def parse(tree: bytes) -> Any:
     """The root node of a stored tree."""
     try:
         doc = json.loads(tree.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise InvalidError(f"the stored state tree is not valid JSON: {e}") from None
     if not isinstance(doc, dict) or doc.get("strata_tree") != TREE_VERSION or "root" not in doc:
         raise InvalidError("the stored state tree has an unknown version")
@@ -194,9 +218,19 @@ def entry_refs(node: Any, out: Optional[Dict[str, str]] = None) -> Dict[str, str
     return out
 
 
-def unflatten(node: Any, entry: Callable[[str, str, Tuple[Any, ...]], Any], path: Tuple[Any, ...] = ()) -> Any:
+def unflatten(node: Any, entry: Callable[[str, str, Tuple[Any, ...]], Any]) -> Any:
     """Rebuilds the state; ``entry(tag, name, path)`` returns the value of an
-    entry reference."""
+    entry reference. A tree Strata did not write (damaged, hostile) is an
+    ``InvalidError``, whatever is wrong with it."""
+    try:
+        return _unflatten(node, entry, ())
+    except InvalidError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, RuntimeError, RecursionError, OverflowError) as e:
+        raise InvalidError(f"the stored state tree is malformed: {type(e).__name__}: {e}") from None
+
+
+def _unflatten(node: Any, entry: Callable[[str, str, Tuple[Any, ...]], Any], path: Tuple[Any, ...]) -> Any:
     if node is None or isinstance(node, (bool, str, int, float)):
         return node
     if isinstance(node, dict) and len(node) == 1:
@@ -208,15 +242,15 @@ def unflatten(node: Any, entry: Callable[[str, str, Tuple[Any, ...]], Any], path
             for kv in body:
                 if not (isinstance(kv, list) and len(kv) == 2):
                     break
-                k = unflatten(kv[0], entry, path)
-                out[k] = unflatten(kv[1], entry, path + (k,))
+                k = _unflatten(kv[0], entry, path)
+                out[k] = _unflatten(kv[1], entry, path + (k,))
             else:
                 return out
         elif tag in ("l", "t") and isinstance(body, list):
-            items = [unflatten(x, entry, path + (i,)) for i, x in enumerate(body)]
+            items = [_unflatten(x, entry, path + (i,)) for i, x in enumerate(body)]
             return items if tag == "l" else tuple(items)
         elif tag in ("set", "fset") and isinstance(body, list):
-            items = [unflatten(x, entry, path) for x in body]
+            items = [_unflatten(x, entry, path) for x in body]
             return set(items) if tag == "set" else frozenset(items)
         elif tag == "b" and isinstance(body, str):
             try:
@@ -229,7 +263,10 @@ def unflatten(node: Any, entry: Callable[[str, str, Tuple[Any, ...]], Any], path
             np = _numpy()
             if np is None:
                 import numpy as np  # noqa: F811 - the state held numpy scalars
-            return np.dtype(body[0]).type(body[1])
+            dt = np.dtype(body[0])
+            if dt.kind not in "biuf" or dt.itemsize > 16:
+                raise InvalidError(f"{path_text(path)}: stored numpy scalar of dtype {dt}")
+            return dt.type(body[1])
         elif tag == "sz" and isinstance(body, list):
             import torch
 
