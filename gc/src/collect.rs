@@ -1,0 +1,110 @@
+//! [`collect`]: inventory, plan, sweep.
+
+use std::collections::{BTreeSet, HashSet};
+
+use strata_tiered::ChunkStore;
+
+use crate::error::{GcError, Result};
+use crate::inventory::{read_manifests, take_inventory, ManifestRefs};
+use crate::plan::{plan, Plan, Scope};
+use crate::policy::Retention;
+
+/// What a collection did (or, in a dry run, would do).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Nothing was deleted.
+    pub dry_run: bool,
+    /// Committed steps kept.
+    pub kept: Vec<u64>,
+    /// Shards of committed steps retired (or to retire).
+    pub shards_retired: u64,
+    /// Partial shards removed (or to remove).
+    pub partial_removed: u64,
+    /// Chunks deleted (or planned, in a dry run).
+    pub chunks_deleted: u64,
+    /// Their stored bytes.
+    pub bytes_freed: u64,
+    /// Why unreferenced chunks were left (see [`Plan::held_back`]).
+    pub held_back: Option<String>,
+}
+
+/// Collects `job` in `store`: takes the inventory (strictly: any listing
+/// error aborts before anything is deleted), plans with `policy` for
+/// `scope` (`pins` are never retired, nor `hold`, the steps the caller
+/// still needs), and unless `dry_run` sweeps: each planned shard's commit
+/// record, then its manifest (through `delete_shard`, which leaves a
+/// retiring marker until it is done, so a sweep killed half-way is
+/// finished by the next run); then it marks again (a save or upload that
+/// wrote a manifest meanwhile protects its chunks) and deletes the chunks
+/// still unreferenced, each checked once more against the grace period as
+/// it goes.
+pub async fn collect(
+    store: &dyn ChunkStore,
+    job: &str,
+    policy: &Retention,
+    scope: Scope,
+    pins: &BTreeSet<u64>,
+    hold: &BTreeSet<u64>,
+    dry_run: bool,
+) -> Result<(Plan, Report)> {
+    policy.validate()?;
+    let mut inv = take_inventory(store, job).await?;
+    inv.pins = pins.clone();
+    let p = plan(&inv, policy, scope, hold);
+    let mut report = Report {
+        dry_run,
+        kept: p.keep.iter().copied().collect(),
+        shards_retired: p.retire.len() as u64,
+        partial_removed: p.partial.len() as u64,
+        chunks_deleted: p.chunks.len() as u64,
+        bytes_freed: p.chunk_bytes,
+        held_back: p.held_back.clone(),
+    };
+    if dry_run {
+        return Ok((p, report));
+    }
+    for &(step, rank) in p.retire.iter().chain(&p.partial) {
+        store
+            .delete_shard(job, step, rank)
+            .await
+            .map_err(GcError::store(format!("retiring step {step} rank {rank}")))?;
+    }
+    report.chunks_deleted = 0;
+    report.bytes_freed = 0;
+    let Some(cutoff) = p.cutoff.filter(|_| !p.chunks.is_empty()) else {
+        return Ok((p, report));
+    };
+    // Mark again: what was written since the inventory is protected too.
+    let steps = store.list_steps(job).await.map_err(GcError::store(format!(
+        "listing the steps of {}",
+        store.name()
+    )))?;
+    let mut referenced = HashSet::new();
+    for ((step, rank), refs) in read_manifests(store, job, &steps).await? {
+        match refs {
+            ManifestRefs::Chunks(ids) => referenced.extend(ids),
+            ManifestRefs::Unreadable(why) => {
+                report.held_back = Some(format!(
+                    "the manifest of step {step} rank {rank} cannot be read ({why})"
+                ));
+                return Ok((p, report));
+            }
+        }
+    }
+    let doomed: Vec<_> = p
+        .chunks
+        .iter()
+        .filter(|id| !referenced.contains(*id))
+        .copied()
+        .collect();
+    let (n, bytes) = store
+        .delete_chunks_untouched_since(job, &doomed, cutoff)
+        .await
+        .map_err(GcError::store(format!(
+            "deleting chunks of {}",
+            store.name()
+        )))?;
+    report.chunks_deleted = n;
+    report.bytes_freed = bytes;
+    Ok((p, report))
+}

@@ -1,0 +1,97 @@
+//! [`Inventory`]: what a tier holds of a job, taken with a strict listing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::SystemTime;
+
+use strata_format::{ChunkId, ShardManifest};
+use strata_tiered::{ChunkInfo, ChunkStore, StepInfo, StoreErrorKind};
+
+use crate::error::{GcError, Result};
+
+/// The chunks one manifest references, or why it cannot be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ManifestRefs {
+    /// The distinct chunks it references.
+    Chunks(Vec<ChunkId>),
+    /// The manifest is there but does not decode: while it is kept, no
+    /// chunk is deleted (what it references is unknown).
+    Unreadable(String),
+}
+
+/// What a tier holds of one job: the planner's whole input besides the
+/// policy.
+#[derive(Clone, Debug)]
+pub struct Inventory {
+    /// Every step with its records, manifests, retiring markers.
+    pub steps: Vec<StepInfo>,
+    /// The references of every manifest listed, by (step, rank).
+    pub manifests: BTreeMap<(u64, u32), ManifestRefs>,
+    /// Every chunk with its stored size and age (by the tier's clock).
+    pub chunks: Vec<ChunkInfo>,
+    /// Steps never retired (pinned).
+    pub pins: BTreeSet<u64>,
+    /// The tier's own time, which stamped the chunks.
+    pub now: SystemTime,
+}
+
+/// Lists everything of `job` in `store`. Any error but a manifest gone
+/// meanwhile (a concurrent retirement) aborts: a plan is never made from a
+/// partial listing.
+pub async fn take_inventory(store: &dyn ChunkStore, job: &str) -> Result<Inventory> {
+    let now = store
+        .now(job)
+        .await
+        .map_err(GcError::store(format!("the time of {}", store.name())))?;
+    let steps = store.list_steps(job).await.map_err(GcError::store(format!(
+        "listing the steps of {}",
+        store.name()
+    )))?;
+    let manifests = read_manifests(store, job, &steps).await?;
+    let chunks = store
+        .list_chunk_info(job)
+        .await
+        .map_err(GcError::store(format!(
+            "listing the chunks of {}",
+            store.name()
+        )))?;
+    Ok(Inventory {
+        steps,
+        manifests,
+        chunks,
+        pins: BTreeSet::new(),
+        now,
+    })
+}
+
+/// The references of every manifest of `steps`.
+pub(crate) async fn read_manifests(
+    store: &dyn ChunkStore,
+    job: &str,
+    steps: &[StepInfo],
+) -> Result<BTreeMap<(u64, u32), ManifestRefs>> {
+    let mut out = BTreeMap::new();
+    for st in steps {
+        for &rank in &st.manifests {
+            match store.get_manifest(job, st.step, rank).await {
+                Ok(bytes) => {
+                    let refs = match ShardManifest::decode(&bytes) {
+                        Ok(m) => ManifestRefs::Chunks(m.chunks.iter().map(|c| c.id).collect()),
+                        Err(e) => ManifestRefs::Unreadable(e.to_string()),
+                    };
+                    out.insert((st.step, rank), refs);
+                }
+                Err(e) if e.kind() == StoreErrorKind::NotFound => {}
+                Err(e) if e.kind() == StoreErrorKind::Corrupt => {
+                    out.insert((st.step, rank), ManifestRefs::Unreadable(e.to_string()));
+                }
+                Err(e) => {
+                    return Err(GcError::Store {
+                        what: format!("reading the manifest of step {} rank {rank}", st.step),
+                        source: e,
+                    })
+                }
+            }
+        }
+    }
+    Ok(out)
+}
