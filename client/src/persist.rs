@@ -5,7 +5,7 @@
 //! committed step is announced to subscribers (uploader, replicator), which
 //! this module does not know.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -249,10 +249,13 @@ fn hash_and_write(
     Ok(ids)
 }
 
-/// Keeps the newest `keep_last` steps this rank committed on L1; retires
-/// this rank's shard of older ones, of its partial steps older than the
-/// oldest kept, and of shards left half-retired by a crash; then sweeps the
-/// chunks no remaining manifest (of any rank) references.
+/// Keeps the newest `keep_last` steps this rank committed on L1, and the
+/// steps still waiting for (or in) an upload or a push; retires this rank's
+/// shard of older ones, of its partial steps older than the oldest kept,
+/// and of shards left half-retired by a crash; then sweeps the chunks no
+/// remaining manifest (of any rank) references and the tier has not
+/// touched for the grace period (`strata_gc::collect`, the same code every
+/// tier uses).
 ///
 /// Only this rank's files are deleted (ranks of a node share its L1), and
 /// only steps this rank committed count: its own record proves every rank
@@ -260,72 +263,28 @@ fn hash_and_write(
 /// is deleted.
 fn retention(s: &Shared) -> Result<(u64, u64)> {
     let cfg = &s.cfg;
-    let steps = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
-    let mine: Vec<u64> = steps
-        .iter()
-        .filter(|st| st.committed_ranks().contains(&cfg.rank))
-        .map(|st| st.step)
-        .collect();
-    let Some(&newest) = mine.last() else {
-        return Ok((0, 0));
+    let policy = strata_gc::Retention {
+        keep_last: cfg.keep_last,
+        keep_every: 0,
+        keep_within: None,
+        grace: Duration::from_secs(cfg.gc_grace_secs),
     };
-    let mut keep: HashSet<u64> = mine.iter().rev().take(cfg.keep_last).copied().collect();
-    // Steps waiting for (or in) an upload to L3 stay until it is done.
-    keep.extend(s.uploads.pinned());
-    keep.extend(s.replication.pinned());
-    let oldest_kept = keep.iter().min().copied().unwrap_or(newest);
-    let mut retired = 0;
-    for st in &steps {
-        let rank = cfg.rank;
-        let committed_here = st.committed_ranks().contains(&rank);
-        let has_mine = st.manifests.contains(&rank) || st.unreadable.contains_key(&rank);
-        let doomed = if st.retiring.contains(&rank) {
-            // A retirement a crash interrupted: finish it.
-            true
-        } else if committed_here {
-            !keep.contains(&st.step)
-        } else {
-            // A partial shard of this rank (an interrupted save), once a
-            // newer step is safely kept; a record that cannot be read is
-            // left for a person to look at.
-            has_mine && !st.unreadable.contains_key(&rank) && st.step < oldest_kept
-        };
-        if doomed {
-            s.rt.block_on(s.l1.delete_shard(&cfg.job, st.step, rank))?;
-            retired += 1;
-        }
-    }
-    if retired == 0 {
-        return Ok((0, 0));
-    }
-    // Mark: every chunk named by a manifest that is still there (any rank).
-    // Any error (listing, reading) aborts before anything is swept.
-    let mut referenced = HashSet::new();
-    for st in s.rt.block_on(s.l1.list_steps(&cfg.job))? {
-        for rank in &st.manifests {
-            let bytes = s.rt.block_on(s.l1.get_manifest(&cfg.job, st.step, *rank))?;
-            match ShardManifest::decode(&bytes) {
-                Ok(m) => referenced.extend(m.chunks.iter().map(|c| c.id)),
-                // An unreadable manifest: keep everything rather than guess.
-                Err(_) => return Ok((retired, 0)),
-            }
-        }
-    }
-    // Sweep: unreferenced chunks untouched for the grace period, each
-    // checked again as it goes (a save deduplicating against it keeps it).
-    let unreferenced: Vec<ChunkId> =
-        s.rt.block_on(s.l1.list_chunks(&cfg.job))?
-            .into_iter()
-            .filter(|id| !referenced.contains(id))
-            .collect();
-    // The grace period is measured by the tier's clock (which stamped the
-    // chunks), not this rank's: a rank whose clock runs minutes ahead must
-    // not see another writer's fresh chunks as old.
-    let cutoff =
-        s.rt.block_on(s.l1.now(&cfg.job))?
-            .checked_sub(Duration::from_secs(cfg.gc_grace_secs))
-            .unwrap_or(std::time::UNIX_EPOCH);
-    let (_, bytes) =
-        s.rt.block_on(s.l1.delete_chunks_untouched_since(&cfg.job, &unreferenced, cutoff))?;
-    Ok((retired, bytes))
+    let mut hold = s.uploads.pinned();
+    hold.extend(s.replication.pinned());
+    let opts = strata_gc::Options {
+        scope: Some(strata_gc::Scope::Rank(cfg.rank)),
+        hold: hold.into_iter().collect(),
+        lazy: true,
+        ..Default::default()
+    };
+    let (_, report) =
+        s.rt.block_on(strata_gc::collect(&*s.l1, &cfg.job, &policy, &opts))
+            .map_err(|e| match e {
+                strata_gc::GcError::Store { source, .. } => Error::Store(source),
+                other => Error::Config(other.to_string()),
+            })?;
+    Ok((
+        report.shards_retired + report.partial_removed,
+        report.bytes_freed,
+    ))
 }

@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashSet};
 use strata_tiered::ChunkStore;
 
 use crate::error::{GcError, Result};
-use crate::inventory::{read_manifests, take_inventory, ManifestRefs};
+use crate::inventory::{read_manifests, take_inventory, Inventory, ManifestRefs};
 use crate::plan::{plan, Plan, Scope};
 use crate::policy::Retention;
 
@@ -28,10 +28,28 @@ pub struct Report {
     pub held_back: Option<String>,
 }
 
+/// How to collect.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Whose shards may go.
+    pub scope: Option<Scope>,
+    /// Steps never retired (pinned).
+    pub pins: BTreeSet<u64>,
+    /// Steps the caller still needs (a pending upload or push).
+    pub hold: BTreeSet<u64>,
+    /// Plan only; delete nothing.
+    pub dry_run: bool,
+    /// Look at manifests and chunks only when some shard is retired: after
+    /// each save, a tier whose retention has nothing to do is not listed
+    /// chunk by chunk (orphaned chunks wait for the next retirement).
+    pub lazy: bool,
+}
+
 /// Collects `job` in `store`: takes the inventory (strictly: any listing
-/// error aborts before anything is deleted), plans with `policy` for
-/// `scope` (`pins` are never retired, nor `hold`, the steps the caller
-/// still needs), and unless `dry_run` sweeps: each planned shard's commit
+/// error aborts before anything is deleted), plans with `policy` for the
+/// scope (`pins` are never retired, nor `hold`, the steps the caller still
+/// needs; the default scope is every rank), and unless `dry_run` sweeps:
+/// each planned shard's commit
 /// record, then its manifest (through `delete_shard`, which leaves a
 /// retiring marker until it is done, so a sweep killed half-way is
 /// finished by the next run); then it marks again (a save or upload that
@@ -42,15 +60,36 @@ pub async fn collect(
     store: &dyn ChunkStore,
     job: &str,
     policy: &Retention,
-    scope: Scope,
-    pins: &BTreeSet<u64>,
-    hold: &BTreeSet<u64>,
-    dry_run: bool,
+    opts: &Options,
 ) -> Result<(Plan, Report)> {
     policy.validate()?;
+    let scope = opts.scope.unwrap_or(Scope::All);
+    let dry_run = opts.dry_run;
+    if opts.lazy {
+        let steps = store.list_steps(job).await.map_err(GcError::store(format!(
+            "listing the steps of {}",
+            store.name()
+        )))?;
+        let shallow = Inventory {
+            steps,
+            manifests: Default::default(),
+            chunks: Vec::new(),
+            pins: opts.pins.clone(),
+            now: std::time::UNIX_EPOCH,
+        };
+        let p = plan(&shallow, policy, scope, &opts.hold);
+        if p.retire.is_empty() && p.partial.is_empty() {
+            let report = Report {
+                dry_run,
+                kept: p.keep.iter().copied().collect(),
+                ..Report::default()
+            };
+            return Ok((p, report));
+        }
+    }
     let mut inv = take_inventory(store, job).await?;
-    inv.pins = pins.clone();
-    let p = plan(&inv, policy, scope, hold);
+    inv.pins = opts.pins.clone();
+    let p = plan(&inv, policy, scope, &opts.hold);
     let mut report = Report {
         dry_run,
         kept: p.keep.iter().copied().collect(),

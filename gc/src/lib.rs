@@ -32,7 +32,7 @@ mod inventory;
 mod plan;
 mod policy;
 
-pub use collect::{collect, Report};
+pub use collect::{collect, Options, Report};
 pub use error::{GcError, Result};
 pub use inventory::{take_inventory, Inventory, ManifestRefs};
 pub use plan::{plan, Plan, Scope};

@@ -84,6 +84,9 @@ pub struct RankProc {
     pub proc: Proc,
     /// Its events (one JSON object per line of its output).
     pub events: Arc<Mutex<Vec<Value>>>,
+    /// The thread reading its output: joined once the process exits, so
+    /// [`RankProc::events`] then holds every line it printed.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl RankProc {
@@ -98,6 +101,11 @@ impl RankProc {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(Some(st)) = self.proc.0.try_wait() {
+                // The process is gone; its last lines may still be in the
+                // pipe: read them all before anyone looks at the events.
+                if let Some(r) = self.reader.take() {
+                    let _ = r.join();
+                }
                 return Some(st.success());
             }
             if Instant::now() >= deadline {
@@ -368,9 +376,10 @@ impl Cluster {
                     .spawn()
                     .map_err(|e| format!("rank {rank} on {}: {e}", n.name))?;
                 let events = Arc::new(Mutex::new(Vec::new()));
+                let mut reader = None;
                 if let Some(stdout) = child.stdout.take() {
                     let sink = events.clone();
-                    std::thread::spawn(move || {
+                    reader = Some(std::thread::spawn(move || {
                         for line in BufReader::new(stdout).lines() {
                             let Ok(line) = line else { break };
                             if let Ok(v) = serde_json::from_str::<Value>(&line) {
@@ -379,13 +388,14 @@ impl Cluster {
                                 }
                             }
                         }
-                    });
+                    }));
                 }
                 out.push(RankProc {
                     rank,
                     node: i,
                     proc: Proc(child),
                     events,
+                    reader,
                 });
             }
         }
