@@ -9,6 +9,7 @@ mod codec_report;
 mod demo;
 mod demo_cluster;
 mod diff;
+mod gc;
 mod ls;
 mod out;
 mod peer;
@@ -71,6 +72,9 @@ enum Command {
     Diff(diff::DiffArgs),
     /// Per tier: logical and stored bytes, dedup and compression ratios.
     Stat(stat::StatArgs),
+    /// Retire old steps and delete unreferenced chunks in every configured
+    /// tier (--dry-run: only say what would go).
+    Gc(gc::GcArgs),
     /// Write a step's shard as a safetensors file.
     Export(safetensors_io::ExportArgs),
     /// Make a checkpoint step from a safetensors file.
@@ -179,6 +183,7 @@ fn main() -> ExitCode {
         Command::Verify(a) => verify::run(&a),
         Command::Diff(a) => diff::run(&a),
         Command::Stat(a) => stat::run(&a),
+        Command::Gc(a) => gc::run(&a),
         Command::Export(a) => safetensors_io::export(&a),
         Command::Import(a) => safetensors_io::import(&a),
         Command::Peer(cmd) => peer::run(&cmd),

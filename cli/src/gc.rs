@@ -1,0 +1,179 @@
+//! `strata gc`: retention and garbage collection of every configured tier,
+//! by one collector for every rank (an operator's run; the ranks collect
+//! their own L1 shards after each save). `--dry-run` deletes nothing.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use clap::Args;
+use serde::Serialize;
+use strata::inspect::TierKind;
+use strata_gc::{collect, Options, Report, Retention, Scope};
+
+use crate::out::say;
+use crate::size::human;
+use crate::store_args::{select, StoreArgs};
+use crate::table::Table;
+use crate::CliError;
+
+/// `strata gc`.
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  strata gc --config strata.toml --dry-run\n  strata gc --tier l3 --keep-last 2 --keep-every 1000 --json\n\nDefaults per tier: L1 keeps keep_last (config) steps; peers keep 2; L3 keeps 2 and every 1000th. The grace period (gc_grace_secs; L3: 1 hour) protects chunks a save in flight may reuse."
+)]
+pub(crate) struct GcArgs {
+    /// Only this tier (l1, l3, l2, or a peer's name; repeatable).
+    #[arg(long)]
+    pub(crate) tier: Vec<String>,
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
+    /// Say what would be deleted; delete nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Keep the newest N committed steps (default: per tier).
+    #[arg(long, value_name = "N")]
+    pub(crate) keep_last: Option<usize>,
+    /// Keep every step divisible by K (0: none; default: per tier).
+    #[arg(long, value_name = "K")]
+    pub(crate) keep_every: Option<u64>,
+    /// Keep the steps committed within this many seconds.
+    #[arg(long, value_name = "SECS")]
+    pub(crate) keep_within: Option<u64>,
+    /// Leave unreferenced chunks the tier touched within this many seconds
+    /// (default: gc_grace_secs; L3: 3600).
+    #[arg(long, value_name = "SECS")]
+    pub(crate) grace: Option<u64>,
+    /// Never retire this step (repeatable).
+    #[arg(long = "keep", value_name = "STEP")]
+    pub(crate) keep: Vec<u64>,
+    /// Print JSON (schema in docs/cli.md).
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// One tier's outcome.
+#[derive(Serialize, Debug)]
+pub(crate) struct TierGc {
+    pub(crate) tier: String,
+    pub(crate) dry_run: bool,
+    pub(crate) kept: Vec<u64>,
+    pub(crate) shards_retired: u64,
+    pub(crate) partial_removed: u64,
+    pub(crate) chunks_deleted: u64,
+    pub(crate) bytes_freed: u64,
+    pub(crate) held_back: Option<String>,
+    /// Why this tier was not (fully) collected; nothing of it was deleted
+    /// if the listing failed.
+    pub(crate) error: Option<String>,
+}
+
+impl TierGc {
+    fn of(tier: &str, r: Report) -> Self {
+        TierGc {
+            tier: tier.into(),
+            dry_run: r.dry_run,
+            kept: r.kept,
+            shards_retired: r.shards_retired,
+            partial_removed: r.partial_removed,
+            chunks_deleted: r.chunks_deleted,
+            bytes_freed: r.bytes_freed,
+            held_back: r.held_back,
+            error: None,
+        }
+    }
+}
+
+/// The policy for a tier: its defaults, then the flags.
+fn policy(a: &GcArgs, kind: TierKind, cfg: &strata::Config) -> Retention {
+    let mut p = match kind {
+        TierKind::L1 => Retention {
+            keep_last: cfg.keep_last,
+            grace: Duration::from_secs(cfg.gc_grace_secs),
+            ..Retention::l1()
+        },
+        TierKind::L2 => Retention {
+            grace: Duration::from_secs(cfg.gc_grace_secs),
+            ..Retention::l2()
+        },
+        _ => Retention::l3(),
+    };
+    if let Some(n) = a.keep_last {
+        p.keep_last = n;
+    }
+    if let Some(k) = a.keep_every {
+        p.keep_every = k;
+    }
+    if let Some(t) = a.keep_within {
+        p.keep_within = Some(Duration::from_secs(t));
+    }
+    if let Some(g) = a.grace {
+        p.grace = Duration::from_secs(g);
+    }
+    p
+}
+
+pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
+    if a.keep_last == Some(0) {
+        return Err(CliError::Arg("--keep-last must be at least 1".into()));
+    }
+    let t = a.store.open()?;
+    let tiers = select(&t, &a.tier)?;
+    let opts = Options {
+        scope: Some(Scope::All),
+        pins: a.keep.iter().copied().collect::<BTreeSet<u64>>(),
+        dry_run: a.dry_run,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    let mut failed = Vec::new();
+    for tier in tiers {
+        let p = policy(a, tier.kind, t.config());
+        let r = t.block_on(collect(&*tier.store, t.job(), &p, &opts));
+        match r {
+            Ok((_, report)) => out.push(TierGc::of(&tier.name, report)),
+            Err(e) => {
+                failed.push(format!("{}: {e}", tier.name));
+                out.push(TierGc {
+                    error: Some(e.to_string()),
+                    ..TierGc::of(&tier.name, Report::default())
+                });
+            }
+        }
+    }
+    if a.json {
+        let doc = serde_json::json!({ "job": t.job(), "dry_run": a.dry_run, "tiers": out });
+        say!("{doc}");
+    } else {
+        let verb = if a.dry_run { "would free" } else { "freed" };
+        let mut table = Table::new(
+            ["tier", "kept", "shards", "partial", "chunks", verb, "note"]
+                .map(String::from)
+                .to_vec(),
+        );
+        for g in &out {
+            let kept = match (g.kept.first(), g.kept.last()) {
+                (Some(a), Some(b)) if a != b => format!("{} ({a}..{b})", g.kept.len()),
+                (Some(a), _) => format!("1 ({a})"),
+                _ => "0".into(),
+            };
+            table.row(vec![
+                g.tier.clone(),
+                kept,
+                g.shards_retired.to_string(),
+                g.partial_removed.to_string(),
+                g.chunks_deleted.to_string(),
+                human(g.bytes_freed),
+                g.error
+                    .clone()
+                    .or_else(|| g.held_back.clone())
+                    .unwrap_or_default(),
+            ]);
+        }
+        table.print();
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Store(failed.join("; ")))
+    }
+}
