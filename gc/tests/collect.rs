@@ -1,0 +1,302 @@
+//! `collect` over real tiers (memory, L1 on disk, L3 over an object
+//! store): kept steps stay whole, retired ones and their chunks go; a tier
+//! failing at any call of a collection loses nothing kept, deletes nothing
+//! if the failure came before the sweep, and the next run finishes the
+//! job exactly as an undisturbed run would.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_format::codec::ElemHint;
+use strata_format::manifest::{ChunkRef, Entry, Segment};
+use strata_format::{ChunkId, CommitRecord, EntryKind, ShardInfo, ShardManifest, ShardRef};
+use strata_gc::{collect, Options, Retention, Scope};
+use strata_tiered::{
+    ChunkData, ChunkPut, ChunkStore, EngineChoice, FaultPlan, FaultStore, L1Store, L3Options,
+    L3Store, MemoryStore,
+};
+
+const JOB: &str = "gc";
+const WORLD: u32 = 2;
+
+fn bytes(seed: u32) -> Vec<u8> {
+    (0..4096u32)
+        .map(|i| (i.wrapping_mul(7) ^ seed.wrapping_mul(131)) as u8)
+        .collect()
+}
+
+/// Step `step`'s shard of `rank`: a chunk shared by every step and rank,
+/// one per step (shared by the ranks), one of its own.
+fn chunks_of(step: u64, rank: u32) -> Vec<Vec<u8>> {
+    vec![
+        bytes(1),
+        bytes(1000 + step as u32),
+        bytes(100_000 + step as u32 * 10 + rank),
+    ]
+}
+
+fn manifest(step: u64, rank: u32) -> Vec<u8> {
+    let cs = chunks_of(step, rank);
+    let m = ShardManifest {
+        info: ShardInfo {
+            job: JOB.into(),
+            step,
+            rank,
+            world_size: WORLD,
+            created_unix_ms: 1,
+        },
+        chunk_size: 1 << 20,
+        chunks: cs
+            .iter()
+            .map(|c| ChunkRef {
+                id: ChunkId::of(c),
+                len: c.len() as u32,
+                hint: ElemHint::BYTES,
+            })
+            .collect(),
+        entries: (0..cs.len())
+            .map(|i| Entry {
+                name: format!("e{i}"),
+                kind: EntryKind::Blob,
+                len: cs[i].len() as u64,
+                segments: vec![Segment {
+                    chunk: i as u32,
+                    offset: 0,
+                    len: cs[i].len() as u32,
+                }],
+            })
+            .collect(),
+        metadata: BTreeMap::new(),
+    };
+    m.encode().unwrap()
+}
+
+/// Saves `step` on every rank and commits it (one record per rank, as L1
+/// and the peers keep them).
+async fn save(s: &dyn ChunkStore, step: u64) {
+    for rank in 0..WORLD {
+        let puts = chunks_of(step, rank)
+            .into_iter()
+            .map(|c| ChunkPut {
+                id: ChunkId::of(&c),
+                hint: ElemHint::BYTES,
+                data: ChunkData::copy_from(&c),
+            })
+            .collect();
+        s.put_chunks(JOB, puts).await.unwrap();
+        let m = manifest(step, rank);
+        s.put_manifest(JOB, step, rank, &m).await.unwrap();
+        s.commit(&CommitRecord {
+            job: JOB.into(),
+            step,
+            world_size: WORLD,
+            committed_unix_ms: 1,
+            shards: vec![ShardRef {
+                rank,
+                manifest: ChunkId::of(&m),
+                logical_bytes: 3 * 4096,
+            }],
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// Steps committed (by every rank) and the chunks held.
+async fn state(s: &dyn ChunkStore) -> (BTreeSet<u64>, BTreeSet<ChunkId>) {
+    let steps = s
+        .list_steps(JOB)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|st| st.committed_ranks().len() == WORLD as usize)
+        .map(|st| st.step)
+        .collect();
+    let chunks = s.list_chunks(JOB).await.unwrap().into_iter().collect();
+    (steps, chunks)
+}
+
+/// Every chunk of every manifest still listed is there.
+async fn whole(s: &dyn ChunkStore) {
+    for st in s.list_steps(JOB).await.unwrap() {
+        for &rank in &st.manifests {
+            let m =
+                ShardManifest::decode(&s.get_manifest(JOB, st.step, rank).await.unwrap()).unwrap();
+            let ids: Vec<ChunkId> = m.chunks.iter().map(|c| c.id).collect();
+            let have = s.has_chunks(JOB, &ids).await.unwrap();
+            assert!(
+                have.iter().all(|&h| h),
+                "step {} rank {rank} lost a chunk",
+                st.step
+            );
+        }
+    }
+}
+
+fn policy() -> Retention {
+    Retention {
+        keep_last: 2,
+        keep_every: 4,
+        keep_within: None,
+        grace: Duration::ZERO,
+    }
+}
+
+fn expected_chunks(kept: &BTreeSet<u64>) -> BTreeSet<ChunkId> {
+    kept.iter()
+        .flat_map(|&s| (0..WORLD).flat_map(move |r| chunks_of(s, r)))
+        .map(|c| ChunkId::of(&c))
+        .collect()
+}
+
+async fn tiers(dir: &std::path::Path) -> Vec<(&'static str, Arc<dyn ChunkStore>)> {
+    vec![
+        ("memory", Arc::new(MemoryStore::new())),
+        (
+            "l1",
+            Arc::new(L1Store::open(dir.join("l1"), EngineChoice::Psync).unwrap()),
+        ),
+        (
+            "l3",
+            Arc::new(L3Store::with_store(
+                Arc::new(object_store::memory::InMemory::new()),
+                "root",
+                "memory://l3",
+                L3Options::default(),
+            )),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tier_keeps_what_the_policy_keeps_and_loses_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, s) in tiers(dir.path()).await {
+        for step in 1..=10 {
+            save(&*s, step).await;
+        }
+        // Chunks dated by the tier's clock must be older than the cutoff.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let opts = Options {
+            scope: Some(Scope::All),
+            ..Default::default()
+        };
+        let dry = Options {
+            dry_run: true,
+            ..opts.clone()
+        };
+        let before = state(&*s).await;
+        let (_, r) = collect(&*s, JOB, &policy(), &dry).await.unwrap();
+        assert_eq!(
+            state(&*s).await,
+            before,
+            "{name}: a dry run deletes nothing"
+        );
+        assert_eq!(r.kept, vec![4, 8, 9, 10], "{name}");
+        let (_, r) = collect(&*s, JOB, &policy(), &opts).await.unwrap();
+        assert_eq!(r.shards_retired, 6 * u64::from(WORLD), "{name}");
+        let kept = BTreeSet::from([4, 8, 9, 10]);
+        let (steps, chunks) = state(&*s).await;
+        assert_eq!(steps, kept, "{name}");
+        assert_eq!(
+            chunks,
+            expected_chunks(&kept),
+            "{name}: no unreferenced chunk is left"
+        );
+        whole(&*s).await;
+        // Nothing more to do.
+        let (_, r) = collect(&*s, JOB, &policy(), &opts).await.unwrap();
+        assert_eq!((r.shards_retired, r.chunks_deleted), (0, 0), "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_collects_only_its_own_shards_and_keeps_shared_chunks() {
+    let s = MemoryStore::new();
+    for step in 1..=5 {
+        save(&s, step).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let p = Retention {
+        keep_every: 0,
+        ..policy()
+    };
+    let opts = Options {
+        scope: Some(Scope::Rank(0)),
+        ..Default::default()
+    };
+    collect(&s, JOB, &p, &opts).await.unwrap();
+    let steps = s.list_steps(JOB).await.unwrap();
+    for st in &steps {
+        let want: BTreeSet<u32> = if st.step >= 4 {
+            BTreeSet::from([0, 1])
+        } else {
+            BTreeSet::from([1])
+        };
+        assert_eq!(st.manifests, want, "step {}", st.step);
+    }
+    // Rank 1's old shards still reference their chunks: all still there.
+    whole(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_failing_at_any_call_loses_nothing_and_the_next_run_finishes() {
+    // The undisturbed outcome.
+    let reference = MemoryStore::new();
+    for step in 1..=10 {
+        save(&reference, step).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let opts = Options {
+        scope: Some(Scope::All),
+        ..Default::default()
+    };
+    collect(&reference, JOB, &policy(), &opts).await.unwrap();
+    let want = state(&reference).await;
+
+    let (mut failed_before_sweep, mut failed_in_sweep) = (0, 0);
+    for n in 0..80 {
+        let s = MemoryStore::new();
+        for step in 1..=10 {
+            save(&s, step).await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let before = state(&s).await;
+        // The tier goes down after the n-th call of the collection (as if
+        // the collector were killed there).
+        let down = FaultStore::new(
+            s,
+            FaultPlan {
+                outage_after: Some(n),
+                ..FaultPlan::default()
+            },
+        );
+        let r = collect(&down, JOB, &policy(), &opts).await;
+        let inner = down.inner();
+        whole(inner).await;
+        let (steps, _) = state(inner).await;
+        assert!(steps.is_superset(&want.0), "call {n}: a kept step was lost");
+        if let Err(e) = &r {
+            if state(inner).await == before {
+                failed_before_sweep += 1;
+            } else {
+                failed_in_sweep += 1;
+            }
+            assert_eq!(e.kind(), strata_tiered::StoreErrorKind::Unavailable, "{e}");
+        }
+        // The tier is back: the next run finishes the job.
+        down.heal();
+        collect(down.inner(), JOB, &policy(), &opts).await.unwrap();
+        assert_eq!(state(inner).await, want, "call {n}: the next run finished");
+        if r.is_ok() {
+            break;
+        }
+    }
+    assert!(
+        failed_before_sweep > 0,
+        "some failures hit the inventory, deleting nothing"
+    );
+    assert!(failed_in_sweep > 0, "some failures hit the sweep half-way");
+}
