@@ -219,6 +219,7 @@ impl Checkpointer {
             .subscribe(Box::new(crate::tiering::subscriber(
                 shared.uploads.clone(),
                 upload_tx,
+                (shared.cfg.max_pending_uploads, shared.cfg.upload_backlog),
             )));
         let replicator = if shared.l2.is_empty() {
             None

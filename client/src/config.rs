@@ -18,6 +18,8 @@
 //! upload_every = 10                     # every 10th committed step goes to L3 (0: only on request)
 //! upload_min_interval_secs = 0          # and at most one per this many seconds
 //! upload_bytes_per_sec = 0              # bandwidth cap of uploads (0: none)
+//! max_pending_uploads = 4               # steps held on L1 waiting for an upload (0: no bound)
+//! upload_backlog = "drop"               # past it: drop the oldest waiting (reported) | wait (back-pressure)
 //! rehydrate_l1 = true                   # a restore from L3 also writes the step to L1
 //! node = "node-a"                       # this node's name among the peers
 //! peers = ["node-a=10.0.0.1:7070", "node-b=10.0.0.2:7070"]   # L2 peer services
@@ -64,6 +66,34 @@ impl std::str::FromStr for BusyPolicy {
             "skip" => Ok(BusyPolicy::Skip),
             "error" => Ok(BusyPolicy::Error),
             o => Err(format!("unknown busy policy {o:?} (wait, skip, error)")),
+        }
+    }
+}
+
+/// What happens when more committed steps wait for an upload to L3 than
+/// `max_pending_uploads` (L3 slow or down): each one is held on L1 until
+/// it is uploaded, so an unbounded backlog would fill the node's disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UploadBacklog {
+    /// The oldest step still waiting is dropped from the queue (reported:
+    /// its upload state says why, and a warning is logged); L1 retention
+    /// may then retire it.
+    #[default]
+    Drop,
+    /// The commit of the next step waits until the backlog shrinks, so
+    /// saves slow down to L3's pace (back-pressure through the busy
+    /// policy).
+    Wait,
+}
+
+impl std::str::FromStr for UploadBacklog {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "drop" => Ok(UploadBacklog::Drop),
+            "wait" => Ok(UploadBacklog::Wait),
+            o => Err(format!("unknown upload backlog policy {o:?} (drop, wait)")),
         }
     }
 }
@@ -132,6 +162,11 @@ pub struct Config {
     pub upload_min_interval_secs: u64,
     /// Bandwidth cap of uploads in bytes per second (0: none).
     pub upload_bytes_per_sec: u64,
+    /// Most committed steps waiting for an upload (queued, not yet being
+    /// uploaded); each is held on L1 meanwhile (0: no bound).
+    pub max_pending_uploads: usize,
+    /// What happens past `max_pending_uploads`.
+    pub upload_backlog: UploadBacklog,
     /// This node's name in `peers` (replicas go to other nodes; default:
     /// the host name).
     pub node: String,
@@ -212,6 +247,8 @@ impl Default for Config {
             upload_every: 0,
             upload_min_interval_secs: 0,
             upload_bytes_per_sec: 0,
+            max_pending_uploads: 4,
+            upload_backlog: UploadBacklog::Drop,
             rehydrate_l1: true,
             node: hostname(),
             peers: Vec::new(),
@@ -448,6 +485,8 @@ impl Config {
                 "UPLOAD_EVERY" => self.upload_every = num(&v)?,
                 "UPLOAD_MIN_INTERVAL_SECS" => self.upload_min_interval_secs = num(&v)?,
                 "UPLOAD_BYTES_PER_SEC" => self.upload_bytes_per_sec = num(&v)?,
+                "MAX_PENDING_UPLOADS" => self.max_pending_uploads = num(&v)? as usize,
+                "UPLOAD_BACKLOG" => self.upload_backlog = v.parse().map_err(bad)?,
                 "REHYDRATE_L1" => self.rehydrate_l1 = flag(&v)?,
                 "NODE" => self.node = v.clone(),
                 "LOCAL_RANK" => {

@@ -37,6 +37,8 @@ pub enum L3State {
 pub(crate) struct Uploads {
     pub(crate) states: StepStates<L3State>,
     pub(crate) queued: AtomicU64,
+    /// Uploads dropped from a backlog past `max_pending_uploads`.
+    pub(crate) dropped: AtomicU64,
 }
 
 impl Uploads {

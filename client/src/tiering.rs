@@ -19,6 +19,7 @@ use strata_tiered::{ChunkStore, ThrottleConfig, ThrottleStore};
 
 use crate::checkpointer::Checkpointer;
 use crate::commit::Committed;
+use crate::config::UploadBacklog;
 use crate::copy::{copy_step, CopyOptions, CopyProgress, Verify};
 use crate::error::{Error, Result};
 use crate::shared::Shared;
@@ -35,19 +36,68 @@ pub use crate::tier_states::L3State;
 pub(crate) fn subscriber(
     uploads: Arc<Uploads>,
     tx: mpsc::Sender<UploadJob>,
+    backlog: (usize, UploadBacklog),
 ) -> impl Fn(Committed) + Send + Sync + 'static {
     let tx = Mutex::new(tx);
     move |ev: Committed| {
         if !ev.decision.upload {
             return;
         }
+        let (max, policy) = backlog;
+        if max > 0 && policy == UploadBacklog::Wait {
+            // Back-pressure: this runs in the commit path, so the next
+            // saves wait (busy policy) while L3 catches up.
+            drop(uploads.states.wait_until(None, |m| waiting(m) < max));
+        }
         let queued = tx
             .lock()
             .map_err(|_| Error::Pipeline("poisoned".into()))
             .and_then(|tx| enqueue(&uploads, &tx, ev.step));
+        if max > 0 && policy == UploadBacklog::Drop {
+            drop_oldest_beyond(&uploads, max);
+        }
         if let Err(e) = queued {
             tracing::warn!(step = ev.step, error = %e, "could not queue the upload");
         }
+    }
+}
+
+/// Steps queued for an upload and not being uploaded yet.
+fn waiting(m: &BTreeMap<u64, L3State>) -> usize {
+    m.values()
+        .filter(|st| matches!(st, L3State::Queued))
+        .count()
+}
+
+/// Drops the oldest waiting uploads beyond `max` (their state says why;
+/// the uploader skips them, and L1 retention no longer holds them).
+fn drop_oldest_beyond(uploads: &Uploads, max: usize) {
+    let dropped = uploads.states.update(|m| {
+        let mut queued: Vec<u64> = m
+            .iter()
+            .filter(|(_, st)| matches!(st, L3State::Queued))
+            .map(|(&s, _)| s)
+            .collect();
+        let mut dropped = Vec::new();
+        while queued.len() > max {
+            let step = queued.remove(0);
+            m.insert(
+                step,
+                L3State::Failed(format!(
+                    "dropped: more than {max} steps were waiting for L3 (max_pending_uploads)"
+                )),
+            );
+            dropped.push(step);
+        }
+        dropped
+    });
+    for step in dropped.unwrap_or_default() {
+        uploads.dropped.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            step,
+            max,
+            "L3 is behind: the upload of this step was dropped"
+        );
     }
 }
 
@@ -76,6 +126,26 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
     };
     while let Ok(step) = rx.recv() {
         let _span = tracing::info_span!("upload", step).entered();
+        // Taken off the backlog: from now on it is being uploaded (so it
+        // is never dropped, and L1 retention holds it) unless it was
+        // dropped while it waited.
+        let skip = s
+            .uploads
+            .states
+            .update(|m| {
+                if matches!(m.get(&step), Some(L3State::Failed(_))) {
+                    return true;
+                }
+                m.insert(step, L3State::Uploading { done: 0, total: 0 });
+                false
+            })
+            .unwrap_or(false);
+        if skip {
+            // Dropped from the backlog while it waited.
+            s.uploads.queued.fetch_sub(1, Ordering::SeqCst);
+            s.uploads.states.update(|_| ());
+            continue;
+        }
         // A panic in an upload must not leave waiters hanging on the queue.
         let outcome =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| upload_step(s, &*dst, step)))
@@ -203,6 +273,12 @@ impl Checkpointer {
     /// found degraded).
     pub fn wait_replication(&self) {
         self.shared.replication.wait_idle();
+    }
+
+    /// Uploads dropped because more than `max_pending_uploads` steps were
+    /// waiting for L3 (with `upload_backlog = "drop"`).
+    pub fn dropped_uploads(&self) -> u64 {
+        self.shared.uploads.dropped.load(Ordering::Relaxed)
     }
 
     /// The L3 state of every step this process queued for upload.

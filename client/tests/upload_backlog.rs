@@ -1,0 +1,101 @@
+//! A slow L3 must not fill the node's disk: steps held on L1 for their
+//! upload are bounded by `max_pending_uploads`; past it the oldest waiting
+//! upload is dropped and reported (`drop`), or saves slow to L3's pace
+//! (`wait`). Before this bound, `keep_last = 2` held 16 steps on L1 while
+//! uploads lagged.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata::format::DType;
+use strata::tiered::{ChunkStore, FaultPlan, FaultStore, MemoryStore};
+use strata::{Checkpointer, Config, Entry, L3State, UploadBacklog};
+
+fn slow_l3() -> Arc<dyn ChunkStore> {
+    Arc::new(FaultStore::new(
+        MemoryStore::new(),
+        FaultPlan {
+            latency: Duration::from_millis(150),
+            ..FaultPlan::default()
+        },
+    ))
+}
+
+fn cfg(dir: &std::path::Path, backlog: UploadBacklog) -> Config {
+    let mut c = Config::builder()
+        .job("backlog")
+        .l1_dir(dir)
+        .chunk_size(1 << 16)
+        .keep_last(2)
+        .gc_grace_secs(0)
+        .upload_every(1);
+    c.max_pending_uploads = 2;
+    c.upload_backlog = backlog;
+    c
+}
+
+fn l1_steps(ck: &Checkpointer) -> usize {
+    ck.committed_steps().unwrap().len()
+}
+
+fn save_all(ck: &Checkpointer, n: u64) -> usize {
+    let mut most = 0;
+    for step in 1..=n {
+        let bytes = vec![step as u8; 1 << 16];
+        let shape = [1u64 << 14];
+        ck.save(step, &[Entry::tensor("w", DType::F32, &shape, &bytes)])
+            .unwrap()
+            .wait()
+            .unwrap();
+        most = most.max(l1_steps(ck));
+    }
+    most
+}
+
+#[test]
+fn past_the_bound_the_oldest_waiting_upload_is_dropped_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = Checkpointer::builder(cfg(dir.path(), UploadBacklog::Drop))
+        .remote(Some(slow_l3()))
+        .build()
+        .unwrap();
+    let most = save_all(&ck, 16);
+    // keep_last (2) + waiting (2) + the one being uploaded (1).
+    assert!(most <= 5, "L1 held {most} steps");
+    assert!(ck.dropped_uploads() > 0);
+    ck.wait_uploads();
+    let states = ck.uploads();
+    let dropped: Vec<u64> = states
+        .iter()
+        .filter(|(_, st)| matches!(st, L3State::Failed(why) if why.contains("dropped")))
+        .map(|(&s, _)| s)
+        .collect();
+    assert_eq!(dropped.len() as u64, ck.dropped_uploads(), "{states:?}");
+    assert!(
+        states.contains_key(&16) && matches!(states[&16], L3State::Committed { .. }),
+        "the newest step still reaches L3: {states:?}"
+    );
+    assert!(l1_steps(&ck) <= 5);
+}
+
+#[test]
+fn with_wait_saves_slow_to_l3s_pace_and_every_step_is_uploaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = Checkpointer::builder(cfg(dir.path(), UploadBacklog::Wait))
+        .remote(Some(slow_l3()))
+        .build()
+        .unwrap();
+    let most = save_all(&ck, 10);
+    assert!(most <= 5, "L1 held {most} steps");
+    ck.wait_uploads();
+    assert_eq!(ck.dropped_uploads(), 0);
+    let states = ck.uploads();
+    assert_eq!(states.len(), 10);
+    assert!(
+        states
+            .values()
+            .all(|st| matches!(st, L3State::Committed { .. })),
+        "{states:?}"
+    );
+}
