@@ -20,6 +20,9 @@
 //! upload_bytes_per_sec = 0              # bandwidth cap of uploads (0: none)
 //! max_pending_uploads = 4               # steps held on L1 waiting for an upload (0: no bound)
 //! upload_backlog = "drop"               # past it: drop the oldest waiting (reported) | wait (back-pressure)
+//! l3_keep_last = 4                      # L3 retention after each upload (0: never collect L3)
+//! l3_keep_every = 0                     # and every K-th step on L3
+//! l3_gc_grace_secs = 3600               # unreferenced L3 chunks older than this are deleted
 //! rehydrate_l1 = true                   # a restore from L3 also writes the step to L1
 //! node = "node-a"                       # this node's name among the peers
 //! peers = ["node-a=10.0.0.1:7070", "node-b=10.0.0.2:7070"]   # L2 peer services
@@ -167,6 +170,17 @@ pub struct Config {
     pub max_pending_uploads: usize,
     /// What happens past `max_pending_uploads`.
     pub upload_backlog: UploadBacklog,
+    /// L3 retention, run by each rank's uploader after an upload (its own
+    /// shards; chunks no manifest references): the newest this many steps
+    /// this rank committed on L3 are kept (0: L3 is never collected).
+    pub l3_keep_last: usize,
+    /// Also keep every L3 step divisible by this (0: none).
+    pub l3_keep_every: u64,
+    /// An unreferenced chunk on L3 is deleted only once L3 has not written
+    /// it for this long; an upload rewrites a chunk it reuses that is older
+    /// than half of it (so a reused chunk is never deleted under an upload
+    /// that takes less than half of it).
+    pub l3_gc_grace_secs: u64,
     /// This node's name in `peers` (replicas go to other nodes; default:
     /// the host name).
     pub node: String,
@@ -249,6 +263,9 @@ impl Default for Config {
             upload_bytes_per_sec: 0,
             max_pending_uploads: 4,
             upload_backlog: UploadBacklog::Drop,
+            l3_keep_last: 4,
+            l3_keep_every: 0,
+            l3_gc_grace_secs: 3600,
             rehydrate_l1: true,
             node: hostname(),
             peers: Vec::new(),
@@ -487,6 +504,9 @@ impl Config {
                 "UPLOAD_BYTES_PER_SEC" => self.upload_bytes_per_sec = num(&v)?,
                 "MAX_PENDING_UPLOADS" => self.max_pending_uploads = num(&v)? as usize,
                 "UPLOAD_BACKLOG" => self.upload_backlog = v.parse().map_err(bad)?,
+                "L3_KEEP_LAST" => self.l3_keep_last = num(&v)? as usize,
+                "L3_KEEP_EVERY" => self.l3_keep_every = num(&v)?,
+                "L3_GC_GRACE_SECS" => self.l3_gc_grace_secs = num(&v)?,
                 "REHYDRATE_L1" => self.rehydrate_l1 = flag(&v)?,
                 "NODE" => self.node = v.clone(),
                 "LOCAL_RANK" => {

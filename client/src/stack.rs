@@ -83,8 +83,14 @@ pub(crate) fn open_l3(cfg: &Config, url: &str) -> Result<L3Store> {
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    L3Store::from_url(url, &opts, L3Options::default())
-        .map_err(|e| Error::Config(format!("l3_url {url:?}: {e}")))
+    let l3 = L3Options {
+        // With L3 collected, an upload rewrites the old chunks it reuses
+        // (see `Config::l3_gc_grace_secs`).
+        refresh_after: (cfg.l3_keep_last > 0)
+            .then(|| std::time::Duration::from_secs(cfg.l3_gc_grace_secs / 2)),
+        ..L3Options::default()
+    };
+    L3Store::from_url(url, &opts, l3).map_err(|e| Error::Config(format!("l3_url {url:?}: {e}")))
 }
 
 /// Opens the peers of `cfg` in ring order (none without `peers`). Must run

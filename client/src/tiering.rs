@@ -154,6 +154,7 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
             Ok((sent, deduped)) => {
                 tracing::info!(step, sent, deduped, "step committed on L3");
                 s.uploads.set(step, L3State::Committed { sent, deduped });
+                collect_l3(s, &*dst);
             }
             Err(e) => {
                 tracing::warn!(step, error = %e, "upload to L3 failed");
@@ -163,6 +164,45 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
         s.uploads.queued.fetch_sub(1, Ordering::SeqCst);
         // Wakes `wait_uploads`, which watches the count.
         s.uploads.states.update(|_| ());
+    }
+}
+
+/// L3 retention after an upload: this rank's shards of the steps the
+/// policy no longer keeps, then the chunks no manifest references and L3
+/// has not written for `l3_gc_grace_secs` (`strata_gc::collect`). Steps
+/// still queued or uploading are held. A failure is logged, not fatal.
+fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
+    let cfg = &s.cfg;
+    if cfg.l3_keep_last == 0 {
+        return;
+    }
+    let policy = strata_gc::Retention {
+        keep_last: cfg.l3_keep_last,
+        keep_every: cfg.l3_keep_every,
+        keep_within: None,
+        grace: std::time::Duration::from_secs(cfg.l3_gc_grace_secs),
+    };
+    let opts = strata_gc::Options {
+        scope: Some(strata_gc::Scope::Rank(cfg.rank)),
+        hold: s.uploads.pinned().into_iter().collect(),
+        lazy: true,
+        ..Default::default()
+    };
+    match s
+        .rt
+        .block_on(strata_gc::collect(l3, &cfg.job, &policy, &opts))
+    {
+        Ok((_, r)) if r.shards_retired + r.partial_removed + r.chunks_deleted > 0 => {
+            tracing::info!(
+                retired = r.shards_retired,
+                partial = r.partial_removed,
+                chunks = r.chunks_deleted,
+                bytes = r.bytes_freed,
+                "L3 retention"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "L3 retention failed"),
     }
 }
 

@@ -296,6 +296,19 @@ impl L3Store {
         .await
     }
 
+    /// The chunk's last-modified time, or None if it is not there.
+    async fn modified(&self, job: &str, id: &ChunkId) -> Result<Option<std::time::SystemTime>> {
+        let key = self.chunk_key(job, id);
+        self.retrying(|| async {
+            match self.store.head(&key).await {
+                Ok(meta) => Ok(Some(std::time::SystemTime::from(meta.last_modified))),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(os_err(format!("chunk {id}"), e)),
+            }
+        })
+        .await
+    }
+
     async fn put_one(&self, job: &str, c: ChunkPut, check: bool) -> Result<(bool, u64, u64)> {
         let raw_len = c.data.len() as u64;
         if check && self.has(job, &c.id).await? {
@@ -547,8 +560,24 @@ impl ChunkStore for L3Store {
 
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
         validate_job_id(job)?;
+        // Old chunks count as missing, so a reuse rewrites them (see
+        // `L3Options::refresh_after`); ages by the store's own clock.
+        let fresh_since = match self.opts.refresh_after {
+            Some(age) if !ids.is_empty() => Some(
+                self.now(job)
+                    .await?
+                    .checked_sub(age)
+                    .unwrap_or(std::time::UNIX_EPOCH),
+            ),
+            _ => None,
+        };
         futures::stream::iter(ids.iter().copied())
-            .map(|id| async move { self.has(job, &id).await })
+            .map(|id| async move {
+                match fresh_since {
+                    None => self.has(job, &id).await,
+                    Some(edge) => Ok(self.modified(job, &id).await?.is_some_and(|t| t >= edge)),
+                }
+            })
             .buffered(self.opts.concurrency.max(1))
             .try_collect()
             .await

@@ -33,6 +33,12 @@ pub struct L3Options {
     /// training, so by default they take a quarter of the cores (at least
     /// one); reads decode on as many as they need.
     pub encode_threads: usize,
+    /// A chunk older than this (by the object store's clock) counts as
+    /// missing to `has_chunks`, so an upload that reuses it writes it again
+    /// and refreshes its age: garbage collection, which deletes only chunks
+    /// older than its grace period, then never deletes a chunk an upload in
+    /// flight relies on (set it to half the grace period; None: never).
+    pub refresh_after: Option<Duration>,
 }
 
 impl Default for L3Options {
@@ -49,6 +55,7 @@ impl Default for L3Options {
             encode_threads: std::thread::available_parallelism()
                 .map_or(1, |n| n.get() / 4)
                 .max(1),
+            refresh_after: None,
         }
     }
 }

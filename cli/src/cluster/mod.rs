@@ -270,7 +270,7 @@ impl Cluster {
             "job = \"{job}\"\nchunk_size = {chunk}\nkeep_last = {keep}\ngc_grace_secs = 0\n\
              coordination_timeout_secs = 120\npeers = [{peers}]\npeer_certs = \"{certs}\"\n\
              replicas = {replicas}\nreplication_retry_secs = 2\nl3_url = \"s3://{BUCKET}/cluster\"\n\
-             upload_every = {every}\nupload_backlog = \"wait\"\netcd_endpoints = [\"{etcd_url}\"]\netcd_lease_secs = {lease}\n\n\
+             upload_every = {every}\nupload_backlog = \"wait\"\nl3_keep_last = 0\netcd_endpoints = [\"{etcd_url}\"]\netcd_lease_secs = {lease}\n\n\
              [l3_options]\nendpoint = \"http://{svc}:{s3_port}\"\nallow_http = \"true\"\n\
              region = \"us-east-1\"\naccess_key_id = \"{ak}\"\nsecret_access_key = \"{sk}\"\n\
              virtual_hosted_style_request = \"false\"\n",

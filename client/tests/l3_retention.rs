@@ -1,0 +1,121 @@
+//! L3 is collected by each rank's uploader after an upload: the newest
+//! `l3_keep_last` steps (and every `l3_keep_every`-th) stay, the rest and
+//! the chunks no manifest references go; the kept steps restore from L3
+//! alone. An upload that reuses a chunk older than half the grace period
+//! writes it again (so GC never deletes a chunk under an upload).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata::format::DType;
+use strata::tiered::{ChunkStore, L3Options, L3Store};
+use strata::{Checkpointer, Config, Entry, StepSelector};
+
+fn l3(refresh_after: Option<Duration>) -> Arc<L3Store> {
+    Arc::new(L3Store::with_store(
+        Arc::new(object_store::memory::InMemory::new()),
+        "root",
+        "memory://l3",
+        L3Options {
+            refresh_after,
+            ..L3Options::default()
+        },
+    ))
+}
+
+fn cfg(dir: &std::path::Path) -> Config {
+    let mut c = Config::builder()
+        .job("l3gc")
+        .l1_dir(dir)
+        .chunk_size(1 << 16)
+        .keep_last(2)
+        .upload_every(1);
+    c.l3_keep_last = 3;
+    c.l3_keep_every = 5;
+    c.l3_gc_grace_secs = 0;
+    c
+}
+
+fn state(step: u64) -> Vec<u8> {
+    let mut v = vec![7u8; 1 << 17]; // a chunk every step shares
+    v.extend(std::iter::repeat_n(step as u8, 1 << 16)); // one of its own
+    v
+}
+
+fn save(ck: &Checkpointer, step: u64) {
+    let bytes = state(step);
+    let shape = [bytes.len() as u64];
+    ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &bytes)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    ck.wait_uploads();
+}
+
+#[test]
+fn l3_keeps_its_policys_steps_and_only_their_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = l3(Some(Duration::ZERO));
+    let ck = Checkpointer::builder(cfg(dir.path()))
+        .remote(Some(store.clone() as Arc<dyn ChunkStore>))
+        .build()
+        .unwrap();
+    for step in 1..=12 {
+        save(&ck, step);
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let on_l3: BTreeSet<u64> = rt
+        .block_on(store.list_steps("l3gc"))
+        .unwrap()
+        .iter()
+        .filter(|st| st.is_complete())
+        .map(|st| st.step)
+        .collect();
+    assert_eq!(on_l3, BTreeSet::from([5, 10, 11, 12]));
+    // Chunks: the shared one and one per kept step.
+    let chunks = rt.block_on(store.list_chunks("l3gc")).unwrap();
+    assert_eq!(chunks.len(), 1 + on_l3.len(), "{chunks:?}");
+    drop(ck);
+
+    // The node loses its disk: the kept steps restore from L3.
+    std::fs::remove_dir_all(dir.path()).unwrap();
+    let ck = Checkpointer::builder(cfg(dir.path()))
+        .remote(Some(store.clone() as Arc<dyn ChunkStore>))
+        .build()
+        .unwrap();
+    for step in [5, 12] {
+        let got = ck.restore(StepSelector::Step(step)).unwrap();
+        assert_eq!(got.get("w").unwrap().bytes, state(step));
+    }
+}
+
+#[test]
+fn a_reused_chunk_older_than_the_refresh_age_counts_as_missing() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let put = |s: &L3Store| {
+        let b = vec![3u8; 1000];
+        let id = strata::format::ChunkId::of(&b);
+        rt.block_on(s.put_chunks(
+            "j",
+            vec![strata::tiered::ChunkPut {
+                id,
+                hint: strata::format::codec::ElemHint::BYTES,
+                data: strata::tiered::ChunkData::copy_from(&b),
+            }],
+        ))
+        .unwrap();
+        id
+    };
+    let fresh = l3(Some(Duration::from_secs(3600)));
+    let id = put(&fresh);
+    assert_eq!(rt.block_on(fresh.has_chunks("j", &[id])).unwrap(), [true]);
+    let stale = l3(Some(Duration::ZERO));
+    let id = put(&stale);
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(rt.block_on(stale.has_chunks("j", &[id])).unwrap(), [false]);
+    let plain = l3(None);
+    let id = put(&plain);
+    assert_eq!(rt.block_on(plain.has_chunks("j", &[id])).unwrap(), [true]);
+}
