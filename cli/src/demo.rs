@@ -119,7 +119,11 @@ impl LocalPeers {
                 listen: "127.0.0.1:0".parse().map_err(|e| err(format!("{e}")))?,
                 certs: strata_peer::tls::CertFiles::in_dir(&certs, n),
                 spill: dir.join(format!("peer-spill-{n}")),
-                limits: strata_peer::replicas::Limits::default(),
+                limits: strata_peer::replicas::Limits {
+                    // One pushing rank (see the demo's L1 and L3 grace).
+                    grace: std::time::Duration::ZERO,
+                    ..strata_peer::replicas::Limits::default()
+                },
                 max_streams: 32,
                 inflight_bytes: 1 << 30,
                 max_request: ServiceConfig::DEFAULT_MAX_REQUEST,
@@ -317,7 +321,13 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         .l1_dir(&args.dir)
         .chunk_size(chunk_size)
         .io_engine(args.engine.clone())
-        .keep_last(args.keep_last);
+        .keep_last(args.keep_last)
+        // One rank, one writer per tier: retention runs after each save and
+        // upload in the same process, so no save or upload of another rank
+        // can be relying on an unreferenced chunk (a real job keeps the
+        // default grace periods).
+        .gc_grace_secs(0);
+    cfg.l3_gc_grace_secs = 0;
     // Bad arguments are refused before anything is created on disk (the L3
     // directory, the demo's CA and keys).
     cfg.validate().map_err(|e| CliError::Arg(e.to_string()))?;
@@ -447,6 +457,11 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         last = Some(step);
     }
 
+    if last.is_some() {
+        ck.wait_replication();
+        ck.wait_uploads();
+        held_per_tier(&cfg);
+    }
     if let Some(last) = last {
         let (took, _) = restore_and_check(&ck, &state, last)?;
         say!(
@@ -487,6 +502,35 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         None => say!("ok: nothing new saved (--steps 0)"),
     }
     Ok(())
+}
+
+/// Prints what each tier holds of the job: committed steps, chunks and
+/// their stored bytes (retention keeps every tier bounded however long the
+/// run).
+fn held_per_tier(cfg: &Config) {
+    let Ok(tiers) = strata::inspect::Tiers::open(cfg.clone(), true) else {
+        return;
+    };
+    let mut parts = Vec::new();
+    for tier in tiers.tiers() {
+        let steps = tiers
+            .steps(tier)
+            .map(|s| s.iter().filter(|st| st.is_complete()).count())
+            .unwrap_or(0);
+        let held = tiers.block_on(tier.store.list_chunk_info(&cfg.job));
+        let text = match held {
+            Ok(chunks) => {
+                let bytes: Option<u64> = chunks.iter().map(|c| c.stored_len).sum();
+                match bytes {
+                    Some(b) => format!("{} steps, {} chunks, {}", steps, chunks.len(), human(b)),
+                    None => format!("{} steps, {} chunks", steps, chunks.len()),
+                }
+            }
+            Err(e) => format!("{steps} steps, chunks not listed ({e})"),
+        };
+        parts.push(format!("{}: {text}", tier.name));
+    }
+    say!("held at the end: {}", parts.join("; "));
 }
 
 /// Waits for the uploads, prints where each step lives, then deletes this

@@ -230,6 +230,7 @@ impl Checkpointer {
                     shared.replication.clone(),
                     repl_tx,
                     shared.cfg.replicas,
+                    (shared.cfg.max_pending_pushes, shared.cfg.upload_backlog),
                 )));
             let s2 = shared.clone();
             Some(

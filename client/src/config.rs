@@ -19,7 +19,8 @@
 //! upload_min_interval_secs = 0          # and at most one per this many seconds
 //! upload_bytes_per_sec = 0              # bandwidth cap of uploads (0: none)
 //! max_pending_uploads = 4               # steps held on L1 waiting for an upload (0: no bound)
-//! upload_backlog = "drop"               # past it: drop the oldest waiting (reported) | wait (back-pressure)
+//! max_pending_pushes = 4                # steps held on L1 waiting for their push to the peers
+//! upload_backlog = "drop"               # past either: drop the oldest waiting (reported) | wait (back-pressure)
 //! l3_keep_last = 4                      # L3 retention after each upload (0: never collect L3)
 //! l3_keep_every = 0                     # and every K-th step on L3
 //! l3_gc_grace_secs = 3600               # unreferenced L3 chunks older than this are deleted
@@ -168,8 +169,12 @@ pub struct Config {
     /// Most committed steps waiting for an upload (queued, not yet being
     /// uploaded); each is held on L1 meanwhile (0: no bound).
     pub max_pending_uploads: usize,
-    /// What happens past `max_pending_uploads`.
+    /// What happens past `max_pending_uploads` and `max_pending_pushes`.
     pub upload_backlog: UploadBacklog,
+    /// Most committed steps waiting for their push to the peers (not yet
+    /// being pushed); each is held on L1 meanwhile (0: no bound). Past it,
+    /// `upload_backlog` applies (a dropped push leaves the step degraded).
+    pub max_pending_pushes: usize,
     /// L3 retention, run by each rank's uploader after an upload (its own
     /// shards; chunks no manifest references): the newest this many steps
     /// this rank committed on L3 are kept (0: L3 is never collected).
@@ -179,7 +184,8 @@ pub struct Config {
     /// An unreferenced chunk on L3 is deleted only once L3 has not written
     /// it for this long; an upload rewrites a chunk it reuses that is older
     /// than half of it (so a reused chunk is never deleted under an upload
-    /// that takes less than half of it).
+    /// that takes less than half of it). 0 is safe only with one uploading
+    /// rank (no reuse is protected then).
     pub l3_gc_grace_secs: u64,
     /// This node's name in `peers` (replicas go to other nodes; default:
     /// the host name).
@@ -263,6 +269,7 @@ impl Default for Config {
             upload_bytes_per_sec: 0,
             max_pending_uploads: 4,
             upload_backlog: UploadBacklog::Drop,
+            max_pending_pushes: 4,
             l3_keep_last: 4,
             l3_keep_every: 0,
             l3_gc_grace_secs: 3600,
@@ -504,6 +511,7 @@ impl Config {
                 "UPLOAD_BYTES_PER_SEC" => self.upload_bytes_per_sec = num(&v)?,
                 "MAX_PENDING_UPLOADS" => self.max_pending_uploads = num(&v)? as usize,
                 "UPLOAD_BACKLOG" => self.upload_backlog = v.parse().map_err(bad)?,
+                "MAX_PENDING_PUSHES" => self.max_pending_pushes = num(&v)? as usize,
                 "L3_KEEP_LAST" => self.l3_keep_last = num(&v)? as usize,
                 "L3_KEEP_EVERY" => self.l3_keep_every = num(&v)?,
                 "L3_GC_GRACE_SECS" => self.l3_gc_grace_secs = num(&v)?,

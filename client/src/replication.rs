@@ -13,11 +13,13 @@
 //! manifest, then L1's commit record. Steps being replicated stay on L1
 //! until their push ends.
 
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 
 use strata_tiered::ChunkStore;
 
 use crate::commit::Committed;
+use crate::config::UploadBacklog;
 use crate::copy::{copy_step, CopyOptions, Verify};
 use crate::error::{Error, Result};
 use crate::shared::Shared;
@@ -35,10 +37,19 @@ pub(crate) fn subscriber(
     repl: Arc<Replication>,
     tx: mpsc::Sender<u64>,
     wanted: usize,
+    backlog: (usize, UploadBacklog),
 ) -> impl Fn(Committed) + Send + Sync + 'static {
     let tx = Mutex::new(tx);
     move |ev: Committed| {
+        let (max, policy) = backlog;
+        if max > 0 && policy == UploadBacklog::Wait {
+            // Back-pressure: this runs in the commit path.
+            drop(repl.states.wait_until(None, |m| waiting(&repl, m) < max));
+        }
         repl.set(ev.step, L2State::Pending);
+        if max > 0 && policy == UploadBacklog::Drop {
+            drop_oldest_beyond(&repl, max, wanted);
+        }
         let sent = tx.lock().ok().map(|tx| tx.send(ev.step));
         if !matches!(sent, Some(Ok(()))) {
             repl.set(
@@ -50,6 +61,50 @@ pub(crate) fn subscriber(
                 },
             );
         }
+    }
+}
+
+/// Steps waiting for a push (pending, not the one being pushed).
+fn waiting(repl: &Replication, m: &std::collections::BTreeMap<u64, L2State>) -> usize {
+    let current = repl.current.load(Ordering::SeqCst);
+    m.iter()
+        .filter(|(&s, st)| matches!(st, L2State::Pending) && s != current)
+        .count()
+}
+
+/// Drops the oldest steps waiting for a push beyond `max`: they are marked
+/// degraded (L1 retention no longer holds them; if still on L1 they are
+/// pushed again later, like any degraded step).
+fn drop_oldest_beyond(repl: &Replication, max: usize, wanted: usize) {
+    let current = repl.current.load(Ordering::SeqCst);
+    let dropped = repl.states.update(|m| {
+        let waiting: Vec<u64> = m
+            .iter()
+            .filter(|(&s, st)| matches!(st, L2State::Pending) && s != current)
+            .map(|(&s, _)| s)
+            .collect();
+        let n = waiting.len().saturating_sub(max);
+        for &step in &waiting[..n] {
+            m.insert(
+                step,
+                L2State::Degraded {
+                    peers: Vec::new(),
+                    wanted,
+                    errors: vec![format!(
+                        "dropped: more than {max} steps were waiting for the peers (max_pending_pushes)"
+                    )],
+                },
+            );
+        }
+        waiting[..n].to_vec()
+    });
+    for step in dropped.unwrap_or_default() {
+        repl.dropped.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            step,
+            max,
+            "the peers are behind: the push of this step was dropped"
+        );
     }
 }
 
@@ -73,7 +128,24 @@ pub(crate) fn run(s: &Shared, rx: &mpsc::Receiver<u64>) {
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         };
         let _span = tracing::info_span!("replicate", step).entered();
+        // Taken off the backlog (never dropped now), unless it was dropped
+        // while it waited.
+        let dropped = s
+            .replication
+            .states
+            .update(|m| {
+                let gone = !matches!(m.get(&step), Some(L2State::Pending));
+                if !gone {
+                    s.replication.current.store(step, Ordering::SeqCst);
+                }
+                gone
+            })
+            .unwrap_or(false);
+        if dropped {
+            continue;
+        }
         let st = replicate(s, step);
+        s.replication.current.store(u64::MAX, Ordering::SeqCst);
         match &st {
             L2State::Replicated { peers, .. } => {
                 tracing::info!(step, ?peers, "step replicated");

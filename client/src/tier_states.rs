@@ -104,9 +104,22 @@ pub enum L2State {
 }
 
 /// Replication state shared by the worker and the API.
-#[derive(Default)]
 pub(crate) struct Replication {
     pub(crate) states: StepStates<L2State>,
+    /// The step being pushed now (`u64::MAX`: none): never dropped.
+    pub(crate) current: AtomicU64,
+    /// Pushes dropped from a backlog past `max_pending_pushes`.
+    pub(crate) dropped: AtomicU64,
+}
+
+impl Default for Replication {
+    fn default() -> Self {
+        Replication {
+            states: StepStates::default(),
+            current: AtomicU64::new(u64::MAX),
+            dropped: AtomicU64::new(0),
+        }
+    }
 }
 
 impl Replication {

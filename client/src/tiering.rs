@@ -321,6 +321,12 @@ impl Checkpointer {
         self.shared.uploads.dropped.load(Ordering::Relaxed)
     }
 
+    /// Pushes dropped because more than `max_pending_pushes` steps were
+    /// waiting for the peers (with `upload_backlog = "drop"`).
+    pub fn dropped_pushes(&self) -> u64 {
+        self.shared.replication.dropped.load(Ordering::Relaxed)
+    }
+
     /// The L3 state of every step this process queued for upload.
     pub fn uploads(&self) -> BTreeMap<u64, L3State> {
         self.shared.uploads.snapshot()

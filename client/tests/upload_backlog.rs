@@ -99,3 +99,41 @@ fn with_wait_saves_slow_to_l3s_pace_and_every_step_is_uploaded() {
         "{states:?}"
     );
 }
+
+#[test]
+fn a_slow_peer_does_not_fill_the_disk_either() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow_peer: Arc<dyn ChunkStore> = Arc::new(FaultStore::new(
+        MemoryStore::new(),
+        FaultPlan {
+            latency: Duration::from_millis(150),
+            ..FaultPlan::default()
+        },
+    ));
+    let mut c = cfg(dir.path(), UploadBacklog::Drop).upload_every(0);
+    c.max_pending_pushes = 2;
+    c.eager_push = false;
+    let ck = Checkpointer::builder(c)
+        .peers(vec![strata::NamedTier {
+            name: "slow".into(),
+            store: slow_peer,
+        }])
+        .build()
+        .unwrap();
+    let most = save_all(&ck, 16);
+    assert!(most <= 5, "L1 held {most} steps");
+    assert!(ck.dropped_pushes() > 0);
+    ck.wait_replication();
+    let states = ck.replication();
+    let dropped = states
+        .values()
+        .filter(|st| {
+            matches!(st, strata::L2State::Degraded { errors, .. } if errors.iter().any(|e| e.contains("dropped")))
+        })
+        .count();
+    assert!(dropped > 0, "{states:?}");
+    assert!(
+        matches!(states.get(&16), Some(strata::L2State::Replicated { .. })),
+        "the newest step still reaches the peer: {states:?}"
+    );
+}
