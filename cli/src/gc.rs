@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 use strata::inspect::TierKind;
-use strata_gc::{collect, Options, Report, Retention, Scope};
+use strata_gc::{collect, Evidence, Options, Report, Retention, Scope};
 
 use crate::out::say;
 use crate::size::human;
@@ -19,7 +19,7 @@ use crate::CliError;
 /// `strata gc`.
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  strata gc --config strata.toml --dry-run\n  strata gc --tier l3 --keep-last 2 --keep-every 1000 --json\n\nDefaults per tier: L1 keeps keep_last (config) steps; peers keep 2; L3 keeps 2 and every 1000th. The grace period (gc_grace_secs; L3: 1 hour) protects chunks a save in flight may reuse."
+    after_help = "Examples:\n  strata gc --config strata.toml --dry-run\n  strata gc --tier l3 --keep-last 2 --keep-every 1000 --json\n\nDefaults per tier: L1 keeps keep_last (config) steps; peers keep 2; L3 keeps l3_keep_last and every l3_keep_every-th (or 2 and every 1000th). The grace period (gc_grace_secs; L3: l3_gc_grace_secs) protects chunks a save in flight may reuse. On L1, run it while no rank of the job runs there: it does not know which steps a running rank still holds for an upload or a push."
 )]
 pub(crate) struct GcArgs {
     /// Only this tier (l1, l3, l2, or a peer's name; repeatable).
@@ -95,7 +95,20 @@ fn policy(a: &GcArgs, kind: TierKind, cfg: &strata::Config) -> Retention {
             grace: Duration::from_secs(cfg.gc_grace_secs),
             ..Retention::l2()
         },
-        _ => Retention::l3(),
+        _ => Retention {
+            keep_last: if cfg.l3_keep_last > 0 {
+                cfg.l3_keep_last
+            } else {
+                2
+            },
+            keep_every: if cfg.l3_keep_last > 0 {
+                cfg.l3_keep_every
+            } else {
+                1000
+            },
+            keep_within: None,
+            grace: Duration::from_secs(cfg.l3_gc_grace_secs),
+        },
     };
     if let Some(n) = a.keep_last {
         p.keep_last = n;
@@ -118,16 +131,23 @@ pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
     }
     let t = a.store.open()?;
     let tiers = select(&t, &a.tier)?;
-    let opts = Options {
-        scope: Some(Scope::All),
-        pins: a.keep.iter().copied().collect::<BTreeSet<u64>>(),
-        dry_run: a.dry_run,
-        ..Default::default()
-    };
     let mut out = Vec::new();
     let mut failed = Vec::new();
     for tier in tiers {
         let p = policy(a, tier.kind, t.config());
+        let opts = Options {
+            scope: Some(Scope::All),
+            // Ranks copy their own records to L3: a step counts there once
+            // every rank's is in.
+            evidence: if tier.kind == TierKind::L3 {
+                Evidence::EveryRank
+            } else {
+                Evidence::AnyRecord
+            },
+            pins: a.keep.iter().copied().collect::<BTreeSet<u64>>(),
+            dry_run: a.dry_run,
+            ..Default::default()
+        };
         let r = t.block_on(collect(&*tier.store, t.job(), &p, &opts));
         match r {
             Ok((_, report)) => out.push(TierGc::of(&tier.name, report)),

@@ -220,6 +220,7 @@ impl Checkpointer {
                 shared.uploads.clone(),
                 upload_tx,
                 (shared.cfg.max_pending_uploads, shared.cfg.upload_backlog),
+                std::time::Duration::from_secs(shared.cfg.coordination_timeout_secs),
             )));
         let replicator = if shared.l2.is_empty() {
             None
@@ -231,6 +232,7 @@ impl Checkpointer {
                     repl_tx,
                     shared.cfg.replicas,
                     (shared.cfg.max_pending_pushes, shared.cfg.upload_backlog),
+                    std::time::Duration::from_secs(shared.cfg.coordination_timeout_secs),
                 )));
             let s2 = shared.clone();
             Some(

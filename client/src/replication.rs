@@ -38,13 +38,26 @@ pub(crate) fn subscriber(
     tx: mpsc::Sender<u64>,
     wanted: usize,
     backlog: (usize, UploadBacklog),
+    wait_limit: std::time::Duration,
 ) -> impl Fn(Committed) + Send + Sync + 'static {
     let tx = Mutex::new(tx);
     move |ev: Committed| {
         let (max, policy) = backlog;
         if max > 0 && policy == UploadBacklog::Wait {
-            // Back-pressure: this runs in the commit path.
-            drop(repl.states.wait_until(None, |m| waiting(&repl, m) < max));
+            // Back-pressure: this runs in the commit path; bounded, so a
+            // stopped worker cannot hang the commit.
+            let deadline = std::time::Instant::now() + wait_limit;
+            let caught_up = repl
+                .states
+                .wait_until(Some(deadline), |m| waiting(&repl, m) < max)
+                .is_some_and(|m| waiting(&repl, &m) < max);
+            if !caught_up {
+                tracing::warn!(
+                    step = ev.step,
+                    max,
+                    "the peers are still behind after {wait_limit:?}; queuing anyway"
+                );
+            }
         }
         repl.set(ev.step, L2State::Pending);
         if max > 0 && policy == UploadBacklog::Drop {
@@ -66,21 +79,38 @@ pub(crate) fn subscriber(
 
 /// Steps waiting for a push (pending, not the one being pushed).
 fn waiting(repl: &Replication, m: &std::collections::BTreeMap<u64, L2State>) -> usize {
-    let current = repl.current.load(Ordering::SeqCst);
+    let busy = in_flight(repl);
     m.iter()
-        .filter(|(&s, st)| matches!(st, L2State::Pending) && s != current)
+        .filter(|(s, st)| matches!(st, L2State::Pending) && !busy.contains(s))
         .count()
+}
+
+/// The steps being pushed now (lock order: the state map, then this set).
+fn in_flight(repl: &Replication) -> std::collections::BTreeSet<u64> {
+    repl.in_flight.lock().map(|g| g.clone()).unwrap_or_default()
+}
+
+fn set_in_flight(repl: &Replication, steps: &[u64], on: bool) {
+    if let Ok(mut g) = repl.in_flight.lock() {
+        for s in steps {
+            if on {
+                g.insert(*s);
+            } else {
+                g.remove(s);
+            }
+        }
+    }
 }
 
 /// Drops the oldest steps waiting for a push beyond `max`: they are marked
 /// degraded (L1 retention no longer holds them; if still on L1 they are
 /// pushed again later, like any degraded step).
 fn drop_oldest_beyond(repl: &Replication, max: usize, wanted: usize) {
-    let current = repl.current.load(Ordering::SeqCst);
     let dropped = repl.states.update(|m| {
+        let busy = in_flight(repl);
         let waiting: Vec<u64> = m
             .iter()
-            .filter(|(&s, st)| matches!(st, L2State::Pending) && s != current)
+            .filter(|(s, st)| matches!(st, L2State::Pending) && !busy.contains(s))
             .map(|(&s, _)| s)
             .collect();
         let n = waiting.len().saturating_sub(max);
@@ -136,7 +166,7 @@ pub(crate) fn run(s: &Shared, rx: &mpsc::Receiver<u64>) {
             .update(|m| {
                 let gone = !matches!(m.get(&step), Some(L2State::Pending));
                 if !gone {
-                    s.replication.current.store(step, Ordering::SeqCst);
+                    set_in_flight(&s.replication, &[step], true);
                 }
                 gone
             })
@@ -145,7 +175,6 @@ pub(crate) fn run(s: &Shared, rx: &mpsc::Receiver<u64>) {
             continue;
         }
         let st = replicate(s, step);
-        s.replication.current.store(u64::MAX, Ordering::SeqCst);
         match &st {
             L2State::Replicated { peers, .. } => {
                 tracing::info!(step, ?peers, "step replicated");
@@ -162,12 +191,16 @@ pub(crate) fn run(s: &Shared, rx: &mpsc::Receiver<u64>) {
         } else {
             Vec::new()
         };
+        // In flight before they are pending again: never dropped.
+        set_in_flight(&s.replication, &again, true);
         for old in &again {
             s.replication.set(*old, L2State::Pending);
         }
         s.replication.set(step, st);
+        set_in_flight(&s.replication, &[step], false);
         for old in again {
             retry(s, old);
+            set_in_flight(&s.replication, &[old], false);
         }
     }
 }

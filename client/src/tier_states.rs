@@ -39,6 +39,9 @@ pub(crate) struct Uploads {
     pub(crate) queued: AtomicU64,
     /// Uploads dropped from a backlog past `max_pending_uploads`.
     pub(crate) dropped: AtomicU64,
+    /// Steps uploaded on request (`Checkpointer::upload`): L3 retention
+    /// keeps them for the life of the process.
+    pub(crate) requested: std::sync::Mutex<std::collections::BTreeSet<u64>>,
 }
 
 impl Uploads {
@@ -106,8 +109,9 @@ pub enum L2State {
 /// Replication state shared by the worker and the API.
 pub(crate) struct Replication {
     pub(crate) states: StepStates<L2State>,
-    /// The step being pushed now (`u64::MAX`: none): never dropped.
-    pub(crate) current: AtomicU64,
+    /// Steps the worker is pushing now (taken off the queue, or retried):
+    /// never dropped.
+    pub(crate) in_flight: std::sync::Mutex<std::collections::BTreeSet<u64>>,
     /// Pushes dropped from a backlog past `max_pending_pushes`.
     pub(crate) dropped: AtomicU64,
 }
@@ -116,7 +120,7 @@ impl Default for Replication {
     fn default() -> Self {
         Replication {
             states: StepStates::default(),
-            current: AtomicU64::new(u64::MAX),
+            in_flight: Default::default(),
             dropped: AtomicU64::new(0),
         }
     }

@@ -37,6 +37,7 @@ pub(crate) fn subscriber(
     uploads: Arc<Uploads>,
     tx: mpsc::Sender<UploadJob>,
     backlog: (usize, UploadBacklog),
+    wait_limit: std::time::Duration,
 ) -> impl Fn(Committed) + Send + Sync + 'static {
     let tx = Mutex::new(tx);
     move |ev: Committed| {
@@ -46,8 +47,20 @@ pub(crate) fn subscriber(
         let (max, policy) = backlog;
         if max > 0 && policy == UploadBacklog::Wait {
             // Back-pressure: this runs in the commit path, so the next
-            // saves wait (busy policy) while L3 catches up.
-            drop(uploads.states.wait_until(None, |m| waiting(m) < max));
+            // saves wait (busy policy) while L3 catches up; bounded, so a
+            // stopped uploader cannot hang the commit.
+            let deadline = std::time::Instant::now() + wait_limit;
+            let caught_up = uploads
+                .states
+                .wait_until(Some(deadline), |m| waiting(m) < max)
+                .is_some_and(|m| waiting(&m) < max);
+            if !caught_up {
+                tracing::warn!(
+                    step = ev.step,
+                    max,
+                    "L3 is still behind after {wait_limit:?}; queuing anyway"
+                );
+            }
         }
         let queued = tx
             .lock()
@@ -107,6 +120,9 @@ pub(crate) fn enqueue(uploads: &Uploads, tx: &mpsc::Sender<UploadJob>, step: u64
     uploads.queued.fetch_add(1, Ordering::SeqCst);
     tx.send(step).map_err(|_| {
         uploads.queued.fetch_sub(1, Ordering::SeqCst);
+        // Not left queued: nothing would ever take it (and a backlog
+        // waiting for it would wait forever).
+        uploads.set(step, L3State::Failed("the uploader stopped".into()));
         Error::Pipeline("the uploader stopped".into())
     })
 }
@@ -154,7 +170,11 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
             Ok((sent, deduped)) => {
                 tracing::info!(step, sent, deduped, "step committed on L3");
                 s.uploads.set(step, L3State::Committed { sent, deduped });
-                collect_l3(s, &*dst);
+                let collected =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collect_l3(s, &*dst)));
+                if collected.is_err() {
+                    tracing::warn!(step, "L3 retention panicked; the uploader goes on");
+                }
             }
             Err(e) => {
                 tracing::warn!(step, error = %e, "upload to L3 failed");
@@ -182,9 +202,20 @@ fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
         keep_within: None,
         grace: std::time::Duration::from_secs(cfg.l3_gc_grace_secs),
     };
+    let mut hold: std::collections::BTreeSet<u64> = s.uploads.pinned().into_iter().collect();
+    // Steps uploaded on request (`upload(step)`) stay for this process.
+    if let Ok(asked) = s.uploads.requested.lock() {
+        hold.extend(asked.iter().copied());
+    }
     let opts = strata_gc::Options {
         scope: Some(strata_gc::Scope::Rank(cfg.rank)),
-        hold: s.uploads.pinned().into_iter().collect(),
+        // Each rank copies its own record to L3: a step counts once every
+        // rank's is there.
+        evidence: strata_gc::Evidence::EveryRank,
+        // Every rank retires its own shards; rank 0 alone lists and sweeps
+        // the chunks (not every rank listing the whole bucket).
+        skip_chunks: cfg.rank != 0,
+        hold,
         lazy: true,
         ..Default::default()
     };
@@ -290,6 +321,9 @@ impl Checkpointer {
         let tx = tx
             .as_ref()
             .ok_or_else(|| Error::Pipeline("the uploader stopped".into()))?;
+        if let Ok(mut asked) = self.shared.uploads.requested.lock() {
+            asked.insert(step);
+        }
         enqueue(&self.shared.uploads, tx, step)
     }
 

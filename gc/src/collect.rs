@@ -6,7 +6,7 @@ use strata_tiered::ChunkStore;
 
 use crate::error::{GcError, Result};
 use crate::inventory::{read_manifests, take_inventory, Inventory, ManifestRefs};
-use crate::plan::{plan, Plan, Scope};
+use crate::plan::{plan_with, Evidence, Plan, Scope};
 use crate::policy::Retention;
 
 /// What a collection did (or, in a dry run, would do).
@@ -39,6 +39,11 @@ pub struct Options {
     pub hold: BTreeSet<u64>,
     /// Plan only; delete nothing.
     pub dry_run: bool,
+    /// What the tier's commit records prove (L3: `EveryRank`).
+    pub evidence: Evidence,
+    /// Sweep unreferenced chunks (off: only shards are retired; another
+    /// collector sweeps, so that many ranks do not each list every chunk).
+    pub skip_chunks: bool,
     /// Look at manifests and chunks only when some shard is retired: after
     /// each save, a tier whose retention has nothing to do is not listed
     /// chunk by chunk (orphaned chunks wait for the next retirement).
@@ -77,7 +82,7 @@ pub async fn collect(
             pins: opts.pins.clone(),
             now: std::time::UNIX_EPOCH,
         };
-        let p = plan(&shallow, policy, scope, &opts.hold);
+        let p = plan_with(&shallow, policy, scope, opts.evidence, &opts.hold);
         if p.retire.is_empty() && p.partial.is_empty() {
             let report = Report {
                 dry_run,
@@ -87,9 +92,9 @@ pub async fn collect(
             return Ok((p, report));
         }
     }
-    let mut inv = take_inventory(store, job).await?;
+    let mut inv = take_inventory(store, job, !opts.skip_chunks).await?;
     inv.pins = opts.pins.clone();
-    let p = plan(&inv, policy, scope, &opts.hold);
+    let p = plan_with(&inv, policy, scope, opts.evidence, &opts.hold);
     let mut report = Report {
         dry_run,
         kept: p.keep.iter().copied().collect(),

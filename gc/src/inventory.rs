@@ -34,10 +34,15 @@ pub struct Inventory {
     pub now: SystemTime,
 }
 
-/// Lists everything of `job` in `store`. Any error but a manifest gone
+/// Lists everything of `job` in `store` (the chunks only `with_chunks`).
+/// Any error but a manifest gone
 /// meanwhile (a concurrent retirement) aborts: a plan is never made from a
 /// partial listing.
-pub async fn take_inventory(store: &dyn ChunkStore, job: &str) -> Result<Inventory> {
+pub async fn take_inventory(
+    store: &dyn ChunkStore,
+    job: &str,
+    with_chunks: bool,
+) -> Result<Inventory> {
     let now = store
         .now(job)
         .await
@@ -47,13 +52,17 @@ pub async fn take_inventory(store: &dyn ChunkStore, job: &str) -> Result<Invento
         store.name()
     )))?;
     let manifests = read_manifests(store, job, &steps).await?;
-    let chunks = store
-        .list_chunk_info(job)
-        .await
-        .map_err(GcError::store(format!(
-            "listing the chunks of {}",
-            store.name()
-        )))?;
+    let chunks = if with_chunks {
+        store
+            .list_chunk_info(job)
+            .await
+            .map_err(GcError::store(format!(
+                "listing the chunks of {}",
+                store.name()
+            )))?
+    } else {
+        Vec::new()
+    };
     Ok(Inventory {
         steps,
         manifests,

@@ -20,6 +20,19 @@ pub enum Scope {
     All,
 }
 
+/// What a commit record in the tier proves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Evidence {
+    /// A record is written only after every rank voted its shard durable
+    /// (L1, peers): one record proves the step committed by every rank.
+    #[default]
+    AnyRecord,
+    /// Each rank copies its own record when its upload ends (L3): only
+    /// records from every rank of the world prove the step restorable
+    /// there.
+    EveryRank,
+}
+
 impl Scope {
     fn covers(self, rank: u32) -> bool {
         match self {
@@ -65,7 +78,26 @@ pub struct Plan {
 /// upload or push): kept like pinned ones. Pure: the same inputs give the
 /// same plan.
 pub fn plan(inv: &Inventory, policy: &Retention, scope: Scope, hold: &BTreeSet<u64>) -> Plan {
-    let committed: Vec<&StepInfo> = inv.steps.iter().filter(|st| scope.committed(st)).collect();
+    plan_with(inv, policy, scope, Evidence::AnyRecord, hold)
+}
+
+/// [`plan`] for a tier whose records prove what `evidence` says. With
+/// [`Evidence::EveryRank`], only steps every rank committed count and are
+/// kept; a step not yet complete there (an upload of another rank still
+/// running, or dropped) is left alone unless it is older than the oldest
+/// kept complete step.
+pub fn plan_with(
+    inv: &Inventory,
+    policy: &Retention,
+    scope: Scope,
+    evidence: Evidence,
+    hold: &BTreeSet<u64>,
+) -> Plan {
+    let counts = |st: &StepInfo| match evidence {
+        Evidence::AnyRecord => scope.committed(st),
+        Evidence::EveryRank => st.is_complete(),
+    };
+    let committed: Vec<&StepInfo> = inv.steps.iter().filter(|st| counts(st)).collect();
     let cutoff = inv.now.checked_sub(policy.grace).unwrap_or(UNIX_EPOCH);
     let within = policy
         .keep_within
@@ -114,14 +146,25 @@ pub fn plan(inv: &Inventory, policy: &Retention, scope: Scope, hold: &BTreeSet<u
                 // A record that cannot be read is left for a person.
                 continue;
             }
+            let older_than_kept = oldest_kept.is_some_and(|o| st.step < o);
             if st.retiring.contains(&rank) {
                 // A retirement a killed sweep began: finish it.
                 out.retire.push((st.step, rank));
-            } else if committed_ranks.contains(&rank) || scope.committed(st) {
+            } else if evidence == Evidence::EveryRank && !counts(st) {
+                // Not complete in this tier: another rank may still be
+                // uploading it. Only once a newer complete step is kept.
+                if !protected(st.step) && older_than_kept {
+                    if committed_ranks.contains(&rank) {
+                        out.retire.push((st.step, rank));
+                    } else {
+                        out.partial.push((st.step, rank));
+                    }
+                }
+            } else if committed_ranks.contains(&rank) || counts(st) {
                 if !protected(st.step) {
                     out.retire.push((st.step, rank));
                 }
-            } else if !protected(st.step) && oldest_kept.is_some_and(|o| st.step < o) {
+            } else if !protected(st.step) && older_than_kept {
                 out.partial.push((st.step, rank));
             }
         }

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use proptest::prelude::*;
 use strata_format::{ChunkId, CommitRecord, ShardRef};
-use strata_gc::{plan, Inventory, ManifestRefs, Retention, Scope};
+use strata_gc::{plan, plan_with, Evidence, Inventory, ManifestRefs, Retention, Scope};
 use strata_tiered::{ChunkInfo, StepInfo};
 
 const POOL: u8 = 24;
@@ -30,6 +30,7 @@ struct Case {
     ages: Vec<Option<u64>>,
     policy: Retention,
     scope: Scope,
+    evidence: Evidence,
     pins: BTreeSet<u64>,
     hold: BTreeSet<u64>,
 }
@@ -59,12 +60,22 @@ fn case() -> impl Strategy<Value = Case> {
                 prop::option::of(0u64..1500),
                 0u64..1500,
             ),
-            prop_oneof![Just(Scope::All), (0..world).prop_map(Scope::Rank)],
+            (
+                prop_oneof![Just(Scope::All), (0..world).prop_map(Scope::Rank)],
+                prop_oneof![Just(Evidence::AnyRecord), Just(Evidence::EveryRank)],
+            ),
             prop::collection::btree_set(0u64..30, 0..3),
             prop::collection::btree_set(0u64..30, 0..3),
         )
             .prop_map(
-                move |(steps, ages, (keep_last, keep_every, within, grace), scope, pins, hold)| {
+                move |(
+                    steps,
+                    ages,
+                    (keep_last, keep_every, within, grace),
+                    (scope, evidence),
+                    pins,
+                    hold,
+                )| {
                     Case {
                         world,
                         steps,
@@ -76,6 +87,7 @@ fn case() -> impl Strategy<Value = Case> {
                             grace: Duration::from_secs(grace),
                         },
                         scope,
+                        evidence,
                         pins,
                         hold,
                     }
@@ -155,7 +167,7 @@ proptest! {
     #[test]
     fn a_plan_never_deletes_what_is_kept(c in case()) {
         let inv = inventory(&c);
-        let p = plan(&inv, &c.policy, c.scope, &c.hold);
+        let p = plan_with(&inv, &c.policy, c.scope, c.evidence, &c.hold);
         let going: HashSet<(u64, u32)> = p.retire.iter().chain(&p.partial).copied().collect();
 
         // 1. No chunk referenced by a remaining manifest is planned.
@@ -188,9 +200,10 @@ proptest! {
         }
         // 5. The newest committed step, pinned and held steps stay, unless
         //    a retiring marker says their retirement had begun.
-        let committed = |st: &StepInfo| match c.scope {
-            Scope::Rank(r) => st.committed_ranks().contains(&r),
-            Scope::All => !st.records.is_empty(),
+        let committed = |st: &StepInfo| match (c.evidence, c.scope) {
+            (Evidence::EveryRank, _) => st.is_complete(),
+            (_, Scope::Rank(r)) => st.committed_ranks().contains(&r),
+            (_, Scope::All) => !st.records.is_empty(),
         };
         let newest = inv.steps.iter().filter(|st| committed(st)).map(|st| st.step).max();
         for &(step, rank) in &going {
@@ -212,6 +225,16 @@ proptest! {
             prop_assert!(!st.committed_ranks().contains(&rank));
             prop_assert!(p.keep.iter().all(|&k| step < k));
         }
+        // 9. With per-rank records (L3), nothing of a step newer than the
+        //    newest complete step goes (another rank may be uploading it),
+        //    unless a retiring marker says its retirement had begun.
+        if c.evidence == Evidence::EveryRank {
+            for &(step, rank) in &going {
+                let st = inv.steps.iter().find(|s| s.step == step).unwrap();
+                let beyond = newest.is_none_or(|n| step > n);
+                prop_assert!(!beyond || st.retiring.contains(&rank), "step {step} beyond the newest complete");
+            }
+        }
     }
 }
 
@@ -230,6 +253,7 @@ fn keep_every_and_within_keep_old_steps() {
             grace: Duration::from_secs(60),
         },
         scope: Scope::All,
+        evidence: Evidence::AnyRecord,
         pins: BTreeSet::from([3]),
         hold: BTreeSet::from([5]),
     };

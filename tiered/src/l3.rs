@@ -646,6 +646,47 @@ impl ChunkStore for L3Store {
         results.into_iter().collect()
     }
 
+    /// Each chunk's age is read (HEAD) just before it is deleted, not
+    /// taken from an earlier listing: an upload that rewrote a reused chunk
+    /// since (see `L3Options::refresh_after`) keeps it. Deletes run with
+    /// bounded concurrency; a chunk already gone is not an error.
+    async fn delete_chunks_untouched_since(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        cutoff: std::time::SystemTime,
+    ) -> Result<(u64, u64)> {
+        validate_job_id(job)?;
+        let results: Vec<Result<Option<u64>>> = futures::stream::iter(ids.iter().copied())
+            .map(|id| async move {
+                let key = self.chunk_key(job, &id);
+                let meta = match self.store.head(&key).await {
+                    Ok(m) => m,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(os_err(format!("chunk {id}"), e)),
+                };
+                if std::time::SystemTime::from(meta.last_modified) >= cutoff {
+                    return Ok(None);
+                }
+                match self.store.delete(&key).await {
+                    Ok(()) => Ok(Some(meta.size)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(os_err(format!("deleting chunk {id}"), e)),
+                }
+            })
+            .buffer_unordered(self.opts.concurrency.max(1))
+            .collect()
+            .await;
+        let (mut n, mut bytes) = (0, 0);
+        for r in results {
+            if let Some(size) = r? {
+                n += 1;
+                bytes += size;
+            }
+        }
+        Ok((n, bytes))
+    }
+
     async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
         self.put_shard_manifest(job, step, rank, bytes).await
     }
