@@ -72,6 +72,9 @@ pub(crate) struct StepRow {
     pub(crate) tiers: Vec<TierState>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) l2: Option<L2Summary>,
+    /// The tiers where the step is pinned (garbage collection keeps it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) pinned: Vec<String>,
 }
 
 /// The whole listing.
@@ -113,6 +116,16 @@ fn list(t: &Tiers) -> Result<Listing, CliError> {
                 .ok()
                 .flatten()
                 .map(|m| (tier.name.clone(), m))
+        })
+        .collect();
+    // Pins per tier (a tier that cannot be listed shows none).
+    let pins: Vec<(String, BTreeSet<u64>)> = t
+        .tiers()
+        .iter()
+        .filter_map(|tier| {
+            t.block_on(tier.store.list_pins(t.job()))
+                .ok()
+                .map(|p| (tier.name.clone(), p))
         })
         .collect();
     let now_ms = std::time::SystemTime::now()
@@ -197,6 +210,11 @@ fn list(t: &Tiers) -> Result<Listing, CliError> {
             age_secs: record.map(|r| now_ms.saturating_sub(r.committed_unix_ms) / 1000),
             tiers,
             l2,
+            pinned: pins
+                .iter()
+                .filter(|(_, p)| p.contains(&step))
+                .map(|(n, _)| n.clone())
+                .collect(),
         });
     }
     Ok(Listing {
@@ -274,6 +292,10 @@ fn print(t: &Tiers, l: &Listing) {
         head.push("REPLICAS".into());
     }
     head.extend(["WORLD", "LOGICAL", "STORED", "AGE"].map(String::from));
+    let with_pins = l.steps.iter().any(|s| !s.pinned.is_empty());
+    if with_pins {
+        head.push("PINNED".into());
+    }
     let mut table = Table::new(head);
     for s in &l.steps {
         let mut row = vec![s.step.to_string()];
@@ -296,6 +318,13 @@ fn print(t: &Tiers, l: &Listing) {
         row.push(human(s.logical_bytes));
         row.push(s.stored_bytes.map_or("-".into(), human));
         row.push(s.age_secs.map_or("-".into(), age));
+        if with_pins {
+            row.push(if s.pinned.is_empty() {
+                "-".into()
+            } else {
+                s.pinned.join(",")
+            });
+        }
         table.row(row);
     }
     say!("job {}", l.job);

@@ -75,6 +75,11 @@ enum Command {
     /// Retire old steps and delete unreferenced chunks in every configured
     /// tier (--dry-run: only say what would go).
     Gc(gc::GcArgs),
+    /// Pin a step in the tiers (stored there): garbage collection never
+    /// retires it until it is unpinned.
+    Pin(gc::PinArgs),
+    /// Remove a step's pin.
+    Unpin(gc::PinArgs),
     /// Write a step's shard as a safetensors file.
     Export(safetensors_io::ExportArgs),
     /// Make a checkpoint step from a safetensors file.
@@ -184,6 +189,8 @@ fn main() -> ExitCode {
         Command::Diff(a) => diff::run(&a),
         Command::Stat(a) => stat::run(&a),
         Command::Gc(a) => gc::run(&a),
+        Command::Pin(a) => gc::run_pin(&a, true),
+        Command::Unpin(a) => gc::run_pin(&a, false),
         Command::Export(a) => safetensors_io::export(&a),
         Command::Import(a) => safetensors_io::import(&a),
         Command::Peer(cmd) => peer::run(&cmd),

@@ -183,3 +183,65 @@ fn a_gc_killed_mid_sweep_on_l1_loses_nothing_kept_and_the_next_run_finishes() {
 fn a_gc_killed_mid_sweep_on_l3_loses_nothing_kept_and_the_next_run_finishes() {
     killed_at_random_moments("l3");
 }
+
+#[test]
+fn strata_pin_keeps_a_step_through_gc_and_ls_shows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let l1 = dir.path().join("l1");
+    std::fs::create_dir_all(dir.path().join("l3")).unwrap();
+    let l3 = format!("file://{}", dir.path().join("l3").display());
+    fill(&l1, &l3);
+    let run = |args: &[&str]| {
+        let out = strata()
+            .args(args)
+            .args(["--job", "k", "--l1"])
+            .arg(&l1)
+            .args(["--l3", &l3])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let said = run(&["pin", "7"]);
+    assert!(said.contains("step 7 pinned in L1, L3"), "{said}");
+    let ls = run(&["ls"]);
+    let line = ls
+        .lines()
+        .find(|l| l.trim_start().starts_with("7 "))
+        .unwrap();
+    assert!(line.contains("L1,L3"), "{ls}");
+    let ls_json: Value = serde_json::from_str(&run(&["ls", "--json"])).unwrap();
+    let row = ls_json["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["step"] == 7)
+        .unwrap();
+    assert_eq!(row["pinned"], serde_json::json!(["L1", "L3"]));
+    let args = gc_args("l1", &l1, &l3);
+    let v = gc_json(&args, false);
+    assert_eq!(
+        v["tiers"][0]["kept"],
+        serde_json::json!([7, 10, 20, 22, 23, 24]),
+        "{v}"
+    );
+    let v = gc_json(&gc_args("l3", &l1, &l3), false);
+    assert_eq!(
+        v["tiers"][0]["kept"],
+        serde_json::json!([7, 10, 20, 22, 23, 24]),
+        "{v}"
+    );
+    verify("l1", &l1, &l3);
+    run(&["unpin", "7"]);
+    let v = gc_json(&args, false);
+    assert_eq!(
+        v["tiers"][0]["kept"],
+        serde_json::json!([10, 20, 22, 23, 24]),
+        "{v}"
+    );
+    assert!(!run(&["ls"]).contains("PINNED"));
+}

@@ -33,7 +33,7 @@ pub struct Report {
 pub struct Options {
     /// Whose shards may go.
     pub scope: Option<Scope>,
-    /// Steps never retired (pinned).
+    /// Steps never retired in this run, besides those pinned in the tier.
     pub pins: BTreeSet<u64>,
     /// Steps the caller still needs (a pending upload or push).
     pub hold: BTreeSet<u64>,
@@ -75,11 +75,16 @@ pub async fn collect(
             "listing the steps of {}",
             store.name()
         )))?;
+        let mut pins = store.list_pins(job).await.map_err(GcError::store(format!(
+            "listing the pins of {}",
+            store.name()
+        )))?;
+        pins.extend(opts.pins.iter().copied());
         let shallow = Inventory {
             steps,
             manifests: Default::default(),
             chunks: Vec::new(),
-            pins: opts.pins.clone(),
+            pins,
             now: std::time::UNIX_EPOCH,
         };
         let p = plan_with(&shallow, policy, scope, opts.evidence, &opts.hold);
@@ -93,7 +98,7 @@ pub async fn collect(
         }
     }
     let mut inv = take_inventory(store, job, !opts.skip_chunks).await?;
-    inv.pins = opts.pins.clone();
+    inv.pins.extend(opts.pins.iter().copied());
     let p = plan_with(&inv, policy, scope, opts.evidence, &opts.hold);
     let mut report = Report {
         dry_run,

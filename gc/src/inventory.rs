@@ -28,7 +28,7 @@ pub struct Inventory {
     pub manifests: BTreeMap<(u64, u32), ManifestRefs>,
     /// Every chunk with its stored size and age (by the tier's clock).
     pub chunks: Vec<ChunkInfo>,
-    /// Steps never retired (pinned).
+    /// Steps never retired (pinned in the tier).
     pub pins: BTreeSet<u64>,
     /// The tier's own time, which stamped the chunks.
     pub now: SystemTime,
@@ -51,6 +51,10 @@ pub async fn take_inventory(
         "listing the steps of {}",
         store.name()
     )))?;
+    let pins = store.list_pins(job).await.map_err(GcError::store(format!(
+        "listing the pins of {}",
+        store.name()
+    )))?;
     let manifests = read_manifests(store, job, &steps).await?;
     let chunks = if with_chunks {
         store
@@ -67,7 +71,7 @@ pub async fn take_inventory(
         steps,
         manifests,
         chunks,
-        pins: BTreeSet::new(),
+        pins,
         now,
     })
 }

@@ -300,3 +300,44 @@ async fn a_tier_failing_at_any_call_loses_nothing_and_the_next_run_finishes() {
     );
     assert!(failed_in_sweep > 0, "some failures hit the sweep half-way");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_stored_in_the_tier_keeps_its_step_until_it_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = tiers(dir.path()).await;
+    // Through a wrapper too: pins are forwarded.
+    all.push((
+        "fault wrapper",
+        Arc::new(FaultStore::new(MemoryStore::new(), FaultPlan::default())),
+    ));
+    for (name, s) in all {
+        for step in 1..=6 {
+            save(&*s, step).await;
+        }
+        s.set_pin(JOB, 2, true).await.unwrap();
+        s.set_pin(JOB, 2, true).await.unwrap(); // idempotent
+        assert_eq!(
+            s.list_pins(JOB).await.unwrap(),
+            BTreeSet::from([2]),
+            "{name}"
+        );
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let opts = Options {
+            scope: Some(Scope::All),
+            ..Default::default()
+        };
+        let p = Retention {
+            keep_every: 0,
+            ..policy()
+        };
+        let (_, r) = collect(&*s, JOB, &p, &opts).await.unwrap();
+        assert_eq!(r.kept, vec![2, 5, 6], "{name}");
+        whole(&*s).await;
+        s.set_pin(JOB, 2, false).await.unwrap();
+        s.set_pin(JOB, 2, false).await.unwrap();
+        assert!(s.list_pins(JOB).await.unwrap().is_empty(), "{name}");
+        let (_, r) = collect(&*s, JOB, &p, &opts).await.unwrap();
+        assert_eq!(r.kept, vec![5, 6], "{name}");
+        assert_eq!(state(&*s).await.0, BTreeSet::from([5, 6]), "{name}");
+    }
+}

@@ -637,6 +637,58 @@ impl ChunkStore for L1Store {
         self.run(move |i| i.chunk_info(&job)).await
     }
 
+    /// A pin is an empty file `<job>/pins/<step, 20 digits>`, synced.
+    async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
+        validate_job_id(job)?;
+        let job = job.to_string();
+        self.run(move |i| {
+            let dir = i.job_dir(&job).join("pins");
+            let file = dir.join(format!("{step:020}"));
+            if pinned {
+                std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("creating", &dir, e))?;
+                std::fs::File::create(&file)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| StoreError::io("writing", &file, e))?;
+            } else {
+                match std::fs::remove_file(&file) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) => return Err(StoreError::io("removing", &file, e)),
+                }
+            }
+            std::fs::File::open(&dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| StoreError::io("syncing", &dir, e))
+        })
+        .await
+    }
+
+    async fn list_pins(&self, job: &str) -> Result<std::collections::BTreeSet<u64>> {
+        validate_job_id(job)?;
+        let job = job.to_string();
+        self.run(move |i| {
+            let dir = i.job_dir(&job).join("pins");
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Ok(std::collections::BTreeSet::new())
+                }
+                Err(e) => return Err(StoreError::io("listing", &dir, e)),
+            };
+            let mut out = std::collections::BTreeSet::new();
+            for e in entries {
+                let e = e.map_err(|e| StoreError::io("listing", &dir, e))?;
+                // Names that are not steps are not pins (nothing else is
+                // written there).
+                if let Some(step) = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
+                    out.insert(step);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// The file system's time: a marker file rewritten now and its
     /// modification time read back (on a shared file system, the server's
     /// clock, which stamps every chunk file).

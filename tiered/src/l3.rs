@@ -591,6 +591,43 @@ impl ChunkStore for L3Store {
         self.chunk_info(job).await
     }
 
+    /// A pin is an empty object `<job>/pins/<step, 20 digits>`.
+    async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
+        validate_job_id(job)?;
+        let name = format!("{step:020}");
+        let key = self.key(&[job, "pins", &name]);
+        self.retrying(|| async {
+            if pinned {
+                self.store
+                    .put(&key, PutPayload::from_static(b""))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| os_err(format!("writing {key}"), e))
+            } else {
+                match self.store.delete(&key).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(os_err(format!("deleting {key}"), e)),
+                }
+            }
+        })
+        .await
+    }
+
+    async fn list_pins(&self, job: &str) -> Result<std::collections::BTreeSet<u64>> {
+        validate_job_id(job)?;
+        let prefix = self.key(&[job, "pins"]);
+        let listed: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| os_err("listing pins", e))?;
+        Ok(listed
+            .iter()
+            .filter_map(|m| m.location.filename().and_then(|n| n.parse::<u64>().ok()))
+            .collect())
+    }
+
     /// The object store's time: a marker object written now and its
     /// last-modified time read back (every chunk object is stamped by the
     /// same server).

@@ -27,6 +27,8 @@ struct Job {
     records: BTreeMap<(u64, u32), Vec<u8>>,
     /// Shards being retired (see `ChunkStore::delete_shard`).
     retiring: BTreeSet<(u64, u32)>,
+    /// Pinned steps.
+    pins: BTreeSet<u64>,
 }
 
 /// A tier in memory.
@@ -160,6 +162,21 @@ impl ChunkStore for MemoryStore {
             }
             Ok(())
         })
+    }
+
+    async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
+        self.with(job, |j| {
+            if pinned {
+                j.pins.insert(step);
+            } else {
+                j.pins.remove(&step);
+            }
+            Ok(())
+        })
+    }
+
+    async fn list_pins(&self, job: &str) -> Result<std::collections::BTreeSet<u64>> {
+        self.with(job, |j| Ok(j.pins.clone()))
     }
 
     async fn now(&self, _job: &str) -> Result<std::time::SystemTime> {

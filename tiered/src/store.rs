@@ -304,6 +304,23 @@ pub trait ChunkStore: Send + Sync + std::fmt::Debug {
         ))
     }
 
+    /// Pins `step` (`pinned`), so garbage collection never retires it
+    /// until it is unpinned, or unpins it. The pin is stored in the tier,
+    /// not in a process. The default: this tier cannot store pins.
+    async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
+        let _ = (job, step, pinned);
+        Err(crate::StoreError::invalid(
+            "pin",
+            format!("{} does not store pins", self.name()),
+        ))
+    }
+
+    /// The steps pinned in this tier (none where pins cannot be stored).
+    async fn list_pins(&self, job: &str) -> Result<std::collections::BTreeSet<u64>> {
+        let _ = job;
+        Ok(std::collections::BTreeSet::new())
+    }
+
     /// The tier's own time: the clock that stamps its chunks' `touched`
     /// times (a disk's or file server's, an object store's). Retention
     /// measures grace periods against it, never against the caller's own

@@ -107,6 +107,12 @@ macro_rules! forward_chunk_store {
                     .delete_chunks_untouched_since(job, ids, cutoff)
                     .await
             }
+            async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
+                (**self).set_pin(job, step, pinned).await
+            }
+            async fn list_pins(&self, job: &str) -> Result<std::collections::BTreeSet<u64>> {
+                (**self).list_pins(job).await
+            }
             async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
                 (**self).now(job).await
             }

@@ -374,6 +374,14 @@ impl<S: ChunkStore> ChunkStore for FaultStore<S> {
             .delete_chunks_untouched_since(job, ids, cutoff)
             .await
     }
+    async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
+        self.gate(Class::Write).await?;
+        self.inner.set_pin(job, step, pinned).await
+    }
+    async fn list_pins(&self, job: &str) -> Result<std::collections::BTreeSet<u64>> {
+        self.gate(Class::List).await?;
+        self.inner.list_pins(job).await
+    }
     async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
         self.gate(Class::List).await?;
         self.inner.now(job).await

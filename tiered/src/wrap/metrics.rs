@@ -267,6 +267,16 @@ impl<S: ChunkStore> ChunkStore for MetricsStore<S> {
             .await;
         self.done(OpFamily::Delete, t0, r)
     }
+    async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
+        let t0 = Instant::now();
+        let r = self.inner.set_pin(job, step, pinned).await;
+        self.done(OpFamily::Commit, t0, r)
+    }
+    async fn list_pins(&self, job: &str) -> Result<std::collections::BTreeSet<u64>> {
+        let t0 = Instant::now();
+        let r = self.inner.list_pins(job).await;
+        self.done(OpFamily::List, t0, r)
+    }
     async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
         let t0 = Instant::now();
         let r = self.inner.now(job).await;

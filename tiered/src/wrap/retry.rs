@@ -275,6 +275,12 @@ impl<S: ChunkStore> ChunkStore for RetryStore<S> {
         self.run(|| self.inner.delete_chunks_untouched_since(job, ids, cutoff))
             .await
     }
+    async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
+        self.run(|| self.inner.set_pin(job, step, pinned)).await
+    }
+    async fn list_pins(&self, job: &str) -> Result<std::collections::BTreeSet<u64>> {
+        self.run(|| self.inner.list_pins(job)).await
+    }
     async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
         self.run(|| self.inner.now(job)).await
     }
