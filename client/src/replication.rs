@@ -46,12 +46,10 @@ pub(crate) fn subscriber(
         if max > 0 && policy == UploadBacklog::Wait {
             // Back-pressure: this runs in the commit path; bounded, so a
             // stopped worker cannot hang the commit.
-            let deadline = std::time::Instant::now() + wait_limit;
-            let caught_up = repl
+            if !repl
                 .states
-                .wait_until(Some(deadline), |m| waiting(&repl, m) < max)
-                .is_some_and(|m| waiting(&repl, &m) < max);
-            if !caught_up {
+                .wait_below(max, wait_limit, |s, st| waiting(&repl, s, st))
+            {
                 tracing::warn!(
                     step = ev.step,
                     max,
@@ -77,12 +75,10 @@ pub(crate) fn subscriber(
     }
 }
 
-/// Steps waiting for a push (pending, not the one being pushed).
-fn waiting(repl: &Replication, m: &std::collections::BTreeMap<u64, L2State>) -> usize {
-    let busy = in_flight(repl);
-    m.iter()
-        .filter(|(s, st)| matches!(st, L2State::Pending) && !busy.contains(s))
-        .count()
+/// A step waiting for a push (pending, and not being pushed). Called under
+/// the state map's lock, where the worker also marks what it takes.
+fn waiting(repl: &Replication, step: u64, st: &L2State) -> bool {
+    matches!(st, L2State::Pending) && !in_flight(repl).contains(&step)
 }
 
 /// The steps being pushed now (lock order: the state map, then this set).
@@ -106,29 +102,18 @@ fn set_in_flight(repl: &Replication, steps: &[u64], on: bool) {
 /// degraded (L1 retention no longer holds them; if still on L1 they are
 /// pushed again later, like any degraded step).
 fn drop_oldest_beyond(repl: &Replication, max: usize, wanted: usize) {
-    let dropped = repl.states.update(|m| {
-        let busy = in_flight(repl);
-        let waiting: Vec<u64> = m
-            .iter()
-            .filter(|(s, st)| matches!(st, L2State::Pending) && !busy.contains(s))
-            .map(|(&s, _)| s)
-            .collect();
-        let n = waiting.len().saturating_sub(max);
-        for &step in &waiting[..n] {
-            m.insert(
-                step,
-                L2State::Degraded {
-                    peers: Vec::new(),
-                    wanted,
-                    errors: vec![format!(
-                        "dropped: more than {max} steps were waiting for the peers (max_pending_pushes)"
-                    )],
-                },
-            );
-        }
-        waiting[..n].to_vec()
-    });
-    for step in dropped.unwrap_or_default() {
+    let dropped = repl.states.drop_oldest_beyond(
+        max,
+        |s, st| waiting(repl, s, st),
+        || L2State::Degraded {
+            peers: Vec::new(),
+            wanted,
+            errors: vec![format!(
+                "dropped: more than {max} steps were waiting for the peers (max_pending_pushes)"
+            )],
+        },
+    );
+    for step in dropped {
         repl.dropped.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             step,

@@ -73,3 +73,44 @@ impl<T: Clone> StepStates<T> {
         Some(g)
     }
 }
+
+/// A backlog of steps waiting for a worker (uploads to L3, pushes to the
+/// peers), bounded by `max_pending_uploads` / `max_pending_pushes`.
+impl<T: Clone> StepStates<T> {
+    /// Waits until fewer than `max` states are `waiting`, or `limit`
+    /// passes; returns whether they are.
+    pub(crate) fn wait_below(
+        &self,
+        max: usize,
+        limit: Duration,
+        waiting: impl Fn(u64, &T) -> bool,
+    ) -> bool {
+        let count = |m: &BTreeMap<u64, T>| m.iter().filter(|(&s, st)| waiting(s, st)).count();
+        self.wait_until(Some(Instant::now() + limit), |m| count(m) < max)
+            .is_some_and(|m| count(&m) < max)
+    }
+
+    /// Replaces the oldest `waiting` states beyond `max` by `dropped()`,
+    /// under the map's lock (so a worker taking a step off the backlog
+    /// never races it); returns their steps.
+    pub(crate) fn drop_oldest_beyond(
+        &self,
+        max: usize,
+        waiting: impl Fn(u64, &T) -> bool,
+        dropped: impl Fn() -> T,
+    ) -> Vec<u64> {
+        self.update(|m| {
+            let oldest: Vec<u64> = m
+                .iter()
+                .filter(|(&s, st)| waiting(s, st))
+                .map(|(&s, _)| s)
+                .collect();
+            let n = oldest.len().saturating_sub(max);
+            for &step in &oldest[..n] {
+                m.insert(step, dropped());
+            }
+            oldest[..n].to_vec()
+        })
+        .unwrap_or_default()
+    }
+}

@@ -49,12 +49,7 @@ pub(crate) fn subscriber(
             // Back-pressure: this runs in the commit path, so the next
             // saves wait (busy policy) while L3 catches up; bounded, so a
             // stopped uploader cannot hang the commit.
-            let deadline = std::time::Instant::now() + wait_limit;
-            let caught_up = uploads
-                .states
-                .wait_until(Some(deadline), |m| waiting(m) < max)
-                .is_some_and(|m| waiting(&m) < max);
-            if !caught_up {
+            if !uploads.states.wait_below(max, wait_limit, waiting) {
                 tracing::warn!(
                     step = ev.step,
                     max,
@@ -75,36 +70,20 @@ pub(crate) fn subscriber(
     }
 }
 
-/// Steps queued for an upload and not being uploaded yet.
-fn waiting(m: &BTreeMap<u64, L3State>) -> usize {
-    m.values()
-        .filter(|st| matches!(st, L3State::Queued))
-        .count()
+/// A step queued for an upload and not being uploaded yet.
+fn waiting(_: u64, st: &L3State) -> bool {
+    matches!(st, L3State::Queued)
 }
 
 /// Drops the oldest waiting uploads beyond `max` (their state says why;
 /// the uploader skips them, and L1 retention no longer holds them).
 fn drop_oldest_beyond(uploads: &Uploads, max: usize) {
-    let dropped = uploads.states.update(|m| {
-        let mut queued: Vec<u64> = m
-            .iter()
-            .filter(|(_, st)| matches!(st, L3State::Queued))
-            .map(|(&s, _)| s)
-            .collect();
-        let mut dropped = Vec::new();
-        while queued.len() > max {
-            let step = queued.remove(0);
-            m.insert(
-                step,
-                L3State::Failed(format!(
-                    "dropped: more than {max} steps were waiting for L3 (max_pending_uploads)"
-                )),
-            );
-            dropped.push(step);
-        }
-        dropped
+    let dropped = uploads.states.drop_oldest_beyond(max, waiting, || {
+        L3State::Failed(format!(
+            "dropped: more than {max} steps were waiting for L3 (max_pending_uploads)"
+        ))
     });
-    for step in dropped.unwrap_or_default() {
+    for step in dropped {
         uploads.dropped.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             step,

@@ -119,3 +119,37 @@ fn a_reused_chunk_older_than_the_refresh_age_counts_as_missing() {
     let id = put(&plain);
     assert_eq!(rt.block_on(plain.has_chunks("j", &[id])).unwrap(), [true]);
 }
+
+#[test]
+fn a_step_uploaded_on_request_stays_on_l3() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = l3(Some(Duration::ZERO));
+    let mut c = cfg(dir.path()).keep_last(10);
+    c.l3_keep_last = 2;
+    c.l3_keep_every = 0;
+    let ck = Checkpointer::builder(c)
+        .remote(Some(store.clone() as Arc<dyn ChunkStore>))
+        .build()
+        .unwrap();
+    for step in 1..=6 {
+        save(&ck, step);
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let on_l3 = |rt: &tokio::runtime::Runtime| -> BTreeSet<u64> {
+        rt.block_on(store.list_steps("l3gc"))
+            .unwrap()
+            .iter()
+            .filter(|st| st.is_complete())
+            .map(|st| st.step)
+            .collect()
+    };
+    assert_eq!(on_l3(&rt), BTreeSet::from([5, 6]));
+    // Asked for again, step 2 goes back to L3 and stays there while the
+    // policy's uploads go on.
+    ck.upload(2).unwrap();
+    ck.wait_uploads();
+    for step in 7..=8 {
+        save(&ck, step);
+    }
+    assert_eq!(on_l3(&rt), BTreeSet::from([2, 7, 8]));
+}

@@ -285,15 +285,7 @@ impl L3Store {
     }
 
     async fn has(&self, job: &str, id: &ChunkId) -> Result<bool> {
-        let key = self.chunk_key(job, id);
-        self.retrying(|| async {
-            match self.store.head(&key).await {
-                Ok(_) => Ok(true),
-                Err(object_store::Error::NotFound { .. }) => Ok(false),
-                Err(e) => Err(os_err(format!("chunk {id}"), e)),
-            }
-        })
-        .await
+        Ok(self.modified(job, id).await?.is_some())
     }
 
     /// The chunk's last-modified time, or None if it is not there.
