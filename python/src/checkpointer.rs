@@ -32,6 +32,20 @@ struct Parsed<'py> {
     source: Source<'py>,
 }
 
+/// Host memory named from Python: an address and length that fit this
+/// machine, at most `isize::MAX` long, and not null unless empty.
+fn host_range(name: &str, ptr: u64, len: u64) -> PyResult<(usize, usize)> {
+    let ptr = usize::try_from(ptr).map_err(|_| invalid("address out of range"))?;
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|&l| l <= isize::MAX as usize)
+        .ok_or_else(|| invalid("length out of range"))?;
+    if ptr == 0 && len > 0 {
+        return Err(invalid(format!("{name:?}: null address")));
+    }
+    Ok((ptr, len))
+}
+
 fn parse_entry<'py>(item: &Bound<'py, PyAny>) -> PyResult<Parsed<'py>> {
     let t = item
         .cast::<PyTuple>()
@@ -63,14 +77,7 @@ fn parse_entry<'py>(item: &Bound<'py, PyAny>) -> PyResult<Parsed<'py>> {
         match device {
             Some(d) => Source::Device(ptr, len, d),
             None => {
-                let ptr = usize::try_from(ptr).map_err(|_| invalid("address out of range"))?;
-                let len = usize::try_from(len)
-                    .ok()
-                    .filter(|&l| l <= isize::MAX as usize)
-                    .ok_or_else(|| invalid("length out of range"))?;
-                if ptr == 0 && len > 0 {
-                    return Err(invalid(format!("{name:?}: null address")));
-                }
+                let (ptr, len) = host_range(&name, ptr, len)?;
                 Source::Host(ptr, len)
             }
         }
@@ -323,21 +330,15 @@ impl PyCheckpointer {
         disjoint(&dests)?;
         let mut slots: Vec<(&str, &mut [u8])> = Vec::with_capacity(dests.len());
         for (name, ptr, len) in &dests {
-            let ptr = usize::try_from(*ptr).map_err(|_| invalid("address out of range"))?;
-            let len = usize::try_from(*len)
-                .ok()
-                .filter(|&l| l <= isize::MAX as usize)
-                .ok_or_else(|| invalid("length out of range"))?;
+            let (ptr, len) = host_range(name, *ptr, *len)?;
             let buf: &mut [u8] = if len == 0 {
                 &mut []
-            } else if ptr == 0 {
-                return Err(invalid(format!("{name:?}: null address")));
             } else {
                 // SAFETY: the Python layer passes the address and length of
                 // a writable, C-contiguous host buffer (a tensor or array it
                 // allocated, or the caller's own, checked contiguous and
                 // writable) and keeps it referenced until this returns; the
-                // ranges are checked disjoint below, so no two slices alias.
+                // ranges were checked disjoint above, so no two slices alias.
                 // Documented precondition: no other thread frees or resizes
                 // the buffer's storage during the call.
                 unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
