@@ -61,6 +61,8 @@ pub(crate) struct TierGc {
     pub(crate) partial_removed: u64,
     pub(crate) chunks_deleted: u64,
     pub(crate) bytes_freed: u64,
+    /// Incomplete multipart uploads aborted (L3).
+    pub(crate) uploads_aborted: u64,
     pub(crate) held_back: Option<String>,
     /// Why this tier was not (fully) collected; nothing of it was deleted
     /// if the listing failed.
@@ -77,6 +79,7 @@ impl TierGc {
             partial_removed: r.partial_removed,
             chunks_deleted: r.chunks_deleted,
             bytes_freed: r.bytes_freed,
+            uploads_aborted: r.uploads_aborted,
             held_back: r.held_back,
             error: None,
         }
@@ -166,9 +169,11 @@ pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
     } else {
         let verb = if a.dry_run { "would free" } else { "freed" };
         let mut table = Table::new(
-            ["tier", "kept", "shards", "partial", "chunks", verb, "note"]
-                .map(String::from)
-                .to_vec(),
+            [
+                "tier", "kept", "shards", "partial", "chunks", verb, "uploads", "note",
+            ]
+            .map(String::from)
+            .to_vec(),
         );
         for g in &out {
             let kept = match (g.kept.first(), g.kept.last()) {
@@ -183,6 +188,7 @@ pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
                 g.partial_removed.to_string(),
                 g.chunks_deleted.to_string(),
                 human(g.bytes_freed),
+                g.uploads_aborted.to_string(),
                 g.error
                     .clone()
                     .or_else(|| g.held_back.clone())

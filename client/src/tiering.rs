@@ -202,12 +202,15 @@ fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
         .rt
         .block_on(strata_gc::collect(l3, &cfg.job, &policy, &opts))
     {
-        Ok((_, r)) if r.shards_retired + r.partial_removed + r.chunks_deleted > 0 => {
+        Ok((_, r))
+            if r.shards_retired + r.partial_removed + r.chunks_deleted + r.uploads_aborted > 0 =>
+        {
             tracing::info!(
                 retired = r.shards_retired,
                 partial = r.partial_removed,
                 chunks = r.chunks_deleted,
                 bytes = r.bytes_freed,
+                uploads_aborted = r.uploads_aborted,
                 "L3 retention"
             );
         }

@@ -24,6 +24,9 @@ pub struct Report {
     pub chunks_deleted: u64,
     /// Their stored bytes.
     pub bytes_freed: u64,
+    /// Incomplete multipart uploads begun before the grace period and
+    /// aborted (not counted in a dry run).
+    pub uploads_aborted: u64,
     /// Why unreferenced chunks were left (see [`Plan::held_back`]).
     pub held_back: Option<String>,
 }
@@ -60,7 +63,8 @@ pub struct Options {
 /// finished by the next run); then it marks again (a save or upload that
 /// wrote a manifest meanwhile protects its chunks) and deletes the chunks
 /// still unreferenced, each checked once more against the grace period as
-/// it goes.
+/// it goes. The collector that sweeps chunks also aborts incomplete
+/// multipart uploads begun before the grace period.
 pub async fn collect(
     store: &dyn ChunkStore,
     job: &str,
@@ -107,6 +111,7 @@ pub async fn collect(
         partial_removed: p.partial.len() as u64,
         chunks_deleted: p.chunks.len() as u64,
         bytes_freed: p.chunk_bytes,
+        uploads_aborted: 0,
         held_back: p.held_back.clone(),
     };
     if dry_run {
@@ -120,6 +125,16 @@ pub async fn collect(
     }
     report.chunks_deleted = 0;
     report.bytes_freed = 0;
+    if let Some(cutoff) = p.cutoff.filter(|_| !opts.skip_chunks) {
+        report.uploads_aborted =
+            store
+                .abort_stale_uploads(job, cutoff)
+                .await
+                .map_err(GcError::store(format!(
+                    "aborting stale uploads on {}",
+                    store.name()
+                )))?;
+    }
     let Some(cutoff) = p.cutoff.filter(|_| !p.chunks.is_empty()) else {
         return Ok((p, report));
     };

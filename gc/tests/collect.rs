@@ -341,3 +341,63 @@ async fn a_pin_stored_in_the_tier_keeps_its_step_until_it_is_removed() {
         assert_eq!(state(&*s).await.0, BTreeSet::from([5, 6]), "{name}");
     }
 }
+
+/// The collector that sweeps chunks also aborts incomplete multipart
+/// uploads begun before the grace period (here: object_store's staging
+/// file on a `file://` L3, left by a writer killed mid-upload); a dry run
+/// and a collector that leaves chunks to another do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chunk_sweep_aborts_stale_multipart_uploads() {
+    use object_store::ObjectStoreExt;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let s = L3Store::from_url(&url, &[], L3Options::default()).unwrap();
+    for step in 1..=3 {
+        save(&s, step).await;
+    }
+    let raw = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+    let hex = ChunkId::of(b"a large chunk").to_hex();
+    let key = format!("{JOB}/chunks/{}/{hex}", &hex[..2]);
+    let mut up = raw
+        .put_multipart(&object_store::path::Path::from(key.as_str()))
+        .await
+        .unwrap();
+    up.put_part(vec![1u8; 1 << 20].into()).await.unwrap();
+    // Killed: no abort, and no cleanup on drop.
+    std::mem::forget(up);
+    let staged = || {
+        std::fs::read_dir(dir.path().join(&key).parent().unwrap())
+            .unwrap()
+            .count()
+    };
+    assert_eq!(staged(), 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let opts = Options {
+        scope: Some(Scope::All),
+        ..Default::default()
+    };
+    for o in [
+        Options {
+            dry_run: true,
+            ..opts.clone()
+        },
+        Options {
+            skip_chunks: true,
+            ..opts.clone()
+        },
+    ] {
+        let (_, r) = collect(&s, JOB, &policy(), &o).await.unwrap();
+        assert_eq!(r.uploads_aborted, 0);
+        assert_eq!(staged(), 1);
+    }
+    // Within the grace period: kept.
+    let patient = Retention {
+        grace: Duration::from_secs(3600),
+        ..policy()
+    };
+    let (_, r) = collect(&s, JOB, &patient, &opts).await.unwrap();
+    assert_eq!((r.uploads_aborted, staged()), (0, 1));
+    let (_, r) = collect(&s, JOB, &policy(), &opts).await.unwrap();
+    assert_eq!((r.uploads_aborted, staged()), (1, 0));
+    whole(&s).await;
+}

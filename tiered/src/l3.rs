@@ -41,6 +41,7 @@ use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
 use crate::l3_frame::fill;
+use crate::l3_uploads::{S3Uploads, Uploads};
 #[path = "l3_steps.rs"]
 mod steps;
 
@@ -60,6 +61,8 @@ pub struct L3Store {
     url: String,
     opts: L3Options,
     encode_slots: Arc<tokio::sync::Semaphore>,
+    /// How incomplete multipart uploads are found.
+    uploads: Uploads,
 }
 
 impl std::fmt::Debug for L3Store {
@@ -112,6 +115,7 @@ impl L3Store {
             ..RetryConfig::default()
         };
         let bad = |e: object_store::Error| StoreError::invalid("L3 store", e.to_string());
+        let mut uploads = Uploads::None;
         let (store, root): (Arc<dyn ObjectStore>, ObjPath) = match parsed.scheme() {
             "s3" | "s3a" => {
                 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
@@ -120,7 +124,9 @@ impl L3Store {
                     let key: AmazonS3ConfigKey = k.parse().map_err(bad)?;
                     b = b.with_config(key, v);
                 }
-                (Arc::new(b.build().map_err(bad)?), url_prefix(&parsed)?)
+                let s3 = Arc::new(b.clone().build().map_err(bad)?);
+                uploads = Uploads::S3(S3Uploads::new(s3.clone(), &b, &parsed)?);
+                (s3, url_prefix(&parsed)?)
             }
             "gs" => {
                 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
@@ -153,6 +159,7 @@ impl L3Store {
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
                     .map_err(bad)?
                     .with_automatic_cleanup(true);
+                uploads = Uploads::File(dir);
                 (Arc::new(fs), ObjPath::default())
             }
             "memory" => (
@@ -172,6 +179,7 @@ impl L3Store {
             url: url.to_string(),
             encode_slots: Arc::new(tokio::sync::Semaphore::new(opts.encode_threads.max(1))),
             opts,
+            uploads,
         })
     }
 
@@ -189,6 +197,7 @@ impl L3Store {
             url: label.to_string(),
             encode_slots: Arc::new(tokio::sync::Semaphore::new(opts.encode_threads.max(1))),
             opts,
+            uploads: Uploads::None,
         }
     }
 
@@ -638,6 +647,14 @@ impl ChunkStore for L3Store {
             Ok(std::time::SystemTime::from(meta.last_modified))
         })
         .await
+    }
+
+    async fn abort_stale_uploads(&self, job: &str, cutoff: std::time::SystemTime) -> Result<u64> {
+        validate_job_id(job)?;
+        let prefix = self.key(&[job, "chunks"]);
+        let dirs = [job, "chunks"];
+        self.retrying(|| self.uploads.abort_before(&prefix, &dirs, cutoff))
+            .await
     }
 
     /// Uploads chunks the caller just found missing (with

@@ -32,6 +32,7 @@ mod l1;
 mod l3;
 mod l3_frame;
 mod l3_options;
+mod l3_uploads;
 mod memory;
 pub mod store;
 mod store_forward;

@@ -331,6 +331,16 @@ pub trait ChunkStore: Send + Sync + std::fmt::Debug {
         Ok(SystemTime::now())
     }
 
+    /// Aborts the job's incomplete multipart uploads begun before `cutoff`
+    /// (on the tier's clock, [`Self::now`]): what a writer killed in the
+    /// middle of a large upload leaves behind, invisible to listings yet
+    /// billed. Returns how many were aborted. The default: the tier has
+    /// no multipart uploads.
+    async fn abort_stale_uploads(&self, job: &str, cutoff: SystemTime) -> Result<u64> {
+        let _ = (job, cutoff);
+        Ok(0)
+    }
+
     /// How many requests the tier serves well at once (a hint for readers
     /// that fan out: an object store wants many, a disk a few).
     fn concurrency(&self) -> usize {

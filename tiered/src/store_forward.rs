@@ -116,6 +116,13 @@ macro_rules! forward_chunk_store {
             async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
                 (**self).now(job).await
             }
+            async fn abort_stale_uploads(
+                &self,
+                job: &str,
+                cutoff: std::time::SystemTime,
+            ) -> Result<u64> {
+                (**self).abort_stale_uploads(job, cutoff).await
+            }
             fn concurrency(&self) -> usize {
                 (**self).concurrency()
             }

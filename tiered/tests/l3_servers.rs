@@ -7,6 +7,8 @@ mod servers;
 
 use std::sync::Arc;
 
+use object_store::ObjectStoreExt;
+
 use strata_format::codec::ElemHint;
 use strata_format::{ChunkId, CommitRecord, ShardRef};
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, StoreErrorKind};
@@ -265,4 +267,93 @@ async fn ranged_reads_reassemble_frames_on_every_backend() {
             .unwrap_err();
         assert_eq!(e.kind(), StoreErrorKind::NotFound, "{e}");
     }
+}
+
+/// Starts a multipart upload of `key` with one 5 MiB part and abandons it,
+/// as a writer killed in the middle of a large chunk's upload does.
+async fn abandon_upload(raw: &dyn object_store::ObjectStore, key: &str) {
+    let mut up = raw
+        .put_multipart(&object_store::path::Path::from(key))
+        .await
+        .unwrap();
+    up.put_part(vec![7u8; 5 << 20].into()).await.unwrap();
+    // Killed: no abort, no cleanup on drop (the local store has one).
+    std::mem::forget(up);
+}
+
+fn raw_s3(server: &servers::Server) -> object_store::aws::AmazonS3 {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    let mut b = AmazonS3Builder::new().with_bucket_name(servers::BUCKET);
+    for (k, v) in server.options() {
+        b = b.with_config(k.parse::<AmazonS3ConfigKey>().unwrap(), v);
+    }
+    b.build().unwrap()
+}
+
+/// moto: incomplete multipart uploads of the job's chunks begun before the
+/// cutoff are aborted, on the server's clock; younger ones and another
+/// job's are left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_multipart_uploads_are_aborted_on_moto() {
+    let Some(server) = servers::moto() else {
+        return;
+    };
+    let store = server.store("mpu");
+    let raw = raw_s3(&server);
+    let hex = ChunkId::of(b"big").to_hex();
+    let mine = format!("mpu/{JOB}/chunks/{}/{hex}", &hex[..2]);
+    abandon_upload(&raw, &mine).await;
+    abandon_upload(&raw, &mine).await;
+    abandon_upload(&raw, &format!("mpu/other/chunks/{}/{hex}", &hex[..2])).await;
+    // Begun after the cutoff: kept. (moto stamps every upload as begun
+    // on 2010-11-10, so "young" here means a cutoff before that.)
+    let y2k = std::time::UNIX_EPOCH + std::time::Duration::from_secs(946_684_800);
+    assert_eq!(store.abort_stale_uploads(JOB, y2k).await.unwrap(), 0);
+    let cutoff = store.now(JOB).await.unwrap();
+    assert_eq!(store.abort_stale_uploads(JOB, cutoff).await.unwrap(), 2);
+    // Gone from the server's listing: a second sweep finds none.
+    assert_eq!(store.abort_stale_uploads(JOB, cutoff).await.unwrap(), 0);
+    // Another job's upload was not touched.
+    assert_eq!(store.abort_stale_uploads("other", cutoff).await.unwrap(), 1);
+}
+
+/// s3s-fs does not implement the listing (501): the sweep aborts nothing
+/// and garbage collection is not failed by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_the_listing_aborts_nothing() {
+    let Some(server) = servers::s3s_fs() else {
+        return;
+    };
+    let store = server.store("mpu");
+    let cutoff = store.now(JOB).await.unwrap();
+    assert_eq!(store.abort_stale_uploads(JOB, cutoff).await.unwrap(), 0);
+}
+
+/// file://: object_store stages a multipart upload beside its key
+/// (`<key>#<n>`); stale staging files are removed, committed objects kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_staged_uploads_are_removed_on_file_urls() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let store = strata_tiered::L3Store::from_url(&url, &[], L3Options::default()).unwrap();
+    let raw = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+    let hex = ChunkId::of(b"big").to_hex();
+    let key = format!("{JOB}/chunks/{}/{hex}", &hex[..2]);
+    abandon_upload(&raw, &key).await;
+    let staged: Vec<_> = std::fs::read_dir(dir.path().join(&key).parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(staged.len(), 1, "{staged:?}");
+    assert!(staged[0].starts_with(&format!("{hex}#")), "{staged:?}");
+    let before = store.now(JOB).await.unwrap() - std::time::Duration::from_secs(3600);
+    assert_eq!(store.abort_stale_uploads(JOB, before).await.unwrap(), 0);
+    // File times move in clock ticks: step past the staging file's.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let cutoff = store.now(JOB).await.unwrap();
+    assert_eq!(store.abort_stale_uploads(JOB, cutoff).await.unwrap(), 1);
+    assert!(std::fs::read_dir(dir.path().join(&key).parent().unwrap())
+        .unwrap()
+        .next()
+        .is_none());
 }

@@ -386,6 +386,10 @@ impl<S: ChunkStore> ChunkStore for FaultStore<S> {
         self.gate(Class::List).await?;
         self.inner.now(job).await
     }
+    async fn abort_stale_uploads(&self, job: &str, cutoff: std::time::SystemTime) -> Result<u64> {
+        self.gate(Class::List).await?;
+        self.inner.abort_stale_uploads(job, cutoff).await
+    }
     fn concurrency(&self) -> usize {
         self.inner.concurrency()
     }

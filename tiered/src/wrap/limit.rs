@@ -182,6 +182,10 @@ impl<S: ChunkStore> ChunkStore for LimitStore<S> {
         let _p = self.permit().await?;
         self.inner.now(job).await
     }
+    async fn abort_stale_uploads(&self, job: &str, cutoff: std::time::SystemTime) -> Result<u64> {
+        let _p = self.permit().await?;
+        self.inner.abort_stale_uploads(job, cutoff).await
+    }
     fn concurrency(&self) -> usize {
         self.inner.concurrency()
     }

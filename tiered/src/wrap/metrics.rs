@@ -282,6 +282,11 @@ impl<S: ChunkStore> ChunkStore for MetricsStore<S> {
         let r = self.inner.now(job).await;
         self.done(OpFamily::List, t0, r)
     }
+    async fn abort_stale_uploads(&self, job: &str, cutoff: std::time::SystemTime) -> Result<u64> {
+        let t0 = Instant::now();
+        let r = self.inner.abort_stale_uploads(job, cutoff).await;
+        self.done(OpFamily::Delete, t0, r)
+    }
     fn concurrency(&self) -> usize {
         self.inner.concurrency()
     }

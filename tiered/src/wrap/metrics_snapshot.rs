@@ -21,7 +21,8 @@ pub enum OpFamily {
     Manifest,
     /// `commit`.
     Commit,
-    /// `delete_chunks`, `delete_step`, `delete_shard`.
+    /// `delete_chunks`, `delete_step`, `delete_shard`,
+    /// `abort_stale_uploads`.
     Delete,
 }
 

@@ -284,6 +284,10 @@ impl<S: ChunkStore> ChunkStore for RetryStore<S> {
     async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
         self.run(|| self.inner.now(job)).await
     }
+    async fn abort_stale_uploads(&self, job: &str, cutoff: std::time::SystemTime) -> Result<u64> {
+        self.run(|| self.inner.abort_stale_uploads(job, cutoff))
+            .await
+    }
     fn concurrency(&self) -> usize {
         self.inner.concurrency()
     }

@@ -218,6 +218,9 @@ impl<S: ChunkStore> ChunkStore for ThrottleStore<S> {
     async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
         self.inner.now(job).await
     }
+    async fn abort_stale_uploads(&self, job: &str, cutoff: std::time::SystemTime) -> Result<u64> {
+        self.inner.abort_stale_uploads(job, cutoff).await
+    }
     fn concurrency(&self) -> usize {
         self.inner.concurrency()
     }
