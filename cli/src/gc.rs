@@ -207,12 +207,12 @@ pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
 /// `strata pin` / `strata unpin`.
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  strata pin 1000 --config strata.toml\n  strata unpin 1000 --tier l3\n\nA pin is stored in the tier: garbage collection (after saves, after uploads, strata gc) never retires a pinned step until it is unpinned. Peers do not store pins."
+    after_help = "Examples:\n  strata pin 1000 --config strata.toml\n  strata unpin 1000 --tier l3\n\nA pin is stored in the tier: garbage collection (after saves, after uploads, strata gc) never retires a pinned step until it is unpinned. A peer keeps its pins while its service runs (a restarted peer starts empty, replicas and pins alike)."
 )]
 pub(crate) struct PinArgs {
     /// The step.
     pub(crate) step: u64,
-    /// Only this tier (l1, l3; repeatable; default: every tier that stores pins).
+    /// Only this tier (l1, l2, l3, a peer's name; repeatable; default: every tier).
     #[arg(long)]
     pub(crate) tier: Vec<String>,
     #[command(flatten)]
@@ -222,14 +222,10 @@ pub(crate) struct PinArgs {
 /// Pins (`on`) or unpins a step in the selected tiers.
 pub(crate) fn run_pin(a: &PinArgs, on: bool) -> Result<(), CliError> {
     let t = a.store.open()?;
-    let explicit = !a.tier.is_empty();
     let tiers = select(&t, &a.tier)?;
     let mut done = Vec::new();
     let mut failed = Vec::new();
     for tier in tiers {
-        if tier.kind == TierKind::L2 && !explicit {
-            continue; // peers keep no pins
-        }
         match t.block_on(tier.store.set_pin(t.job(), a.step, on)) {
             Ok(()) => done.push(tier.name.clone()),
             Err(e) => failed.push(format!("{}: {e}", tier.name)),

@@ -69,9 +69,15 @@ pub(crate) struct ServeArgs {
     /// Manifest bytes kept in memory for all jobs together.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     manifest_memory: u64,
-    /// Committed steps kept per job.
+    /// Committed steps kept per job (the newest).
     #[arg(long, default_value_t = 2)]
     keep_last: usize,
+    /// Also keep every step divisible by this (0: none).
+    #[arg(long, default_value_t = 0)]
+    keep_every: u64,
+    /// Also keep steps committed within this many seconds.
+    #[arg(long)]
+    keep_within_secs: Option<u64>,
     /// Chunks touched this recently are never deleted by retention.
     #[arg(long, default_value_t = 600)]
     grace_secs: u64,
@@ -136,6 +142,8 @@ fn serve(a: &ServeArgs) -> Result<(), CliError> {
             memory_bytes: a.memory,
             disk_bytes: a.disk,
             keep_last: a.keep_last.max(1),
+            keep_every: a.keep_every,
+            keep_within: a.keep_within_secs.map(Duration::from_secs),
             grace: Duration::from_secs(a.grace_secs),
             max_chunk: u32::try_from(a.max_chunk).unwrap_or(u32::MAX),
             manifest_bytes: a.manifest_memory,

@@ -523,3 +523,49 @@ fn data_parallel_ranks_of_a_node_send_their_identical_chunks_once() {
         .committed_ranks();
     assert_eq!(ranks.into_iter().collect::<Vec<_>>(), [0, 1]);
 }
+
+/// A step pinned on a peer (through the protocol, as `strata pin` does)
+/// stays there, whole, while newer steps rotate through its retention
+/// (`strata_gc` on the service); unpinned, the next commit retires it.
+#[test]
+fn a_step_pinned_on_a_peer_outlives_its_retention_until_unpinned() {
+    let cluster = Cluster::start();
+    let l1 = tempfile::tempdir().unwrap();
+    let names = names();
+    let b = cluster.client("node-b");
+    let held = || -> Vec<u64> {
+        cluster
+            .rt
+            .block_on(b.list_steps(JOB))
+            .unwrap()
+            .iter()
+            .map(|s| s.step)
+            .collect()
+    };
+    let ck = Checkpointer::new(cluster.cfg(l1.path(), 1)).unwrap();
+    save_replicated(&ck, &names, 1);
+    cluster.rt.block_on(b.set_pin(JOB, 1, true)).unwrap();
+    assert_eq!(
+        cluster.rt.block_on(b.list_pins(JOB)).unwrap(),
+        std::collections::BTreeSet::from([1])
+    );
+    for step in 2..=5 {
+        save_replicated(&ck, &names, step);
+    }
+    assert_eq!(held(), [1, 4, 5]);
+    // Step 1 is whole on the peer: its manifest and every chunk it names.
+    let bytes = cluster.rt.block_on(b.get_manifest(JOB, 1, 0)).unwrap();
+    let m = strata::format::ShardManifest::decode(&bytes).unwrap();
+    let ids: Vec<_> = m.chunks.iter().map(|c| c.id).collect();
+    assert!(cluster
+        .rt
+        .block_on(b.has_chunks(JOB, &ids))
+        .unwrap()
+        .iter()
+        .all(|&h| h));
+    // Unpinned: the next commit's retention retires it.
+    cluster.rt.block_on(b.set_pin(JOB, 1, false)).unwrap();
+    save_replicated(&ck, &names, 6);
+    assert_eq!(held(), [5, 6]);
+    assert!(cluster.rt.block_on(b.list_pins(JOB)).unwrap().is_empty());
+}

@@ -661,6 +661,20 @@ impl ChunkStore for PeerStore {
         }
     }
 
+    async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
+        match self.request(job, &Request::SetPin { step, pinned }).await? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(&self.label, &other)),
+        }
+    }
+
+    async fn list_pins(&self, job: &str) -> Result<std::collections::BTreeSet<u64>> {
+        match self.request(job, &Request::ListPins).await? {
+            Response::Pins(v) => Ok(v.into_iter().collect()),
+            other => Err(unexpected(&self.label, &other)),
+        }
+    }
+
     /// Sends chunks the caller just found missing (with `has_chunks`)
     /// without asking again: one request per chunk, several at once.
     async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {

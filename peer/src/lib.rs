@@ -18,6 +18,8 @@ pub mod metrics;
 pub mod proto;
 #[cfg(feature = "net")]
 pub mod replicas;
+#[cfg(feature = "net")]
+mod replica_store;
 pub mod ring;
 #[cfg(feature = "net")]
 pub mod service;

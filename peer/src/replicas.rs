@@ -1,6 +1,8 @@
 //! What a peer service holds: chunk frames in memory up to a byte budget,
 //! then spilled to the service's own disk up to a second budget; shard
-//! manifests and commit records per job; retention of the newest steps.
+//! manifests and commit records per job; pins; retention through
+//! `strata_gc` (the service's view of itself as a store is in
+//! `replica_store.rs`).
 //!
 //! Frames are kept as the client sent them (any codec), after the service
 //! decoded and verified each against its id, so a peer never holds or
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use strata_format::frame::FrameDecoder;
 use strata_format::names::validate_job_id;
-use strata_format::{ChunkId, CommitRecord, ShardManifest};
+use strata_format::{ChunkId, CommitRecord};
 use strata_tiered::{ChunkStore, MemoryStore, Result, StepInfo, StoreError};
 
 /// Where a chunk's frame is.
@@ -54,8 +56,12 @@ pub struct Limits {
     pub memory_bytes: u64,
     /// Chunk bytes spilled to disk beyond that.
     pub disk_bytes: u64,
-    /// Committed steps kept per job (older ones are deleted on commit).
+    /// Committed steps kept per job (older ones are retired on commit).
     pub keep_last: usize,
+    /// Also keep every step divisible by this (0: none).
+    pub keep_every: u64,
+    /// Also keep steps committed within this long (by their records).
+    pub keep_within: Option<Duration>,
     /// Chunks touched this recently are never swept.
     pub grace: Duration,
     /// Largest raw chunk a put may claim: a compressed frame is decoded to
@@ -73,6 +79,8 @@ impl Default for Limits {
             memory_bytes: 4 << 30,
             disk_bytes: 64 << 30,
             keep_last: 2,
+            keep_every: 0,
+            keep_within: None,
             grace: Duration::from_secs(600),
             max_chunk: 64 << 20,
             manifest_bytes: 1 << 30,
@@ -95,6 +103,14 @@ pub struct Replicas {
     spill: PathBuf,
     limits: Limits,
     tmp_seq: AtomicU64,
+    /// One pin change at a time (the count check and the insert).
+    pin_lock: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Replicas({})", self.spill.display())
+    }
 }
 
 fn poisoned() -> StoreError {
@@ -118,6 +134,7 @@ impl Replicas {
             spill: spill.to_path_buf(),
             limits,
             tmp_seq: AtomicU64::new(0),
+            pin_lock: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -325,51 +342,52 @@ impl Replicas {
 
     /// Deletes chunks (absent ones are fine).
     pub fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
-        self.delete_where(job, ids, |_| true)
+        self.delete_where(job, ids, |_| true).map(|_| ())
     }
 
     /// Deletes the chunks of `ids` not touched (put or found present)
     /// after `cutoff`, re-checked under the lock at deletion time: a chunk
     /// a client deduplicated against after retention planned its sweep
-    /// survives. Returns how many were deleted.
+    /// survives. Returns how many were deleted and their stored bytes.
     pub fn delete_untouched_since(
         &self,
         job: &str,
         ids: &[ChunkId],
         cutoff: Instant,
-    ) -> Result<u64> {
-        let mut n = 0;
-        self.delete_where(job, ids, |slot| {
-            let old = slot.touched <= cutoff;
-            n += u64::from(old);
-            old
-        })?;
-        Ok(n)
+    ) -> Result<(u64, u64)> {
+        self.delete_where(job, ids, |slot| slot.touched <= cutoff)
     }
 
     /// Deletes the chunks of `ids` whose slot passes `doomed`, then their
     /// spill files (outside the lock: every put writes a file of its own,
-    /// so a put of the same id meanwhile keeps its file).
+    /// so a put of the same id meanwhile keeps its file). Returns how many
+    /// went and their stored bytes.
     fn delete_where(
         &self,
         job: &str,
         ids: &[ChunkId],
-        mut doomed: impl FnMut(&Slot) -> bool,
-    ) -> Result<()> {
+        doomed: impl Fn(&Slot) -> bool,
+    ) -> Result<(u64, u64)> {
         validate_job_id(job)?;
+        let (mut n, mut bytes) = (0, 0);
         let mut files = Vec::new();
         {
             let mut c = self.chunks.lock().map_err(|_| poisoned())?;
             for id in ids {
                 let key = (job.to_string(), *id);
-                if !c.map.get(&key).is_some_and(&mut doomed) {
+                if !c.map.get(&key).is_some_and(&doomed) {
                     continue;
                 }
                 if let Some(slot) = c.map.remove(&key) {
+                    n += 1;
                     match slot.place {
-                        Place::Memory(b) => c.memory -= b.len() as u64,
+                        Place::Memory(b) => {
+                            c.memory -= b.len() as u64;
+                            bytes += b.len() as u64;
+                        }
                         Place::Disk { len, seq } => {
                             c.disk -= len;
+                            bytes += len;
                             files.push(self.file(job, id, seq));
                         }
                     }
@@ -379,7 +397,7 @@ impl Replicas {
         for f in files {
             let _ = std::fs::remove_file(f);
         }
-        Ok(())
+        Ok((n, bytes))
     }
 
     /// Stores a manifest (opaque bytes, as for every `ChunkStore`) within
@@ -467,68 +485,107 @@ impl Replicas {
         Ok(())
     }
 
-    /// Writes a commit record (create-only), then applies retention: the
-    /// newest `keep_last` committed steps stay; older steps go, then every
-    /// chunk no remaining manifest names and not touched within the grace
-    /// period. Returns the chunk bytes freed.
+    /// Writes a commit record (create-only), then applies retention
+    /// ([`Self::retain`]). Returns the chunk bytes freed.
     pub async fn commit(&self, record: &CommitRecord) -> Result<u64> {
         self.steps.commit(record).await?;
-        self.retain(&record.job).await
+        Ok(self.retain(&record.job).await)
     }
 
-    async fn retain(&self, job: &str) -> Result<u64> {
-        let steps = self.steps.list_steps(job).await?;
-        let committed: BTreeSet<u64> = steps
-            .iter()
-            .filter(|s| !s.records.is_empty())
-            .map(|s| s.step)
-            .collect();
-        if committed.len() <= self.limits.keep_last {
-            return Ok(0);
+    /// Writes a commit record (create-only), nothing else.
+    pub(crate) async fn commit_record(&self, record: &CommitRecord) -> Result<()> {
+        self.steps.commit(record).await
+    }
+
+    /// The retention policy the limits set.
+    pub fn retention(&self) -> strata_gc::Retention {
+        strata_gc::Retention {
+            keep_last: self.limits.keep_last.max(1),
+            keep_every: self.limits.keep_every,
+            keep_within: self.limits.keep_within,
+            grace: self.limits.grace,
         }
-        let keep: BTreeSet<u64> = committed
-            .iter()
-            .rev()
-            .take(self.limits.keep_last)
-            .copied()
-            .collect();
-        let oldest_kept = keep.iter().next().copied().unwrap_or(0);
-        for s in &steps {
-            if s.step < oldest_kept {
-                self.delete_step(job, s.step).await?;
-            }
-        }
-        let mut referenced = HashSet::new();
-        for s in self.steps.list_steps(job).await? {
-            for rank in &s.manifests {
-                let bytes = self.steps.get_manifest(job, s.step, *rank).await?;
-                match ShardManifest::decode(&bytes) {
-                    Ok(m) => referenced.extend(m.chunks.iter().map(|c| c.id)),
-                    // Keep everything rather than guess (only this job's
-                    // own clients can put its manifests).
-                    Err(_) => return Ok(0),
+    }
+
+    /// Retention for `job` through `strata_gc::collect`, the code every
+    /// tier uses: the newest `keep_last` committed steps stay, and every
+    /// `keep_every`-th, those within `keep_within`, and pinned ones; the
+    /// others are retired (records, then manifests); then every chunk no
+    /// remaining manifest names and not touched within the grace period
+    /// goes, re-checked as it is deleted (a push deduplicating against it
+    /// meanwhile keeps it). A record is written here only once every rank
+    /// voted, so one record proves the step. Returns the chunk bytes
+    /// freed; a failure is logged and frees nothing more (the commit
+    /// itself stands).
+    pub async fn retain(&self, job: &str) -> u64 {
+        let opts = strata_gc::Options {
+            scope: Some(strata_gc::Scope::All),
+            evidence: strata_gc::Evidence::AnyRecord,
+            ..Default::default()
+        };
+        match strata_gc::collect(self, job, &self.retention(), &opts).await {
+            Ok((_, r)) => {
+                if r.shards_retired + r.partial_removed > 0 {
+                    tracing::debug!(
+                        job,
+                        retired = r.shards_retired,
+                        partial = r.partial_removed,
+                        chunks = r.chunks_deleted,
+                        bytes = r.bytes_freed,
+                        "peer retention"
+                    );
                 }
+                r.bytes_freed
+            }
+            Err(e) => {
+                tracing::warn!(job, error = %e, "peer retention failed");
+                0
             }
         }
-        let now = Instant::now();
-        let Some(cutoff) = now.checked_sub(self.limits.grace) else {
-            return Ok(0); // a grace period reaching before the clock's origin
-        };
-        let doomed: Vec<ChunkId> = {
-            let c = self.chunks.lock().map_err(|_| poisoned())?;
-            c.map
-                .iter()
-                .filter(|((j, id), slot)| {
-                    j == job && !referenced.contains(id) && slot.touched <= cutoff
-                })
-                .map(|((_, id), _)| *id)
-                .collect()
-        };
-        let before = self.stats()?;
-        // Re-checked at deletion: a chunk touched since the plan stays.
-        self.delete_untouched_since(job, &doomed, cutoff)?;
-        let after = self.stats()?;
-        Ok((before.0 + before.1).saturating_sub(after.0 + after.1))
+    }
+
+    /// Pins (or unpins) a step of `job`: retention never retires it.
+    /// At most [`crate::proto::MAX_PINS`] per job.
+    pub async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
+        validate_job_id(job)?;
+        let _one = self.pin_lock.lock().await;
+        if pinned {
+            let pins = self.steps.list_pins(job).await?;
+            if !pins.contains(&step) && pins.len() >= crate::proto::MAX_PINS {
+                return Err(StoreError::invalid(
+                    "pin",
+                    format!(
+                        "job {job} has {} pinned steps already (the most a peer keeps)",
+                        pins.len()
+                    ),
+                ));
+            }
+        }
+        self.steps.set_pin(job, step, pinned).await
+    }
+
+    /// The pinned steps of `job`.
+    pub async fn list_pins(&self, job: &str) -> Result<BTreeSet<u64>> {
+        validate_job_id(job)?;
+        self.steps.list_pins(job).await
+    }
+
+    /// Every chunk of `job` with its stored length and when it was last
+    /// put or found present.
+    pub(crate) fn chunk_ages(&self, job: &str) -> Result<Vec<(ChunkId, u64, Instant)>> {
+        validate_job_id(job)?;
+        let c = self.chunks.lock().map_err(|_| poisoned())?;
+        Ok(c.map
+            .iter()
+            .filter(|((j, _), _)| j == job)
+            .map(|((_, id), slot)| {
+                let len = match &slot.place {
+                    Place::Memory(b) => b.len() as u64,
+                    Place::Disk { len, .. } => *len,
+                };
+                (*id, len, slot.touched)
+            })
+            .collect())
     }
 
     /// (bytes in memory, bytes on disk, chunks, jobs).
@@ -661,7 +718,7 @@ mod tests {
         // Meanwhile a client finds chunk 1 present and puts chunk 3 again.
         assert_eq!(r.has("j", &ids[1..2]).unwrap(), [true]);
         assert!(!r.put_chunk("j", ids[3], frame(&chunks[3])).unwrap());
-        let gone = r.delete_untouched_since("j", &ids, cutoff).unwrap();
+        let (gone, _) = r.delete_untouched_since("j", &ids, cutoff).unwrap();
         assert_eq!(gone, 2);
         assert_eq!(r.has("j", &ids).unwrap(), [false, true, false, true]);
         for i in [1, 3] {
@@ -671,8 +728,9 @@ mod tests {
             );
         }
         // Nothing touched since a later cutoff: the rest goes.
-        let gone = r.delete_untouched_since("j", &ids, Instant::now()).unwrap();
+        let (gone, bytes) = r.delete_untouched_since("j", &ids, Instant::now()).unwrap();
         assert_eq!(gone, 2);
+        assert_eq!(bytes, 2 * frame(&chunks[0]).len() as u64);
         assert_eq!(r.stats().unwrap(), (0, 0, 0, 0));
     }
 }

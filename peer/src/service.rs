@@ -645,6 +645,13 @@ impl Service {
                 crate::proto::MAX_IDS,
             )?),
             Request::Stats => Response::Stats(self.job_stats(job)),
+            Request::SetPin { step, pinned } => {
+                self.replicas.set_pin(job, step, pinned).await?;
+                Response::Ok
+            }
+            Request::ListPins => {
+                Response::Pins(self.replicas.list_pins(job).await?.into_iter().collect())
+            }
         })
     }
 }

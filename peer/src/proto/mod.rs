@@ -33,6 +33,8 @@ pub const MAX_RANKS: usize = 1 << 20;
 pub const MAX_RECORD: usize = 1 << 20;
 /// Largest error or name text.
 pub const MAX_TEXT: usize = 4096;
+/// Most steps pinned per job on a service.
+pub const MAX_PINS: usize = 4096;
 
 type Result<T> = std::result::Result<T, FormatError>;
 
@@ -103,6 +105,16 @@ pub enum Request {
     },
     /// The service's counters.
     Stats,
+    /// Pin a step of the job (garbage collection never retires it), or
+    /// unpin it.
+    SetPin {
+        /// Step.
+        step: u64,
+        /// Pin (true) or unpin.
+        pinned: bool,
+    },
+    /// The job's pinned steps.
+    ListPins,
 }
 
 /// One step in a listing.
@@ -213,6 +225,8 @@ pub enum Response {
     Ids(Vec<ChunkId>),
     /// Counters.
     Stats(ServiceStats),
+    /// Pinned steps, ascending (at most [`MAX_PINS`]).
+    Pins(Vec<u64>),
 }
 
 mod kind {
@@ -229,6 +243,8 @@ mod kind {
     pub(super) const LIST_CHUNKS: u8 = 11;
     pub(super) const STATS: u8 = 12;
     pub(super) const DELETE_SHARD: u8 = 13;
+    pub(super) const SET_PIN: u8 = 14;
+    pub(super) const LIST_PINS: u8 = 15;
 
     pub(super) const OK: u8 = 128;
     pub(super) const HELLO_OK: u8 = 129;
@@ -240,6 +256,7 @@ mod kind {
     pub(super) const STEPS: u8 = 135;
     pub(super) const IDS: u8 = 136;
     pub(super) const STATS_R: u8 = 137;
+    pub(super) const PINS: u8 = 138;
 }
 
 /// Reads the 4-byte length prefix of a message and checks it.
@@ -377,6 +394,13 @@ impl Request {
                 finish(w)
             }
             Request::Stats => finish(start(kind::STATS, 0)),
+            Request::SetPin { step, pinned } => {
+                let mut w = start(kind::SET_PIN, 9);
+                w.u64(*step);
+                w.u8(u8::from(*pinned));
+                finish(w)
+            }
+            Request::ListPins => finish(start(kind::LIST_PINS, 0)),
         }
     }
 
@@ -440,6 +464,16 @@ impl Request {
                 },
             },
             kind::STATS => Request::Stats,
+            kind::SET_PIN => {
+                let step = r.u64(what)?;
+                let pinned = match r.u8(what)? {
+                    0 => false,
+                    1 => true,
+                    b => return Err(FormatError::malformed(what, format!("pin flag {b}"))),
+                };
+                Request::SetPin { step, pinned }
+            }
+            kind::LIST_PINS => Request::ListPins,
             k => return Err(FormatError::malformed(what, format!("unknown kind {k}"))),
         };
         r.finish(what)?;
@@ -508,6 +542,14 @@ impl Response {
             Response::Ids(v) => {
                 let mut w = start(kind::IDS, 4 + 32 * v.len());
                 ids(&mut w, v);
+                finish(w)
+            }
+            Response::Pins(v) => {
+                let mut w = start(kind::PINS, 4 + 8 * v.len());
+                w.len32(v.len());
+                for s in v {
+                    w.u64(*s);
+                }
                 finish(w)
             }
             Response::Stats(s) => {
@@ -589,6 +631,10 @@ impl Response {
                 Response::Steps(v)
             }
             kind::IDS => Response::Ids(read_ids(&mut r, what)?),
+            kind::PINS => {
+                let n = r.count(MAX_PINS, 8, what)?;
+                Response::Pins((0..n).map(|_| r.u64(what)).collect::<Result<_>>()?)
+            }
             kind::STATS_R => {
                 let mut f = [0u64; 9];
                 for x in &mut f {

@@ -43,6 +43,15 @@ fn requests() -> Vec<Request> {
             after: Some(ChunkId::of(b"cursor")),
         },
         Request::Stats,
+        Request::SetPin {
+            step: 9,
+            pinned: true,
+        },
+        Request::SetPin {
+            step: u64::MAX,
+            pinned: false,
+        },
+        Request::ListPins,
     ]
 }
 
@@ -77,6 +86,8 @@ fn responses() -> Vec<Response> {
             errors: 9,
             ..ServiceStats::default()
         }),
+        Response::Pins(vec![]),
+        Response::Pins(vec![1, 1000, u64::MAX]),
     ]
 }
 
