@@ -137,3 +137,132 @@ fn a_slow_peer_does_not_fill_the_disk_either() {
         "the newest step still reaches the peer: {states:?}"
     );
 }
+
+/// L3 that takes no chunk (presence checks and puts wait for the test to
+/// open its gate): an uploader stopped dead.
+#[derive(Debug)]
+struct Gated {
+    inner: MemoryStore,
+    open: tokio::sync::Semaphore,
+}
+
+impl Gated {
+    async fn pass(&self) -> strata::tiered::Result<()> {
+        let _p = self.open.acquire().await.unwrap();
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl ChunkStore for Gated {
+    fn name(&self) -> &str {
+        "gated"
+    }
+    async fn put_chunks(
+        &self,
+        job: &str,
+        chunks: Vec<strata::tiered::ChunkPut>,
+    ) -> strata::tiered::Result<strata::tiered::PutStats> {
+        self.pass().await?;
+        self.inner.put_chunks(job, chunks).await
+    }
+    async fn get_chunk(
+        &self,
+        job: &str,
+        id: &strata::format::ChunkId,
+        range: Option<std::ops::Range<u32>>,
+    ) -> strata::tiered::Result<strata::tiered::ChunkData> {
+        self.inner.get_chunk(job, id, range).await
+    }
+    async fn has_chunks(
+        &self,
+        job: &str,
+        ids: &[strata::format::ChunkId],
+    ) -> strata::tiered::Result<Vec<bool>> {
+        self.pass().await?;
+        self.inner.has_chunks(job, ids).await
+    }
+    async fn list_chunks(&self, job: &str) -> strata::tiered::Result<Vec<strata::format::ChunkId>> {
+        self.inner.list_chunks(job).await
+    }
+    async fn delete_chunks(
+        &self,
+        job: &str,
+        ids: &[strata::format::ChunkId],
+    ) -> strata::tiered::Result<()> {
+        self.inner.delete_chunks(job, ids).await
+    }
+    async fn put_manifest(
+        &self,
+        job: &str,
+        step: u64,
+        rank: u32,
+        bytes: &[u8],
+    ) -> strata::tiered::Result<()> {
+        self.inner.put_manifest(job, step, rank, bytes).await
+    }
+    async fn get_manifest(
+        &self,
+        job: &str,
+        step: u64,
+        rank: u32,
+    ) -> strata::tiered::Result<Vec<u8>> {
+        self.inner.get_manifest(job, step, rank).await
+    }
+    async fn commit(&self, record: &strata::format::CommitRecord) -> strata::tiered::Result<()> {
+        self.inner.commit(record).await
+    }
+    async fn list_steps(&self, job: &str) -> strata::tiered::Result<Vec<strata::tiered::StepInfo>> {
+        self.inner.list_steps(job).await
+    }
+    async fn delete_step(&self, job: &str, step: u64) -> strata::tiered::Result<()> {
+        self.inner.delete_step(job, step).await
+    }
+    async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> strata::tiered::Result<()> {
+        self.inner.delete_shard(job, step, rank).await
+    }
+}
+
+/// With `wait`, a dead uploader slows each commit by at most
+/// `coordination_timeout_secs`, never hangs it; the steps queued meanwhile
+/// all reach L3 once it answers again.
+#[test]
+fn with_wait_a_dead_uploader_delays_each_commit_by_the_deadline_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let gated = Arc::new(Gated {
+        inner: MemoryStore::new(),
+        open: tokio::sync::Semaphore::new(0),
+    });
+    let mut c = cfg(dir.path(), UploadBacklog::Wait);
+    c.max_pending_uploads = 1;
+    c.coordination_timeout_secs = 1;
+    let ck = Checkpointer::builder(c)
+        .remote(Some(gated.clone() as Arc<dyn ChunkStore>))
+        .build()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    // Step 1 is taken by the stuck uploader, step 2 waits: from step 3 on,
+    // each commit waits out the deadline, then queues anyway.
+    save_all(&ck, 5);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(2500),
+        "the backlog bound did not hold commits back: {took:?}"
+    );
+    assert!(took < Duration::from_secs(15), "commits hung: {took:?}");
+    assert_eq!(ck.uploads().len(), 5);
+    assert!(ck
+        .uploads()
+        .values()
+        .all(|st| !matches!(st, L3State::Committed { .. })));
+    gated.open.add_permits(1 << 20);
+    ck.wait_uploads();
+    let states = ck.uploads();
+    assert!(
+        states
+            .values()
+            .all(|st| matches!(st, L3State::Committed { .. })),
+        "{states:?}"
+    );
+    assert_eq!(ck.dropped_uploads(), 0);
+}

@@ -17,9 +17,9 @@ pub mod client;
 pub mod metrics;
 pub mod proto;
 #[cfg(feature = "net")]
-pub mod replicas;
-#[cfg(feature = "net")]
 mod replica_store;
+#[cfg(feature = "net")]
+pub mod replicas;
 pub mod ring;
 #[cfg(feature = "net")]
 pub mod service;
