@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use strata_peer::replicas::Limits;
 use strata_peer::service::{Service, ServiceConfig};
-use strata_peer::tls::{issue_client, make_certs, CertFiles};
+use strata_peer::tls::{default_ca_dir, issue_client, make_certs_with_ca, CertFiles};
 
 use crate::out::say;
 use crate::size::parse_size;
@@ -107,9 +107,13 @@ pub(crate) struct CertsArgs {
     /// --client, the jobs that one certificate allows.
     #[arg(long = "job")]
     jobs: Vec<String>,
-    /// Issue only `client-<NAME>.pem` for --job ... from the existing CA in --out.
+    /// Issue only `client-<NAME>.pem` for --job ... from the existing CA.
     #[arg(long)]
     client: Option<String>,
+    /// Where the CA's key is written (and read, with --client): kept apart
+    /// from what is copied to nodes. Default: `<out>/private`.
+    #[arg(long)]
+    ca_dir: Option<PathBuf>,
 }
 
 pub(crate) fn run(cmd: &PeerCmd) -> Result<(), CliError> {
@@ -121,9 +125,10 @@ pub(crate) fn run(cmd: &PeerCmd) -> Result<(), CliError> {
 }
 
 fn certs(a: &CertsArgs) -> Result<(), CliError> {
+    let ca_dir = a.ca_dir.clone().unwrap_or_else(|| default_ca_dir(&a.out));
     let written = match &a.client {
-        Some(name) => issue_client(&a.out, name, &a.jobs),
-        None => make_certs(&a.out, &a.nodes, &a.addrs, &a.jobs),
+        Some(name) => issue_client(&a.out, &ca_dir, name, &a.jobs),
+        None => make_certs_with_ca(&a.out, &ca_dir, &a.nodes, &a.addrs, &a.jobs),
     }
     .map_err(|e| CliError::Arg(e.to_string()))?;
     for f in written {

@@ -67,7 +67,7 @@ pub mod tiering;
 
 pub use builder::CheckpointerBuilder;
 pub use checkpointer::Checkpointer;
-pub use config::{BusyPolicy, Config, UploadBacklog};
+pub use config::{is_secret_option, BusyPolicy, Config, UploadBacklog, REDACTED};
 pub use coordinator::{Coordinator, InProcessCoordinator, SoloCoordinator};
 pub use error::{Error, ErrorKind, Result};
 pub use etcd::{EtcdCoordinator, EtcdOptions};

@@ -44,6 +44,15 @@ pub enum TlsError {
         /// Why.
         reason: String,
     },
+    /// A private key file that other users may read or write: refused,
+    /// as ssh refuses one (anyone who reads it can act as its owner).
+    #[error("{path}: private key is accessible by others (mode {mode:03o}); run chmod 600 on it")]
+    InsecureKey {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// Certificate generation failed.
     #[error("generating certificates: {0}")]
     Generate(String),
@@ -76,12 +85,67 @@ fn gen(e: rcgen::Error) -> TlsError {
     TlsError::Generate(e.to_string())
 }
 
-fn write(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).map_err(|source| TlsError::Io {
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
+    move |source| TlsError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
-    Ok(())
+    }
+}
+
+/// Writes a certificate (public): readable by all.
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(io_err(path))
+}
+
+/// Writes a private key readable by its owner only: created 0600 under a
+/// temporary name (never readable by others, whatever the umask, even
+/// for a moment), then renamed over `path`.
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(name);
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io_err(&tmp))?;
+    f.write_all(text.as_bytes()).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// Creates `dir` (and its parents) and makes it 0700: it holds keys.
+fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io_err(dir))
+}
+
+/// Reads a private key, refusing one that others may read or write.
+fn read_private(path: &Path) -> Result<Vec<u8>> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(io_err(path))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(TlsError::InsecureKey {
+            path: path.to_path_buf(),
+            mode: mode & 0o777,
+        });
+    }
+    read(path)
+}
+
+/// Where [`make_certs`] keeps the CA's key by default: `private/` inside
+/// the certificate directory, 0700. Copy the certificate directory to the
+/// nodes *without* it (docs/operations.md).
+pub fn default_ca_dir(dir: &Path) -> PathBuf {
+    dir.join("private")
 }
 
 /// Files of one certificate.
@@ -106,34 +170,43 @@ impl CertFiles {
     }
 }
 
-/// Writes a new cluster CA (`ca.pem`, `ca.key`) into `dir`, a node
-/// certificate per `nodes` entry (`<node>.pem`, `<node>.key`; subject names:
-/// the node name, `localhost`, `127.0.0.1`, `::1`, and `addrs`), and a
-/// client certificate `client-<job>.pem` for each job in `jobs`. Returns the
-/// files written.
+/// [`make_certs_with_ca`] with the CA key in [`default_ca_dir`].
 pub fn make_certs(
     dir: &Path,
     nodes: &[String],
     addrs: &[String],
     jobs: &[String],
 ) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).map_err(|source| TlsError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    make_certs_with_ca(dir, &default_ca_dir(dir), nodes, addrs, jobs)
+}
+
+/// Writes a new cluster CA: its certificate `ca.pem` into `dir` and its
+/// key `ca.key` into `ca_dir` (apart: it signs certificates for any job,
+/// and no node needs it); a node certificate per `nodes` entry
+/// (`<node>.pem`, `<node>.key`; subject names: the node name,
+/// `localhost`, `127.0.0.1`, `::1`, and `addrs`), and a client certificate
+/// `client-<job>.pem` for each job in `jobs`. Keys are 0600, both
+/// directories 0700. Returns the files written.
+pub fn make_certs_with_ca(
+    dir: &Path,
+    ca_dir: &Path,
+    nodes: &[String],
+    addrs: &[String],
+    jobs: &[String],
+) -> Result<Vec<PathBuf>> {
+    private_dir(dir)?;
+    private_dir(ca_dir)?;
     let ca_key = rcgen::KeyPair::generate().map_err(gen)?;
     let ca_params = ca_params()?;
     let ca_cert = ca_params.self_signed(&ca_key).map_err(gen)?;
     let issuer = rcgen::Issuer::new(ca_params, &ca_key);
     let mut written = Vec::new();
-    for (name, text) in [
-        ("ca.pem", ca_cert.pem()),
-        ("ca.key", ca_key.serialize_pem()),
-    ] {
-        let p = dir.join(name);
-        write(&p, &text)?;
-        written.push(p);
-    }
+    let p = dir.join("ca.pem");
+    write(&p, &ca_cert.pem())?;
+    written.push(p);
+    let p = ca_dir.join("ca.key");
+    write_private(&p, &ca_key.serialize_pem())?;
+    written.push(p);
     for node in nodes {
         let mut names = vec![
             node.clone(),
@@ -166,14 +239,22 @@ fn ca_params() -> Result<rcgen::CertificateParams> {
     Ok(p)
 }
 
-/// Issues, from the CA in `dir` (`ca.pem`, `ca.key`), a client certificate
-/// `client-<name>.pem` allowing every job in `jobs`. Returns the files.
-pub fn issue_client(dir: &Path, name: &str, jobs: &[String]) -> Result<Vec<PathBuf>> {
-    let key_pem = String::from_utf8_lossy(&read(&dir.join("ca.key"))?).into_owned();
+/// Issues, from the CA whose key is `ca_dir/ca.key`, a client certificate
+/// `dir/client-<name>.pem` (key 0600) allowing every job in `jobs`.
+/// Returns the files.
+pub fn issue_client(
+    dir: &Path,
+    ca_dir: &Path,
+    name: &str,
+    jobs: &[String],
+) -> Result<Vec<PathBuf>> {
+    let ca_key = ca_dir.join("ca.key");
+    let key_pem = String::from_utf8_lossy(&read_private(&ca_key)?).into_owned();
     let key = rcgen::KeyPair::from_pem(&key_pem).map_err(|e| TlsError::BadPem {
-        path: dir.join("ca.key"),
+        path: ca_key.clone(),
         reason: e.to_string(),
     })?;
+    private_dir(dir)?;
     let issuer = rcgen::Issuer::new(ca_params()?, key);
     issue_job(dir, &issuer, name, jobs)
 }
@@ -228,7 +309,7 @@ fn issue(
         dir.join(format!("{file}.key")),
     );
     write(&c, &cert.pem())?;
-    write(&k, &key.serialize_pem())?;
+    write_private(&k, &key.serialize_pem())?;
     Ok(vec![c, k])
 }
 
@@ -257,7 +338,7 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
 }
 
 fn key(path: &Path) -> Result<PrivateKeyDer<'static>> {
-    let bytes = read(path)?;
+    let bytes = read_private(path)?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| TlsError::BadPem {
         path: path.to_path_buf(),
         reason: e.to_string(),

@@ -9,7 +9,13 @@ fn store() -> (strata_peer::PeerStore, support::Local) {
     let local = support::Local::start(strata_peer::replicas::Limits::default());
     let jobs: Vec<String> = support::JOBS.iter().map(|s| s.to_string()).collect();
     // One certificate listing all jobs: issued from the same CA files.
-    strata_peer::tls::issue_client(local.dir.path(), "multi", &jobs).unwrap();
+    strata_peer::tls::issue_client(
+        local.dir.path(),
+        &strata_peer::tls::default_ca_dir(local.dir.path()),
+        "multi",
+        &jobs,
+    )
+    .unwrap();
     let s = local.client_with(&strata_peer::tls::CertFiles::in_dir(
         local.dir.path(),
         "client-multi",

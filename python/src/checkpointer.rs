@@ -236,8 +236,8 @@ impl PyCheckpointer {
         let path = path.map(str::to_string);
         let r = py.detach(move || -> strata::Result<(Checkpointer, String)> {
             let cfg = build(&settings, path.as_deref())?;
-            let json =
-                serde_json::to_string(&cfg).map_err(|e| strata::Error::Config(e.to_string()))?;
+            // What Python shows as `Checkpointer.config`: secrets redacted.
+            let json = cfg.redacted().to_string();
             let ckpt = match gather {
                 Some(g) => Checkpointer::with_coordinator(
                     cfg.clone(),

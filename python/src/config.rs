@@ -42,7 +42,7 @@ pub(crate) fn build(settings: &str, path: Option<&str>) -> Result<Config> {
 }
 
 /// The resolved configuration as JSON (what `Checkpointer(...)` would
-/// use): for `strata.resolve_config` and the tests.
+/// use, secrets redacted): for `strata.resolve_config` and the tests.
 #[pyfunction]
 #[pyo3(signature = (settings, path=None))]
 pub(crate) fn resolve_config(
@@ -55,5 +55,6 @@ pub(crate) fn resolve_config(
     let cfg = py
         .detach(move || build(&settings, path.as_deref()))
         .py_err()?;
-    serde_json::to_string(&cfg).map_err(|e| crate::errors::invalid(e.to_string()))
+    // Secrets (`l3_options` keys, tokens) are shown as `<redacted>`.
+    Ok(cfg.redacted().to_string())
 }
