@@ -252,6 +252,7 @@ impl Inner {
         let mut seen = HashSet::new();
         let mut writes = Vec::new();
         let mut finals = Vec::new();
+        let mut dirs = HashSet::new();
         for c in chunks {
             if c.data.len() > MAX_CHUNK_LEN as usize {
                 return Err(StoreError::invalid(
@@ -260,9 +261,20 @@ impl Inner {
                 ));
             }
             let path = self.chunk_path(job, &c.id);
-            if !seen.insert(c.id) || touch_if_exists(&path)? {
+            if !seen.insert(c.id) {
                 stats.deduped += 1;
                 stats.bytes_deduped += c.data.len() as u64;
+                continue;
+            }
+            if touch_if_whole(&path, c.data.len() as u64)? {
+                stats.deduped += 1;
+                stats.bytes_deduped += c.data.len() as u64;
+                // Its name may not be durable yet (a writer killed between
+                // its rename and its directory's fsync): this save relies
+                // on it, so the batch fsyncs its directory too.
+                if let Some(d) = path.parent() {
+                    dirs.insert(d.to_path_buf());
+                }
                 continue;
             }
             let tmp = self.tmp_path(job, &c.id.to_hex());
@@ -274,7 +286,6 @@ impl Inner {
         }
         let results = self.engine.write_files(writes);
         let mut first_err = None;
-        let mut dirs = HashSet::new();
         for ((tmp, path, len), res) in finals.into_iter().zip(results) {
             if let Err(e) = res {
                 let _ = std::fs::remove_file(&tmp);
@@ -292,11 +303,24 @@ impl Inner {
                 if let Some(d) = path.parent() {
                     dirs.insert(d.to_path_buf());
                 }
-            } else {
+            } else if touch_if_whole(&path, len)? {
                 // Another writer got there first with the same bytes.
                 let _ = std::fs::remove_file(&tmp);
                 stats.deduped += 1;
                 stats.bytes_deduped += len;
+                if let Some(d) = path.parent() {
+                    dirs.insert(d.to_path_buf());
+                }
+            } else {
+                // A short file under the name (a crash's leftover): the
+                // whole chunk replaces it.
+                std::fs::rename(&tmp, &path).map_err(|e| StoreError::io("replacing", &path, e))?;
+                stats.written += 1;
+                stats.bytes_written += len;
+                stats.bytes_stored += len;
+                if let Some(d) = path.parent() {
+                    dirs.insert(d.to_path_buf());
+                }
             }
         }
         for d in &dirs {
@@ -523,11 +547,21 @@ fn is_old(touched: Option<std::time::SystemTime>, cutoff: std::time::SystemTime)
 
 /// True if `path` exists; refreshes its modification time so garbage
 /// collection's grace period protects it while the current save completes.
-fn touch_if_exists(path: &Path) -> Result<bool> {
+/// True if the chunk file at `path` holds `len` bytes (it is refreshed
+/// for the grace period); false if it is missing, or of another length
+/// (left short by a crash: the put writes it again).
+fn touch_if_whole(path: &Path, len: u64) -> Result<bool> {
     match std::fs::File::open(path) {
         Ok(f) => {
-            let _ = f.set_modified(std::time::SystemTime::now());
-            Ok(true)
+            let whole = f
+                .metadata()
+                .map_err(|e| StoreError::io("checking", path, e))?
+                .len()
+                == len;
+            if whole {
+                let _ = f.set_modified(std::time::SystemTime::now());
+            }
+            Ok(whole)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(StoreError::io("checking", path, e)),
@@ -579,9 +613,15 @@ impl ChunkStore for L1Store {
         let (job, ids) = (job.to_string(), ids.to_vec());
         self.run(move |i| {
             validate_job_id(&job)?;
+            // A chunk file left empty by a crash (written, renamed, never
+            // synced) is not the chunk: only the empty chunk may be empty.
+            let empty = ChunkId::of(&[]);
             Ok(ids
                 .iter()
-                .map(|id| i.chunk_path(&job, id).exists())
+                .map(|id| {
+                    std::fs::metadata(i.chunk_path(&job, id))
+                        .is_ok_and(|m| m.is_file() && (m.len() > 0 || *id == empty))
+                })
                 .collect())
         })
         .await

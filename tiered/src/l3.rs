@@ -158,7 +158,11 @@ impl L3Store {
                     .map_err(|e| StoreError::io("creating the L3 directory", &dir, e))?;
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
                     .map_err(bad)?
-                    .with_automatic_cleanup(true);
+                    .with_automatic_cleanup(true)
+                    // Durable like an object store's answer: a commit
+                    // record must never outlive the chunks it names
+                    // through a power loss.
+                    .with_fsync(true);
                 uploads = Uploads::File(dir);
                 (Arc::new(fs), ObjPath::default())
             }
@@ -297,11 +301,23 @@ impl L3Store {
         Ok(self.modified(job, id).await?.is_some())
     }
 
-    /// The chunk's last-modified time, or None if it is not there.
+    /// The chunk's last-modified time, or None if it is not there. An
+    /// object too short or too long to be a frame is not there either (a
+    /// chunk object truncated by a crash of the store's host must not
+    /// pass for the chunk forever): the next put rewrites it.
     async fn modified(&self, job: &str, id: &ChunkId) -> Result<Option<std::time::SystemTime>> {
         let key = self.chunk_key(job, id);
         self.retrying(|| async {
             match self.store.head(&key).await {
+                Ok(meta)
+                    if !(FRAME_HEADER_LEN as u64..=MAX_FRAME_LEN as u64).contains(&meta.size) =>
+                {
+                    tracing::warn!(
+                        "{key}: {} bytes cannot be a chunk frame; treated as missing",
+                        meta.size
+                    );
+                    Ok(None)
+                }
                 Ok(meta) => Ok(Some(std::time::SystemTime::from(meta.last_modified))),
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(os_err(format!("chunk {id}"), e)),
