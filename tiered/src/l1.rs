@@ -193,13 +193,16 @@ impl Inner {
     }
 
     fn tmp_path(&self, job: &str, what: &str) -> PathBuf {
-        // Process-wide, so several stores on one directory (ranks on
-        // threads) never pick the same temporary name.
+        // A random token per process plus a process-wide counter: several
+        // stores on one directory (ranks on threads) never pick the same
+        // name, nor do processes in separate PID namespaces sharing the
+        // directory (two containers' pid 1). Temporary files are removed
+        // only by their writer, or once older than `STALE_TMP_SECS`.
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         self.job_dir(job)
             .join("tmp")
-            .join(format!("{}-{n}-{what}", std::process::id()))
+            .join(format!("{}-{n}-{what}", process_token()))
     }
 
     /// Creates the job's directories once (256 fan-out directories, steps,
@@ -547,6 +550,29 @@ fn is_old(touched: Option<std::time::SystemTime>, cutoff: std::time::SystemTime)
 
 /// True if `path` exists; refreshes its modification time so garbage
 /// collection's grace period protects it while the current save completes.
+/// 16 hex digits drawn once per process from the kernel's random source
+/// (or, should it be unreadable, from the time, the pid and an address).
+fn process_token() -> &'static str {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| {
+        use std::io::Read;
+        let mut b = [0u8; 8];
+        let random = std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut b))
+            .is_ok();
+        if !random {
+            let seed = format!(
+                "{:?} {} {:p}",
+                std::time::SystemTime::now(),
+                std::process::id(),
+                &b
+            );
+            b.copy_from_slice(&ChunkId::of(seed.as_bytes()).as_bytes()[..8]);
+        }
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    })
+}
+
 /// True if the chunk file at `path` holds `len` bytes (it is refreshed
 /// for the grace period); false if it is missing, or of another length
 /// (left short by a crash: the put writes it again).
