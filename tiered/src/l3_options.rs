@@ -124,3 +124,46 @@ impl L3Options {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::L3Store;
+
+    #[test]
+    fn strata_options_parse_and_provider_keys_pass_through() {
+        let mut o = L3Options::default();
+        assert!(o.set("concurrency", "32").unwrap());
+        assert_eq!(o.concurrency, 32);
+        assert!(o.set("range_size", "1").unwrap());
+        assert_eq!(o.range_size, 64 << 10, "clamped to 64 KiB");
+        assert!(o.set("non_atomic_commits", "true").unwrap());
+        assert!(o.non_atomic_commits);
+        assert!(!o.set("endpoint", "http://x").unwrap());
+        for (k, v) in [
+            ("concurrency", "0"),
+            ("concurrency", "many"),
+            ("part_size", "1024"),
+            ("non_atomic_commits", "perhaps"),
+            ("encode_threads", "0"),
+        ] {
+            assert!(o.set(k, v).is_err(), "{k}={v}");
+        }
+        // from_url takes Strata's keys out before the provider sees them
+        // (an unknown provider key would fail the build).
+        let s = L3Store::from_url(
+            "memory://",
+            &[("concurrency".into(), "3".into())],
+            L3Options::default(),
+        )
+        .unwrap();
+        assert_eq!(s.options().concurrency, 3);
+        let err = L3Store::from_url(
+            "s3://b/p",
+            &[("no_such_key".into(), "1".into())],
+            L3Options::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("no_such_key"), "{err}");
+    }
+}
