@@ -191,7 +191,11 @@ impl Checkpointer {
                 gpu.as_deref(),
             );
             if let Err(e) = filled {
-                self.shared.pool.give_back_owned(seg);
+                // Copies queued before the error may still be running.
+                let drained = gpu.as_deref().is_none_or(|g| g.synchronize().is_ok());
+                crate::gpu::release_after_error(drained, seg, |s| {
+                    self.shared.pool.give_back_owned(s);
+                });
                 let _ = snap_tx.send(Snap::Abandoned(e.to_string()));
                 return Err(e);
             }

@@ -55,6 +55,28 @@ impl DeviceBytes {
     }
 }
 
+/// After an error with device copies possibly queued on the stream: gives
+/// `buf` back through `give_back` only if `drained` (the stream was
+/// synchronized, so no copy still reads or writes it); otherwise leaks it,
+/// since a copy still in flight would write into (or read from) whatever
+/// reused the memory. Returns whether it was given back.
+pub(crate) fn release_after_error(
+    drained: bool,
+    buf: AlignedBuf,
+    give_back: impl FnOnce(AlignedBuf),
+) -> bool {
+    if drained {
+        give_back(buf);
+    } else {
+        tracing::error!(
+            bytes = buf.capacity(),
+            "the GPU stream could not be drained after an error: its host buffer is leaked, never reused"
+        );
+        std::mem::forget(buf);
+    }
+    drained
+}
+
 /// Whether the GPU path can run here: `Ok(())`, or the reason it cannot
 /// (built without the `cuda` feature, no driver library, no device).
 pub fn availability(device: usize) -> Result<()> {
@@ -224,5 +246,24 @@ mod cuda {
                 .synchronize()
                 .map_err(gpu_err("synchronizing the stream"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_buffer_the_device_may_still_use_is_never_given_back() {
+        let mut back = Vec::new();
+        assert!(release_after_error(true, AlignedBuf::zeroed(4096), |b| {
+            back.push(b)
+        }));
+        assert_eq!(back.len(), 1);
+        assert!(!release_after_error(false, AlignedBuf::zeroed(4096), |b| {
+            back.push(b)
+        }));
+        assert_eq!(back.len(), 1, "an undrained buffer went back to the pool");
     }
 }

@@ -234,7 +234,9 @@ impl Checkpointer {
             gpu.synchronize()?;
             Ok(stats)
         })();
-        s.pool.give_back_owned(host);
+        // After an error, copies queued before it may still read `host`.
+        let drained = result.is_ok() || gpu.synchronize().is_ok();
+        crate::gpu::release_after_error(drained, host, |h| s.pool.give_back_owned(h));
         result
     }
 

@@ -210,9 +210,20 @@ fn drive(
     }
 }
 
-/// After a ring failure the kernel may still read or write the requests'
-/// buffers: leak them rather than free memory under the kernel, and fail
-/// every request.
+/// After a ring failure, operations already submitted may still run. What
+/// holds then, and why leaking `buffers` is enough:
+/// - reads: each destination buffer is owned by its `ReadFile` and leaked
+///   here, so the kernel can only ever write into memory nobody reuses;
+/// - writes: the source bytes are *borrowed* from the callers' requests
+///   (or owned bounce buffers, leaked here). Borrowed ones go back to
+///   their owners when this returns, and an operation still in flight may
+///   read them after that: the kernel only reads them, into a temporary
+///   file of a batch that failed (never renamed to a chunk's name), so no
+///   memory of this process is written and no stored chunk is affected;
+/// - the files are leaked too, so their descriptors stay open (and their
+///   numbers unused) while the kernel may still hold them.
+///
+/// Every request fails.
 fn abandon<B, T>(buffers: B, n: usize, e: &std::io::Error) -> Vec<std::io::Result<T>> {
     std::mem::forget(buffers);
     (0..n)
