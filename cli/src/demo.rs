@@ -127,6 +127,8 @@ impl LocalPeers {
                 max_streams: 32,
                 inflight_bytes: 1 << 30,
                 max_request: ServiceConfig::DEFAULT_MAX_REQUEST,
+                work_bytes: ServiceConfig::DEFAULT_WORK_BYTES,
+                max_connections: ServiceConfig::DEFAULT_MAX_CONNECTIONS,
             };
             let svc = rt
                 .block_on(async { Service::bind(&cfg) })

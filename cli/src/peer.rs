@@ -87,6 +87,21 @@ pub(crate) struct ServeArgs {
     /// Request bytes held at once by the service.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     inflight: u64,
+    /// Bytes allocated at once to answer requests (decoding compressed
+    /// puts, spilled frames read back, ranged reads).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    work: u64,
+    /// Chunk bytes (memory and disk) one job may hold (default: no quota
+    /// beyond --memory and --disk).
+    #[arg(long, value_parser = parse_size)]
+    job_quota: Option<u64>,
+    /// Manifest and commit record bytes one job may hold (default: no
+    /// quota beyond --manifest-memory).
+    #[arg(long, value_parser = parse_size)]
+    job_manifest_quota: Option<u64>,
+    /// Connections open at once; more are refused.
+    #[arg(long, default_value_t = ServiceConfig::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
     /// Serve Prometheus metrics over HTTP on this address (`/metrics`).
     #[arg(long)]
     metrics: Option<SocketAddr>,
@@ -152,12 +167,16 @@ fn serve(a: &ServeArgs) -> Result<(), CliError> {
             grace: Duration::from_secs(a.grace_secs),
             max_chunk: u32::try_from(a.max_chunk).unwrap_or(u32::MAX),
             manifest_bytes: a.manifest_memory,
+            job_bytes: a.job_quota.unwrap_or(u64::MAX),
+            job_manifest_bytes: a.job_manifest_quota.unwrap_or(u64::MAX),
         },
         max_streams: 32,
         inflight_bytes: usize::try_from(a.inflight).unwrap_or(usize::MAX),
         max_request: usize::try_from(a.max_chunk)
             .unwrap_or(usize::MAX)
             .saturating_add(8192),
+        work_bytes: usize::try_from(a.work).unwrap_or(usize::MAX),
+        max_connections: a.max_connections.max(1),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

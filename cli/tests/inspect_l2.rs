@@ -47,6 +47,8 @@ impl Peers {
                     max_streams: 32,
                     inflight_bytes: 256 << 20,
                     max_request: ServiceConfig::DEFAULT_MAX_REQUEST,
+                    work_bytes: ServiceConfig::DEFAULT_WORK_BYTES,
+                    max_connections: ServiceConfig::DEFAULT_MAX_CONNECTIONS,
                 };
                 let svc = rt.block_on(async { Service::bind(&cfg).unwrap() });
                 rt.spawn(svc.clone().run());

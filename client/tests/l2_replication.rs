@@ -77,6 +77,8 @@ fn service_cfg(dir: &std::path::Path, n: &str, listen: std::net::SocketAddr) -> 
         max_streams: 32,
         inflight_bytes: 256 << 20,
         max_request: ServiceConfig::DEFAULT_MAX_REQUEST,
+        work_bytes: ServiceConfig::DEFAULT_WORK_BYTES,
+        max_connections: ServiceConfig::DEFAULT_MAX_CONNECTIONS,
     }
 }
 

@@ -11,7 +11,7 @@
 //! there to survive the loss of *another* node or of the training process,
 //! and a restarted service starts empty (it clears its spill directory).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -22,6 +22,8 @@ use strata_format::frame::FrameDecoder;
 use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
 use strata_tiered::{ChunkStore, MemoryStore, Result, StepInfo, StoreError};
+
+use crate::ledger::{Kind, Ledger};
 
 /// Where a chunk's frame is.
 enum Place {
@@ -37,16 +39,83 @@ enum Place {
 
 struct Slot {
     place: Place,
+    /// The chunk's raw length (what decoding it allocates).
+    raw_len: u32,
     /// Last put or presence check: retention spares chunks touched within
     /// the grace period (a push in flight relies on them).
     touched: Instant,
 }
 
+/// Bytes and chunks held (or reserved) by one job, or by all.
+#[derive(Clone, Copy, Default, Debug)]
+struct Usage {
+    memory: u64,
+    disk: u64,
+    chunks: u64,
+}
+
 #[derive(Default)]
 struct Chunks {
     map: HashMap<(String, ChunkId), Slot>,
-    memory: u64,
-    disk: u64,
+    /// Every job's together.
+    all: Usage,
+    /// Per job, kept as chunks come and go: no request or `/metrics`
+    /// scrape walks the map.
+    jobs: HashMap<String, Usage>,
+}
+
+impl Chunks {
+    /// Reserves `len` bytes for `job`: in memory if the budget allows,
+    /// else on disk; None if neither, or if the job's quota is spent.
+    fn reserve(&mut self, job: &str, len: u64, limits: &Limits) -> Option<bool> {
+        let mine = self.jobs.get(job).copied().unwrap_or_default();
+        if mine.memory + mine.disk + len > limits.job_bytes {
+            return None;
+        }
+        let to_memory = if self.all.memory + len <= limits.memory_bytes {
+            true
+        } else if self.all.disk + len <= limits.disk_bytes {
+            false
+        } else {
+            return None;
+        };
+        self.add(job, len, to_memory, 0);
+        Some(to_memory)
+    }
+
+    /// Adds (or, with `release`, takes back) `len` bytes and `chunks`.
+    fn add(&mut self, job: &str, len: u64, memory: bool, chunks: u64) {
+        let u = self.jobs.entry(job.to_string()).or_default();
+        for x in [&mut self.all, u] {
+            if memory {
+                x.memory += len;
+            } else {
+                x.disk += len;
+            }
+            x.chunks += chunks;
+        }
+    }
+
+    fn release(&mut self, job: &str, len: u64, memory: bool, chunks: u64) {
+        for x in [Some(&mut self.all), self.jobs.get_mut(job)]
+            .into_iter()
+            .flatten()
+        {
+            if memory {
+                x.memory = x.memory.saturating_sub(len);
+            } else {
+                x.disk = x.disk.saturating_sub(len);
+            }
+            x.chunks = x.chunks.saturating_sub(chunks);
+        }
+        if self
+            .jobs
+            .get(job)
+            .is_some_and(|u| u.memory == 0 && u.disk == 0 && u.chunks == 0)
+        {
+            self.jobs.remove(job);
+        }
+    }
 }
 
 /// Budgets and retention of a service.
@@ -68,10 +137,19 @@ pub struct Limits {
     /// be verified, so this bounds what one put can make the service
     /// allocate (the service sets it from its largest request).
     pub max_chunk: u32,
-    /// Manifest bytes held for all jobs (manifests are small; a client
-    /// cannot grow them without bound).
+    /// Manifest and commit record bytes held for all jobs (each counted
+    /// with [`RECORD_OVERHEAD`] more, so empty ones are not free).
     pub manifest_bytes: u64,
+    /// Chunk bytes (memory and disk) one job may hold: one job cannot
+    /// take the budgets every job shares.
+    pub job_bytes: u64,
+    /// Manifest and record bytes one job may hold.
+    pub job_manifest_bytes: u64,
 }
+
+/// What each manifest and record costs beyond its bytes (the service's
+/// own bookkeeping of it): an empty one is not free.
+pub const RECORD_OVERHEAD: u64 = 256;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -84,22 +162,17 @@ impl Default for Limits {
             grace: Duration::from_secs(600),
             max_chunk: 64 << 20,
             manifest_bytes: 1 << 30,
+            job_bytes: u64::MAX,
+            job_manifest_bytes: u64::MAX,
         }
     }
-}
-
-/// Sizes of the manifests held, for their budget.
-#[derive(Default)]
-struct ManifestBytes {
-    sizes: HashMap<(String, u64, u32), u64>,
-    total: u64,
 }
 
 /// The replicas a service holds, for every job.
 pub struct Replicas {
     steps: MemoryStore,
     chunks: Mutex<Chunks>,
-    manifests: Mutex<ManifestBytes>,
+    manifests: Mutex<Ledger>,
     spill: PathBuf,
     limits: Limits,
     tmp_seq: AtomicU64,
@@ -130,7 +203,7 @@ impl Replicas {
         Ok(Replicas {
             steps: MemoryStore::new(),
             chunks: Mutex::new(Chunks::default()),
-            manifests: Mutex::new(ManifestBytes::default()),
+            manifests: Mutex::new(Ledger::default()),
             spill: spill.to_path_buf(),
             limits,
             tmp_seq: AtomicU64::new(0),
@@ -159,7 +232,7 @@ impl Replicas {
                 return Ok(false);
             }
         }
-        verify_frame(&id, &frame, self.limits.max_chunk)?;
+        let raw_len = verify_frame(&id, &frame, self.limits.max_chunk)?;
         let len = frame.len() as u64;
         // Reserve the space first, so concurrent puts cannot overshoot.
         let to_memory = {
@@ -167,18 +240,11 @@ impl Replicas {
             if c.map.contains_key(&key) {
                 return Ok(false);
             }
-            if c.memory + len <= self.limits.memory_bytes {
-                c.memory += len;
-                true
-            } else if c.disk + len <= self.limits.disk_bytes {
-                c.disk += len;
-                false
-            } else {
-                return Err(StoreError::NoSpace {
-                    op: "keeping a replica (memory and disk budgets are full)",
+            c.reserve(job, len, &self.limits)
+                .ok_or_else(|| StoreError::NoSpace {
+                    op: "keeping a replica (the memory and disk budgets, or the job's quota, are full)",
                     path: self.spill.clone(),
-                });
-            }
+                })?
         };
         let place = if to_memory {
             Place::Memory(frame)
@@ -187,7 +253,7 @@ impl Replicas {
                 Ok(seq) => Place::Disk { len, seq },
                 Err(e) => {
                     if let Ok(mut c) = self.chunks.lock() {
-                        c.disk -= len;
+                        c.release(job, len, false, 0);
                     }
                     return Err(e);
                 }
@@ -197,19 +263,21 @@ impl Replicas {
         if c.map.contains_key(&key) {
             // Another put of the same chunk won; give the space back.
             match place {
-                Place::Memory(_) => c.memory -= len,
+                Place::Memory(_) => c.release(job, len, true, 0),
                 Place::Disk { seq, .. } => {
-                    c.disk -= len;
+                    c.release(job, len, false, 0);
                     drop(c);
                     let _ = std::fs::remove_file(self.file(job, &id, seq));
                 }
             }
             return Ok(false);
         }
+        c.add(job, 0, to_memory, 1);
         c.map.insert(
             key,
             Slot {
                 place,
+                raw_len,
                 touched: Instant::now(),
             },
         );
@@ -226,6 +294,39 @@ impl Replicas {
         let dst = self.file(job, id, n);
         std::fs::rename(&tmp, &dst).map_err(|e| StoreError::io("spilling", &dst, e))?;
         Ok(n)
+    }
+
+    /// The length of a chunk's spill file if it is spilled (reading it
+    /// back allocates that much), else None.
+    pub fn spilled_len(&self, job: &str, id: &ChunkId) -> Result<Option<u64>> {
+        self.slot(job, id, |s| match s.place {
+            Place::Disk { len, .. } => Some(len),
+            Place::Memory(_) => None,
+        })
+    }
+
+    /// The stored frame's length.
+    pub fn stored_len(&self, job: &str, id: &ChunkId) -> Result<u64> {
+        self.slot(job, id, |s| match &s.place {
+            Place::Disk { len, .. } => *len,
+            Place::Memory(b) => b.len() as u64,
+        })
+    }
+
+    /// The chunk's raw length (what decoding it allocates).
+    pub fn raw_len(&self, job: &str, id: &ChunkId) -> Result<u64> {
+        self.slot(job, id, |s| u64::from(s.raw_len))
+    }
+
+    fn slot<T>(&self, job: &str, id: &ChunkId, f: impl FnOnce(&Slot) -> T) -> Result<T> {
+        validate_job_id(job)?;
+        let c = self.chunks.lock().map_err(|_| poisoned())?;
+        c.map
+            .get(&(job.to_string(), *id))
+            .map(f)
+            .ok_or_else(|| StoreError::NotFound {
+                what: format!("chunk {id}"),
+            })
     }
 
     /// The stored frame of a chunk. Blocking (may read the spill file).
@@ -382,11 +483,11 @@ impl Replicas {
                     n += 1;
                     match slot.place {
                         Place::Memory(b) => {
-                            c.memory -= b.len() as u64;
+                            c.release(job, b.len() as u64, true, 1);
                             bytes += b.len() as u64;
                         }
                         Place::Disk { len, seq } => {
-                            c.disk -= len;
+                            c.release(job, len, false, 1);
                             bytes += len;
                             files.push(self.file(job, id, seq));
                         }
@@ -401,50 +502,36 @@ impl Replicas {
     }
 
     /// Stores a manifest (opaque bytes, as for every `ChunkStore`) within
-    /// the manifest budget.
+    /// the manifest budget and the job's quota.
     pub async fn put_manifest(&self, job: &str, step: u64, rank: u32, bytes: &[u8]) -> Result<()> {
         validate_job_id(job)?;
-        let key = (job.to_string(), step, rank);
-        let len = bytes.len() as u64;
-        {
-            let mut mb = self.manifests.lock().map_err(|_| poisoned())?;
-            let old = mb.sizes.get(&key).copied().unwrap_or(0);
-            let total = mb.total - old + len;
-            if total > self.limits.manifest_bytes {
-                return Err(StoreError::NoSpace {
-                    op: "keeping a manifest (the manifest budget is full)",
-                    path: self.spill.clone(),
-                });
-            }
-            mb.total = total;
-            mb.sizes.insert(key.clone(), len);
-        }
+        let key = (step, Kind::Manifest, rank);
+        let old = self.charge(job, key, bytes.len() as u64)?;
         let put = self.steps.put_manifest(job, step, rank, bytes).await;
         if put.is_err() {
             // Not stored: the accounting goes back to what is held.
-            let old = self
-                .steps
-                .get_manifest(job, step, rank)
-                .await
-                .map(|b| b.len() as u64);
-            let mut mb = self.manifests.lock().map_err(|_| poisoned())?;
-            match old {
-                Ok(n) => {
-                    mb.total = mb.total - len + n;
-                    mb.sizes.insert(key, n);
-                }
-                Err(_) => {
-                    mb.total -= len;
-                    mb.sizes.remove(&key);
-                }
-            }
+            self.manifests
+                .lock()
+                .map_err(|_| poisoned())?
+                .restore(job, key, old);
         }
         put
     }
 
+    fn charge(&self, job: &str, key: (u64, Kind, u32), len: u64) -> Result<Option<u64>> {
+        self.manifests.lock().map_err(|_| poisoned())?.charge(
+            job,
+            key,
+            len,
+            self.limits.manifest_bytes,
+            self.limits.job_manifest_bytes,
+            &self.spill,
+        )
+    }
+
     /// Manifest bytes held (all jobs).
     pub fn manifest_bytes(&self) -> Result<u64> {
-        Ok(self.manifests.lock().map_err(|_| poisoned())?.total)
+        Ok(self.manifests.lock().map_err(|_| poisoned())?.total())
     }
 
     /// Reads a manifest.
@@ -460,41 +547,48 @@ impl Replicas {
     /// Deletes a step's manifests and records.
     pub async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
         self.steps.delete_step(job, step).await?;
-        let mut mb = self.manifests.lock().map_err(|_| poisoned())?;
-        let gone: Vec<_> = mb
-            .sizes
-            .keys()
-            .filter(|(j, s, _)| j == job && *s == step)
-            .cloned()
-            .collect();
-        for k in gone {
-            if let Some(n) = mb.sizes.remove(&k) {
-                mb.total -= n;
-            }
-        }
+        self.manifests
+            .lock()
+            .map_err(|_| poisoned())?
+            .remove_where(job, |&(s, _, _)| s == step);
         Ok(())
     }
 
     /// Retires one rank's shard of a step (record, then manifest).
     pub async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
         self.steps.delete_shard(job, step, rank).await?;
-        let mut mb = self.manifests.lock().map_err(|_| poisoned())?;
-        if let Some(n) = mb.sizes.remove(&(job.to_string(), step, rank)) {
-            mb.total -= n;
-        }
+        self.manifests
+            .lock()
+            .map_err(|_| poisoned())?
+            .remove_where(job, |&(s, _, r)| s == step && r == rank);
         Ok(())
     }
 
     /// Writes a commit record (create-only), then applies retention
     /// ([`Self::retain`]). Returns the chunk bytes freed.
     pub async fn commit(&self, record: &CommitRecord) -> Result<u64> {
-        self.steps.commit(record).await?;
+        self.commit_record(record).await?;
         Ok(self.retain(&record.job).await)
     }
 
     /// Writes a commit record (create-only), nothing else.
+    /// Within the manifest budget and the job's quota, like manifests.
     pub(crate) async fn commit_record(&self, record: &CommitRecord) -> Result<()> {
-        self.steps.commit(record).await
+        let first = record.shards.first().map_or(0, |s| s.rank);
+        let key = (record.step, Kind::Record, first);
+        let len = record
+            .encode()
+            .map_err(|e| StoreError::invalid("commit record", e.to_string()))?
+            .len() as u64;
+        let old = self.charge(&record.job, key, len)?;
+        let done = self.steps.commit(record).await;
+        if done.is_err() {
+            self.manifests
+                .lock()
+                .map_err(|_| poisoned())?
+                .restore(&record.job, key, old);
+        }
+        done
     }
 
     /// The retention policy the limits set.
@@ -589,37 +683,34 @@ impl Replicas {
     }
 
     /// (bytes in memory, bytes on disk, chunks, jobs).
+    /// O(1): the counters are kept as chunks come and go (reservations
+    /// of puts in progress included).
     pub fn stats(&self) -> Result<(u64, u64, u64, u64)> {
         let c = self.chunks.lock().map_err(|_| poisoned())?;
-        let jobs: HashSet<&String> = c.map.keys().map(|(j, _)| j).collect();
-        Ok((c.memory, c.disk, c.map.len() as u64, jobs.len() as u64))
+        Ok((c.all.memory, c.all.disk, c.all.chunks, c.jobs.len() as u64))
     }
 
-    /// (bytes in memory, bytes on disk, chunks) held for one job.
+    /// (bytes in memory, bytes on disk, chunks) held for one job. O(1).
     pub fn job_stats(&self, job: &str) -> Result<(u64, u64, u64)> {
         let c = self.chunks.lock().map_err(|_| poisoned())?;
-        Ok(c.map
-            .iter()
-            .filter(|((j, _), _)| j == job)
-            .fold((0, 0, 0), |(m, d, n), (_, slot)| match &slot.place {
-                Place::Memory(b) => (m + b.len() as u64, d, n + 1),
-                Place::Disk { len, .. } => (m, d + len, n + 1),
-            }))
+        let u = c.jobs.get(job).copied().unwrap_or_default();
+        Ok((u.memory, u.disk, u.chunks))
     }
 }
 
 /// Checks `frame` is chunk `id`: a raw frame (what clients send by
 /// default) is hashed in place, others are decoded into a buffer freed on
 /// return.
-fn verify_frame(id: &ChunkId, frame: &[u8], max_chunk: u32) -> Result<()> {
+fn verify_frame(id: &ChunkId, frame: &[u8], max_chunk: u32) -> Result<u32> {
     let corrupt = |source| StoreError::Corrupt {
         what: format!("chunk {id} sent by a client"),
         source,
     };
     let mut dec = FrameDecoder::with_limit(max_chunk).map_err(corrupt)?;
-    dec.verify(frame, Some(id), &mut Vec::new())
+    let h = dec
+        .verify(frame, Some(id), &mut Vec::new())
         .map_err(corrupt)?;
-    Ok(())
+    Ok(h.raw_len)
 }
 
 #[cfg(test)]

@@ -65,11 +65,23 @@ pub struct ServiceConfig {
     /// Largest request accepted (a chunk frame and its envelope); chunks
     /// larger than this cannot be replicated to this service.
     pub max_request: usize,
+    /// Bytes the service allocates at once to answer requests, beyond the
+    /// requests themselves: decoding a compressed put to verify it, a
+    /// spilled frame read back, a ranged read's decoded chunk and answer
+    /// (at least `max_request`; a request waits for its share, never while
+    /// holding another share of this pool).
+    pub work_bytes: usize,
+    /// Connections open (or in their handshake) at once; more are refused.
+    pub max_connections: usize,
 }
 
 impl ServiceConfig {
     /// Default largest request: a 64 MiB chunk frame and its envelope.
     pub const DEFAULT_MAX_REQUEST: usize = (64 << 20) + 8192;
+    /// Default work budget.
+    pub const DEFAULT_WORK_BYTES: usize = 1 << 30;
+    /// Default connection limit.
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 }
 
 /// Errors starting a service.
@@ -116,7 +128,16 @@ pub struct Service {
     counters: Arc<Counters>,
     inflight: Arc<Semaphore>,
     inflight_units: usize,
+    /// Bytes allocated to answer requests (see [`ServiceConfig::work_bytes`]).
+    work: Arc<Semaphore>,
+    work_units: usize,
     max_request: usize,
+    max_connections: usize,
+    /// Connections accepted and not yet closed (handshakes included).
+    open: AtomicU64,
+    /// Refusals not logged yet (at most one line a second).
+    unlogged_refusals: AtomicU64,
+    last_refusal_log: std::sync::Mutex<Option<std::time::Instant>>,
     node: String,
     /// Requests being served now (a graceful shutdown waits for them).
     active: AtomicU64,
@@ -159,13 +180,22 @@ impl Service {
             }
         })?;
         let units = (cfg.inflight_bytes / UNIT).max(4 * max_request.div_ceil(UNIT));
+        // One ranged read of the largest chunk needs its frame, the decoded
+        // chunk and the answer.
+        let work_units = (cfg.work_bytes / UNIT).max(3 * max_request.div_ceil(UNIT));
         Ok(Arc::new(Service {
             endpoint,
             replicas: Arc::new(replicas),
             counters: Arc::new(Counters::default()),
             inflight: Arc::new(Semaphore::new(units)),
             inflight_units: units,
+            work: Arc::new(Semaphore::new(work_units)),
+            work_units,
             max_request,
+            max_connections: cfg.max_connections.max(1),
+            open: AtomicU64::new(0),
+            unlogged_refusals: AtomicU64::new(0),
+            last_refusal_log: std::sync::Mutex::new(None),
             node: cfg.node.clone(),
             active: AtomicU64::new(0),
             draining: std::sync::atomic::AtomicBool::new(false),
@@ -185,8 +215,18 @@ impl Service {
     /// Serves until [`Self::shutdown`].
     pub async fn run(self: Arc<Self>) {
         while let Some(incoming) = self.endpoint.accept().await {
+            if self.open.load(Ordering::Acquire) >= self.max_connections as u64 {
+                let remote = incoming.remote_address();
+                incoming.refuse();
+                self.refuse("too many connections", remote);
+                continue;
+            }
+            self.open.fetch_add(1, Ordering::AcqRel);
             let me = self.clone();
-            tokio::spawn(async move { me.connection(incoming).await });
+            tokio::spawn(async move {
+                me.clone().connection(incoming).await;
+                me.open.fetch_sub(1, Ordering::AcqRel);
+            });
         }
     }
 
@@ -207,6 +247,7 @@ impl Service {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         self.inflight.close();
+        self.work.close();
         self.endpoint.close(0u32.into(), b"shutting down");
         self.endpoint.wait_idle().await;
     }
@@ -252,9 +293,27 @@ impl Service {
         }
     }
 
+    /// Counts a refused connection; logs at most one line a second (junk
+    /// datagrams must not flood the log), with how many went unlogged.
     fn refuse(&self, why: &str, remote: SocketAddr) {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(%remote, why, "connection refused");
+        let now = std::time::Instant::now();
+        let due = match self.last_refusal_log.lock() {
+            Ok(mut last) => {
+                let due = last.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1));
+                if due {
+                    *last = Some(now);
+                }
+                due
+            }
+            Err(_) => false,
+        };
+        if due {
+            let more = self.unlogged_refusals.swap(0, Ordering::AcqRel);
+            tracing::warn!(%remote, why, unlogged_since_last = more, "connection refused");
+        } else {
+            self.unlogged_refusals.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     async fn connection(self: Arc<Self>, incoming: quinn::Incoming) {
@@ -436,22 +495,57 @@ impl Service {
                 // Whole frames go out without being copied into a message:
                 // the envelope, then the stored bytes.
                 Ok(Request::GetChunk { id, range: None }) => {
-                    let r = self.replicas.clone();
-                    let job_s = job.to_string();
-                    let got = tokio::task::spawn_blocking(move || r.get_frame(&job_s, &id))
-                        .await
-                        .map_err(|e| StoreError::Internal(format!("request task: {e}")))
-                        .and_then(|x| x);
+                    // A spilled frame is read into memory: its bytes wait
+                    // for the work budget, held until it is sent.
+                    let work = match self.spilled_len(job, &id) {
+                        Ok(n) => self.work_permit(n).await,
+                        Err(e) => Err(e),
+                    };
+                    let got = match work {
+                        Ok(work) => {
+                            let r = self.replicas.clone();
+                            let job_s = job.to_string();
+                            tokio::task::spawn_blocking(move || r.get_frame(&job_s, &id))
+                                .await
+                                .map_err(|e| StoreError::Internal(format!("request task: {e}")))
+                                .and_then(|x| x)
+                                .map(|f| (f, work))
+                        }
+                        Err(e) => Err(e),
+                    };
                     match got {
-                        Ok(frame) => return self.send_frame(send, frame).await,
+                        Ok((frame, _work)) => return self.send_frame(send, frame).await,
                         Err(e) => from_store(&e),
                     }
                 }
-                Ok(req) => self.dispatch(job, req).await,
+                Ok(req) => {
+                    let mut hold = None;
+                    let resp = self.dispatch(job, req, &mut hold).await;
+                    return self.answer(send, resp).await;
+                }
                 Err(e) => error(ErrorCode::Invalid, e.to_string()),
             },
             Err(e) => from_store(&e),
         };
+        self.answer(send, resp).await;
+    }
+
+    /// Sends `resp` and counts it.
+    async fn answer(&self, mut send: quinn::SendStream, resp: Response) {
+        if let Response::Bytes(b) = resp {
+            // Its envelope, then the bytes as they are: no second copy.
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            let head = crate::proto::bytes_envelope(b.len());
+            self.counters
+                .bytes_out
+                .fetch_add((head.len() + b.len()) as u64, Ordering::Relaxed);
+            if send.write_all(&head).await.is_ok()
+                && send.write_chunk(bytes::Bytes::from(b)).await.is_ok()
+            {
+                let _ = send.finish();
+            }
+            return;
+        }
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         if matches!(resp, Response::Error { .. }) {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -503,37 +597,66 @@ impl Service {
         }
     }
 
-    /// Budget for decoding `frame` (nothing for a raw frame, which is
-    /// hashed where it lies). A frame whose header does not parse needs
-    /// none: it is refused before anything is allocated.
+    /// Budget for decoding `frame` to verify it (nothing for a raw frame,
+    /// which is hashed where it lies, with no allocation). A frame whose
+    /// header does not parse needs none: it is refused before anything is
+    /// allocated. From the work pool, never the request pool its request
+    /// already holds a share of.
     async fn decode_permit(
         &self,
         frame: &[u8],
     ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, StoreError> {
         let limit = self.replicas.limits().max_chunk;
-        let raw_len = match strata_format::frame::FrameHeader::decode(frame, limit) {
-            Ok(h) if h.codec != strata_format::codec::Codec::Raw => h.raw_len as usize,
-            _ => return Ok(None),
-        };
-        let units = u32::try_from(raw_len.div_ceil(UNIT))
+        match strata_format::frame::FrameHeader::decode(frame, limit) {
+            Ok(h) if h.codec != strata_format::codec::Codec::Raw => {
+                self.work_permit(u64::from(h.raw_len)).await.map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// `bytes` of the work pool (capped at the whole pool), held until the
+    /// permit drops.
+    async fn work_permit(
+        &self,
+        bytes: u64,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, StoreError> {
+        let units = u32::try_from(bytes.div_ceil(UNIT as u64))
             .unwrap_or(u32::MAX)
-            .min(u32::try_from(self.inflight_units).unwrap_or(u32::MAX));
-        self.inflight
+            .min(u32::try_from(self.work_units).unwrap_or(u32::MAX));
+        self.work
             .clone()
             .acquire_many_owned(units)
             .await
-            .map(Some)
             .map_err(|_| StoreError::Unavailable("shutting down".into()))
     }
 
-    async fn dispatch(&self, job: &str, req: Request) -> Response {
-        match self.serve(job, req).await {
+    /// The stored length of a chunk if it is spilled (reading it back
+    /// allocates that much), else 0.
+    fn spilled_len(&self, job: &str, id: &strata_format::ChunkId) -> Result<u64, StoreError> {
+        Ok(self.replicas.spilled_len(job, id)?.unwrap_or(0))
+    }
+
+    /// Serves `req`; a permit the answer needs stays in `hold` until the
+    /// caller has sent it.
+    async fn dispatch(
+        &self,
+        job: &str,
+        req: Request,
+        hold: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Response {
+        match self.serve(job, req, hold).await {
             Ok(r) => r,
             Err(e) => from_store(&e),
         }
     }
 
-    async fn serve(&self, job: &str, req: Request) -> Result<Response, StoreError> {
+    async fn serve(
+        &self,
+        job: &str,
+        req: Request,
+        hold: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<Response, StoreError> {
         let r = self.replicas.clone();
         let job_s = job.to_string();
         // Decoding, hashing and spill I/O block: off the async workers.
@@ -554,6 +677,11 @@ impl Service {
             }
             Request::HasChunks(ids) => Response::Present(self.replicas.has(job, &ids)?),
             Request::GetChunk { id, range: None } => {
+                let stored = self.replicas.stored_len(job, &id)?;
+                *hold = Some(
+                    self.work_permit(self.spilled_len(job, &id)? + stored)
+                        .await?,
+                );
                 blocking(Box::new(move || {
                     r.get_frame(&job_s, &id)
                         .map(|b| Response::Frame(b.to_vec()))
@@ -564,14 +692,19 @@ impl Service {
                 id,
                 range: Some((a, b)),
             } => {
-                // The whole chunk is decoded (and verified) for a range.
+                // The whole chunk is decoded (and verified) for a range:
+                // the spilled frame read back, the decoded chunk (cut down
+                // to the range in place) and the answer's copy of it, all
+                // within the work budget until the answer is sent.
+                let raw = self.replicas.raw_len(job, &id)?;
+                let need = self.spilled_len(job, &id)? + raw + u64::from(b.saturating_sub(a));
+                *hold = Some(self.work_permit(need).await?);
                 let frame = {
                     let (r, job_s) = (r.clone(), job_s.clone());
                     tokio::task::spawn_blocking(move || r.get_frame(&job_s, &id))
                         .await
                         .map_err(|e| StoreError::Internal(format!("request task: {e}")))??
                 };
-                let _decode = self.decode_permit(&frame).await?;
                 blocking(Box::new(move || {
                     r.range_of_frame(&id, &frame, a, b).map(Response::Bytes)
                 }))

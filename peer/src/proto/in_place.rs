@@ -13,9 +13,20 @@ use super::{kind, MAX_MESSAGE};
 /// frame follows): lets a sender write a stored frame without copying it
 /// into the message.
 pub fn frame_envelope(len: usize) -> [u8; 9] {
+    envelope(kind::FRAME, len)
+}
+
+/// The bytes [`Response::Bytes`](super::Response::Bytes) of a `len`-byte
+/// blob starts with: the blob follows, so a large answer is sent without
+/// being copied into a message.
+pub fn bytes_envelope(len: usize) -> [u8; 9] {
+    envelope(kind::BYTES, len)
+}
+
+fn envelope(kind: u8, len: usize) -> [u8; 9] {
     let mut h = [0u8; 9];
     h[..4].copy_from_slice(&((len + 5) as u32).to_le_bytes());
-    h[4] = kind::FRAME;
+    h[4] = kind;
     h[5..].copy_from_slice(&(len as u32).to_le_bytes());
     h
 }

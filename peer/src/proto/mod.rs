@@ -15,7 +15,9 @@ use strata_format::wire::{Reader, Writer};
 use strata_format::{ChunkId, FormatError};
 
 mod in_place;
-pub use in_place::{frame_envelope, frame_in, frame_len_in, put_chunk_envelope, put_chunk_in};
+pub use in_place::{
+    bytes_envelope, frame_envelope, frame_in, frame_len_in, put_chunk_envelope, put_chunk_in,
+};
 
 /// Protocol version spoken by this build.
 pub const VERSION: u16 = 1;

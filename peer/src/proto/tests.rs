@@ -106,6 +106,17 @@ fn every_message_round_trips_and_states_its_length() {
 }
 
 #[test]
+fn bytes_envelopes_match_the_encoder() {
+    for n in [0usize, 1, 5000] {
+        let b = vec![7u8; n];
+        let enc = Response::Bytes(b.clone()).encode();
+        let head = crate::proto::bytes_envelope(n);
+        assert_eq!(&enc[..head.len()], &head[..]);
+        assert_eq!(&enc[head.len()..], &b[..]);
+    }
+}
+
+#[test]
 fn frame_envelopes_match_the_encoder() {
     let f = vec![9u8; 1000];
     let enc = Response::Frame(f.clone()).encode();

@@ -32,6 +32,8 @@ impl Local {
             max_streams: 16,
             inflight_bytes: 256 << 20,
             max_request: ServiceConfig::DEFAULT_MAX_REQUEST,
+            work_bytes: ServiceConfig::DEFAULT_WORK_BYTES,
+            max_connections: ServiceConfig::DEFAULT_MAX_CONNECTIONS,
         };
         let service = Service::bind(&cfg).unwrap();
         tokio::spawn(service.clone().run());
