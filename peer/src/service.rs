@@ -24,7 +24,7 @@ use crate::proto::{
     message_len, ErrorCode, Request, Response, ServiceStats, StepEntry, MAX_MESSAGE, VERSION,
 };
 use crate::replicas::{Limits, Replicas};
-use crate::tls::{allows_job, server_config, CertFiles, TlsError};
+use crate::tls::{allows_job, server_config_with_windows, CertFiles, TlsError};
 
 /// Time a new connection has to complete its `Hello`.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -164,8 +164,18 @@ impl Service {
     /// Binds the service (inside a tokio runtime). Call [`Self::run`] to
     /// serve.
     pub fn bind(cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
-        let server = server_config(&cfg.certs, cfg.max_streams)?;
         let max_request = cfg.max_request.clamp(4096, MAX_MESSAGE);
+        let units = (cfg.inflight_bytes / UNIT).max(4 * max_request.div_ceil(UNIT));
+        // What QUIC buffers for one connection: request bytes up to the
+        // connection's share of the request budget (it reads no more at
+        // once), answers up to the largest. So a connection costs
+        // at most `connection_window()` beyond the budgets.
+        let (receive, send) = Self::windows(units, max_request);
+        let server = server_config_with_windows(
+            &cfg.certs,
+            cfg.max_streams,
+            Some((receive as u64, send as u64)),
+        )?;
         // A put's frame is decoded to be verified: no chunk larger than a
         // request is accepted, so one put cannot claim more memory.
         let mut limits = cfg.limits.clone();
@@ -179,7 +189,6 @@ impl Service {
                 source,
             }
         })?;
-        let units = (cfg.inflight_bytes / UNIT).max(4 * max_request.div_ceil(UNIT));
         // One ranged read of the largest chunk needs its frame, the decoded
         // chunk and the answer.
         let work_units = (cfg.work_bytes / UNIT).max(3 * max_request.div_ceil(UNIT));
@@ -200,6 +209,29 @@ impl Service {
             active: AtomicU64::new(0),
             draining: std::sync::atomic::AtomicBool::new(false),
         }))
+    }
+
+    /// A connection's QUIC windows (receive, send) in bytes, for a request
+    /// budget of `units` and the largest request.
+    fn windows(units: usize, max_request: usize) -> (usize, usize) {
+        (
+            Self::connection_units(units, max_request) * UNIT,
+            max_request,
+        )
+    }
+
+    /// One connection's share of the request budget, in units.
+    fn connection_units(units: usize, max_request: usize) -> usize {
+        (units / 4).max(max_request.div_ceil(UNIT))
+    }
+
+    /// What one open connection may make QUIC buffer beyond the service's
+    /// budgets (its receive and send windows): the service's memory is
+    /// bounded by `--memory`, `--inflight`, `--work`, `--manifest-memory`,
+    /// plus this times the connections open (at most `--max-connections`).
+    pub fn connection_window(&self) -> u64 {
+        let (r, s) = Self::windows(self.inflight_units, self.max_request);
+        (r + s) as u64
     }
 
     /// The bound address.
@@ -349,9 +381,10 @@ impl Service {
         // One connection may hold at most a quarter of the service's
         // in-flight budget: a client that announces large requests and
         // sends them slowly cannot starve the others.
-        let mine = Arc::new(Semaphore::new(
-            (self.inflight_units / 4).max(self.max_request.div_ceil(UNIT)),
-        ));
+        let mine = Arc::new(Semaphore::new(Self::connection_units(
+            self.inflight_units,
+            self.max_request,
+        )));
         while let Ok((send, recv)) = conn.accept_bi().await {
             let (me, job, mine) = (self.clone(), job.clone(), mine.clone());
             tokio::spawn(async move { me.stream(&job, &mine, send, recv).await });

@@ -395,6 +395,10 @@ pub fn endpoint(
 /// enough for 16 MiB chunks in flight on several streams, and a bounded
 /// number of concurrent streams (backpressure: a client opening more waits).
 pub fn transport(max_streams: u32) -> Arc<quinn::TransportConfig> {
+    Arc::new(transport_config(max_streams))
+}
+
+fn transport_config(max_streams: u32) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     let mtu = quic_mtu();
     if mtu > 1472 {
@@ -420,12 +424,23 @@ pub fn transport(max_streams: u32) -> Arc<quinn::TransportConfig> {
         .keep_alive_interval(Some(std::time::Duration::from_millis(
             u64::from(IDLE_TIMEOUT_MS) / 6,
         )));
-    Arc::new(t)
+    t
 }
 
 /// A service's QUIC configuration: its node certificate, client
 /// certificates required and verified against the CA.
 pub fn server_config(files: &CertFiles, max_streams: u32) -> Result<quinn::ServerConfig> {
+    server_config_with_windows(files, max_streams, None)
+}
+
+/// [`server_config`] with per-connection windows `(receive, send)` in
+/// bytes: what QUIC buffers for one client, request data not read yet and
+/// answers not acknowledged yet, outside the service's own budgets.
+pub fn server_config_with_windows(
+    files: &CertFiles,
+    max_streams: u32,
+    windows: Option<(u64, u64)>,
+) -> Result<quinn::ServerConfig> {
     let verifier =
         rustls::server::WebPkiClientVerifier::builder_with_provider(roots(&files.ca)?, provider())
             .build()
@@ -439,7 +454,14 @@ pub fn server_config(files: &CertFiles, max_streams: u32) -> Result<quinn::Serve
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(cfg_err)?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(quic));
-    cfg.transport_config(transport(max_streams));
+    let mut t = transport_config(max_streams);
+    if let Some((receive, send)) = windows {
+        let receive = quinn::VarInt::from_u64(receive).unwrap_or(quinn::VarInt::MAX);
+        t.receive_window(receive)
+            .stream_receive_window(receive)
+            .send_window(send);
+    }
+    cfg.transport_config(Arc::new(t));
     Ok(cfg)
 }
 

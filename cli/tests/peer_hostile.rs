@@ -1,0 +1,277 @@
+//! A hostile authenticated client against a real `strata peer serve`
+//! process with small budgets: many connections and streams of ranged
+//! reads of spilled chunks, compressed puts that decode to the largest
+//! chunk, large commit records and empty manifests. The service's resident
+//! memory stays under its configured budgets plus a stated constant, and
+//! another job's puts and reads keep working meanwhile.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_format::codec::{ElemHint, EncodeOptions};
+use strata_format::{ChunkId, CommitRecord, ShardRef};
+use strata_peer::tls::{make_certs, CertFiles};
+use strata_peer::{PeerOptions, PeerStore};
+use strata_tiered::{ChunkData, ChunkPut, ChunkStore};
+
+const MIB: u64 = 1 << 20;
+/// The service's budgets (MiB), as passed on its command line.
+const MEMORY: u64 = 32;
+const INFLIGHT: u64 = 64;
+const WORK: u64 = 64;
+const MANIFESTS: u64 = 8;
+/// What the process holds besides its budgets and its connections'
+/// windows: its code, its runtime, TLS and QUIC state, allocator slack.
+const CONSTANT: u64 = 96;
+/// The largest request the service takes (`--max-chunk` and an envelope).
+const MAX_REQUEST: u64 = 16 * MIB + 8192;
+/// What QUIC may buffer per connection (docs/operations.md): request
+/// bytes up to the connection's share of `--inflight` (a quarter, at least
+/// one largest request), answers up to one largest request.
+const WINDOW: u64 = MAX_REQUEST.div_ceil(1024) * 1024 + MAX_REQUEST;
+/// Connections the test opens: 16 hostile, 1 well-behaved.
+const CONNECTIONS: u64 = 17;
+const BIG: usize = 16 << 20;
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(dir: &std::path::Path) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "peer",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--node",
+            "node-a",
+        ])
+        .args(["--memory", &format!("{MEMORY}MiB"), "--disk", "256MiB"])
+        .args(["--inflight", &format!("{INFLIGHT}MiB")])
+        .args(["--work", &format!("{WORK}MiB")])
+        .args(["--manifest-memory", &format!("{MANIFESTS}MiB")])
+        .args(["--max-chunk", "16MiB", "--job-quota", "200MiB"])
+        .args(["--job-manifest-quota", "4MiB"])
+        .arg("--certs")
+        .arg(dir)
+        .arg("--spill")
+        .arg(dir.join("spill"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|r| r.split([',', ' ', '\n']).next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .trim()
+        .parse()
+        .unwrap();
+    Server { child, addr }
+}
+
+/// Resident and peak resident memory of `pid`, in bytes.
+fn rss(pid: u32) -> (u64, u64) {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb = |k: &str| {
+        s.lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    (kb("VmRSS:"), kb("VmHWM:"))
+}
+
+fn client(addr: SocketAddr, dir: &std::path::Path, job: &str, codec: EncodeOptions) -> PeerStore {
+    let certs = CertFiles::in_dir(dir, &format!("client-{job}"));
+    PeerStore::new(
+        addr,
+        "node-a",
+        &certs,
+        PeerOptions {
+            concurrency: 16,
+            codec,
+        },
+    )
+    .unwrap()
+}
+
+/// A `BIG`-byte chunk that compresses to almost nothing.
+fn bomb(i: u32) -> ChunkPut {
+    let mut d = vec![0u8; BIG];
+    d[..4].copy_from_slice(&i.to_le_bytes());
+    ChunkPut {
+        id: ChunkId::of(&d),
+        hint: ElemHint::BYTES,
+        data: ChunkData::copy_from(&d),
+    }
+}
+
+fn record(job: &str, step: u64, ranks: u32) -> CommitRecord {
+    CommitRecord {
+        job: job.into(),
+        step,
+        world_size: ranks,
+        committed_unix_ms: 1,
+        shards: (0..ranks)
+            .map(|rank| ShardRef {
+                rank,
+                manifest: ChunkId::of(&rank.to_le_bytes()),
+                logical_bytes: 1,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn a_hostile_client_cannot_grow_the_service_past_its_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(
+        dir.path(),
+        &["node-a".into()],
+        &[],
+        &["evil".into(), "good".into()],
+    )
+    .unwrap();
+    let server = serve(dir.path());
+    let pid = server.child.id();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _g = rt.enter();
+    std::thread::sleep(Duration::from_millis(300));
+    let (idle, _) = rss(pid);
+    let bound =
+        idle + (MEMORY + INFLIGHT + WORK + MANIFESTS + CONSTANT) * MIB + CONNECTIONS * WINDOW;
+
+    // Fill memory and spill: 12 chunks of 16 MiB, most of them spilled.
+    let evil: Vec<Arc<PeerStore>> = (0..16)
+        .map(|_| Arc::new(client(server.addr, dir.path(), "evil", EncodeOptions::ZSTD)))
+        .collect();
+    let stored: Vec<ChunkId> = (0..12u32).map(|i| bomb(i).id).collect();
+    rt.block_on(async {
+        for i in 0..12u32 {
+            evil[0].put_chunks("evil", vec![bomb(i)]).await.unwrap();
+        }
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (stop, peak) = (stop.clone(), peak.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(rss(pid).0, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let attacks = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for (n, s) in evil.iter().enumerate() {
+        for k in 0..16u64 {
+            let (s, stored, attacks) = (s.clone(), stored.clone(), attacks.clone());
+            tasks.push(rt.spawn(async move {
+                let mut i = n as u64 * 16 + k;
+                while Instant::now() < deadline {
+                    i += 1;
+                    let _ = match i % 4 {
+                        // A ranged read of a whole spilled chunk.
+                        0 | 1 => s
+                            .get_chunk(
+                                "evil",
+                                &stored[i as usize % stored.len()],
+                                Some(0..BIG as u32),
+                            )
+                            .await
+                            .map(|_| ()),
+                        // A put that decodes to 16 MiB.
+                        2 => s
+                            .put_chunks("evil", vec![bomb(1000 + i as u32)])
+                            .await
+                            .map(|_| ()),
+                        // A large record, and empty manifests.
+                        _ => {
+                            let _ = s.put_manifest("evil", i, (i % 5000) as u32, &[]).await;
+                            s.commit(&record("evil", 1_000_000 + i, 30_000)).await
+                        }
+                    };
+                    attacks.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+
+    // Meanwhile another job's puts and reads keep working.
+    let good = client(server.addr, dir.path(), "good", EncodeOptions::RAW);
+    let mut rounds = 0;
+    rt.block_on(async {
+        while Instant::now() < deadline {
+            let data: Vec<Vec<u8>> = (0..4u8)
+                .map(|j| vec![rounds as u8 ^ j.wrapping_mul(77); 1 << 20])
+                .collect();
+            let puts: Vec<ChunkPut> = data
+                .iter()
+                .map(|d| ChunkPut {
+                    id: ChunkId::of(d),
+                    hint: ElemHint::BYTES,
+                    data: ChunkData::copy_from(d),
+                })
+                .collect();
+            let ids: Vec<ChunkId> = puts.iter().map(|p| p.id).collect();
+            good.put_chunks("good", puts).await.unwrap();
+            for (id, d) in ids.iter().zip(&data) {
+                let got = good.get_chunk("good", id, None).await.unwrap();
+                assert!(got.as_slice() == d.as_slice());
+            }
+            good.put_manifest("good", rounds, 0, b"m").await.unwrap();
+            rounds += 1;
+        }
+    });
+    for t in tasks {
+        rt.block_on(t).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    let (_, hwm) = rss(pid);
+    let peak = peak.load(Ordering::Relaxed).max(hwm);
+    eprintln!(
+        "idle RSS {} MiB, peak RSS {} MiB, bound {} MiB; {} hostile requests, {rounds} good rounds",
+        idle / MIB,
+        peak / MIB,
+        bound / MIB,
+        attacks.load(Ordering::Relaxed)
+    );
+    assert!(rounds >= 3, "the good job made {rounds} rounds");
+    assert!(attacks.load(Ordering::Relaxed) > 100);
+    assert!(
+        peak <= bound,
+        "peak RSS {} MiB over the bound {} MiB",
+        peak / MIB,
+        bound / MIB
+    );
+}
