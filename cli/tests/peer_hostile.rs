@@ -30,10 +30,10 @@ const MANIFESTS: u64 = 8;
 const CONSTANT: u64 = 96;
 /// The largest request the service takes (`--max-chunk` and an envelope).
 const MAX_REQUEST: u64 = 16 * MIB + 8192;
-/// What QUIC may buffer per connection (docs/operations.md): request
-/// bytes up to the connection's share of `--inflight` (a quarter, at least
-/// one largest request), answers up to one largest request.
-const WINDOW: u64 = MAX_REQUEST.div_ceil(1024) * 1024 + MAX_REQUEST;
+/// What QUIC may buffer per connection (docs/protocol.md): request bytes
+/// and answers, each up to the connection's share of `--inflight` (a
+/// quarter, at least one largest request).
+const WINDOW: u64 = 2 * MAX_REQUEST.div_ceil(1024) * 1024;
 /// Connections the test opens: 16 hostile, 1 well-behaved.
 const CONNECTIONS: u64 = 17;
 const BIG: usize = 16 << 20;

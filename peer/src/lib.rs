@@ -14,6 +14,8 @@
 #[cfg(feature = "net")]
 pub mod client;
 #[cfg(feature = "net")]
+pub mod fuzz_session;
+#[cfg(feature = "net")]
 mod ledger;
 #[cfg(feature = "net")]
 pub mod metrics;

