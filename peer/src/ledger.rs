@@ -92,4 +92,17 @@ impl Ledger {
     pub(crate) fn total(&self) -> u64 {
         self.total
     }
+
+    /// Bytes charged to `job`.
+    pub(crate) fn job_total(&self, job: &str) -> u64 {
+        self.jobs.get(job).map_or(0, |(_, t)| *t)
+    }
+
+    /// What one entry costs (0 if absent).
+    pub(crate) fn cost(&self, job: &str, key: (u64, Kind, u32)) -> u64 {
+        self.jobs
+            .get(job)
+            .and_then(|(e, _)| e.get(&key).copied())
+            .unwrap_or(0)
+    }
 }

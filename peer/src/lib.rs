@@ -28,6 +28,8 @@ pub mod ring;
 #[cfg(feature = "net")]
 pub mod service;
 #[cfg(feature = "net")]
+mod service_config;
+#[cfg(feature = "net")]
 pub mod tls;
 
 #[cfg(feature = "net")]

@@ -23,8 +23,9 @@ use tokio::sync::Semaphore;
 use crate::proto::{
     message_len, ErrorCode, Request, Response, ServiceStats, StepEntry, MAX_MESSAGE, VERSION,
 };
-use crate::replicas::{Limits, Replicas};
-use crate::tls::{allows_job, server_config_with_windows, CertFiles, TlsError};
+use crate::replicas::Replicas;
+pub use crate::service_config::{Counters, ServiceConfig, ServiceError};
+use crate::tls::{allows_job, server_config_with_windows};
 
 /// Time a new connection has to complete its `Hello`.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,83 +44,6 @@ type Permits<'a> = (
 
 /// Semaphore unit for in-flight bytes.
 const UNIT: usize = 1024;
-
-/// Settings of a service.
-#[derive(Clone, Debug)]
-pub struct ServiceConfig {
-    /// This node's name (reported in `HelloOk`).
-    pub node: String,
-    /// UDP address to listen on.
-    pub listen: SocketAddr,
-    /// CA, node certificate and key.
-    pub certs: CertFiles,
-    /// Spill directory (cleared at start).
-    pub spill: std::path::PathBuf,
-    /// Budgets and retention.
-    pub limits: Limits,
-    /// Requests open at once per connection.
-    pub max_streams: u32,
-    /// Request bytes held at once by the whole service (at least four
-    /// times `max_request`); one connection holds at most a quarter.
-    pub inflight_bytes: usize,
-    /// Largest request accepted (a chunk frame and its envelope); chunks
-    /// larger than this cannot be replicated to this service.
-    pub max_request: usize,
-    /// Bytes the service allocates at once to answer requests, beyond the
-    /// requests themselves: decoding a compressed put to verify it, a
-    /// spilled frame read back, a ranged read's decoded chunk and answer
-    /// (at least `max_request`; a request waits for its share, never while
-    /// holding another share of this pool).
-    pub work_bytes: usize,
-    /// Connections open (or in their handshake) at once; more are refused.
-    pub max_connections: usize,
-}
-
-impl ServiceConfig {
-    /// Default largest request: a 64 MiB chunk frame and its envelope.
-    pub const DEFAULT_MAX_REQUEST: usize = (64 << 20) + 8192;
-    /// Default work budget.
-    pub const DEFAULT_WORK_BYTES: usize = 1 << 30;
-    /// Default connection limit.
-    pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-}
-
-/// Errors starting a service.
-#[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
-    /// Certificates or TLS settings.
-    #[error(transparent)]
-    Tls(#[from] TlsError),
-    /// The spill directory.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// Binding the socket.
-    #[error("listening on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// Counters exported on `/metrics` and by `Stats`.
-#[derive(Default, Debug)]
-pub struct Counters {
-    /// Request bytes received.
-    pub bytes_in: AtomicU64,
-    /// Response bytes sent.
-    pub bytes_out: AtomicU64,
-    /// Connections open now.
-    pub connections: AtomicU64,
-    /// Connections refused (TLS, authorization, handshake).
-    pub refused: AtomicU64,
-    /// Requests answered with an error.
-    pub errors: AtomicU64,
-    /// Requests served.
-    pub requests: AtomicU64,
-}
 
 /// A running peer service.
 pub struct Service {
@@ -747,9 +671,16 @@ impl Service {
                 Response::Ok
             }
             Request::GetManifest { step, rank } => {
+                // The answer copies the manifest: within the work budget.
+                let len = self.replicas.held_len(job, step, rank)?;
+                *hold = Some(self.work_permit(len).await?);
                 Response::Bytes(self.replicas.get_manifest(job, step, rank).await?)
             }
             Request::ListSteps => {
+                // The listing copies every record of the job (and its
+                // encoding copies them again): within the work budget.
+                let held = self.replicas.job_held_bytes(job)?;
+                *hold = Some(self.work_permit(held.saturating_mul(2)).await?);
                 let steps = self.replicas.list_steps(job).await?;
                 let mut out = Vec::with_capacity(steps.len());
                 for s in steps {

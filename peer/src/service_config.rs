@@ -1,0 +1,86 @@
+//! A peer service's settings, its start-up errors and its counters.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+
+use strata_tiered::StoreError;
+
+use crate::replicas::Limits;
+use crate::tls::{CertFiles, TlsError};
+
+/// Settings of a service.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    /// This node's name (reported in `HelloOk`).
+    pub node: String,
+    /// UDP address to listen on.
+    pub listen: SocketAddr,
+    /// CA, node certificate and key.
+    pub certs: CertFiles,
+    /// Spill directory (cleared at start).
+    pub spill: std::path::PathBuf,
+    /// Budgets and retention.
+    pub limits: Limits,
+    /// Requests open at once per connection.
+    pub max_streams: u32,
+    /// Request bytes held at once by the whole service (at least four
+    /// times `max_request`); one connection holds at most a quarter.
+    pub inflight_bytes: usize,
+    /// Largest request accepted (a chunk frame and its envelope); chunks
+    /// larger than this cannot be replicated to this service.
+    pub max_request: usize,
+    /// Bytes the service allocates at once to answer requests, beyond the
+    /// requests themselves: decoding a compressed put to verify it, a
+    /// spilled frame read back, a ranged read's decoded chunk and answer
+    /// (at least `max_request`; a request waits for its share, never while
+    /// holding another share of this pool).
+    pub work_bytes: usize,
+    /// Connections open (or in their handshake) at once; more are refused.
+    pub max_connections: usize,
+}
+
+impl ServiceConfig {
+    /// Default largest request: a 64 MiB chunk frame and its envelope.
+    pub const DEFAULT_MAX_REQUEST: usize = (64 << 20) + 8192;
+    /// Default work budget.
+    pub const DEFAULT_WORK_BYTES: usize = 1 << 30;
+    /// Default connection limit.
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+}
+
+/// Errors starting a service.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Certificates or TLS settings.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The spill directory.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Binding the socket.
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Counters exported on `/metrics` and by `Stats`.
+#[derive(Default, Debug)]
+pub struct Counters {
+    /// Request bytes received.
+    pub bytes_in: AtomicU64,
+    /// Response bytes sent.
+    pub bytes_out: AtomicU64,
+    /// Connections open now.
+    pub connections: AtomicU64,
+    /// Connections refused (TLS, authorization, handshake).
+    pub refused: AtomicU64,
+    /// Requests answered with an error.
+    pub errors: AtomicU64,
+    /// Requests served.
+    pub requests: AtomicU64,
+}
