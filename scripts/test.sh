@@ -80,7 +80,7 @@ log "cargo fmt --check"
 cargo fmt --all -- --check
 
 log "cargo clippy (workspace, all targets, -D warnings)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked --features strata-peer/fuzzing -- -D warnings
 
 log "cargo clippy --features cuda (the GPU path compiles without a toolkit or driver)"
 cargo clippy -p strata -p strata-python --all-targets --features cuda --locked -- -D warnings
@@ -93,7 +93,8 @@ log "doc tests"
 cargo test --workspace --doc --locked
 
 log "tests"
-cargo nextest run --workspace --locked --no-fail-fast
+# With the peer protocol's conversation harness (a feature of its own).
+cargo nextest run --workspace --locked --no-fail-fast --features strata-peer/fuzzing
 
 log "python tests (pytest: round trips, torchrun with gloo, a rank killed mid-save, the example killed and resumed)"
 # From the tests' directory, so the installed package is imported, not the source tree.

@@ -63,6 +63,8 @@ pub(crate) struct TierGc {
     pub(crate) bytes_freed: u64,
     /// Incomplete multipart uploads aborted (L3).
     pub(crate) uploads_aborted: u64,
+    /// Why stale uploads could not be aborted (the chunks were swept).
+    pub(crate) uploads_error: Option<String>,
     pub(crate) held_back: Option<String>,
     /// Why this tier was not (fully) collected; nothing of it was deleted
     /// if the listing failed.
@@ -80,6 +82,7 @@ impl TierGc {
             chunks_deleted: r.chunks_deleted,
             bytes_freed: r.bytes_freed,
             uploads_aborted: r.uploads_aborted,
+            uploads_error: r.uploads_error,
             held_back: r.held_back,
             error: None,
         }
@@ -192,6 +195,11 @@ pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
                 g.error
                     .clone()
                     .or_else(|| g.held_back.clone())
+                    .or_else(|| {
+                        g.uploads_error
+                            .as_ref()
+                            .map(|e| format!("stale uploads not aborted: {e}"))
+                    })
                     .unwrap_or_default(),
             ]);
         }

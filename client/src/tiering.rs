@@ -203,8 +203,12 @@ fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
         .block_on(strata_gc::collect(l3, &cfg.job, &policy, &opts))
     {
         Ok((_, r))
-            if r.shards_retired + r.partial_removed + r.chunks_deleted + r.uploads_aborted > 0 =>
+            if r.shards_retired + r.partial_removed + r.chunks_deleted + r.uploads_aborted > 0
+                || r.uploads_error.is_some() =>
         {
+            if let Some(e) = &r.uploads_error {
+                tracing::warn!(error = %e, "L3 retention: stale multipart uploads not aborted");
+            }
             tracing::info!(
                 retired = r.shards_retired,
                 partial = r.partial_removed,

@@ -27,6 +27,10 @@ pub struct Report {
     /// Incomplete multipart uploads begun before the grace period and
     /// aborted (not counted in a dry run).
     pub uploads_aborted: u64,
+    /// Why stale uploads could not be listed or aborted (a policy without
+    /// the right to list them, say): reported, and the chunks are swept
+    /// all the same.
+    pub uploads_error: Option<String>,
     /// Why unreferenced chunks were left (see [`Plan::held_back`]).
     pub held_back: Option<String>,
 }
@@ -112,6 +116,7 @@ pub async fn collect(
         chunks_deleted: p.chunks.len() as u64,
         bytes_freed: p.chunk_bytes,
         uploads_aborted: 0,
+        uploads_error: None,
         held_back: p.held_back.clone(),
     };
     if dry_run {
@@ -126,14 +131,12 @@ pub async fn collect(
     report.chunks_deleted = 0;
     report.bytes_freed = 0;
     if let Some(cutoff) = p.cutoff.filter(|_| !opts.skip_chunks) {
-        report.uploads_aborted =
-            store
-                .abort_stale_uploads(job, cutoff)
-                .await
-                .map_err(GcError::store(format!(
-                    "aborting stale uploads on {}",
-                    store.name()
-                )))?;
+        // Not fatal: a policy without the right to list uploads must not
+        // stop the chunks from being swept.
+        match store.abort_stale_uploads(job, cutoff).await {
+            Ok(n) => report.uploads_aborted = n,
+            Err(e) => report.uploads_error = Some(e.to_string()),
+        }
     }
     let Some(cutoff) = p.cutoff.filter(|_| !p.chunks.is_empty()) else {
         return Ok((p, report));

@@ -401,3 +401,36 @@ async fn the_chunk_sweep_aborts_stale_multipart_uploads() {
     assert_eq!((r.uploads_aborted, staged()), (1, 0));
     whole(&s).await;
 }
+
+/// Stale uploads that cannot be aborted (here a directory where a staging
+/// file would be, which cannot be unlinked as one) are reported, and the
+/// chunks are swept all the same: a policy without the right to list
+/// uploads must not stop collection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_that_cannot_be_aborted_do_not_stop_the_chunk_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let s = L3Store::from_url(&url, &[], L3Options::default()).unwrap();
+    for step in 1..=10 {
+        save(&s, step).await;
+    }
+    let hex = ChunkId::of(b"stuck").to_hex();
+    std::fs::create_dir_all(
+        dir.path()
+            .join(JOB)
+            .join("chunks")
+            .join(&hex[..2])
+            .join(format!("{hex}#7")),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let opts = Options {
+        scope: Some(Scope::All),
+        ..Default::default()
+    };
+    let (_, r) = collect(&s, JOB, &policy(), &opts).await.unwrap();
+    assert!(r.uploads_error.is_some(), "{r:?}");
+    assert!(r.chunks_deleted > 0, "{r:?}");
+    let kept = BTreeSet::from([4, 8, 9, 10]);
+    assert_eq!(state(&s).await, (kept.clone(), expected_chunks(&kept)));
+}

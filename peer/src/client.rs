@@ -371,6 +371,11 @@ impl PeerStore {
     }
 }
 
+/// The answer of a service that predates a request kind.
+fn too_old(e: &StoreError) -> bool {
+    e.kind() == strata_tiered::StoreErrorKind::Invalid && e.to_string().contains("unknown kind")
+}
+
 fn unexpected(label: &str, r: &Response) -> StoreError {
     let kind = match r {
         Response::Frame(_) => "a frame",
@@ -662,16 +667,26 @@ impl ChunkStore for PeerStore {
     }
 
     async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
-        match self.request(job, &Request::SetPin { step, pinned }).await? {
-            Response::Ok => Ok(()),
-            other => Err(unexpected(&self.label, &other)),
+        match self.request(job, &Request::SetPin { step, pinned }).await {
+            Ok(Response::Ok) => Ok(()),
+            Ok(other) => Err(unexpected(&self.label, &other)),
+            Err(e) if too_old(&e) => Err(StoreError::invalid(
+                "pin",
+                format!("{} is older than pins: upgrade its service", self.label),
+            )),
+            Err(e) => Err(e),
         }
     }
 
+    /// A service older than pins (it answers the kind as unknown) holds
+    /// none: its steps are listed as unpinned, so `strata gc` and `ls` go
+    /// on working against it.
     async fn list_pins(&self, job: &str) -> Result<std::collections::BTreeSet<u64>> {
-        match self.request(job, &Request::ListPins).await? {
-            Response::Pins(v) => Ok(v.into_iter().collect()),
-            other => Err(unexpected(&self.label, &other)),
+        match self.request(job, &Request::ListPins).await {
+            Ok(Response::Pins(v)) => Ok(v.into_iter().collect()),
+            Ok(other) => Err(unexpected(&self.label, &other)),
+            Err(e) if too_old(&e) => Ok(std::collections::BTreeSet::new()),
+            Err(e) => Err(e),
         }
     }
 

@@ -13,7 +13,7 @@
 
 #[cfg(feature = "net")]
 pub mod client;
-#[cfg(feature = "net")]
+#[cfg(feature = "fuzzing")]
 pub mod fuzz_session;
 #[cfg(feature = "net")]
 mod ledger;

@@ -4,10 +4,12 @@
 //!
 //! This is not what clients talk to (they go through the protocol and
 //! [`crate::PeerStore`]); it is the store the service collects, and it
-//! passes the tier conformance suite on its own. The tier's clock is this
-//! host's: the service stamps chunk ages with its own monotonic clock, and
+//! passes the tier conformance suite on its own. The tier's clock is the
+//! service's: it stamps chunk ages with its monotonic clock, and
 //! [`ChunkStore::now`] and [`ChunkStore::list_chunk_info`] express both on
-//! the same wall clock, so no other node's clock enters a decision.
+//! one wall clock derived from it (a step of the host's clock changes
+//! nothing), so no other node's clock enters a grace-period decision
+//! (`keep_within` reads the commit records' times, which clients write).
 //!
 //! Chunk puts and reads here run on the calling task (they decode, and
 //! may touch a spill file): collection uses neither, only listings and
@@ -16,7 +18,7 @@
 
 use std::collections::BTreeSet;
 use std::ops::Range;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -28,23 +30,6 @@ use strata_tiered::{
 };
 
 use crate::replicas::Replicas;
-
-/// `then` (an instant of the service's monotonic clock) on the wall clock
-/// read at `now_wall`/`now_mono`.
-pub(crate) fn wall(then: Instant, now_mono: Instant, now_wall: SystemTime) -> SystemTime {
-    now_wall
-        .checked_sub(now_mono.saturating_duration_since(then))
-        .unwrap_or(SystemTime::UNIX_EPOCH)
-}
-
-/// The monotonic instant of wall time `t` (None: before the monotonic
-/// clock's origin, so older than anything held).
-pub(crate) fn mono(t: SystemTime, now_mono: Instant, now_wall: SystemTime) -> Option<Instant> {
-    match now_wall.duration_since(t) {
-        Ok(ago) => now_mono.checked_sub(ago),
-        Err(ahead) => now_mono.checked_add(ahead.duration()),
-    }
-}
 
 #[async_trait]
 impl ChunkStore for Replicas {
@@ -132,14 +117,13 @@ impl ChunkStore for Replicas {
     }
 
     async fn list_chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {
-        let (now_mono, now_wall) = (Instant::now(), SystemTime::now());
         Ok(self
             .chunk_ages(job)?
             .into_iter()
             .map(|(id, len, touched)| ChunkInfo {
                 id,
                 stored_len: Some(len),
-                touched: Some(wall(touched, now_mono, now_wall)),
+                touched: Some(self.wall_of(touched)),
             })
             .collect())
     }
@@ -150,7 +134,7 @@ impl ChunkStore for Replicas {
         ids: &[ChunkId],
         cutoff: SystemTime,
     ) -> Result<(u64, u64)> {
-        let Some(cutoff) = mono(cutoff, Instant::now(), SystemTime::now()) else {
+        let Some(cutoff) = self.instant_of(cutoff) else {
             return Ok((0, 0)); // before anything this service has touched
         };
         self.delete_untouched_since(job, ids, cutoff)
@@ -165,6 +149,6 @@ impl ChunkStore for Replicas {
     }
 
     async fn now(&self, _job: &str) -> Result<SystemTime> {
-        Ok(SystemTime::now())
+        Ok(self.wall_now())
     }
 }

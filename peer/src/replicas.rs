@@ -178,6 +178,13 @@ pub struct Replicas {
     tmp_seq: AtomicU64,
     /// One pin change at a time (the count check and the insert).
     pin_lock: tokio::sync::Mutex<()>,
+    /// The monotonic clock and the wall clock read together once: the
+    /// service's wall time is derived from the monotonic clock, so a step
+    /// of the host's clock never makes a fresh chunk look old.
+    anchor: (Instant, std::time::SystemTime),
+    /// Jobs whose retention is running, and whether another commit asked
+    /// for it meanwhile (one retention per job at a time).
+    retaining: Mutex<HashMap<String, bool>>,
 }
 
 impl std::fmt::Debug for Replicas {
@@ -208,6 +215,8 @@ impl Replicas {
             limits,
             tmp_seq: AtomicU64::new(0),
             pin_lock: tokio::sync::Mutex::new(()),
+            anchor: (Instant::now(), std::time::SystemTime::now()),
+            retaining: Mutex::new(HashMap::new()),
         })
     }
 
@@ -584,10 +593,56 @@ impl Replicas {
     }
 
     /// Writes a commit record (create-only), then applies retention
-    /// ([`Self::retain`]). Returns the chunk bytes freed.
+    /// ([`Self::retain`]) unless it is running for the job already: then
+    /// the running one goes round once more. Returns the chunk bytes freed
+    /// here.
     pub async fn commit(&self, record: &CommitRecord) -> Result<u64> {
         self.commit_record(record).await?;
-        Ok(self.retain(&record.job).await)
+        let job = record.job.as_str();
+        {
+            let mut r = self.retaining.lock().map_err(|_| poisoned())?;
+            if let Some(again) = r.get_mut(job) {
+                *again = true;
+                return Ok(0);
+            }
+            r.insert(job.to_string(), false);
+        }
+        let mut freed = 0;
+        loop {
+            freed += self.retain(job).await;
+            let mut r = self.retaining.lock().map_err(|_| poisoned())?;
+            match r.get_mut(job) {
+                Some(again) if *again => *again = false,
+                _ => {
+                    r.remove(job);
+                    return Ok(freed);
+                }
+            }
+        }
+    }
+
+    /// The service's wall time: the anchor's, moved by the monotonic clock.
+    pub(crate) fn wall_now(&self) -> std::time::SystemTime {
+        self.wall_of(Instant::now())
+    }
+
+    /// Monotonic instant `t` on the service's wall clock.
+    pub(crate) fn wall_of(&self, t: Instant) -> std::time::SystemTime {
+        let (mono, wall) = self.anchor;
+        match t.checked_duration_since(mono) {
+            Some(d) => wall + d,
+            None => wall - mono.duration_since(t),
+        }
+    }
+
+    /// The monotonic instant of the service's wall time `w` (None: before
+    /// the service started, older than anything it holds).
+    pub(crate) fn instant_of(&self, w: std::time::SystemTime) -> Option<Instant> {
+        let (mono, wall) = self.anchor;
+        match w.duration_since(wall) {
+            Ok(d) => mono.checked_add(d),
+            Err(_) => None,
+        }
     }
 
     /// Writes a commit record (create-only), nothing else.

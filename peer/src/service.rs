@@ -41,6 +41,11 @@ type Permits<'a> = (
     tokio::sync::SemaphorePermit<'a>,
     tokio::sync::OwnedSemaphorePermit,
 );
+/// A share of the connection's and the service's work pools.
+type Work = (
+    tokio::sync::OwnedSemaphorePermit,
+    tokio::sync::OwnedSemaphorePermit,
+);
 
 /// Semaphore unit for in-flight bytes.
 const UNIT: usize = 1024;
@@ -179,8 +184,9 @@ impl Service {
             self.open.fetch_add(1, Ordering::AcqRel);
             let me = self.clone();
             tokio::spawn(async move {
+                // Counted down even if the connection's task panics.
+                let _open = ActiveGuard(&me.open);
                 me.clone().connection(incoming).await;
-                me.open.fetch_sub(1, Ordering::AcqRel);
             });
         }
     }
@@ -308,9 +314,11 @@ impl Service {
             self.inflight_units,
             self.max_request,
         )));
+        // And at most its share of the work pool.
+        let work = Arc::new(Semaphore::new(self.work_share_units()));
         while let Ok((send, recv)) = conn.accept_bi().await {
-            let (me, job, mine) = (self.clone(), job.clone(), mine.clone());
-            tokio::spawn(async move { me.stream(&job, &mine, send, recv).await });
+            let (me, job, mine, work) = (self.clone(), job.clone(), mine.clone(), work.clone());
+            tokio::spawn(async move { me.stream(&job, &mine, &work, send, recv).await });
         }
         self.counters.connections.fetch_sub(1, Ordering::Relaxed);
     }
@@ -419,6 +427,7 @@ impl Service {
         &self,
         job: &str,
         mine: &Semaphore,
+        work: &Arc<Semaphore>,
         mut send: quinn::SendStream,
         mut recv: quinn::RecvStream,
     ) {
@@ -442,7 +451,7 @@ impl Service {
                 match crate::proto::put_chunk_in(&msg) {
                     Some((id, at)) => {
                         let frame = bytes::Bytes::from(msg).slice(at..);
-                        self.put_chunk(job, id, frame).await
+                        self.put_chunk(job, work, id, frame).await
                     }
                     None => error(ErrorCode::Invalid, "not a put".into()),
                 }
@@ -454,7 +463,7 @@ impl Service {
                     // A spilled frame is read into memory: its bytes wait
                     // for the work budget, held until it is sent.
                     let work = match self.spilled_len(job, &id) {
-                        Ok(n) => self.work_permit(n).await,
+                        Ok(n) => self.work_permit(work, n).await,
                         Err(e) => Err(e),
                     };
                     let got = match work {
@@ -476,7 +485,7 @@ impl Service {
                 }
                 Ok(req) => {
                     let mut hold = None;
-                    let resp = self.dispatch(job, req, &mut hold).await;
+                    let resp = self.dispatch(job, req, work, &mut hold).await;
                     return self.answer(send, resp).await;
                 }
                 Err(e) => error(ErrorCode::Invalid, e.to_string()),
@@ -495,11 +504,12 @@ impl Service {
             self.counters
                 .bytes_out
                 .fetch_add((head.len() + b.len()) as u64, Ordering::Relaxed);
-            if send.write_all(&head).await.is_ok()
-                && send.write_chunk(bytes::Bytes::from(b)).await.is_ok()
-            {
-                let _ = send.finish();
-            }
+            let body = bytes::Bytes::from(b);
+            let sent = tokio::time::timeout(REQUEST_TIMEOUT, async {
+                send.write_all(&head).await.is_ok() && send.write_chunk(body).await.is_ok()
+            })
+            .await;
+            finish_or_reset(&mut send, sent);
             return;
         }
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
@@ -510,9 +520,11 @@ impl Service {
         self.counters
             .bytes_out
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        if send.write_all(&bytes).await.is_ok() {
-            let _ = send.finish();
-        }
+        let sent = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            send.write_all(&bytes).await.is_ok()
+        })
+        .await;
+        finish_or_reset(&mut send, sent);
     }
 
     /// A `Frame` response: its envelope (the same bytes `Response::encode`
@@ -523,21 +535,24 @@ impl Service {
         self.counters
             .bytes_out
             .fetch_add((head.len() + frame.len()) as u64, Ordering::Relaxed);
-        if send.write_all(&head).await.is_ok() && send.write_chunk(frame).await.is_ok() {
-            let _ = send.finish();
-        }
+        let sent = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            send.write_all(&head).await.is_ok() && send.write_chunk(frame).await.is_ok()
+        })
+        .await;
+        finish_or_reset(&mut send, sent);
     }
 
     /// Verifies and keeps one chunk (hashing blocks: off the async workers).
     async fn put_chunk(
         &self,
         job: &str,
+        work: &Arc<Semaphore>,
         id: strata_format::ChunkId,
         frame: bytes::Bytes,
     ) -> Response {
         // A compressed frame is decoded to be verified: its raw length
         // counts against the in-flight budget like the request did.
-        let _decode = match self.decode_permit(&frame).await {
+        let _decode = match self.decode_permit(work, &frame).await {
             Ok(p) => p,
             Err(e) => return from_store(&e),
         };
@@ -560,12 +575,13 @@ impl Service {
     /// already holds a share of.
     async fn decode_permit(
         &self,
+        work: &Arc<Semaphore>,
         frame: &[u8],
-    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, StoreError> {
+    ) -> Result<Option<Work>, StoreError> {
         let limit = self.replicas.limits().max_chunk;
         match strata_format::frame::FrameHeader::decode(frame, limit) {
             Ok(h) if h.codec != strata_format::codec::Codec::Raw => {
-                self.work_permit(u64::from(h.raw_len)).await.map(Some)
+                self.work_permit(work, u64::from(h.raw_len)).await.map(Some)
             }
             _ => Ok(None),
         }
@@ -573,18 +589,34 @@ impl Service {
 
     /// `bytes` of the work pool (capped at the whole pool), held until the
     /// permit drops.
-    async fn work_permit(
-        &self,
-        bytes: u64,
-    ) -> Result<tokio::sync::OwnedSemaphorePermit, StoreError> {
+    async fn work_permit(&self, work: &Arc<Semaphore>, bytes: u64) -> Result<Work, StoreError> {
+        let closed = |_| StoreError::Unavailable("shutting down".into());
+        let share = u32::try_from(self.work_share_units()).unwrap_or(u32::MAX);
         let units = u32::try_from(bytes.div_ceil(UNIT as u64))
             .unwrap_or(u32::MAX)
-            .min(u32::try_from(self.work_units).unwrap_or(u32::MAX));
-        self.work
+            .min(share);
+        // The connection's share first, then the service's: a client that
+        // does not read its answers holds at most its share.
+        let local = work
             .clone()
             .acquire_many_owned(units)
             .await
-            .map_err(|_| StoreError::Unavailable("shutting down".into()))
+            .map_err(closed)?;
+        let global = self
+            .work
+            .clone()
+            .acquire_many_owned(units)
+            .await
+            .map_err(closed)?;
+        Ok((local, global))
+    }
+
+    /// One connection's share of the work pool, in units: a quarter, at
+    /// least one ranged read of the largest chunk (capped at the pool).
+    fn work_share_units(&self) -> usize {
+        (self.work_units / 4)
+            .max(3 * self.max_request.div_ceil(UNIT))
+            .min(self.work_units)
     }
 
     /// The stored length of a chunk if it is spilled (reading it back
@@ -599,9 +631,10 @@ impl Service {
         &self,
         job: &str,
         req: Request,
-        hold: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+        work: &Arc<Semaphore>,
+        hold: &mut Option<Work>,
     ) -> Response {
-        match self.serve(job, req, hold).await {
+        match self.serve(job, req, work, hold).await {
             Ok(r) => r,
             Err(e) => from_store(&e),
         }
@@ -611,7 +644,8 @@ impl Service {
         &self,
         job: &str,
         req: Request,
-        hold: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+        work: &Arc<Semaphore>,
+        hold: &mut Option<Work>,
     ) -> Result<Response, StoreError> {
         let r = self.replicas.clone();
         let job_s = job.to_string();
@@ -624,7 +658,7 @@ impl Service {
         Ok(match req {
             Request::Hello { .. } => error(ErrorCode::Invalid, "already said hello".into()),
             Request::PutChunk { id, frame } => {
-                let _decode = self.decode_permit(&frame).await?;
+                let _decode = self.decode_permit(work, &frame).await?;
                 blocking(Box::new(move || {
                     r.put_chunk(&job_s, id, frame.into())
                         .map(|new| Response::Stored { new })
@@ -635,7 +669,7 @@ impl Service {
             Request::GetChunk { id, range: None } => {
                 let stored = self.replicas.stored_len(job, &id)?;
                 *hold = Some(
-                    self.work_permit(self.spilled_len(job, &id)? + stored)
+                    self.work_permit(work, self.spilled_len(job, &id)? + stored)
                         .await?,
                 );
                 blocking(Box::new(move || {
@@ -649,12 +683,12 @@ impl Service {
                 range: Some((a, b)),
             } => {
                 // The whole chunk is decoded (and verified) for a range:
-                // the spilled frame read back, the decoded chunk (cut down
-                // to the range in place) and the answer's copy of it, all
-                // within the work budget until the answer is sent.
+                // the spilled frame read back, the decoded chunk and the
+                // range copied out of it for the answer, all within the
+                // work budget until the answer is sent.
                 let raw = self.replicas.raw_len(job, &id)?;
                 let need = self.spilled_len(job, &id)? + raw + u64::from(b.saturating_sub(a));
-                *hold = Some(self.work_permit(need).await?);
+                *hold = Some(self.work_permit(work, need).await?);
                 let frame = {
                     let (r, job_s) = (r.clone(), job_s.clone());
                     tokio::task::spawn_blocking(move || r.get_frame(&job_s, &id))
@@ -673,14 +707,14 @@ impl Service {
             Request::GetManifest { step, rank } => {
                 // The answer copies the manifest: within the work budget.
                 let len = self.replicas.held_len(job, step, rank)?;
-                *hold = Some(self.work_permit(len).await?);
+                *hold = Some(self.work_permit(work, len).await?);
                 Response::Bytes(self.replicas.get_manifest(job, step, rank).await?)
             }
             Request::ListSteps => {
                 // The listing copies every record of the job (and its
                 // encoding copies them again): within the work budget.
                 let held = self.replicas.job_held_bytes(job)?;
-                *hold = Some(self.work_permit(held.saturating_mul(2)).await?);
+                *hold = Some(self.work_permit(work, held.saturating_mul(2)).await?);
                 let steps = self.replicas.list_steps(job).await?;
                 let mut out = Vec::with_capacity(steps.len());
                 for s in steps {
@@ -710,6 +744,12 @@ impl Service {
                         ),
                     ));
                 }
+                // Retention after the commit reads every manifest of the
+                // job back: within the work budget.
+                *hold = Some(
+                    self.work_permit(work, self.replicas.job_held_bytes(job)?)
+                        .await?,
+                );
                 let freed = self.replicas.commit(&record).await?;
                 if freed > 0 {
                     tracing::info!(
@@ -749,6 +789,21 @@ impl Service {
                 Response::Pins(self.replicas.list_pins(job).await?.into_iter().collect())
             }
         })
+    }
+}
+
+/// Ends an answer: finished if it was handed to QUIC whole; reset if the
+/// client did not take it within [`REQUEST_TIMEOUT`] (a client that does
+/// not read its answers holds its budgets that long at most).
+fn finish_or_reset(send: &mut quinn::SendStream, sent: Result<bool, tokio::time::error::Elapsed>) {
+    match sent {
+        Ok(true) => {
+            let _ = send.finish();
+        }
+        Ok(false) => {}
+        Err(_) => {
+            let _ = send.reset(0u32.into());
+        }
     }
 }
 

@@ -118,21 +118,30 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(io_err(path))
 }
 
-/// Creates `dir` (and its parents) and makes it 0700: it holds keys.
+/// Creates `dir` 0700 (it holds keys). A directory that exists already
+/// (`--out .`, a shared directory) keeps its mode: its owner chose it.
 fn private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io_err(dir))
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err(dir))
 }
 
-/// Reads a private key, refusing one that others may read or write.
+/// Reads a private key, refusing one that others may read or write: any
+/// bit for others, group write, or group read unless root owns the file
+/// (a key mounted from a Kubernetes secret with an `fsGroup` is root's,
+/// mode 0440 or 0640; PostgreSQL accepts the same).
 fn read_private(path: &Path) -> Result<Vec<u8>> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(path)
-        .map_err(io_err(path))?
-        .permissions()
-        .mode();
-    if mode & 0o077 != 0 {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::metadata(path).map_err(io_err(path))?;
+    let mode = meta.permissions().mode();
+    let group_read_ok = meta.uid() == 0 && mode & 0o037 == 0;
+    if mode & 0o077 != 0 && !group_read_ok {
         return Err(TlsError::InsecureKey {
             path: path.to_path_buf(),
             mode: mode & 0o777,
@@ -241,14 +250,24 @@ fn ca_params() -> Result<rcgen::CertificateParams> {
 
 /// Issues, from the CA whose key is `ca_dir/ca.key`, a client certificate
 /// `dir/client-<name>.pem` (key 0600) allowing every job in `jobs`.
-/// Returns the files.
+/// Returns the files. A CA made before the key moved apart has it at
+/// `dir/ca.key`: it is used from there, with a warning to move it.
 pub fn issue_client(
     dir: &Path,
     ca_dir: &Path,
     name: &str,
     jobs: &[String],
 ) -> Result<Vec<PathBuf>> {
-    let ca_key = ca_dir.join("ca.key");
+    let mut ca_key = ca_dir.join("ca.key");
+    let old = dir.join("ca.key");
+    if !ca_key.exists() && old.exists() {
+        tracing::warn!(
+            "using the CA key {} beside the certificates nodes receive; move it to {}",
+            old.display(),
+            ca_key.display()
+        );
+        ca_key = old;
+    }
     let key_pem = String::from_utf8_lossy(&read_private(&ca_key)?).into_owned();
     let key = rcgen::KeyPair::from_pem(&key_pem).map_err(|e| TlsError::BadPem {
         path: ca_key.clone(),

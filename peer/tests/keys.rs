@@ -50,7 +50,18 @@ fn a_key_others_can_read_is_refused_with_a_clear_error() {
     assert!(server_config(&node, 8).is_ok());
     assert!(client_config(&client, 8).is_ok());
     for (files, is_server) in [(&node, true), (&client, false)] {
-        for loose in [0o644, 0o640, 0o604, 0o660] {
+        // Group read alone is accepted from a key root owns (a Kubernetes
+        // secret with an fsGroup); from anyone else's, refused.
+        let root_owned =
+            std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&files.key).unwrap()) == 0;
+        std::fs::set_permissions(&files.key, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let group_read = if is_server {
+            server_config(files, 8).err()
+        } else {
+            client_config(files, 8).err()
+        };
+        assert_eq!(group_read.is_none(), root_owned, "{group_read:?}");
+        for loose in [0o644, 0o604, 0o660, 0o641, 0o650] {
             std::fs::set_permissions(&files.key, std::fs::Permissions::from_mode(loose)).unwrap();
             let err = if is_server {
                 server_config(files, 8).err()
@@ -76,4 +87,21 @@ fn a_key_others_can_read_is_refused_with_a_clear_error() {
         issue_client(dir.path(), &default_ca_dir(dir.path()), "x", &["j".into()]),
         Err(TlsError::InsecureKey { .. })
     ));
+}
+
+#[test]
+fn an_existing_directory_keeps_its_mode_and_an_old_ca_key_still_issues() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    make_certs(dir.path(), &["node-a".into()], &[], &["j".into()]).unwrap();
+    assert_eq!(
+        mode(dir.path()),
+        0o755,
+        "a directory the user made keeps its mode"
+    );
+    // A CA made before the key moved apart: ca.key beside the certificates.
+    let ca_dir = default_ca_dir(dir.path());
+    std::fs::rename(ca_dir.join("ca.key"), dir.path().join("ca.key")).unwrap();
+    let more = issue_client(dir.path(), &ca_dir, "ops", &["j".into()]).unwrap();
+    assert_eq!(more.len(), 2);
 }

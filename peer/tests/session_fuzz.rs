@@ -1,6 +1,7 @@
 //! The protocol fuzzed as conversations (`fuzz_session`), on seeded random
 //! inputs: every answer decodes and the service keeps answering. The
 //! long run is `cargo fuzz run peer_session` (README).
+#![cfg(feature = "fuzzing")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[test]

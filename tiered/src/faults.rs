@@ -45,6 +45,10 @@ pub struct FaultPlan {
     /// Refuse create-if-absent puts as not implemented (an S3 server or
     /// configuration without conditional writes).
     pub no_conditional_put: bool,
+    /// Every part of a multipart upload fails (the upload itself starts,
+    /// and can be completed or aborted): what must not leave an upload
+    /// behind.
+    pub fail_parts: bool,
 }
 
 /// Calls injected so far, by kind.
@@ -135,6 +139,25 @@ impl FaultyStore {
     }
 }
 
+/// A multipart upload whose parts all fail ([`FaultPlan::fail_parts`]).
+#[derive(Debug)]
+struct FailingParts(Box<dyn MultipartUpload>);
+
+#[async_trait]
+impl MultipartUpload for FailingParts {
+    fn put_part(&mut self, _data: PutPayload) -> object_store::UploadPart {
+        Box::pin(async { Err(FaultyStore::err("500 part upload failed")) })
+    }
+
+    async fn complete(&mut self) -> object_store::Result<PutResult> {
+        self.0.complete().await
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        self.0.abort().await
+    }
+}
+
 impl fmt::Debug for FaultyStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "FaultyStore({:?}, {})", self.plan, self.inner)
@@ -174,7 +197,11 @@ impl ObjectStore for FaultyStore {
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
         self.before(true).await?;
-        self.inner.put_multipart_opts(location, opts).await
+        let up = self.inner.put_multipart_opts(location, opts).await?;
+        if self.plan.fail_parts {
+            return Ok(Box::new(FailingParts(up)));
+        }
+        Ok(up)
     }
 
     async fn get_opts(

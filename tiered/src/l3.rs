@@ -302,9 +302,10 @@ impl L3Store {
     }
 
     /// The chunk's last-modified time, or None if it is not there. An
-    /// object too short or too long to be a frame is not there either (a
-    /// chunk object truncated by a crash of the store's host must not
-    /// pass for the chunk forever): the next put rewrites it.
+    /// object too short or too long to be any frame (an empty object left
+    /// by a crash of the store's host, say) is not there either: the next
+    /// put rewrites it. A torn object of a plausible length still passes
+    /// here; reads verify every frame and repair from another tier.
     async fn modified(&self, job: &str, id: &ChunkId) -> Result<Option<std::time::SystemTime>> {
         let key = self.chunk_key(job, id);
         self.retrying(|| async {

@@ -192,8 +192,8 @@ impl S3Uploads {
         }
         let page: ListPage = quick_xml::de::from_reader(body.as_slice())
             .map_err(|e| StoreError::Unavailable(format!("{}: unreadable answer: {e}", what())))?;
-        // Any other document (a list of buckets, say) parses as an empty
-        // page: only the listing of this bucket is believed.
+        // Only the listing of this bucket is believed (another document,
+        // such as a list of buckets, has no `Bucket` and fails to parse).
         if page.bucket != self.bucket {
             return Err(StoreError::Unavailable(format!(
                 "{}: the answer lists bucket {:?}, not {:?}",

@@ -317,6 +317,42 @@ async fn stale_multipart_uploads_are_aborted_on_moto() {
     assert_eq!(store.abort_stale_uploads("other", cutoff).await.unwrap(), 1);
 }
 
+/// moto: a multipart upload whose parts fail is aborted, not left behind
+/// (billed): after failed puts, no upload of the job is listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_multipart_upload_is_aborted_on_moto() {
+    let Some(server) = servers::moto() else {
+        return;
+    };
+    let raw: Arc<dyn object_store::ObjectStore> = Arc::new(raw_s3(&server));
+    let faulty = strata_tiered::faults::FaultyStore::new(
+        raw,
+        strata_tiered::faults::FaultPlan {
+            fail_parts: true,
+            ..Default::default()
+        },
+    );
+    let opts = L3Options {
+        multipart_threshold: 5 << 20,
+        part_size: 5 << 20,
+        max_retries: 2,
+        ..L3Options::default()
+    };
+    let failing = strata_tiered::L3Store::with_store(Arc::new(faulty), "fail", "faulty moto", opts);
+    let data = bf16_like(12 << 20, 7);
+    let c = ChunkPut {
+        id: ChunkId::of(&data),
+        hint: ElemHint::BYTES,
+        data: ChunkData::copy_from(&data),
+    };
+    let err = failing.put_chunks(JOB, vec![c]).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    // Listed through the real server: nothing begun is left.
+    let lister = server.store("fail");
+    let later = lister.now(JOB).await.unwrap() + std::time::Duration::from_secs(3600);
+    assert_eq!(lister.abort_stale_uploads(JOB, later).await.unwrap(), 0);
+}
+
 /// s3s-fs does not implement the listing (501): the sweep aborts nothing
 /// and garbage collection is not failed by it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
