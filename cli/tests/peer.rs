@@ -8,7 +8,9 @@
 //! replica and written back to L1 whole).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader};
+#[path = "support/peer_proc.rs"]
+mod peer_proc;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -44,26 +46,8 @@ fn serve(certs: &Path, node: &str) -> Peer {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    // "strata peer node-a: listening on 127.0.0.1:PORT, metrics on http://127.0.0.1:PORT/metrics"
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|r| r.split(',').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .trim()
-        .parse()
-        .unwrap();
-    let metrics = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap()
-        .parse()
-        .unwrap();
+    let (addr, metrics) = peer_proc::listening(&mut child);
+    let metrics = metrics.expect("metrics address");
     Peer {
         child,
         addr,

@@ -6,7 +6,9 @@
 //! another job's puts and reads keep working meanwhile.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader};
+#[path = "support/peer_proc.rs"]
+mod peer_proc;
+
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -74,18 +76,7 @@ fn serve(dir: &std::path::Path) -> Server {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|r| r.split([',', ' ', '\n']).next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .trim()
-        .parse()
-        .unwrap();
+    let (addr, _) = peer_proc::listening(&mut child);
     Server { child, addr }
 }
 
