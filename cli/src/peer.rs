@@ -153,6 +153,7 @@ fn certs(a: &CertsArgs) -> Result<(), CliError> {
 }
 
 fn serve(a: &ServeArgs) -> Result<(), CliError> {
+    return_large_buffers_to_the_system();
     let cfg = ServiceConfig {
         node: a.node.clone(),
         listen: a.listen,
@@ -282,4 +283,20 @@ fn sink(a: &SinkArgs) -> Result<(), CliError> {
         }
         Ok(())
     })
+}
+
+/// The service allocates and frees buffers of up to a chunk (requests,
+/// decodes, spilled frames) on many threads. glibc would keep freed large
+/// buffers in its arenas once its adaptive threshold has grown, so the
+/// process would stay as large as its worst moment; with a fixed 1 MiB
+/// threshold they are mapped and unmapped, and its memory follows its
+/// budgets.
+fn return_large_buffers_to_the_system() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; it is called before
+    // the runtime starts any thread, reads no pointer and cannot fail
+    // unsafely (a refusal returns 0 and changes nothing).
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
 }

@@ -266,3 +266,95 @@ fn a_hostile_client_cannot_grow_the_service_past_its_budgets() {
         bound / MIB
     );
 }
+
+/// Connections refused in their handshake (a certificate from another CA)
+/// are all counted on `/metrics`, but logged at most once a second: a
+/// flood of junk cannot flood the log.
+#[test]
+fn refused_connections_are_counted_and_their_log_is_rate_limited() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), &["node-a".into()], &[], &["good".into()]).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    make_certs(other.path(), &["node-a".into()], &[], &["good".into()]).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "peer",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--node",
+            "node-a",
+        ])
+        .args(["--metrics", "127.0.0.1:0", "--certs"])
+        .arg(dir.path())
+        .arg("--spill")
+        .arg(dir.path().join("spill"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, metrics) = peer_proc::listening(&mut child);
+    let metrics = metrics.unwrap();
+    let server = Server { child, addr };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let foreign =
+        strata_peer::tls::client_config(&CertFiles::in_dir(other.path(), "client-good"), 8)
+            .unwrap();
+    const N: u64 = 200;
+    let t0 = Instant::now();
+    rt.block_on(async {
+        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(foreign);
+        for _ in 0..N {
+            let r = ep.connect(server.addr, "node-a").unwrap().await;
+            assert!(r.is_err(), "a certificate of another CA was accepted");
+        }
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    // The counter sees every one (the last refusals may still be landing).
+    let mut refused = 0;
+    for _ in 0..50 {
+        let mut s = std::net::TcpStream::connect(metrics).unwrap();
+        use std::io::Write;
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        refused = text
+            .lines()
+            .find(|l| l.starts_with("strata_peer_refused_connections_total"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if refused >= N {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(refused, N);
+    let mut server = server;
+    let _ = server.child.kill();
+    let mut log = String::new();
+    server
+        .child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("connection refused"))
+        .count();
+    eprintln!("{N} refusals in {secs:.1} s: {lines} log lines");
+    assert!(lines >= 1, "{log}");
+    assert!(
+        lines as f64 <= secs + 7.0,
+        "{lines} log lines for {N} refusals in {secs:.1} s"
+    );
+    assert!(log.contains("unlogged_since_last"), "{log}");
+}

@@ -80,7 +80,7 @@ impl L1Store {
     /// I/O engine.
     pub fn open(root: impl Into<PathBuf>, engine: EngineChoice) -> Result<Self> {
         let root = root.into();
-        std::fs::create_dir_all(&root).map_err(|e| StoreError::io("creating", &root, e))?;
+        create_dir_durably(&root)?;
         let engine = open_engine(engine)
             .map_err(|e| StoreError::io("starting the I/O engine for", &root, e))?;
         Ok(Self::with_engine(root, engine))
@@ -550,6 +550,29 @@ fn is_old(touched: Option<std::time::SystemTime>, cutoff: std::time::SystemTime)
 
 /// True if `path` exists; refreshes its modification time so garbage
 /// collection's grace period protects it while the current save completes.
+/// Creates `dir` and its missing parents, each new one made durable by
+/// name (its parent fsynced): a new `l1_dir` survives a power loss along
+/// with the chunks written under it.
+fn create_dir_durably(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dir_durably(parent)?;
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        // Another process made it meanwhile: its name is its to sync, but
+        // syncing the parent again costs nothing and makes sure.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(StoreError::io("creating", dir, e)),
+    }
+    match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => fsync_dir(parent),
+        None => Ok(()),
+    }
+}
+
 /// 16 hex digits drawn once per process from the kernel's random source
 /// (or, should it be unreadable, from the time, the pid and an address).
 fn process_token() -> &'static str {

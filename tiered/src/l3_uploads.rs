@@ -83,8 +83,28 @@ impl S3Uploads {
         };
         let bucket_url = url::Url::parse(&base)
             .map_err(|e| StoreError::invalid("S3 endpoint", format!("{base:?}: {e}")))?;
+        // The same client settings as the store's own (proxy, CA,
+        // timeouts, ...), so the listing goes where the store's requests go.
+        let mut options = ClientOptions::new().with_allow_http(allow_http);
+        for k in [
+            ClientConfigKey::AllowInvalidCertificates,
+            ClientConfigKey::NoSystemCertificates,
+            ClientConfigKey::ConnectTimeout,
+            ClientConfigKey::Timeout,
+            ClientConfigKey::ReadTimeout,
+            ClientConfigKey::ProxyUrl,
+            ClientConfigKey::ProxyCaCertificate,
+            ClientConfigKey::ProxyExcludes,
+            ClientConfigKey::UserAgent,
+            ClientConfigKey::Http1Only,
+            ClientConfigKey::Http2Only,
+        ] {
+            if let Some(v) = get(K::Client(k)) {
+                options = options.with_config(k, v);
+            }
+        }
         let http = ReqwestConnector {}
-            .connect(&ClientOptions::new().with_allow_http(allow_http))
+            .connect(&options)
             .map_err(|e| StoreError::invalid("S3 client", e.to_string()))?;
         Ok(S3Uploads {
             s3,
