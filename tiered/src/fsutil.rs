@@ -1,5 +1,6 @@
 //! Small durable-filesystem helpers: directory fsync, create-only rename,
-//! durable small-file writes, bounded reads.
+//! durable directory creation, durable small-file writes, bounded reads,
+//! unique temporary names.
 
 use std::fs::File;
 use std::io::Write;
@@ -110,4 +111,50 @@ pub(crate) fn read_bounded(path: &Path, max: usize, what: &str) -> Result<Vec<u8
         .read_to_end(&mut out)
         .map_err(|e| StoreError::io("reading", path, e))?;
     Ok(out)
+}
+
+/// Creates `dir` and its missing parents, each new one made durable by
+/// name (its parent fsynced): a new `l1_dir` survives a power loss along
+/// with the chunks written under it.
+pub(crate) fn create_dir_durably(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dir_durably(parent)?;
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        // Another process made it meanwhile: its name is its to sync, but
+        // syncing the parent again costs nothing and makes sure.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(StoreError::io("creating", dir, e)),
+    }
+    match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => fsync_dir(parent),
+        None => Ok(()),
+    }
+}
+
+/// 16 hex digits drawn once per process from the kernel's random source
+/// (or, should it be unreadable, from the time, the pid and an address).
+pub(crate) fn process_token() -> &'static str {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| {
+        use std::io::Read;
+        let mut b = [0u8; 8];
+        let random = std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut b))
+            .is_ok();
+        if !random {
+            let seed = format!(
+                "{:?} {} {:p}",
+                std::time::SystemTime::now(),
+                std::process::id(),
+                &b
+            );
+            b.copy_from_slice(&strata_format::ChunkId::of(seed.as_bytes()).as_bytes()[..8]);
+        }
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    })
 }

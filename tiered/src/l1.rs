@@ -34,7 +34,7 @@ use strata_format::{ChunkId, CommitRecord};
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
-use crate::fsutil::{fsync_dir, rename_noreplace};
+use crate::fsutil::{create_dir_durably, fsync_dir, process_token, rename_noreplace};
 use crate::io::{open_engine, EngineChoice, IoEngine, ReadReq, WriteReq};
 #[path = "l1_steps.rs"]
 mod steps;
@@ -550,52 +550,6 @@ fn is_old(touched: Option<std::time::SystemTime>, cutoff: std::time::SystemTime)
 
 /// True if `path` exists; refreshes its modification time so garbage
 /// collection's grace period protects it while the current save completes.
-/// Creates `dir` and its missing parents, each new one made durable by
-/// name (its parent fsynced): a new `l1_dir` survives a power loss along
-/// with the chunks written under it.
-fn create_dir_durably(dir: &Path) -> Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        create_dir_durably(parent)?;
-    }
-    match std::fs::create_dir(dir) {
-        Ok(()) => {}
-        // Another process made it meanwhile: its name is its to sync, but
-        // syncing the parent again costs nothing and makes sure.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(StoreError::io("creating", dir, e)),
-    }
-    match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(parent) => fsync_dir(parent),
-        None => Ok(()),
-    }
-}
-
-/// 16 hex digits drawn once per process from the kernel's random source
-/// (or, should it be unreadable, from the time, the pid and an address).
-fn process_token() -> &'static str {
-    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    TOKEN.get_or_init(|| {
-        use std::io::Read;
-        let mut b = [0u8; 8];
-        let random = std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| f.read_exact(&mut b))
-            .is_ok();
-        if !random {
-            let seed = format!(
-                "{:?} {} {:p}",
-                std::time::SystemTime::now(),
-                std::process::id(),
-                &b
-            );
-            b.copy_from_slice(&ChunkId::of(seed.as_bytes()).as_bytes()[..8]);
-        }
-        b.iter().map(|x| format!("{x:02x}")).collect()
-    })
-}
-
 /// True if the chunk file at `path` holds `len` bytes (it is refreshed
 /// for the grace period); false if it is missing, or of another length
 /// (left short by a crash: the put writes it again).
