@@ -43,6 +43,7 @@ const BIG: usize = 16 << 20;
 struct Server {
     child: Child,
     addr: SocketAddr,
+    metrics: Option<SocketAddr>,
 }
 
 impl Drop for Server {
@@ -52,7 +53,9 @@ impl Drop for Server {
     }
 }
 
-fn serve(dir: &std::path::Path) -> Server {
+/// `strata peer serve` on loopback with its certificates in `dir`, and
+/// `args` (budgets, metrics).
+fn serve_with(dir: &std::path::Path, args: &[String], stderr: Stdio) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args([
             "peer",
@@ -62,22 +65,45 @@ fn serve(dir: &std::path::Path) -> Server {
             "--node",
             "node-a",
         ])
-        .args(["--memory", &format!("{MEMORY}MiB"), "--disk", "256MiB"])
-        .args(["--inflight", &format!("{INFLIGHT}MiB")])
-        .args(["--work", &format!("{WORK}MiB")])
-        .args(["--manifest-memory", &format!("{MANIFESTS}MiB")])
-        .args(["--max-chunk", "16MiB", "--job-quota", "200MiB"])
-        .args(["--job-manifest-quota", "4MiB"])
+        .args(args)
         .arg("--certs")
         .arg(dir)
         .arg("--spill")
         .arg(dir.join("spill"))
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
-    let (addr, _) = peer_proc::listening(&mut child);
-    Server { child, addr }
+    let (addr, metrics) = peer_proc::listening(&mut child);
+    Server {
+        child,
+        addr,
+        metrics,
+    }
+}
+
+/// The service with the small budgets the hostile test holds it to.
+fn serve(dir: &std::path::Path) -> Server {
+    let args: Vec<String> = [
+        "--memory".into(),
+        format!("{MEMORY}MiB"),
+        "--disk".into(),
+        "256MiB".into(),
+        "--inflight".into(),
+        format!("{INFLIGHT}MiB"),
+        "--work".into(),
+        format!("{WORK}MiB"),
+        "--manifest-memory".into(),
+        format!("{MANIFESTS}MiB"),
+        "--max-chunk".into(),
+        "16MiB".into(),
+        "--job-quota".into(),
+        "200MiB".into(),
+        "--job-manifest-quota".into(),
+        "4MiB".into(),
+    ]
+    .to_vec();
+    serve_with(dir, &args, Stdio::null())
 }
 
 /// Resident and peak resident memory of `pid`, in bytes.
@@ -277,26 +303,13 @@ fn refused_connections_are_counted_and_their_log_is_rate_limited() {
     make_certs(dir.path(), &["node-a".into()], &[], &["good".into()]).unwrap();
     let other = tempfile::tempdir().unwrap();
     make_certs(other.path(), &["node-a".into()], &[], &["good".into()]).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args([
-            "peer",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--node",
-            "node-a",
-        ])
-        .args(["--metrics", "127.0.0.1:0", "--certs"])
-        .arg(dir.path())
-        .arg("--spill")
-        .arg(dir.path().join("spill"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, metrics) = peer_proc::listening(&mut child);
-    let metrics = metrics.unwrap();
-    let server = Server { child, addr };
+    // With metrics, whose address is on the same first line.
+    let mut server = serve_with(
+        dir.path(),
+        &["--metrics".into(), "127.0.0.1:0".into()],
+        Stdio::piped(),
+    );
+    let metrics = server.metrics.expect("metrics address");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -336,7 +349,6 @@ fn refused_connections_are_counted_and_their_log_is_rate_limited() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(refused, N);
-    let mut server = server;
     let _ = server.child.kill();
     let mut log = String::new();
     server

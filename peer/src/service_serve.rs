@@ -116,11 +116,11 @@ impl Service {
                     ));
                 }
                 // Retention after the commit reads every manifest of the
-                // job back: within the work budget.
-                *hold = Some(
-                    self.work_permit(work, self.replicas.job_held_bytes(job)?)
-                        .await?,
-                );
+                // job back and lists its chunks with their ages (64 bytes
+                // each, with the sets it builds): within the work budget.
+                let (_, _, chunks) = self.replicas.job_stats(job)?;
+                let need = self.replicas.job_held_bytes(job)? + 64 * chunks;
+                *hold = Some(self.work_permit(work, need).await?);
                 let freed = self.replicas.commit(&record).await?;
                 if freed > 0 {
                     tracing::info!(
@@ -146,11 +146,17 @@ impl Service {
                 }))
                 .await?
             }
-            Request::ListChunks { after } => Response::Ids(self.replicas.list_chunks_page(
-                job,
-                after,
-                crate::proto::MAX_IDS,
-            )?),
+            Request::ListChunks { after } => {
+                // The job's ids are gathered and sorted for a page, and
+                // the page is encoded: within the work budget.
+                let (_, _, chunks) = self.replicas.job_stats(job)?;
+                let page = crate::proto::MAX_IDS as u64;
+                *hold = Some(self.work_permit(work, 32 * (chunks + 2 * page)).await?);
+                Response::Ids(
+                    self.replicas
+                        .list_chunks_page(job, after, crate::proto::MAX_IDS)?,
+                )
+            }
             Request::Stats => Response::Stats(self.job_stats(job)),
             Request::SetPin { step, pinned } => {
                 self.replicas.set_pin(job, step, pinned).await?;
