@@ -158,3 +158,52 @@ pub(crate) fn process_token() -> &'static str {
         b.iter().map(|x| format!("{x:02x}")).collect()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    /// Run by the test below in a child process: prints its pid and token.
+    #[test]
+    fn print_token() {
+        if std::env::var_os("STRATA_PRINT_TOKEN").is_some() {
+            println!("TOKEN {} {}", std::process::id(), process_token());
+        }
+    }
+
+    /// Two processes that both are pid 1 (each in a PID namespace of its
+    /// own, as two containers sharing an L1 are) still name their
+    /// temporary files apart: the token is random, not the pid.
+    #[test]
+    fn processes_with_the_same_pid_get_different_tokens() {
+        let exe = std::env::current_exe().unwrap();
+        let run = || {
+            let out = std::process::Command::new("unshare")
+                .args(["--pid", "--fork"])
+                .arg(&exe)
+                .args(["--exact", "fsutil::tests::print_token", "--nocapture"])
+                .env("STRATA_PRINT_TOKEN", "1")
+                .output();
+            let text = out
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())?;
+            let line = text.lines().find(|l| l.starts_with("TOKEN "))?.to_string();
+            let mut parts = line.split(' ').skip(1);
+            Some((parts.next()?.to_string(), parts.next()?.to_string()))
+        };
+        let (Some(a), Some(b)) = (run(), run()) else {
+            assert!(
+                std::env::var_os("STRATA_REQUIRE_NETNS").is_none(),
+                "unshare --pid (root) is required here"
+            );
+            eprintln!("SKIPPED: unshare --pid needs root");
+            return;
+        };
+        assert_eq!((a.0.as_str(), b.0.as_str()), ("1", "1"), "both are pid 1");
+        assert_eq!(a.1.len(), 16);
+        assert!(a.1.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a.1, b.1, "two pid 1s drew the same token");
+    }
+}
