@@ -121,14 +121,15 @@ impl Service {
                 let (_, _, chunks) = self.replicas.job_stats(job)?;
                 let need = self.replicas.job_held_bytes(job)? + 64 * chunks;
                 *hold = Some(self.work_permit(work, need).await?);
-                let freed = self.replicas.commit(&record).await?;
+                // Retention decodes every manifest of the job: on a
+                // blocking thread, not on the runtime's workers.
+                let (r, rt) = (self.replicas.clone(), tokio::runtime::Handle::current());
+                let step = record.step;
+                let freed = tokio::task::spawn_blocking(move || rt.block_on(r.commit(&record)))
+                    .await
+                    .map_err(|e| StoreError::Internal(format!("retention task: {e}")))??;
                 if freed > 0 {
-                    tracing::info!(
-                        job,
-                        step = record.step,
-                        freed,
-                        "retention freed chunk bytes"
-                    );
+                    tracing::info!(job, step, freed, "retention freed chunk bytes");
                 }
                 Response::Ok
             }
