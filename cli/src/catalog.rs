@@ -67,6 +67,18 @@ impl<'a> Catalog<'a> {
             .collect()
     }
 
+    /// Steps some tier holds a readable commit record of: decided steps
+    /// (every rank voted them durable), committed in full or not yet.
+    pub(crate) fn decided_steps(&self) -> BTreeSet<u64> {
+        self.tiers
+            .iter()
+            .filter_map(|(_, s)| s.as_ref().ok())
+            .flatten()
+            .filter(|i| !i.records.is_empty())
+            .map(|i| i.step)
+            .collect()
+    }
+
     /// `tier`'s listing of `step`.
     pub(crate) fn info(&self, tier: &Tier, step: u64) -> Option<&StepInfo> {
         self.tiers

@@ -84,6 +84,9 @@ pub(crate) struct Listing {
     pub(crate) steps: Vec<StepRow>,
     /// Tiers that could not be listed, with why.
     pub(crate) errors: Vec<String>,
+    /// Every tier was listed. With no steps: the store is empty. Without
+    /// it, a tier that could not be read may hold steps (never "empty").
+    pub(crate) complete: bool,
 }
 
 pub(crate) fn run(a: &LsArgs) -> Result<(), CliError> {
@@ -91,9 +94,16 @@ pub(crate) fn run(a: &LsArgs) -> Result<(), CliError> {
     let listing = list(&t)?;
     if a.json {
         crate::print_json(&listing)?;
-        return Ok(());
+    } else {
+        print(&t, &listing);
     }
-    print(&t, &listing);
+    // No steps and a tier that could not be read: not an empty store.
+    if listing.steps.is_empty() && !listing.complete {
+        return Err(CliError::Store(format!(
+            "could not read every tier, so the job may have steps: {}",
+            listing.errors.join("; ")
+        )));
+    }
     Ok(())
 }
 
@@ -220,6 +230,7 @@ fn list(t: &Tiers) -> Result<Listing, CliError> {
     Ok(Listing {
         job: t.job().to_string(),
         steps: rows,
+        complete: errors.is_empty(),
         errors,
     })
 }
@@ -275,8 +286,23 @@ fn print(t: &Tiers, l: &Listing) {
         eprintln!("strata: warning: {e}");
     }
     if l.steps.is_empty() {
-        say!("job {}: no steps", l.job);
+        if l.complete {
+            say!("job {}: no steps (every tier was listed: the store is empty)", l.job);
+        } else {
+            say!(
+                "job {}: no steps in the tiers that could be read ({} could not be read: not known to be empty)",
+                l.job,
+                l.errors.len()
+            );
+        }
         return;
+    }
+    if !l.complete {
+        say!(
+            "job {}: incomplete listing ({} tier(s) could not be read; see the warnings)",
+            l.job,
+            l.errors.len()
+        );
     }
     let mut head: Vec<String> = vec!["STEP".into()];
     let tier_names: BTreeSet<&str> = t.tiers().iter().map(|x| x.name.as_str()).collect();

@@ -108,7 +108,7 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
     let all = Catalog::load(&t, t.tiers().iter().collect());
     let chosen = select(&t, &a.tier)?;
     let steps: Vec<u64> = if a.all {
-        all.committed_steps().into_iter().collect()
+        all.decided_steps().into_iter().collect()
     } else {
         vec![all.pick(a.step)?]
     };
@@ -389,7 +389,15 @@ fn record_problems(
                 })
                 .collect();
             if good.is_empty() {
-                // Not committed anywhere: a partial step, not damage.
+                // No tier holds this rank's record. If another rank's
+                // record of the step exists, every rank voted it durable
+                // (no record is written before that): this shard is the
+                // one its rank voted for, and its record is missing (the
+                // write failed, or the rank died after its vote). Else the
+                // step was never decided: a partial step, not damage.
+                if let Some(p) = undecided_record(t, all, tier, step, rank, info, repair) {
+                    out.push(p);
+                }
                 continue;
             };
             let mut p = Problem {
@@ -421,6 +429,62 @@ fn record_problems(
         }
     }
     out
+}
+
+/// A manifest of rank `rank` without a record in any tier, of a step
+/// another rank committed (the step was decided): reported, and with
+/// `repair` rolled forward (its record written, once its manifest and
+/// chunks check out), as the rank itself would at its next restore.
+fn undecided_record(
+    t: &Tiers,
+    all: &Catalog<'_>,
+    tier: &Tier,
+    step: u64,
+    rank: u32,
+    info: &strata::tiered::StepInfo,
+    repair: bool,
+) -> Option<Problem> {
+    let (by, world) = all.tiers.iter().find_map(|(x, _)| {
+        let rec = all.info(x, step)?.records.values().next()?;
+        Some((rec.shards.first()?.rank, rec.world_size))
+    })?;
+    if rank >= world || info.unreadable.contains_key(&rank) {
+        return None;
+    }
+    let mut p = Problem {
+        tier: tier.name.clone(),
+        object: "commit record",
+        id: format!("{step}/{rank}"),
+        state: "missing",
+        error: format!(
+            "step {step} rank {rank}: the step was decided (rank {by} committed it), but this rank's commit record was never written (its write failed, or the rank died after its vote); --repair rolls it forward"
+        ),
+        entries: Vec::new(),
+        good_copies: Vec::new(),
+        repaired: false,
+    };
+    if repair {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        match t.block_on(strata::roll_forward::commit_decided(
+            tier.store.as_ref(),
+            t.job(),
+            step,
+            rank,
+            world,
+            now,
+        )) {
+            Ok(_) => {
+                p.repaired = t.steps(tier).is_ok_and(|v| {
+                    v.iter()
+                        .any(|i| i.step == step && i.committed_ranks().contains(&rank))
+                });
+            }
+            Err(e) => p.error = format!("{}; repair failed: {e}", p.error),
+        }
+    }
+    Some(p)
 }
 
 fn state_of_error(e: &strata::Error) -> &'static str {

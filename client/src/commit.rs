@@ -13,8 +13,9 @@
 //!    (`ChunkStore::delete_shard`, a retiring marker first).
 //!
 //! Restore: each rank lists what it can serve ([`restorable`]), the ranks
-//! intersect their lists ([`agree`]), and a step found unreadable on some
-//! rank is dropped and the next one tried.
+//! combine their lists (`crate::agreement`: a step some rank committed is
+//! decided, and a rank holding only its manifest rolls it forward), and a
+//! step found unreadable on some rank is dropped and the next one tried.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -36,23 +37,39 @@ pub(crate) struct Vote {
     /// counts, so every rank decides the same (no rank trusts another's
     /// clock: they follow one rank's decision).
     pub(crate) upload: bool,
+    /// The rank already holds this step committed (it refused to save it
+    /// again): the step was decided at an earlier barrier, and the ranks
+    /// that saved it again keep the shard they voted for then.
+    pub(crate) already: bool,
 }
 
 impl Vote {
     fn encode(self) -> Vec<u8> {
-        vec![u8::from(self.ok), u8::from(self.upload)]
+        vec![
+            u8::from(self.ok),
+            u8::from(self.upload),
+            u8::from(self.already),
+        ]
     }
 
     fn decode(b: &[u8]) -> Option<Vote> {
-        match b {
-            [ok @ (0 | 1), up @ (0 | 1)] => Some(Vote {
-                ok: *ok == 1,
-                upload: *up == 1,
+        let bit = |v: u8| (v <= 1).then_some(v == 1);
+        match *b {
+            [ok, up, already] => Some(Vote {
+                ok: bit(ok)?,
+                upload: bit(up)?,
+                already: bit(already)?,
             }),
-            // A rank of an older build votes with one byte.
-            [ok @ (0 | 1)] => Some(Vote {
-                ok: *ok == 1,
+            // A rank of an older build votes with two bytes, or one.
+            [ok, up] => Some(Vote {
+                ok: bit(ok)?,
+                upload: bit(up)?,
+                already: false,
+            }),
+            [ok] => Some(Vote {
+                ok: bit(ok)?,
                 upload: false,
+                already: false,
             }),
             _ => None,
         }
@@ -64,6 +81,10 @@ impl Vote {
 pub(crate) struct Decision {
     /// Upload the step to L3 (the same on every rank).
     pub(crate) upload: bool,
+    /// The step was decided at an earlier barrier: this rank `rank` holds
+    /// it committed already. A rank that saved it again must not commit its
+    /// new shard; it keeps (and commits) the one it voted for then.
+    pub(crate) decided_before: Option<u32>,
 }
 
 /// The barrier: exchanges this rank's vote with every rank and checks the
@@ -87,7 +108,9 @@ pub(crate) fn barrier(
 /// Checks a barrier's votes: exactly `world` of them (the coordinator
 /// returns them by rank, so each rank once), each well formed and yes. A
 /// coordinator that returns fewer, more or malformed votes is an error,
-/// never a commit.
+/// never a commit. A rank that already holds the step committed decides it
+/// for everyone ([`Decision::decided_before`]), whatever the others voted
+/// now: the step was decided at an earlier barrier.
 pub(crate) fn check_votes(step: u64, world: u32, votes: &[Vec<u8>]) -> Result<Decision> {
     if votes.len() != world as usize {
         return Err(Error::Coordination(format!(
@@ -103,15 +126,22 @@ pub(crate) fn check_votes(step: u64, world: u32, votes: &[Vec<u8>]) -> Result<De
                 v.len()
             ))
         })?;
-        if !vote.ok {
-            return Err(Error::Coordination(format!(
-                "step {step}: rank {rank} failed to persist its shard; step not committed"
-            )));
-        }
         decoded.push(vote);
+    }
+    if let Some(r) = decoded.iter().position(|v| v.already) {
+        return Ok(Decision {
+            upload: false,
+            decided_before: Some(r as u32),
+        });
+    }
+    if let Some(rank) = decoded.iter().position(|v| !v.ok) {
+        return Err(Error::Coordination(format!(
+            "step {step}: rank {rank} failed to persist its shard; step not committed"
+        )));
     }
     Ok(Decision {
         upload: decoded.first().is_some_and(|v| v.upload),
+        decided_before: None,
     })
 }
 
@@ -146,50 +176,6 @@ pub(crate) fn restorable(cfg: &Config, steps: &[StepInfo]) -> BTreeSet<u64> {
         })
         .map(|st| st.step)
         .collect()
-}
-
-/// Step agreement: the steps every rank can restore (the intersection of
-/// what each rank can serve). `key` names the round.
-pub(crate) fn agree(
-    coord: &dyn Coordinator,
-    cfg: &Config,
-    key: &str,
-    mine: &BTreeSet<u64>,
-) -> Result<BTreeSet<u64>> {
-    let payload: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let all = coord.all_gather(
-        cfg.rank,
-        key,
-        payload,
-        Duration::from_secs(cfg.coordination_timeout_secs),
-    )?;
-    if all.len() != cfg.world_size as usize {
-        return Err(Error::Coordination(format!(
-            "{key}: the coordinator returned {} answers for a world of {}",
-            all.len(),
-            cfg.world_size
-        )));
-    }
-    let mut common = mine.clone();
-    for (r, v) in all.iter().enumerate() {
-        if v.len() % 8 != 0 {
-            return Err(Error::Coordination(format!(
-                "{key}: rank {r} sent a malformed step list"
-            )));
-        }
-        let theirs: BTreeSet<u64> = v
-            .chunks_exact(8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
-            .collect();
-        common = common.intersection(&theirs).copied().collect();
-        if common.is_empty() {
-            return Err(Error::NothingToRestore(Some(format!(
-                "rank {r} shares no committed step with rank {}",
-                cfg.rank
-            ))));
-        }
-    }
-    Ok(common)
 }
 
 /// Whether every rank could use the step it was asked to restore: each
@@ -307,11 +293,13 @@ mod tests {
         let yes = Vote {
             ok: true,
             upload: true,
+            already: false,
         }
         .encode();
         let no_up = Vote {
             ok: true,
             upload: false,
+            already: false,
         }
         .encode();
         let d = check_votes(3, 2, &[yes.clone(), no_up.clone()]).unwrap();
@@ -326,10 +314,27 @@ mod tests {
         let failed = Vote {
             ok: false,
             upload: false,
+            already: false,
         }
         .encode();
-        let e = check_votes(3, 2, &[yes, failed]).unwrap_err();
+        let e = check_votes(3, 2, &[yes.clone(), failed.clone()]).unwrap_err();
         assert!(e.to_string().contains("rank 1 failed"), "{e}");
+        // A rank that holds the step committed already decides it, whatever
+        // the others voted now (a re-save after a split).
+        let already = Vote {
+            ok: true,
+            upload: false,
+            already: true,
+        }
+        .encode();
+        for others in [&yes, &failed] {
+            let d = check_votes(3, 2, &[others.clone(), already.clone()]).unwrap();
+            assert_eq!(d.decided_before, Some(1));
+            assert!(!d.upload);
+        }
+        // Older builds' one- and two-byte votes still decode.
+        assert!(check_votes(3, 2, &[vec![1], vec![1, 0]]).is_ok());
+        assert!(check_votes(3, 2, &[vec![1, 0, 2], vec![1]]).is_err());
     }
 
     #[test]
@@ -347,7 +352,10 @@ mod tests {
         }));
         let c = Committed {
             step: 4,
-            decision: Decision { upload: true },
+            decision: Decision {
+                upload: true,
+                decided_before: None,
+            },
         };
         ev.publish(c);
         assert_eq!(a.recv().unwrap(), c);

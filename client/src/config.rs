@@ -10,9 +10,11 @@
 //! io_engine = "auto"          # auto | io_uring | psync
 //! keep_last = 3
 //! busy_policy = "wait"        # wait | skip | error
+//! on_background_error = "raise"  # raise | log: a failed background save is raised by the next save, flush or close
 //! hash_threads = 2
 //! persist_during_snapshot = false  # default: true with 4+ cores
 //! coordination_timeout_secs = 600
+//! skip_unreadable_tiers = false     # restore without a tier that cannot be listed (default: error)
 //! gc_grace_secs = 600
 //! l3_url = "s3://bucket/checkpoints"   # also gs://, az://, file:///dir, memory://
 //! upload_every = 10                     # every 10th committed step goes to L3 (0: only on request)
@@ -31,6 +33,10 @@
 //! replication_retry_secs = 30           # degraded steps are pushed again this often
 //! eager_push = true                     # push new chunks to the peers during the L1 write
 //! peer_certs = "/etc/strata/certs"      # ca.pem, client-<job>.pem, client-<job>.key
+//! etcd_endpoints = ["https://10.0.0.5:2379"]   # ranks in separate processes agree through etcd
+//! etcd_user = "strata"                  # with etcd_password_file; sent to https:// endpoints only
+//! etcd_password_file = "/etc/strata/etcd-password"
+//! etcd_allow_plaintext_auth = false     # true: also send it to http:// endpoints, in clear
 //!
 //! [l3_options]                          # object_store options (win over the environment)
 //! endpoint = "http://127.0.0.1:9000"
@@ -70,6 +76,33 @@ impl std::str::FromStr for BusyPolicy {
             "skip" => Ok(BusyPolicy::Skip),
             "error" => Ok(BusyPolicy::Error),
             o => Err(format!("unknown busy policy {o:?} (wait, skip, error)")),
+        }
+    }
+}
+
+/// What happens to a save that fails in the background (after `save`
+/// returned: its L1 write, the commit round, the commit record), beyond its
+/// own handle reporting it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBackgroundError {
+    /// The next `save`, `flush` or `close` returns the failure
+    /// ([`Error::Background`]) unless the save's handle already reported
+    /// it; once. It is also logged and counted.
+    #[default]
+    Raise,
+    /// Only logged (at error level) and counted
+    /// ([`Checkpointer::health`](crate::Checkpointer::health)).
+    Log,
+}
+
+impl std::str::FromStr for OnBackgroundError {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "raise" => Ok(OnBackgroundError::Raise),
+            "log" => Ok(OnBackgroundError::Log),
+            o => Err(format!("unknown on_background_error {o:?} (raise, log)")),
         }
     }
 }
@@ -143,6 +176,9 @@ pub struct Config {
     pub keep_last: usize,
     /// What `save` does while the previous save persists.
     pub busy_policy: BusyPolicy,
+    /// Whether a save that failed in the background is raised by the next
+    /// `save`, `flush` or `close` (default) or only logged and counted.
+    pub on_background_error: OnBackgroundError,
     /// Threads hashing chunks in the background (default: all cores).
     pub hash_threads: usize,
     /// Start hashing and writing a save's first batches while `save` still
@@ -155,7 +191,16 @@ pub struct Config {
     pub persist_during_snapshot: bool,
     /// How long ranks wait for each other at a commit or restore.
     pub coordination_timeout_secs: u64,
-    /// Object storage for L3, as a URL (none: no L3).
+    /// Restore (and `latest_step`) without a tier that cannot be listed.
+    /// Off by default: an L3 that cannot be listed, or as many peers as
+    /// there are replicas, may hold a newer step than the readable tiers,
+    /// and restoring without them would silently go back to an older step
+    /// (or to none, and a resuming loop would start over). The restore then
+    /// fails with `Error::TierUnavailable` instead.
+    pub skip_unreadable_tiers: bool,
+    /// Object storage for L3, as a URL (none: no L3). Credentials inside
+    /// it (a userinfo password, query values such as an Azure SAS) are
+    /// printed as `<redacted>` wherever the URL is shown.
     pub l3_url: Option<String>,
     /// `object_store` options for L3 (`endpoint`, `region`, `allow_http`,
     /// credentials, ...); they win over the provider's environment variables.
@@ -243,6 +288,10 @@ pub struct Config {
     pub etcd_user: Option<String>,
     /// A file holding the etcd user's password (kept out of the config).
     pub etcd_password_file: Option<PathBuf>,
+    /// Send the etcd user's password to `http://` endpoints (in clear, to
+    /// anyone on the path): off by default, and a user with an `http://`
+    /// endpoint is then a configuration error. For a network you trust.
+    pub etcd_allow_plaintext_auth: bool,
 }
 
 impl Default for Config {
@@ -259,10 +308,12 @@ impl Default for Config {
             io_engine: "auto".into(),
             keep_last: 3,
             busy_policy: BusyPolicy::Wait,
+            on_background_error: OnBackgroundError::Raise,
             hash_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             persist_during_snapshot: std::thread::available_parallelism().map_or(1, |n| n.get())
                 >= 4,
             coordination_timeout_secs: 600,
+            skip_unreadable_tiers: false,
             l3_url: None,
             l3_options: std::collections::BTreeMap::new(),
             upload_every: 0,
@@ -291,6 +342,7 @@ impl Default for Config {
             etcd_key: None,
             etcd_user: None,
             etcd_password_file: None,
+            etcd_allow_plaintext_auth: false,
             incarnation: None,
         }
     }
@@ -342,6 +394,12 @@ impl Config {
     /// Sets the busy policy.
     pub fn busy_policy(mut self, p: BusyPolicy) -> Self {
         self.busy_policy = p;
+        self
+    }
+
+    /// What happens to a save that fails in the background.
+    pub fn on_background_error(mut self, p: OnBackgroundError) -> Self {
+        self.on_background_error = p;
         self
     }
 
@@ -426,6 +484,13 @@ impl Config {
         self
     }
 
+    /// Restores without a tier that cannot be listed (see
+    /// [`Config::skip_unreadable_tiers`]).
+    pub fn skip_unreadable_tiers(mut self, on: bool) -> Self {
+        self.skip_unreadable_tiers = on;
+        self
+    }
+
     /// Parses TOML (missing keys take defaults).
     pub fn from_toml(text: &str) -> Result<Self> {
         toml::from_str(text).map_err(|e| Error::Config(e.to_string()))
@@ -502,9 +567,11 @@ impl Config {
                 "IO_ENGINE" => self.io_engine = v.clone(),
                 "KEEP_LAST" => self.keep_last = num(&v)? as usize,
                 "BUSY_POLICY" => self.busy_policy = v.parse().map_err(bad)?,
+                "ON_BACKGROUND_ERROR" => self.on_background_error = v.parse().map_err(bad)?,
                 "HASH_THREADS" => self.hash_threads = num(&v)? as usize,
                 "PERSIST_DURING_SNAPSHOT" => self.persist_during_snapshot = flag(&v)?,
                 "COORDINATION_TIMEOUT_SECS" => self.coordination_timeout_secs = num(&v)?,
+                "SKIP_UNREADABLE_TIERS" => self.skip_unreadable_tiers = flag(&v)?,
                 "GC_GRACE_SECS" => self.gc_grace_secs = num(&v)?,
                 "L3_URL" => self.l3_url = (!v.is_empty()).then(|| v.clone()),
                 "UPLOAD_EVERY" => self.upload_every = num(&v)?,
@@ -560,6 +627,7 @@ impl Config {
                 "ETCD_PASSWORD_FILE" => {
                     self.etcd_password_file = (!v.is_empty()).then(|| PathBuf::from(&v))
                 }
+                "ETCD_ALLOW_PLAINTEXT_AUTH" => self.etcd_allow_plaintext_auth = flag(&v)?,
                 _ => {}
             }
         }

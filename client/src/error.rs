@@ -128,6 +128,43 @@ pub enum Error {
     /// The background persist worker stopped.
     #[error("the save pipeline stopped: {0}")]
     Pipeline(String),
+    /// An earlier save failed in the background and nothing had reported
+    /// it yet (its handle was dropped or never waited on): returned once,
+    /// by the next `save` (which did nothing), `flush` or `close`. The kind
+    /// is the failure's own: that step is not committed; save again.
+    #[error("step {step} failed in the background{}: {source}", if *.more > 0 { format!(" (and {} later saves)", .more) } else { String::new() })]
+    Background {
+        /// The step that failed (the oldest one not reported).
+        step: u64,
+        /// Later failed saves reported with it.
+        more: u64,
+        /// Why it failed.
+        #[source]
+        source: Box<Error>,
+    },
+    /// A tier that could hold a newer step than the others show could not
+    /// be listed (after its retries): restoring without it could silently
+    /// go back to an older step, or to none. Retry when the tier is back,
+    /// or set `skip_unreadable_tiers` to go on without it.
+    #[error("{tier} cannot be listed, and it may hold a newer step than the readable tiers ({reason}); retry when it is back, or set skip_unreadable_tiers = true to restore without it")]
+    TierUnavailable {
+        /// Which tier (and which rank found it unreadable).
+        tier: String,
+        /// What the tier said.
+        reason: String,
+    },
+    /// The store holds steps saved by a job of another world size, newer
+    /// than any this world can restore: restoring with this world size
+    /// would silently go back to an older step (or start over).
+    #[error("step {step} was saved by a world of {saved_world} ranks and this job runs {world}: restart with {saved_world} ranks (or restore an explicit older step of this world size)")]
+    WorldSizeMismatch {
+        /// The newest step of the other world size.
+        step: u64,
+        /// The world size that saved it.
+        saved_world: u32,
+        /// This job's world size.
+        world: u32,
+    },
     /// A wait for a save's target ran out of time (the save goes on).
     #[error("step {step}: not {target} within {waited:?}")]
     Timeout {
@@ -144,8 +181,14 @@ impl Error {
     /// What the caller should do about it.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Config(_) | Error::InvalidState(_) | Error::Gpu(_) => ErrorKind::Invalid,
-            Error::Busy { .. } | Error::Coordination(_) | Error::Timeout { .. } => {
+            Error::Config(_)
+            | Error::InvalidState(_)
+            | Error::Gpu(_)
+            | Error::WorldSizeMismatch { .. } => ErrorKind::Invalid,
+            Error::Busy { .. }
+            | Error::Coordination(_)
+            | Error::Timeout { .. }
+            | Error::TierUnavailable { .. } => {
                 ErrorKind::Unavailable
             }
             Error::AlreadyCommitted { .. } | Error::RankClaimed { .. } => ErrorKind::Conflict,
@@ -158,6 +201,7 @@ impl Error {
                 _ => ErrorKind::Corrupt,
             },
             Error::Pipeline(_) => ErrorKind::Internal,
+            Error::Background { source, .. } => source.kind(),
         }
     }
 

@@ -32,6 +32,7 @@
 //! `docs/commit-protocol.md`. Errors carry an [`ErrorKind`] that says what
 //! to do about them.
 
+mod agreement;
 mod builder;
 mod checkpointer;
 mod commit;
@@ -43,6 +44,7 @@ mod error;
 pub mod etcd;
 pub mod gpu;
 mod handle;
+mod health;
 pub mod inspect;
 pub mod par;
 mod persist;
@@ -52,6 +54,8 @@ pub mod reader;
 mod redact;
 pub mod replication;
 mod restore;
+pub mod roll_forward;
+mod retention;
 mod restore_fetch;
 mod restore_l3;
 mod restore_place;
@@ -68,7 +72,7 @@ pub mod tiering;
 
 pub use builder::CheckpointerBuilder;
 pub use checkpointer::Checkpointer;
-pub use config::{BusyPolicy, Config, UploadBacklog};
+pub use config::{BusyPolicy, Config, OnBackgroundError, UploadBacklog};
 pub use coordinator::{Coordinator, InProcessCoordinator, SoloCoordinator};
 pub use error::{Error, ErrorKind, Result};
 pub use etcd::{EtcdCoordinator, EtcdOptions};
@@ -79,7 +83,7 @@ pub use replication::L2State;
 pub use restore::{RestorePlan, StepSelector};
 pub use stack::{NamedTier, TierStack};
 pub use state::{Entry, RestoredEntry, RestoredState};
-pub use stats::{RestoreStats, SaveStats};
+pub use stats::{Health, RestoreStats, SaveStats};
 pub use strata_format as format;
 pub use strata_peer as peer;
 pub use strata_tiered as tiered;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use strata_format::{ChunkId, EntrySpec, ShardInfo, ShardManifest};
 use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore};
 
-use crate::commit::{self, Committed, Vote};
+use crate::commit::{self, Committed, Decision, Vote};
 use crate::error::{Error, Result};
 use crate::handle::Completion;
 use crate::par::par_map;
@@ -55,6 +55,14 @@ pub(crate) fn persist(
         chunks: job.plan.layout.chunks.len() as u64,
         ..SaveStats::default()
     };
+    // A manifest of this step already on L1 without a record: a save of
+    // this step voted and then failed before its record, or an attempt the
+    // barrier refused. Kept, in case another rank committed the step then
+    // (the barrier says so): it is the shard that rank's record counts.
+    let previous = s
+        .rt
+        .block_on(s.l1.get_manifest(&cfg.job, job.step, cfg.rank))
+        .ok();
     let local = (|| -> Result<(Vec<u8>, ShardManifest)> {
         let t = Instant::now();
         let ids = hash_and_write(s, job.step, &job.plan, job.snaps, &mut stats, segments)?;
@@ -82,11 +90,24 @@ pub(crate) fn persist(
     let vote = Vote {
         ok: local.is_ok(),
         upload: cfg.rank == 0 && s.upload_policy.wants(job.step),
+        already: false,
     };
     let t = Instant::now();
     let decision =
         tracing::info_span!("barrier").in_scope(|| commit::barrier(&*s.coord, cfg, job.step, vote));
     stats.barrier_time = t.elapsed();
+    if let Ok(Decision {
+        decided_before: Some(by),
+        ..
+    }) = decision
+    {
+        // Another rank holds this step committed: it was decided before,
+        // and this save's shard is not part of it.
+        let written = local.as_ref().ok().map(|(b, _)| b.as_slice());
+        return Err(crate::roll_forward::settle_decided_before(
+            s, job.step, by, previous, written,
+        ));
+    }
     let (bytes, manifest) = local?;
     let decision = decision?;
     let record = commit::record(
@@ -263,11 +284,8 @@ fn hash_and_write(
 /// is deleted.
 fn retention(s: &Shared) -> Result<(u64, u64)> {
     let cfg = &s.cfg;
-    let policy = strata_gc::Retention {
-        keep_last: cfg.keep_last,
-        keep_every: 0,
-        keep_within: None,
-        grace: Duration::from_secs(cfg.gc_grace_secs),
+    let Some(policy) = cfg.retention_for(crate::inspect::TierKind::L1) else {
+        return Ok((0, 0));
     };
     let mut hold = s.uploads.pinned();
     hold.extend(s.replication.pinned());

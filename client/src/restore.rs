@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use strata_tiered::StepInfo;
 
+use crate::agreement::Holdings;
 use crate::checkpointer::Checkpointer;
 use crate::copy::commit_copy;
 use crate::error::{Error, Result};
@@ -15,6 +16,15 @@ use crate::restore_place::{load_manifest, Loaded, Source};
 use crate::state::{RestoredEntry, RestoredState};
 use crate::stats::RestoreStats;
 use strata_tiered::aligned::align_up;
+
+/// Every tier's listing for one restore, and what this rank tells the
+/// others it can restore.
+struct Listed {
+    l1: Vec<StepInfo>,
+    l2: Vec<Vec<StepInfo>>,
+    l3: Vec<StepInfo>,
+    holdings: Holdings,
+}
 
 /// Which step to restore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,49 +270,38 @@ impl Checkpointer {
     }
 
     /// Agrees with every rank on the step, then reads and checks this rank's
-    /// manifest against its commit record.
+    /// manifest against its commit record (writing that record first when
+    /// this rank holds the manifest of a step another rank committed: it
+    /// rolls the decided step forward).
     fn agree_and_load(&self, which: StepSelector) -> Result<(u64, Loaded)> {
         let s = &self.shared;
         let cfg = &s.cfg;
-        let l1_steps = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
+        let listed = self.list_tiers()?;
+        let Listed {
+            l1: l1_steps,
+            l2: l2_steps,
+            l3: l3_steps,
+            ref holdings,
+        } = listed;
         let on_l1 = restorable(cfg, &l1_steps);
-        // L3 is only listed when configured; an unreachable L3 is logged and
-        // leaves what L1 holds restorable.
-        let l3_steps = match &s.l3 {
-            Some(l3) => match s.rt.block_on(l3.list_steps(&cfg.job)) {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot list L3; restoring from L1 only");
-                    Vec::new()
-                }
-            },
-            None => Vec::new(),
-        };
         let on_l3 = restorable(cfg, &l3_steps);
-        // Each peer is listed too; one that cannot be reached is logged and
-        // skipped.
-        let l2_steps: Vec<Vec<StepInfo>> = s
-            .l2
-            .iter()
-            .map(|p| match s.rt.block_on(p.store.list_steps(&cfg.job)) {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!(peer = %p.name, error = %e, "cannot list a peer; skipping it");
-                    Vec::new()
-                }
-            })
-            .collect();
         let on_l2: Vec<BTreeSet<u64>> = l2_steps.iter().map(|v| restorable(cfg, v)).collect();
-        let mut mine: BTreeSet<u64> = on_l1.union(&on_l3).copied().collect();
-        for set in &on_l2 {
-            mine.extend(set.iter().copied());
-        }
         // What this rank committed anywhere: a later save of one of these
         // steps is refused without listing the tiers again.
-        s.committed.fill(mine.clone());
+        s.committed.fill(holdings.committed.clone());
         let n = s.restores.fetch_add(1, Ordering::Relaxed);
-        let mut common =
-            crate::commit::agree(&*s.coord, cfg, &format!("restore/{}/{n}", cfg.job), &mine)?;
+        let agreement = crate::agreement::agree(
+            &*s.coord,
+            cfg,
+            &format!("restore/{}/{n}", cfg.job),
+            holdings,
+        )?;
+        let wanted = match which {
+            StepSelector::Latest => None,
+            StepSelector::Step(st) => Some(st),
+        };
+        agreement.check_world(cfg, wanted)?;
+        let mut common = agreement.common;
         // The newest common step (or the one asked for); if its manifest
         // turns out unusable on some rank, every rank drops it together and
         // tries the next older one (only for `Latest`).
@@ -312,7 +311,9 @@ impl Checkpointer {
                 StepSelector::Latest => match common.last() {
                     Some(&st) => st,
                     None => {
-                        return Err(last_err.unwrap_or(Error::NothingToRestore(None)));
+                        return Err(last_err.unwrap_or(Error::NothingToRestore(Some(
+                            "the ranks share no committed step".into(),
+                        ))));
                     }
                 },
                 StepSelector::Step(st) if common.contains(&st) => st,
@@ -324,9 +325,23 @@ impl Checkpointer {
                     }))
                 }
             };
-            let here = self.load_step(
-                step, &on_l1, &l1_steps, &on_l2, &l2_steps, &on_l3, &l3_steps,
-            );
+            let here = if holdings.committed.contains(&step) {
+                self.load_step(
+                    step, &on_l1, &l1_steps, &on_l2, &l2_steps, &on_l3, &l3_steps,
+                )
+            } else {
+                // Decided (another rank committed it) and held here without
+                // a record: roll it forward, then read it from L1. L3 gets
+                // this shard too if it holds the step of other ranks.
+                let upload = l3_steps.iter().any(|st| st.step == step && !st.records.is_empty());
+                crate::roll_forward::roll_forward(s, step, upload).and_then(|()| {
+                    let steps = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
+                    Ok(Loaded {
+                        shard: load_manifest(s, &s.l1, &steps, step)?,
+                        source: Source::L1,
+                    })
+                })
+            };
             let ready = crate::commit::all_ready(
                 &*s.coord,
                 cfg,
@@ -354,6 +369,74 @@ impl Checkpointer {
                 common.clear();
             }
         }
+    }
+
+    /// Lists every tier for a restore: what each holds, and this rank's
+    /// [`Holdings`]. L1 must list. An L3 that cannot be listed, or as many
+    /// unreadable peers as there are replicas (every replica of some shard
+    /// may be on them), could hide a newer step than the readable tiers:
+    /// that is reported to every rank through the agreement (and the
+    /// restore fails on all with [`Error::TierUnavailable`]) unless
+    /// `skip_unreadable_tiers` is set. Fewer dead peers are skipped: every
+    /// shard has a replica on a readable one.
+    fn list_tiers(&self) -> Result<Listed> {
+        let s = &self.shared;
+        let cfg = &s.cfg;
+        let mut holdings = Holdings::default();
+        let l1 = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
+        holdings.add_listing(cfg, &l1, true);
+        let mut unreadable = Vec::new();
+        let l3 = match &s.l3 {
+            Some(l3) => match s.rt.block_on(l3.list_steps(&cfg.job)) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list L3");
+                    unreadable.push(format!("L3: {e}"));
+                    Vec::new()
+                }
+            },
+            None => Vec::new(),
+        };
+        holdings.add_listing(cfg, &l3, false);
+        let mut dead_peers = Vec::new();
+        let l2: Vec<Vec<StepInfo>> = s
+            .l2
+            .iter()
+            .map(|p| match s.rt.block_on(p.store.list_steps(&cfg.job)) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(peer = %p.name, error = %e, "cannot list a peer");
+                    dead_peers.push(format!("{} ({e})", p.name));
+                    Vec::new()
+                }
+            })
+            .collect();
+        for v in &l2 {
+            holdings.add_listing(cfg, v, false);
+        }
+        if !dead_peers.is_empty() && dead_peers.len() >= cfg.replicas.max(1) {
+            unreadable.push(format!(
+                "L2 ({} of {} peers, with {} replica(s) of each step): {}",
+                dead_peers.len(),
+                s.l2.len(),
+                cfg.replicas.max(1),
+                dead_peers.join("; ")
+            ));
+        }
+        holdings.settle();
+        if !unreadable.is_empty() {
+            if cfg.skip_unreadable_tiers {
+                tracing::warn!(tiers = %unreadable.join(" | "), "restoring without tiers that cannot be listed (skip_unreadable_tiers)");
+            } else {
+                holdings.unreadable = Some(unreadable.join(" | "));
+            }
+        }
+        Ok(Listed {
+            l1,
+            l2,
+            l3,
+            holdings,
+        })
     }
 
     /// This rank's manifest of `step`, checked against its record, from

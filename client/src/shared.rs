@@ -109,12 +109,39 @@ impl Shared {
             }
         };
         if known {
+            self.vote_already(step);
             return Err(Error::AlreadyCommitted {
                 step,
                 tier: "by this rank".into(),
             });
         }
         Ok(())
+    }
+
+    /// Takes part in the barrier of a step this rank refused to save again
+    /// because it holds it committed, on a thread of its own (the refusal
+    /// returns at once): a rank that did save it (it lacks its record, as
+    /// after a split) learns the step was decided before, keeps the shard
+    /// it voted for then, and fails like this one instead of waiting at
+    /// the barrier until the timeout. Where every rank refuses, the round
+    /// completes at once.
+    fn vote_already(&self, step: u64) {
+        let (coord, cfg) = (self.coord.clone(), self.cfg.clone());
+        let vote = crate::commit::Vote {
+            ok: true,
+            upload: false,
+            already: true,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("strata-refused-vote".into())
+            .spawn(move || {
+                if let Err(e) = crate::commit::barrier(&*coord, &cfg, step, vote) {
+                    tracing::debug!(step, error = %e, "the barrier of a refused save did not complete");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(step, error = %e, "cannot start the refused save's vote");
+        }
     }
 
     /// The steps this rank committed in any tier it can list.

@@ -174,13 +174,16 @@ fn etcd_authentication_is_used_when_configured() {
         e.to_string().to_lowercase().contains("user"),
         "refused without credentials: {e}"
     );
+    // The test's etcd speaks plain HTTP on loopback.
     let wrong = EtcdOptions {
         user: Some(("root".into(), "nope".into())),
+        allow_plaintext_auth: true,
         ..opts(&etcd.url)
     };
     assert!(EtcdCoordinator::connect(wrong, "auth", 0, 1).is_err());
     let right = EtcdOptions {
         user: Some(("root".into(), "s3cret".into())),
+        allow_plaintext_auth: true,
         ..opts(&etcd.url)
     };
     let c = EtcdCoordinator::connect(right, "auth", 0, 1).unwrap();
@@ -302,4 +305,77 @@ fn rounds_of_different_starts_of_the_job_never_meet() {
         .unwrap_err();
     assert!(e.to_string().contains("only 1 of 2"), "{e}");
     drop(old1);
+}
+
+/// One JSON request to etcd's HTTP gateway (plain HTTP/1.1 on loopback).
+fn etcd_call(url: &str, path: &str, body: &serde_json::Value) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    let body = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let json = out.split("\r\n\r\n").nth(1).unwrap_or_default();
+    // A chunked answer: the JSON object is the one line that starts with '{'.
+    let line = json.lines().find(|l| l.starts_with('{')).unwrap_or(json);
+    serde_json::from_str(line).unwrap()
+}
+
+/// Revokes the lease holding rank `rank`'s claim of `job` (as a partition
+/// or a SIGSTOP longer than the lease would let it lapse).
+fn revoke_claim(url: &str, job: &str, rank: u32) {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let key = b64.encode(format!("/strata/{job}/ranks/{rank:08}"));
+    let got = etcd_call(url, "/v3/kv/range", &serde_json::json!({ "key": key }));
+    let lease = got["kvs"][0]["lease"].as_str().unwrap().to_string();
+    etcd_call(url, "/v3/lease/revoke", &serde_json::json!({ "ID": lease }));
+}
+
+#[test]
+fn a_process_whose_claim_lapsed_while_waiting_never_completes_the_round() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    // A long lease: its keep-alive (every 20 s) does not notice the loss
+    // during the test; only the round's own check can.
+    let slow = EtcdOptions {
+        lease_ttl: Duration::from_secs(60),
+        ..opts(&etcd.url)
+    };
+    let a = EtcdCoordinator::connect(slow, "fence", 0, 2).unwrap();
+    let b = EtcdCoordinator::connect(opts(&etcd.url), "fence", 1, 2).unwrap();
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| a.all_gather(0, "commit/fence/7", b"stale".to_vec(), LONG));
+        std::thread::sleep(Duration::from_millis(500));
+        // Rank 0's claim lapses; a new process takes rank 0 and votes.
+        revoke_claim(&etcd.url, "fence", 0);
+        let a2 = EtcdCoordinator::connect(opts(&etcd.url), "fence", 0, 2).unwrap();
+        let h2 = s.spawn(move || {
+            let got = a2.all_gather(0, "commit/fence/7", b"new".to_vec(), LONG);
+            (got, a2)
+        });
+        let got_b = b
+            .all_gather(1, "commit/fence/7", b"b".to_vec(), LONG)
+            .unwrap();
+        assert_eq!(got_b, vec![b"new".to_vec(), b"b".to_vec()]);
+        let (got2, _a2) = h2.join().unwrap();
+        assert_eq!(got2.unwrap(), got_b);
+        // The stale process must not complete the round with its
+        // replacement's vote (it would then commit its own manifest).
+        let e = waiting.join().unwrap().unwrap_err();
+        assert!(matches!(e, Error::RankClaimed { rank: 0, .. }), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Conflict);
+        // And every later call of it fails the same way.
+        let e = a
+            .all_gather(0, "commit/fence/8", b"x".to_vec(), Duration::from_secs(2))
+            .unwrap_err();
+        assert!(matches!(e, Error::RankClaimed { .. }), "{e}");
+    });
 }

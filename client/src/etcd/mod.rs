@@ -31,8 +31,9 @@ use crate::coordinator::Coordinator;
 use crate::error::{Error, Result};
 use api::{EtcdApi, Security};
 
-/// How to reach etcd and how long a dead rank may go unnoticed.
-#[derive(Clone, Debug)]
+/// How to reach etcd and how long a dead rank may go unnoticed. Its
+/// `Debug` shows the user, never the password.
+#[derive(Clone)]
 pub struct EtcdOptions {
     /// Client URLs of the cluster (`http://10.0.0.5:2379`, `https://…`),
     /// tried in order.
@@ -49,8 +50,13 @@ pub struct EtcdOptions {
     pub cert_file: Option<PathBuf>,
     /// The key of `cert_file`.
     pub key_file: Option<PathBuf>,
-    /// etcd user and password (etcd's own authentication).
+    /// etcd user and password (etcd's own authentication). Sent only to
+    /// `https://` endpoints unless `allow_plaintext_auth`.
     pub user: Option<(String, String)>,
+    /// Send the user and password over plain `http://` endpoints too (a
+    /// network the operator trusts); otherwise connecting with a user and
+    /// an `http://` endpoint is a configuration error.
+    pub allow_plaintext_auth: bool,
     /// Which start of the job this is (the launcher's restart count:
     /// torchrun's `TORCHELASTIC_RESTART_COUNT`, Slurm's
     /// `SLURM_RESTART_COUNT`): rounds of different starts never meet, even
@@ -69,6 +75,7 @@ impl Default for EtcdOptions {
             cert_file: None,
             key_file: None,
             user: None,
+            allow_plaintext_auth: false,
             incarnation: None,
         }
     }
@@ -98,6 +105,7 @@ impl EtcdOptions {
             cert_file: cfg.etcd_cert.clone(),
             key_file: cfg.etcd_key.clone(),
             user,
+            allow_plaintext_auth: cfg.etcd_allow_plaintext_auth,
             incarnation: cfg.incarnation.clone(),
             ..EtcdOptions::default()
         })
@@ -125,6 +133,7 @@ impl EtcdOptions {
             ca_pem: self.ca_file.as_ref().map(read).transpose()?,
             identity_pem,
             user: self.user.clone(),
+            allow_plaintext_auth: self.allow_plaintext_auth,
         })
     }
 }
@@ -164,12 +173,16 @@ pub struct EtcdCoordinator {
     /// The revision at which this process claimed its rank: a claim that
     /// exited before it belongs to an earlier incarnation of the job.
     claimed_at: i64,
+    /// This start of the job, as its claim names it.
+    start: Option<String>,
     state: Arc<Mutex<State>>,
 }
 
 /// A rank's claim as read from etcd.
 struct Claim {
     instance: String,
+    /// The start of the job that made it (`EtcdOptions::incarnation`).
+    start: Option<String>,
     exited: bool,
     /// When it was last written (for an exited claim: when it ended).
     mod_revision: i64,
@@ -185,6 +198,10 @@ fn parse_claim(value: &[u8], mod_revision: i64) -> Claim {
             .unwrap_or("")
             .to_string(),
         exited: text.split_whitespace().any(|w| w == "exited"),
+        start: text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("start="))
+            .map(str::to_string),
     }
 }
 
@@ -260,8 +277,13 @@ impl EtcdCoordinator {
                 (std::process::id(), since, lease)
             )
         );
+        let start = opts
+            .incarnation
+            .as_deref()
+            .map(|i| escape(&i.split_whitespace().collect::<Vec<_>>().join("_")));
         let me = format!(
-            "host={} pid={} instance={instance} since_unix_ms={since}",
+            "host={} pid={} instance={instance} since_unix_ms={since}{}",
+            start.as_ref().map_or(String::new(), |s| format!(" start={s}")),
             crate::config::hostname(),
             std::process::id()
         );
@@ -344,6 +366,7 @@ impl EtcdCoordinator {
             instance,
             me,
             claimed_at,
+            start,
             state,
         })
     }
@@ -423,7 +446,15 @@ impl EtcdCoordinator {
             None => format!("{}/rounds/{}@{attempt}/", self.root, escape(key)),
         };
         let mine = format!("{round}{:08}/{}", self.rank, self.instance).into_bytes();
-        self.api.put(&mine, &value, self.rounds_lease, t).await?;
+        if let Err(e) = self.api.put(&mine, &value, self.rounds_lease, t).await {
+            // The put may have reached etcd though this client saw an
+            // error: take the value back, so no rank counts a vote this
+            // rank reports as failed.
+            if let Err(d) = self.api.delete(&mine, t).await {
+                tracing::warn!(error = %d, "could not take back a round's value after a failed put");
+            }
+            return Err(e);
+        }
         let r = self.gather_round(key, &round, &mine, timeout).await;
         if r.is_err() {
             // A failed round's value goes at once: no late rank counts it.
@@ -464,11 +495,40 @@ impl EtcdCoordinator {
                 if let Some(r) = kv.key.strip_prefix(members.as_bytes()).and_then(rank_in) {
                     let c = parse_claim(&kv.value, kv.mod_revision);
                     // An exited claim older than this process is an earlier
-                    // incarnation's: as if the rank had not come yet.
-                    if !(c.exited && c.mod_revision < self.claimed_at) {
+                    // incarnation's: as if the rank had not come yet. So is
+                    // a live claim of another start of the job (a process
+                    // of the previous start that was killed holds its claim
+                    // until its lease expires): its disappearing is not
+                    // this start's rank dying.
+                    let older = c.exited && c.mod_revision < self.claimed_at;
+                    let other_start = self.opts.incarnation.is_some() && c.start != self.start;
+                    if !older && !other_start {
                         holder.insert(r, c);
                     }
                 }
+            }
+            // Fencing: only the current holder of this rank completes a
+            // round. A process whose lease lapsed (a partition, SIGSTOP)
+            // and whose rank another process took would otherwise count
+            // its replacement's value as its own and go on to commit.
+            let held = holder
+                .get(&self.rank)
+                .is_some_and(|c| c.instance == self.instance && c.mod_revision == self.claimed_at);
+            if !held {
+                let e = Error::RankClaimed {
+                    job: self.root.rsplit('/').next().unwrap_or_default().to_string(),
+                    rank: self.rank,
+                    other: format!(
+                        "this process no longer holds its claim (its lease lapsed or another process took the rank): {}",
+                        holder
+                            .get(&self.rank)
+                            .map_or("nobody holds it now".to_string(), |c| format!("held by instance {}", c.instance))
+                    ),
+                };
+                if let Ok(mut st) = self.state.lock() {
+                    st.lost.get_or_insert(e.clone());
+                }
+                return Err(e);
             }
             let mut got: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
             for kv in values {

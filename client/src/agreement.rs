@@ -1,0 +1,373 @@
+//! Restore agreement: what each rank can restore, exchanged in one round,
+//! and the steps every rank can restore.
+//!
+//! A rank tells the others ([`Holdings`]): the steps it committed in some
+//! tier, the steps whose manifest it holds on L1 without a commit record
+//! (it voted, then failed or died before its record), the newest step it
+//! saw committed by a world of another size, and a tier it could not list.
+//! Any rank's record proves that every rank voted the step durable (no
+//! record is written before a unanimous vote), so a step some rank
+//! committed is *decided*: a rank holding only its manifest of a decided
+//! step rolls it forward (writes its record) and restores it like the
+//! others ([`Agreement::common`]). A step committed on some ranks and not
+//! others never makes the job go back to an older one.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use strata_tiered::StepInfo;
+
+use crate::config::Config;
+use crate::coordinator::Coordinator;
+use crate::error::{Error, Result};
+
+/// Tag of the current payload. An older build sends a bare list of
+/// little-endian `u64` steps (a multiple of 8 bytes); this one's length is
+/// padded to 1 modulo 8, so the two never read as each other.
+const TAG: u8 = 0xA1;
+/// Longest tier description carried (a tier's error message is cut).
+const MAX_NOTE: usize = 512;
+
+/// What one rank can restore, as it tells the others.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Holdings {
+    /// Steps this rank committed in some tier (for this world size).
+    pub(crate) committed: BTreeSet<u64>,
+    /// Steps whose manifest this rank holds on L1 without its commit record.
+    pub(crate) partial: BTreeSet<u64>,
+    /// The newest step committed by a world of another size: (step, world).
+    pub(crate) foreign: Option<(u64, u32)>,
+    /// A tier that could hold a newer step and could not be listed.
+    pub(crate) unreadable: Option<String>,
+}
+
+impl Holdings {
+    /// Adds what a tier's listing shows: this rank's committed steps, and
+    /// the newest step committed by another world size. `partial_too`
+    /// (L1): this rank's manifests without a record, not being retired.
+    pub(crate) fn add_listing(&mut self, cfg: &Config, steps: &[StepInfo], partial_too: bool) {
+        self.committed
+            .extend(crate::commit::restorable(cfg, steps));
+        for st in steps {
+            if let Some(w) = st.world_size().filter(|w| *w != cfg.world_size) {
+                if self.foreign.is_none_or(|(s, _)| s < st.step) {
+                    self.foreign = Some((st.step, w));
+                }
+            }
+            if partial_too
+                && st.manifests.contains(&cfg.rank)
+                && !st.committed_ranks().contains(&cfg.rank)
+                && !st.retiring.contains(&cfg.rank)
+                && !st.unreadable.contains_key(&cfg.rank)
+            {
+                self.partial.insert(st.step);
+            }
+        }
+    }
+
+    /// Drops partial steps this rank committed in another tier (it holds a
+    /// record there; nothing to roll forward).
+    pub(crate) fn settle(&mut self) {
+        let committed = &self.committed;
+        self.partial.retain(|s| !committed.contains(s));
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = vec![TAG];
+        for set in [&self.committed, &self.partial] {
+            out.extend_from_slice(&(set.len() as u32).to_le_bytes());
+            for s in set {
+                out.extend_from_slice(&s.to_le_bytes());
+            }
+        }
+        match self.foreign {
+            Some((step, world)) => {
+                out.push(1);
+                out.extend_from_slice(&step.to_le_bytes());
+                out.extend_from_slice(&world.to_le_bytes());
+            }
+            None => out.push(0),
+        }
+        let text = self.unreadable.as_deref().unwrap_or("");
+        let note = &text.as_bytes()[..floor_char_boundary(text, MAX_NOTE)];
+        out.extend_from_slice(&(note.len() as u16).to_le_bytes());
+        out.extend_from_slice(note);
+        while out.len() % 8 != 1 {
+            out.push(0);
+        }
+        out
+    }
+
+    /// Decodes a rank's payload (this build's, or an older build's bare
+    /// step list); `None` when malformed.
+    pub(crate) fn decode(b: &[u8]) -> Option<Holdings> {
+        if b.len() % 8 == 0 {
+            return Some(Holdings {
+                committed: b
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+                    .collect(),
+                ..Holdings::default()
+            });
+        }
+        if b.len() % 8 != 1 {
+            return None;
+        }
+        let mut r = Reader(b);
+        if r.take(1)? != [TAG] {
+            return None;
+        }
+        let mut sets = [BTreeSet::new(), BTreeSet::new()];
+        for set in &mut sets {
+            let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
+            // Bounded by the payload itself: no allocation past its length.
+            if n > r.0.len() / 8 {
+                return None;
+            }
+            for _ in 0..n {
+                set.insert(u64::from_le_bytes(r.take(8)?.try_into().ok()?));
+            }
+        }
+        let foreign = match r.take(1)? {
+            [0] => None,
+            [1] => Some((
+                u64::from_le_bytes(r.take(8)?.try_into().ok()?),
+                u32::from_le_bytes(r.take(4)?.try_into().ok()?),
+            )),
+            _ => return None,
+        };
+        let n = u16::from_le_bytes(r.take(2)?.try_into().ok()?) as usize;
+        let note = r.take(n)?;
+        if r.0.iter().any(|&p| p != 0) {
+            return None;
+        }
+        let [committed, partial] = sets;
+        Some(Holdings {
+            committed,
+            partial,
+            foreign,
+            unreadable: (!note.is_empty()).then(|| String::from_utf8_lossy(note).into_owned()),
+        })
+    }
+}
+
+fn floor_char_boundary(s: &str, max: usize) -> usize {
+    let mut n = s.len().min(max);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    n
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+}
+
+/// What the ranks agreed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Agreement {
+    /// Steps every rank can restore: each committed it, or holds its
+    /// manifest of it and some rank committed it (it rolls it forward).
+    pub(crate) common: BTreeSet<u64>,
+    /// Steps some rank committed: every rank voted them durable.
+    pub(crate) decided: BTreeSet<u64>,
+    /// The newest step committed by a world of another size, any rank saw.
+    pub(crate) foreign: Option<(u64, u32)>,
+}
+
+impl Agreement {
+    /// Combines every rank's holdings (by rank). A tier some rank could
+    /// not list is an error on every rank alike.
+    pub(crate) fn of(all: &[Holdings]) -> Result<Agreement> {
+        if let Some((r, t)) = all
+            .iter()
+            .enumerate()
+            .find_map(|(r, h)| h.unreadable.as_ref().map(|t| (r, t)))
+        {
+            let (tier, reason) = t.split_once(": ").unwrap_or((t.as_str(), ""));
+            return Err(Error::TierUnavailable {
+                tier: format!("{tier} (seen by rank {r})"),
+                reason: reason.to_string(),
+            });
+        }
+        let decided: BTreeSet<u64> = all.iter().flat_map(|h| h.committed.iter().copied()).collect();
+        let mut common: Option<BTreeSet<u64>> = None;
+        for h in all {
+            let can: BTreeSet<u64> = h
+                .committed
+                .iter()
+                .copied()
+                .chain(h.partial.intersection(&decided).copied())
+                .collect();
+            common = Some(match common {
+                None => can,
+                Some(c) => c.intersection(&can).copied().collect(),
+            });
+        }
+        let foreign = all.iter().filter_map(|h| h.foreign).max();
+        Ok(Agreement {
+            common: common.unwrap_or_default(),
+            decided,
+            foreign,
+        })
+    }
+
+    /// The error for a step selection the agreement cannot serve: another
+    /// world size's newer step, or nothing common.
+    pub(crate) fn check_world(&self, cfg: &Config, wanted: Option<u64>) -> Result<()> {
+        let Some((step, saved_world)) = self.foreign else {
+            return Ok(());
+        };
+        let hidden = match wanted {
+            None => self.common.last().is_none_or(|&newest| step > newest),
+            Some(w) => !self.common.contains(&w) && step >= w,
+        };
+        if hidden {
+            return Err(Error::WorldSizeMismatch {
+                step,
+                saved_world,
+                world: cfg.world_size,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Step agreement: exchanges this rank's holdings with every rank (`key`
+/// names the round) and combines them ([`Agreement::of`]).
+pub(crate) fn agree(
+    coord: &dyn Coordinator,
+    cfg: &Config,
+    key: &str,
+    mine: &Holdings,
+) -> Result<Agreement> {
+    let all = coord.all_gather(
+        cfg.rank,
+        key,
+        mine.encode(),
+        Duration::from_secs(cfg.coordination_timeout_secs),
+    )?;
+    if all.len() != cfg.world_size as usize {
+        return Err(Error::Coordination(format!(
+            "{key}: the coordinator returned {} answers for a world of {}",
+            all.len(),
+            cfg.world_size
+        )));
+    }
+    let decoded = all
+        .iter()
+        .enumerate()
+        .map(|(r, v)| {
+            Holdings::decode(v).ok_or_else(|| {
+                Error::Coordination(format!("{key}: rank {r} sent a malformed step list"))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Agreement::of(&decoded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(v: &[u64]) -> BTreeSet<u64> {
+        v.iter().copied().collect()
+    }
+
+    #[test]
+    fn holdings_round_trip_and_old_payloads_decode() {
+        let h = Holdings {
+            committed: set(&[1, 2, 9]),
+            partial: set(&[10]),
+            foreign: Some((40, 8)),
+            unreadable: Some("L3: connection refused".into()),
+        };
+        let b = h.encode();
+        assert_eq!(b.len() % 8, 1);
+        assert_eq!(Holdings::decode(&b), Some(h));
+        let empty = Holdings::default();
+        assert_eq!(Holdings::decode(&empty.encode()), Some(empty));
+        // An older build's bare list.
+        let old: Vec<u8> = [3u64, 4].iter().flat_map(|s| s.to_le_bytes()).collect();
+        assert_eq!(Holdings::decode(&old).unwrap().committed, set(&[3, 4]));
+        // Malformed: truncated, a huge count, trailing bytes.
+        for cut in 1..b.len() {
+            let d = Holdings::decode(&b[..cut]);
+            assert!(d.is_none() || cut % 8 == 0, "cut {cut}: {d:?}");
+        }
+        let mut huge = vec![TAG];
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        huge.resize(9, 0);
+        assert_eq!(Holdings::decode(&huge), None);
+        let mut trailing = Holdings::default().encode();
+        trailing[8] = 7;
+        assert_eq!(Holdings::decode(&trailing), None);
+    }
+
+    #[test]
+    fn a_step_committed_by_some_ranks_is_common_to_those_holding_its_manifest() {
+        let a = Holdings {
+            committed: set(&[4, 5]),
+            ..Holdings::default()
+        };
+        let b = Holdings {
+            committed: set(&[4]),
+            partial: set(&[5, 6]),
+            ..Holdings::default()
+        };
+        let ag = Agreement::of(&[a.clone(), b]).unwrap();
+        assert_eq!(ag.common, set(&[4, 5]), "6 was never committed: not decided");
+        assert_eq!(ag.decided, set(&[4, 5]));
+        // A rank without the manifest (its disk was lost) cannot roll it
+        // forward: the step is not common.
+        let c = Holdings {
+            committed: set(&[4]),
+            ..Holdings::default()
+        };
+        assert_eq!(Agreement::of(&[a, c]).unwrap().common, set(&[4]));
+    }
+
+    #[test]
+    fn an_unreadable_tier_fails_every_rank_and_names_it() {
+        let a = Holdings {
+            committed: set(&[4]),
+            ..Holdings::default()
+        };
+        let b = Holdings {
+            unreadable: Some("L3: dns error".into()),
+            ..Holdings::default()
+        };
+        let e = Agreement::of(&[a, b]).unwrap_err();
+        assert!(matches!(e, Error::TierUnavailable { .. }), "{e}");
+        assert_eq!(e.kind(), crate::ErrorKind::Unavailable);
+        assert!(e.to_string().contains("L3 (seen by rank 1)"), "{e}");
+    }
+
+    #[test]
+    fn a_newer_step_of_another_world_size_is_an_error_naming_both() {
+        let cfg = Config::builder().rank(0, 1);
+        let ag = Agreement {
+            common: set(&[3]),
+            decided: set(&[3]),
+            foreign: Some((7, 2)),
+        };
+        let e = ag.check_world(&cfg, None).unwrap_err();
+        assert!(e.to_string().contains("world of 2"), "{e}");
+        assert!(e.to_string().contains("runs 1"), "{e}");
+        assert!(ag.check_world(&cfg, Some(3)).is_ok(), "an explicit older step");
+        let older = Agreement {
+            foreign: Some((2, 2)),
+            ..ag
+        };
+        assert!(older.check_world(&cfg, None).is_ok());
+    }
+}
