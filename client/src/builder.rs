@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::coordinator::{Coordinator, SoloCoordinator};
 use crate::error::{Error, Result};
 use crate::etcd::{EtcdCoordinator, EtcdOptions};
+use crate::health::Background;
 use crate::persist::{persist, PersistJob};
 use crate::policy::UploadPolicy;
 use crate::shared::{OwnRuntime, Shared};
@@ -256,15 +257,22 @@ impl Checkpointer {
         };
         let (tx, rx) = mpsc::channel::<PersistJob>();
         let s2 = shared.clone();
+        let background = Arc::new(Background::new(shared.cfg.on_background_error));
+        let failures = background.clone();
         let worker = std::thread::Builder::new()
             .name("strata-persist".into())
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
-                    let done = job.done.clone();
+                    let (step, done) = (job.step, job.done.clone());
                     let mut segments = Vec::new();
                     let r = persist(&s2, job, &mut segments);
                     for seg in segments {
                         s2.pool.give_back(seg);
+                    }
+                    // Recorded before the handle completes: whoever the
+                    // completion wakes finds the failure.
+                    if let Err(e) = &r {
+                        failures.save_failed(step, e, &done);
                     }
                     done.finish(r);
                 }
@@ -278,6 +286,7 @@ impl Checkpointer {
             replicator,
             inflight: Mutex::new(None),
             skipped: std::sync::atomic::AtomicU64::new(0),
+            background,
         })
     }
 }

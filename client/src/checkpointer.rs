@@ -24,11 +24,12 @@ use strata_tiered::{ChunkStore, L1Store};
 use crate::config::{BusyPolicy, Config};
 use crate::error::{Error, Result};
 use crate::handle::{Completion, SaveHandle};
+use crate::health::Background;
 use crate::persist::{PersistJob, Snap};
 use crate::shared::Shared;
 use crate::snapshot::{fill_segment, Plan};
 use crate::state::Entry;
-use crate::stats::SaveStats;
+use crate::stats::{Health, SaveStats};
 
 /// Saves and restores one rank's state. See the module documentation.
 pub struct Checkpointer {
@@ -39,6 +40,8 @@ pub struct Checkpointer {
     pub(crate) replicator: Option<std::thread::JoinHandle<()>>,
     pub(crate) inflight: Mutex<Option<(u64, Arc<Completion>)>>,
     pub(crate) skipped: std::sync::atomic::AtomicU64,
+    /// Saves that failed in the background, until reported.
+    pub(crate) background: Arc<Background>,
 }
 
 impl Checkpointer {
@@ -59,6 +62,36 @@ impl Checkpointer {
     /// Steps skipped by the busy policy so far.
     pub fn skipped_saves(&self) -> u64 {
         self.skipped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Saves that failed in the background so far.
+    pub fn failed_saves(&self) -> u64 {
+        self.background.failed_saves()
+    }
+
+    /// The newest save that failed in the background, as
+    /// [`Error::Background`] (kept after it was reported), or None.
+    pub fn last_error(&self) -> Option<Error> {
+        self.background.last_error()
+    }
+
+    /// The background's counters (failed and skipped saves, dropped
+    /// uploads and pushes) and the newest failure.
+    pub fn health(&self) -> Health {
+        Health {
+            failed_saves: self.failed_saves(),
+            skipped_saves: self.skipped_saves(),
+            dropped_uploads: self.dropped_uploads(),
+            dropped_pushes: self.dropped_pushes(),
+            last_error: self.last_error(),
+        }
+    }
+
+    /// Returns, once, an earlier save's background failure that no handle
+    /// reported ([`Error::Background`]); `Ok` if there is none, or with
+    /// `on_background_error = "log"`. `save`, `flush` and `close` call it.
+    pub fn check_background(&self) -> Result<()> {
+        self.background.check()
     }
 
     /// The local tier (for inspection tools).
@@ -105,6 +138,12 @@ impl Checkpointer {
 
     /// Snapshots `state` for `step` and returns as soon as the snapshot is
     /// taken; the step becomes durable in the background (see [`SaveHandle`]).
+    ///
+    /// An earlier save that failed in the background, unreported by its
+    /// handle, is returned first as [`Error::Background`] (with
+    /// `busy_policy = "wait"`, after waiting for the save in flight), and
+    /// this save does nothing: call it again to save (see
+    /// [`Self::check_background`]).
     pub fn save(&self, step: u64, state: &[Entry<'_>]) -> Result<SaveHandle> {
         self.save_with_metadata(step, state, BTreeMap::new())
     }
@@ -118,6 +157,7 @@ impl Checkpointer {
     ) -> Result<SaveHandle> {
         let started = Instant::now();
         let _span = tracing::info_span!("save", step).entered();
+        self.check_background()?;
         // The busy policy.
         let busy = self.inflight.lock().ok().and_then(|g| {
             g.as_ref()
@@ -126,7 +166,11 @@ impl Checkpointer {
         });
         if let Some((busy_with, done)) = busy {
             match self.shared.cfg.busy_policy {
-                BusyPolicy::Wait => done.wait_done(),
+                BusyPolicy::Wait => {
+                    done.wait_done();
+                    // The save waited for may have failed.
+                    self.check_background()?;
+                }
                 BusyPolicy::Error => return Err(Error::Busy { step, busy_with }),
                 BusyPolicy::Skip => {
                     self.skipped
@@ -215,8 +259,10 @@ impl Checkpointer {
         })
     }
 
-    /// Waits for the save in flight, if any.
-    pub fn flush(&self) {
+    /// Waits for the save in flight, if any; then returns an earlier
+    /// save's unreported background failure, if any (see
+    /// [`Self::check_background`]).
+    pub fn flush(&self) -> Result<()> {
         let c = self
             .inflight
             .lock()
@@ -225,11 +271,19 @@ impl Checkpointer {
         if let Some(c) = c {
             c.wait_done();
         }
+        self.check_background()
     }
-}
 
-impl Drop for Checkpointer {
-    fn drop(&mut self) {
+    /// Finishes what was started (the save in flight, queued pushes and
+    /// uploads, as dropping does) and returns an earlier save's unreported
+    /// background failure, if any.
+    pub fn close(mut self) -> Result<()> {
+        self.finish();
+        self.check_background()
+    }
+
+    /// Joins the workers once their queues are done. Idempotent.
+    fn finish(&mut self) {
         // Finish what was started: a training loop that exits right after a
         // save expects that step on disk.
         self.tx.take();
@@ -248,5 +302,11 @@ impl Drop for Checkpointer {
         if let Some(r) = self.replicator.take() {
             let _ = r.join();
         }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.finish();
     }
 }

@@ -80,33 +80,6 @@ impl std::str::FromStr for BusyPolicy {
     }
 }
 
-/// What happens to a save that fails in the background (after `save`
-/// returned: its L1 write, the commit round, the commit record), beyond its
-/// own handle reporting it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnBackgroundError {
-    /// The next `save`, `flush` or `close` returns the failure
-    /// ([`Error::Background`]) unless the save's handle already reported
-    /// it; once. It is also logged and counted.
-    #[default]
-    Raise,
-    /// Only logged (at error level) and counted
-    /// ([`Checkpointer::health`](crate::Checkpointer::health)).
-    Log,
-}
-
-impl std::str::FromStr for OnBackgroundError {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "raise" => Ok(OnBackgroundError::Raise),
-            "log" => Ok(OnBackgroundError::Log),
-            o => Err(format!("unknown on_background_error {o:?} (raise, log)")),
-        }
-    }
-}
-
 /// What happens when more committed steps wait for an upload to L3 than
 /// `max_pending_uploads` (L3 slow or down): each one is held on L1 until
 /// it is uploaded, so an unbounded backlog would fill the node's disk.
@@ -176,9 +149,8 @@ pub struct Config {
     pub keep_last: usize,
     /// What `save` does while the previous save persists.
     pub busy_policy: BusyPolicy,
-    /// Whether a save that failed in the background is raised by the next
-    /// `save`, `flush` or `close` (default) or only logged and counted.
-    pub on_background_error: OnBackgroundError,
+    /// A save that failed in the background: raised by the next call, or logged.
+    pub on_background_error: crate::health::OnBackgroundError,
     /// Threads hashing chunks in the background (default: all cores).
     pub hash_threads: usize,
     /// Start hashing and writing a save's first batches while `save` still
@@ -308,7 +280,7 @@ impl Default for Config {
             io_engine: "auto".into(),
             keep_last: 3,
             busy_policy: BusyPolicy::Wait,
-            on_background_error: OnBackgroundError::Raise,
+            on_background_error: crate::health::OnBackgroundError::Raise,
             hash_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             persist_during_snapshot: std::thread::available_parallelism().map_or(1, |n| n.get())
                 >= 4,
@@ -394,12 +366,6 @@ impl Config {
     /// Sets the busy policy.
     pub fn busy_policy(mut self, p: BusyPolicy) -> Self {
         self.busy_policy = p;
-        self
-    }
-
-    /// What happens to a save that fails in the background.
-    pub fn on_background_error(mut self, p: OnBackgroundError) -> Self {
-        self.on_background_error = p;
         self
     }
 

@@ -2,6 +2,7 @@
 //! ([`Target`]): durable on L1, replicated, uploaded, with a timeout, woken
 //! by the pipeline's notifications.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,9 @@ pub(crate) struct Completion {
     cv: Condvar,
     /// Wakes async waiters (any executor: it only uses wakers).
     notify: tokio::sync::Notify,
+    /// A handle returned the save's error to its caller: the next `save`,
+    /// `flush` or `close` does not return it again.
+    reported: AtomicBool,
 }
 
 impl Completion {
@@ -23,7 +27,13 @@ impl Completion {
             slot: Mutex::new((false, None)),
             cv: Condvar::new(),
             notify: tokio::sync::Notify::new(),
+            reported: AtomicBool::new(false),
         })
+    }
+
+    /// True once a handle returned the save's error to its caller.
+    pub(crate) fn reported(&self) -> bool {
+        self.reported.load(Ordering::SeqCst)
     }
 
     pub(crate) fn finish(&self, r: Result<SaveStats>) {
@@ -136,7 +146,9 @@ impl SaveHandle {
 
     /// Blocks until the step is durable and committed on L1, and returns its
     /// counters, or the typed error of a failed save (the same error, with
-    /// its cause chain, on every call).
+    /// its cause chain, on every call). A failure returned here counts as
+    /// reported: the checkpointer's next `save`, `flush` or `close` does
+    /// not return it again (see [`crate::OnBackgroundError`]).
     pub fn wait(&self) -> Result<SaveStats> {
         self.done.wait_done();
         self.result()
@@ -148,10 +160,14 @@ impl SaveHandle {
             .slot
             .lock()
             .map_err(|_| Error::Pipeline("poisoned".into()))?;
-        match &s.1 {
+        let r = match &s.1 {
             Some(r) => r.clone(),
             None => Err(Error::Pipeline("no result".into())),
+        };
+        if r.is_err() {
+            self.done.reported.store(true, Ordering::SeqCst);
         }
+        r
     }
 
     /// Blocks until the save reached `target` or `timeout` passed (the

@@ -72,12 +72,13 @@ pub mod tiering;
 
 pub use builder::CheckpointerBuilder;
 pub use checkpointer::Checkpointer;
-pub use config::{BusyPolicy, Config, OnBackgroundError, UploadBacklog};
+pub use config::{BusyPolicy, Config, UploadBacklog};
 pub use coordinator::{Coordinator, InProcessCoordinator, SoloCoordinator};
 pub use error::{Error, ErrorKind, Result};
 pub use etcd::{EtcdCoordinator, EtcdOptions};
 pub use gpu::DeviceBytes;
 pub use handle::{SaveHandle, Target};
+pub use health::OnBackgroundError;
 pub use redact::{is_secret_option, REDACTED};
 pub use replication::L2State;
 pub use restore::{RestorePlan, StepSelector};

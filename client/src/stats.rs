@@ -67,3 +67,26 @@ pub struct RestoreStats {
     /// step and loading the manifest).
     pub duration: Duration,
 }
+
+/// What went wrong in the background so far, for a training loop and its
+/// dashboards ([`Checkpointer::health`](crate::Checkpointer::health)):
+/// counters since the checkpointer opened, and the newest failure.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct Health {
+    /// Saves that failed after `save` returned (their steps are not
+    /// committed).
+    pub failed_saves: u64,
+    /// Saves skipped by `busy_policy = "skip"` (nothing was saved).
+    pub skipped_saves: u64,
+    /// Uploads to L3 dropped from a backlog past `max_pending_uploads`.
+    pub dropped_uploads: u64,
+    /// Pushes to the peers dropped from a backlog past
+    /// `max_pending_pushes` (the step is degraded).
+    pub dropped_pushes: u64,
+    /// The newest background save failure, as [`Error::Background`]
+    /// (kept after it was reported).
+    ///
+    /// [`Error::Background`]: crate::Error::Background
+    pub last_error: Option<crate::Error>,
+}

@@ -154,7 +154,7 @@ fn saves_uploads_replication_and_gc_at_once_keep_every_retained_step_whole() {
                     ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &b)])
                         .unwrap();
                 }
-                ck.flush();
+                ck.flush().unwrap();
                 ck.wait_replication();
                 ck.wait_uploads();
                 let states = ck.uploads();
