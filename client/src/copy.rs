@@ -9,7 +9,11 @@
 //! A crash part-way leaves no record in the destination (the step is not
 //! committed there), and the next copy sends only what is still missing.
 //! Copying a shard the destination already holds committed finds every
-//! chunk present and the identical record, and succeeds.
+//! chunk present and the identical record, and succeeds. Chunks found
+//! present are checked again just before the manifest (when the copy took
+//! any time): a destination that collected one meanwhile, or would soon
+//! (an L3 chunk older than half the grace period), gets it again, so the
+//! manifest never names a chunk garbage collection took under the copy.
 
 use std::sync::Arc;
 
@@ -103,7 +107,9 @@ pub enum CopyProgress {
         /// Bytes to send.
         total: u64,
     },
-    /// A batch of `bytes` chunk bytes was sent.
+    /// A batch of `bytes` chunk bytes was sent. The sum may pass the
+    /// planned total by the chunks the destination lost while the copy
+    /// ran (sent again before the manifest).
     Sent {
         /// Bytes in the batch.
         bytes: u64,
@@ -130,7 +136,8 @@ pub async fn copy_step(
 
 /// Copies a shard already loaded (and checked) from `src` to `dst`: the
 /// chunks `dst` lacks, in batches read from `src` (the next batch read
-/// while the current one is sent), then [`commit_copy`]. With
+/// while the current one is sent), then the chunks it had that it lost
+/// (or would soon collect) meanwhile, then [`commit_copy`]. With
 /// `opts.siblings`, chunks another process claimed are left to it and
 /// waited for (sent here after all if its claim ends first, or after
 /// [`SIBLING_WAIT`]).
@@ -166,6 +173,7 @@ pub async fn copy_shard(
     }
     let (mut sent, mut written) = send_chunks(src, dst, job, m, &mine, opts, progress).await?;
     drop(claims);
+    let waited = !theirs.is_empty();
     if let (Some(s), false) = (siblings, theirs.is_empty()) {
         let deadline = tokio::time::Instant::now() + SIBLING_WAIT;
         loop {
@@ -188,13 +196,39 @@ pub async fn copy_shard(
         sent += s2;
         written += w2;
     }
+    // The chunks found present are asked for again before the manifest
+    // names them, unless no time passed (nothing sent, nobody waited for).
+    // A tier may have collected one meanwhile: its presence did not
+    // refresh its age (L3), and the tier counts one it would soon collect
+    // (on L3, older than half the grace period) as missing, so it is sent
+    // again and its age refreshed.
+    let present: Vec<usize> = (0..ids.len())
+        .filter(|&i| present.get(i) == Some(&true))
+        .collect();
+    let mut lost = Vec::new();
+    if !present.is_empty() && (!missing.is_empty() || waited) {
+        let want: Vec<ChunkId> = present.iter().map(|&i| ids[i]).collect();
+        let again = dst.has_chunks(job, &want).await?;
+        lost = present
+            .iter()
+            .zip(&again)
+            .filter(|(_, there)| !**there)
+            .map(|(&i, _)| i)
+            .collect();
+        if !lost.is_empty() {
+            let (s3, w3) = send_chunks(src, dst, job, m, &lost, opts, progress).await?;
+            sent += s3;
+            written += w3;
+        }
+    }
+    let lost_bytes: u64 = lost.iter().map(|&i| u64::from(m.chunks[i].len)).sum();
     commit_copy(dst, job, shard).await?;
     Ok(CopyStats {
         chunks: ids.len() as u64,
-        chunks_sent: missing.len() as u64,
+        chunks_sent: (missing.len() + lost.len()) as u64,
         bytes_sent: sent,
         bytes_written: written,
-        bytes_present: all - total,
+        bytes_present: all - total - lost_bytes,
     })
 }
 

@@ -54,6 +54,21 @@ pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> Result<bool> {
     }
 }
 
+/// True if the open `file` is still the file named `path` (same device
+/// and inode); false if the name is gone or names another file (renamed
+/// or unlinked since `file` was opened).
+pub(crate) fn still_named(file: &File, path: &Path) -> Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let open = file
+        .metadata()
+        .map_err(|e| StoreError::io("checking", path, e))?;
+    match std::fs::metadata(path) {
+        Ok(named) => Ok(named.dev() == open.dev() && named.ino() == open.ino()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(StoreError::io("checking", path, e)),
+    }
+}
+
 /// Writes `bytes` to `tmp`, fsyncs it, and renames it to `to`: over an
 /// existing file when `replace`, create-only otherwise (returns false if
 /// `to` existed; `tmp` is removed either way). The caller fsyncs the

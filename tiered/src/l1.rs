@@ -18,7 +18,10 @@
 //! L1 stores chunks raw: the disk is faster than any codec.
 //!
 //! A dedup hit refreshes the chunk's modification time, so garbage collection
-//! with a grace period never deletes a chunk that a save in flight relies on.
+//! with a grace period never deletes a chunk that a save in flight relies on;
+//! it then checks that the file it refreshed still bears the chunk's name
+//! (same device and inode), since a sweep may have moved it aside before
+//! the refresh, and writes the chunk again if not.
 
 use std::collections::HashSet;
 use std::ops::Range;
@@ -36,9 +39,17 @@ use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
 use crate::fsutil::{create_dir_durably, fsync_dir, process_token, rename_noreplace};
 use crate::io::{open_engine, EngineChoice, IoEngine, ReadReq, WriteReq};
+#[cfg(test)]
+#[path = "l1_race_tests.rs"]
+mod race_tests;
 #[path = "l1_steps.rs"]
 mod steps;
 use steps::read_dir_or_gone;
+#[path = "l1_sweep.rs"]
+mod sweep;
+use sweep::is_old;
+#[cfg(test)]
+use sweep::Pause;
 
 use crate::store::{slice_range, verify, ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
 
@@ -58,6 +69,10 @@ struct Inner {
     root: PathBuf,
     engine: Arc<dyn IoEngine>,
     ready: Mutex<HashSet<String>>,
+    /// Where a test stops a put or a sweep to drive one interleaving of
+    /// the two (see [`race_tests`]).
+    #[cfg(test)]
+    pause: Mutex<Option<sweep::PauseHook>>,
 }
 
 impl std::fmt::Debug for L1Store {
@@ -93,6 +108,8 @@ impl L1Store {
                 root,
                 engine,
                 ready: Mutex::new(HashSet::new()),
+                #[cfg(test)]
+                pause: Mutex::new(None),
             }),
         }
     }
@@ -269,7 +286,7 @@ impl Inner {
                 stats.bytes_deduped += c.data.len() as u64;
                 continue;
             }
-            if touch_if_whole(&path, c.data.len() as u64)? {
+            if self.touch_if_whole(&path, c.data.len() as u64)? {
                 stats.deduped += 1;
                 stats.bytes_deduped += c.data.len() as u64;
                 // Its name may not be durable yet (a writer killed between
@@ -306,7 +323,7 @@ impl Inner {
                 if let Some(d) = path.parent() {
                     dirs.insert(d.to_path_buf());
                 }
-            } else if touch_if_whole(&path, len)? {
+            } else if self.touch_if_whole(&path, len)? {
                 // Another writer got there first with the same bytes.
                 let _ = std::fs::remove_file(&tmp);
                 stats.deduped += 1;
@@ -315,8 +332,9 @@ impl Inner {
                     dirs.insert(d.to_path_buf());
                 }
             } else {
-                // A short file under the name (a crash's leftover): the
-                // whole chunk replaces it.
+                // A short file under the name (a crash's leftover), or a
+                // file a sweep moved away meanwhile: the whole chunk
+                // takes the name.
                 std::fs::rename(&tmp, &path).map_err(|e| StoreError::io("replacing", &path, e))?;
                 stats.written += 1;
                 stats.bytes_written += len;
@@ -470,56 +488,6 @@ impl Inner {
         Ok(out)
     }
 
-    /// Deletes a chunk file unless it was touched within `grace`, checked
-    /// after it is moved aside: a save that deduplicates against it either
-    /// touched it before the move (the check sees it, and it is put back)
-    /// or finds it gone and writes it again. Returns its size if deleted.
-    fn delete_untouched(
-        &self,
-        job: &str,
-        ids: &[ChunkId],
-        cutoff: std::time::SystemTime,
-    ) -> Result<(u64, u64)> {
-        validate_job_id(job)?;
-        let (mut n, mut bytes) = (0, 0);
-        for id in ids {
-            if let Some(len) = self.delete_if_old(job, id, cutoff)? {
-                n += 1;
-                bytes += len;
-            }
-        }
-        Ok((n, bytes))
-    }
-
-    fn delete_if_old(
-        &self,
-        job: &str,
-        id: &ChunkId,
-        cutoff: std::time::SystemTime,
-    ) -> Result<Option<u64>> {
-        let path = self.chunk_path(job, id);
-        let aside = self.tmp_path(job, "doomed");
-        match std::fs::rename(&path, &aside) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(StoreError::io("moving aside", &path, e)),
-        }
-        let meta = std::fs::metadata(&aside).map_err(|e| StoreError::io("checking", &aside, e))?;
-        if !is_old(meta.modified().ok(), cutoff) {
-            // Touched meanwhile: back where it was (or a new copy is
-            // there already, which is the same bytes).
-            if !rename_noreplace(&aside, &path)? {
-                let _ = std::fs::remove_file(&aside);
-            }
-            return Ok(None);
-        }
-        std::fs::remove_file(&aside).map_err(|e| StoreError::io("deleting", &aside, e))?;
-        if let Some(d) = path.parent() {
-            fsync_dir(d)?;
-        }
-        Ok(Some(meta.len()))
-    }
-
     fn delete_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<()> {
         validate_job_id(job)?;
         let mut dirs = HashSet::new();
@@ -539,35 +507,6 @@ impl Inner {
             fsync_dir(d)?;
         }
         Ok(())
-    }
-}
-
-/// True when a chunk last touched at `touched` was touched before
-/// `cutoff` (an unknown time counts as young: never deleted).
-fn is_old(touched: Option<std::time::SystemTime>, cutoff: std::time::SystemTime) -> bool {
-    touched.is_some_and(|t| t <= cutoff)
-}
-
-/// True if `path` exists; refreshes its modification time so garbage
-/// collection's grace period protects it while the current save completes.
-/// True if the chunk file at `path` holds `len` bytes (it is refreshed
-/// for the grace period); false if it is missing, or of another length
-/// (left short by a crash: the put writes it again).
-fn touch_if_whole(path: &Path, len: u64) -> Result<bool> {
-    match std::fs::File::open(path) {
-        Ok(f) => {
-            let whole = f
-                .metadata()
-                .map_err(|e| StoreError::io("checking", path, e))?
-                .len()
-                == len;
-            if whole {
-                let _ = f.set_modified(std::time::SystemTime::now());
-            }
-            Ok(whole)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(StoreError::io("checking", path, e)),
     }
 }
 
