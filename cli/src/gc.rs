@@ -19,7 +19,7 @@ use crate::CliError;
 /// `strata gc`.
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  strata gc --config strata.toml --dry-run\n  strata gc --tier l3 --keep-last 2 --keep-every 1000 --json\n\nDefaults per tier: L1 keeps keep_last (config) steps; peers keep 2; L3 keeps l3_keep_last and every l3_keep_every-th (or 2 and every 1000th). The grace period (gc_grace_secs; L3: l3_gc_grace_secs) protects chunks a save in flight may reuse. On L1, run it while no rank of the job runs there: it does not know which steps a running rank still holds for an upload or a push."
+    after_help = "Examples:\n  strata gc --config strata.toml --dry-run\n  strata gc --tier l3 --keep-last 2 --keep-every 1000 --json\n\nDefaults per tier are the job's own (what the library collects by): L1 keeps keep_last steps; peers keep 2 (what strata peer serve keeps by default); L3 keeps l3_keep_last and every l3_keep_every-th, and is left alone with l3_keep_last = 0 (\"never collect L3\") unless --keep-last is given. The grace period (gc_grace_secs; L3: l3_gc_grace_secs) protects chunks a save in flight may reuse. On L1, run it while no rank of the job runs there: it does not know which steps a running rank still holds for an upload or a push."
 )]
 pub(crate) struct GcArgs {
     /// Only this tier (l1, l3, l2, or a peer's name; repeatable).
@@ -69,6 +69,9 @@ pub(crate) struct TierGc {
     /// Why this tier was not (fully) collected; nothing of it was deleted
     /// if the listing failed.
     pub(crate) error: Option<String>,
+    /// Why the configuration leaves this tier alone (`l3_keep_last = 0`);
+    /// nothing of it was deleted.
+    pub(crate) skipped: Option<String>,
 }
 
 impl TierGc {
@@ -85,36 +88,20 @@ impl TierGc {
             uploads_error: r.uploads_error,
             held_back: r.held_back,
             error: None,
+            skipped: None,
         }
     }
 }
 
-/// The policy for a tier: its defaults, then the flags.
-fn policy(a: &GcArgs, kind: TierKind, cfg: &strata::Config) -> Retention {
-    let mut p = match kind {
-        TierKind::L1 => Retention {
-            keep_last: cfg.keep_last,
-            grace: Duration::from_secs(cfg.gc_grace_secs),
-            ..Retention::l1()
-        },
-        TierKind::L2 => Retention {
-            grace: Duration::from_secs(cfg.gc_grace_secs),
-            ..Retention::l2()
-        },
-        _ => Retention {
-            keep_last: if cfg.l3_keep_last > 0 {
-                cfg.l3_keep_last
-            } else {
-                2
-            },
-            keep_every: if cfg.l3_keep_last > 0 {
-                cfg.l3_keep_every
-            } else {
-                1000
-            },
-            keep_within: None,
-            grace: Duration::from_secs(cfg.l3_gc_grace_secs),
-        },
+/// The policy for a tier: the job's own (`Config::retention_for`, the
+/// definition the library collects by), then the flags. None where the
+/// configuration never collects the tier (`l3_keep_last = 0`) and no
+/// `--keep-last` asks for it explicitly.
+fn policy(a: &GcArgs, kind: TierKind, cfg: &strata::Config) -> Option<Retention> {
+    let mut p = match (cfg.retention_for(kind), a.keep_last) {
+        (Some(p), _) => p,
+        (None, Some(_)) => cfg.retention_rules(kind),
+        (None, None) => return None,
     };
     if let Some(n) = a.keep_last {
         p.keep_last = n;
@@ -128,8 +115,12 @@ fn policy(a: &GcArgs, kind: TierKind, cfg: &strata::Config) -> Retention {
     if let Some(g) = a.grace {
         p.grace = Duration::from_secs(g);
     }
-    p
+    Some(p)
 }
+
+/// Why a tier the configuration never collects was left alone.
+const NEVER_COLLECTED: &str =
+    "not collected: l3_keep_last = 0 (the job never collects L3; --keep-last N collects it)";
 
 pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
     if a.keep_last == Some(0) {
@@ -140,7 +131,13 @@ pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
     let mut out = Vec::new();
     let mut failed = Vec::new();
     for tier in tiers {
-        let p = policy(a, tier.kind, t.config());
+        let Some(p) = policy(a, tier.kind, t.config()) else {
+            out.push(TierGc {
+                skipped: Some(NEVER_COLLECTED.into()),
+                ..TierGc::of(&tier.name, Report::default())
+            });
+            continue;
+        };
         let opts = Options {
             scope: Some(Scope::All),
             // Ranks copy their own records to L3: a step counts there once
@@ -194,6 +191,7 @@ pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
                 g.uploads_aborted.to_string(),
                 g.error
                     .clone()
+                    .or_else(|| g.skipped.clone())
                     .or_else(|| g.held_back.clone())
                     .or_else(|| {
                         g.uploads_error

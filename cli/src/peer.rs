@@ -70,16 +70,16 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     manifest_memory: u64,
     /// Committed steps kept per job (the newest).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = strata_gc::Retention::l2().keep_last)]
     keep_last: usize,
     /// Also keep every step divisible by this (0: none).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = strata_gc::Retention::l2().keep_every)]
     keep_every: u64,
     /// Also keep steps committed within this many seconds.
     #[arg(long)]
     keep_within_secs: Option<u64>,
     /// Chunks touched this recently are never deleted by retention.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = strata_gc::Retention::l2().grace.as_secs())]
     grace_secs: u64,
     /// Largest request (a chunk frame): chunks above it cannot be replicated here.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]

@@ -86,9 +86,7 @@ pub(crate) fn open_l3(cfg: &Config, url: &str) -> Result<L3Store> {
     let l3 = L3Options {
         // With L3 collected, an upload rewrites the old chunks it reuses
         // (see `Config::l3_gc_grace_secs`).
-        // A grace of 0 is for one uploader only (nothing to protect).
-        refresh_after: (cfg.l3_keep_last > 0 && cfg.l3_gc_grace_secs > 0)
-            .then(|| std::time::Duration::from_secs(cfg.l3_gc_grace_secs / 2)),
+        refresh_after: cfg.l3_refresh_after(),
         ..L3Options::default()
     };
     L3Store::from_url(url, &opts, l3).map_err(|e| Error::Config(format!("l3_url {url:?}: {e}")))

@@ -172,14 +172,9 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
 /// still queued or uploading are held. A failure is logged, not fatal.
 fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
     let cfg = &s.cfg;
-    if cfg.l3_keep_last == 0 {
+    // `l3_keep_last = 0`: L3 is never collected.
+    let Some(policy) = cfg.retention_for(crate::inspect::TierKind::L3) else {
         return;
-    }
-    let policy = strata_gc::Retention {
-        keep_last: cfg.l3_keep_last,
-        keep_every: cfg.l3_keep_every,
-        keep_within: None,
-        grace: std::time::Duration::from_secs(cfg.l3_gc_grace_secs),
     };
     let mut hold: std::collections::BTreeSet<u64> = s.uploads.pinned().into_iter().collect();
     // Steps uploaded on request (`upload(step)`) stay for this process.

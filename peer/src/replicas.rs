@@ -153,13 +153,16 @@ pub const RECORD_OVERHEAD: u64 = 256;
 
 impl Default for Limits {
     fn default() -> Self {
+        // The peers' retention has one definition, shared with `strata gc`
+        // and `strata peer serve`.
+        let keep = strata_gc::Retention::l2();
         Limits {
             memory_bytes: 4 << 30,
             disk_bytes: 64 << 30,
-            keep_last: 2,
-            keep_every: 0,
-            keep_within: None,
-            grace: Duration::from_secs(600),
+            keep_last: keep.keep_last,
+            keep_every: keep.keep_every,
+            keep_within: keep.keep_within,
+            grace: keep.grace,
             max_chunk: 64 << 20,
             manifest_bytes: 1 << 30,
             job_bytes: u64::MAX,

@@ -1,0 +1,157 @@
+//! `strata gc` keeps on each tier what the job itself keeps there: the
+//! policy comes from the job's configuration through the one definition
+//! the library collects by (`Config::retention_for`). A documented
+//! setting read differently by the CLI deletes steps the job meant to
+//! keep (`l3_keep_last = 0`, "never collect L3", once read as "keep 2 and
+//! every 1000th").
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+use strata::format::DType;
+use strata::{Checkpointer, Config, Entry};
+
+const STEPS: u64 = 8;
+
+fn state(step: u64) -> Vec<u8> {
+    (0..(1u32 << 16))
+        .map(|i| (i as u8).wrapping_mul(step as u8 | 1) ^ (i >> 8) as u8)
+        .collect()
+}
+
+/// Saves steps 1..=STEPS on L1 (all kept), each uploaded to L3 (never
+/// collected by the job), and writes the job's configuration with `extra`
+/// settings appended: what `strata gc --config` reads.
+fn job_with(dir: &Path, extra: &str) -> std::path::PathBuf {
+    let l1 = dir.join("l1");
+    let l3 = format!("file://{}", dir.join("l3").display());
+    std::fs::create_dir_all(dir.join("l3")).unwrap();
+    let mut cfg = Config::builder()
+        .job("p")
+        .l1_dir(&l1)
+        .chunk_size(1 << 14)
+        .io_engine("psync")
+        .keep_last(1000)
+        .l3_url(&l3)
+        .upload_every(1);
+    cfg.l3_keep_last = 0;
+    cfg.max_pending_uploads = 0;
+    let ck = Checkpointer::new(cfg).unwrap();
+    for step in 1..=STEPS {
+        let b = state(step);
+        let shape = [b.len() as u64];
+        ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &b)])
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    ck.wait_uploads();
+    drop(ck);
+    let toml = format!(
+        "job = \"p\"\nl1_dir = \"{}\"\nl3_url = \"{l3}\"\nio_engine = \"psync\"\n{extra}\n",
+        l1.display()
+    );
+    let path = dir.join("strata.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// `strata gc --config <file> --tier <tier> --json [more]`, which must succeed.
+fn gc(config: &Path, tier: &str, more: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .arg("gc")
+        .arg("--config")
+        .arg(config)
+        .args(["--tier", tier, "--json"])
+        .args(more)
+        .env_remove("STRATA_L3_KEEP_LAST")
+        .env_remove("STRATA_KEEP_LAST")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "strata gc: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The steps committed on `tier` ("l1" or "l3") of the job in `config`'s
+/// directory, read with the library.
+fn steps_on(config: &Path, tier: &str) -> Vec<u64> {
+    use strata::tiered::{ChunkStore, EngineChoice, L1Store, L3Options, L3Store};
+    let dir = config.parent().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store: Box<dyn ChunkStore> = match tier {
+        "l1" => Box::new(L1Store::open(dir.join("l1"), EngineChoice::Psync).unwrap()),
+        _ => Box::new(
+            L3Store::from_url(
+                &format!("file://{}", dir.join("l3").display()),
+                &[],
+                L3Options::default(),
+            )
+            .unwrap(),
+        ),
+    };
+    let steps = rt.block_on(store.list_steps("p")).unwrap();
+    steps
+        .iter()
+        .filter(|s| s.is_complete())
+        .map(|s| s.step)
+        .collect()
+}
+
+fn retired(v: &Value) -> u64 {
+    v["tiers"][0]["shards_retired"].as_u64().unwrap()
+}
+
+#[test]
+fn l3_keep_last_0_means_strata_gc_never_collects_l3() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = job_with(dir.path(), "l3_keep_last = 0\nl3_gc_grace_secs = 0");
+    let before = steps_on(&cfg, "l3");
+    assert_eq!(before, (1..=STEPS).collect::<Vec<_>>());
+    let v = gc(&cfg, "l3", &[]);
+    assert_eq!(
+        retired(&v),
+        0,
+        "strata gc retired L3 steps the job keeps: {v}"
+    );
+    assert_eq!(v["tiers"][0]["chunks_deleted"].as_u64(), Some(0), "{v}");
+    assert!(
+        v["tiers"][0]["skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains("l3_keep_last = 0")),
+        "the report says why L3 was left alone: {v}"
+    );
+    assert_eq!(steps_on(&cfg, "l3"), before);
+    // An explicit --keep-last is the operator's own decision: it collects.
+    let v = gc(&cfg, "l3", &["--keep-last", "2", "--keep-every", "0"]);
+    assert_eq!(retired(&v), STEPS - 2, "{v}");
+    assert_eq!(steps_on(&cfg, "l3"), [STEPS - 1, STEPS]);
+}
+
+#[test]
+fn l3_keep_last_and_l3_keep_every_are_what_strata_gc_keeps_on_l3() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = job_with(
+        dir.path(),
+        "l3_keep_last = 3\nl3_keep_every = 4\nl3_gc_grace_secs = 0",
+    );
+    gc(&cfg, "l3", &[]);
+    assert_eq!(steps_on(&cfg, "l3"), [4, 6, 7, 8]);
+}
+
+#[test]
+fn keep_last_is_what_strata_gc_keeps_on_l1() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = job_with(dir.path(), "keep_last = 5\ngc_grace_secs = 0");
+    gc(&cfg, "l1", &[]);
+    assert_eq!(steps_on(&cfg, "l1"), [4, 5, 6, 7, 8]);
+}
