@@ -382,7 +382,8 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
     }
     if let Some(url) = &cfg.l3_url {
         say!(
-            "  L3 at {url}: every {} step(s) uploaded in the background",
+            "  L3 at {}: every {} step(s) uploaded in the background",
+            strata::tiered::redact_url(url),
             cfg.upload_every
         );
     }

@@ -90,7 +90,9 @@ impl Tiers {
             if let Some(path) = url.strip_prefix("file://") {
                 if !std::path::Path::new(path).is_dir() {
                     return Err(Error::Config(format!(
-                        "no L3 directory at {path} (l3_url {url:?})"
+                        "no L3 directory at {} (l3_url {:?})",
+                        strata_tiered::redact_url(path),
+                        strata_tiered::redact_url(url)
                     )));
                 }
             }

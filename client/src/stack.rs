@@ -89,7 +89,13 @@ pub(crate) fn open_l3(cfg: &Config, url: &str) -> Result<L3Store> {
         refresh_after: cfg.l3_refresh_after(),
         ..L3Options::default()
     };
-    L3Store::from_url(url, &opts, l3).map_err(|e| Error::Config(format!("l3_url {url:?}: {e}")))
+    L3Store::from_url(url, &opts, l3).map_err(|e| {
+        Error::Config(format!(
+            "l3_url {:?}: {}",
+            strata_tiered::redact_url(url),
+            strata_tiered::scrub_url_secrets(&e.to_string(), url)
+        ))
+    })
 }
 
 /// Opens the peers of `cfg` in ring order (none without `peers`). Must run

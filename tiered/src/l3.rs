@@ -107,14 +107,21 @@ impl L3Store {
             }
         }
         let options = &provider;
+        // Every message below shows the URL without its credentials.
+        let shown = crate::redact::redact_url(url);
         let parsed = url::Url::parse(url)
-            .map_err(|e| StoreError::invalid("L3 URL", format!("{url:?}: {e}")))?;
+            .map_err(|e| StoreError::invalid("L3 URL", format!("{shown:?}: {e}")))?;
         let retry = RetryConfig {
             max_retries: opts.max_retries,
             retry_timeout: opts.retry_timeout,
             ..RetryConfig::default()
         };
-        let bad = |e: object_store::Error| StoreError::invalid("L3 store", e.to_string());
+        let bad = |e: object_store::Error| {
+            StoreError::invalid(
+                "L3 store",
+                crate::redact::scrub_url_secrets(&e.to_string(), url),
+            )
+        };
         let mut uploads = Uploads::None;
         let (store, root): (Arc<dyn ObjectStore>, ObjPath) = match parsed.scheme() {
             "s3" | "s3a" => {
@@ -152,7 +159,7 @@ impl L3Store {
             }
             "file" => {
                 let dir = parsed.to_file_path().map_err(|()| {
-                    StoreError::invalid("L3 URL", format!("{url:?} is not an absolute file path"))
+                    StoreError::invalid("L3 URL", format!("{shown:?} is not an absolute file path"))
                 })?;
                 std::fs::create_dir_all(&dir)
                     .map_err(|e| StoreError::io("creating the L3 directory", &dir, e))?;
@@ -180,7 +187,7 @@ impl L3Store {
         Ok(L3Store {
             store,
             root,
-            url: url.to_string(),
+            url: shown,
             encode_slots: Arc::new(tokio::sync::Semaphore::new(opts.encode_threads.max(1))),
             opts,
             uploads,
@@ -229,7 +236,7 @@ impl L3Store {
         }
     }
 
-    /// The URL or label it was opened with.
+    /// The URL (credentials redacted) or label it was opened with.
     pub fn url(&self) -> &str {
         &self.url
     }

@@ -34,6 +34,7 @@ mod l3_frame;
 mod l3_options;
 mod l3_uploads;
 mod memory;
+mod redact;
 pub mod store;
 mod store_forward;
 pub mod wrap;
@@ -46,6 +47,7 @@ pub use io::EngineChoice;
 pub use l1::L1Store;
 pub use l3::{Frame, L3Options, L3Store};
 pub use memory::MemoryStore;
+pub use redact::{redact_url, scrub_url_secrets, REDACTED};
 pub use store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
 pub use wrap::{
     FaultPlan, FaultStore, LimitStore, MetricsSnapshot, MetricsStore, RetryPolicy, RetryStore,

@@ -84,7 +84,7 @@ fn kvs(v: &Value) -> Result<Vec<Kv>> {
 }
 
 /// TLS and authentication of the connection.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Security {
     /// PEM of the CA that signed the servers' certificates.
     pub(crate) ca_pem: Option<Vec<u8>>,
@@ -92,6 +92,59 @@ pub(crate) struct Security {
     pub(crate) identity_pem: Option<Vec<u8>>,
     /// User name and password (etcd's own authentication).
     pub(crate) user: Option<(String, String)>,
+    /// Send the user and password over plain `http://` endpoints too
+    /// (`etcd_allow_plaintext_auth`); refused otherwise.
+    pub(crate) allow_plaintext_auth: bool,
+}
+
+/// The private key and the password are never shown.
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret = |set: bool| set.then_some(crate::REDACTED);
+        f.debug_struct("Security")
+            .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
+            .field("identity_pem", &secret(self.identity_pem.is_some()))
+            .field(
+                "user",
+                &self.user.as_ref().map(|(name, _)| (name, crate::REDACTED)),
+            )
+            .field("allow_plaintext_auth", &self.allow_plaintext_auth)
+            .finish()
+    }
+}
+
+/// Refuses to send a user and password where an endpoint is not
+/// `https://` (anyone on the path reads them, and etcd's token after
+/// them), unless the operator allowed it; a warning then says so.
+fn check_auth_transport(endpoints: &[String], sec: &Security) -> Result<()> {
+    let Some((name, _)) = &sec.user else {
+        return Ok(());
+    };
+    let plain: Vec<String> = endpoints
+        .iter()
+        .filter(|e| {
+            !e.get(..8)
+                .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+        })
+        .map(|e| strata_tiered::redact_url(e))
+        .collect();
+    if plain.is_empty() {
+        return Ok(());
+    }
+    if sec.allow_plaintext_auth {
+        tracing::warn!(
+            user = %name,
+            endpoints = ?plain,
+            "etcd: the user's password goes over plain HTTP (etcd_allow_plaintext_auth = true)"
+        );
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "etcd: user {name:?} would send its password in clear to {}: use https:// endpoints \
+         (with etcd_ca), or set etcd_allow_plaintext_auth = true \
+         (STRATA_ETCD_ALLOW_PLAINTEXT_AUTH=1) on a network you trust",
+        plain.join(", ")
+    )))
 }
 
 impl EtcdApi {
@@ -105,6 +158,7 @@ impl EtcdApi {
         if endpoints.is_empty() {
             return Err(Error::Config("etcd: no endpoint".into()));
         }
+        check_auth_transport(&endpoints, sec)?;
         // A dead endpoint must not hold up the next one (nor a lease's
         // renewal) for a whole request timeout.
         let mut b = reqwest::Client::builder()
@@ -173,7 +227,12 @@ impl EtcdApi {
             }
             match req.send().await {
                 Ok(resp) => return Ok(resp),
-                Err(e) => errors.push(format!("{ep}: {e}")),
+                // Without the URL, which may carry credentials.
+                Err(e) => errors.push(format!(
+                    "{}: {}",
+                    strata_tiered::redact_url(ep),
+                    e.without_url()
+                )),
             }
         }
         Err(Error::Coordination(format!(
