@@ -242,6 +242,7 @@ impl PyCheckpointer {
                 Some(g) => Checkpointer::with_coordinator(
                     cfg.clone(),
                     Arc::new(PyCoordinator {
+                        job: cfg.job.clone(),
                         world: cfg.world_size,
                         gather: g,
                     }),

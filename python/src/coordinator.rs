@@ -16,8 +16,35 @@ use strata::{Coordinator, Error, Result};
 
 /// Ranks agreeing through a Python callable.
 pub(crate) struct PyCoordinator {
+    pub(crate) job: String,
     pub(crate) world: u32,
     pub(crate) gather: Py<PyAny>,
+}
+
+impl PyCoordinator {
+    /// The Rust error of the callable's exception: its `ConflictError`
+    /// (another process claimed this rank) stays a conflict
+    /// ([`Error::RankClaimed`]); anything else is a failed round.
+    fn error_of(&self, py: Python<'_>, rank: u32, key: &str, e: PyErr) -> Error {
+        let conflict = py
+            .import("strata._errors")
+            .and_then(|m| m.getattr("ConflictError"))
+            .map(|c| e.is_instance(py, &c))
+            .unwrap_or(false);
+        if conflict {
+            let other = e
+                .value(py)
+                .getattr("other")
+                .and_then(|o| o.extract::<String>())
+                .unwrap_or_else(|_| e.value(py).to_string());
+            return Error::RankClaimed {
+                job: self.job.clone(),
+                rank,
+                other,
+            };
+        }
+        Error::Coordination(format!("{key}: {e}"))
+    }
 }
 
 impl Coordinator for PyCoordinator {
@@ -41,7 +68,7 @@ impl Coordinator for PyCoordinator {
                     py,
                     (rank, key, PyBytes::new(py, &value), timeout.as_secs_f64()),
                 )
-                .map_err(|e| fail(e.to_string()))?;
+                .map_err(|e| self.error_of(py, rank, key, e))?;
             let list = out
                 .bind(py)
                 .cast::<PyList>()

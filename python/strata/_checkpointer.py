@@ -17,7 +17,7 @@ from ._arrays import (
     numpy_entry,
     torch_entry,
 )
-from ._dist import StoreGather, torch_world
+from ._dist import open_rounds, torch_world
 from ._errors import InvalidError, NotFoundError
 from ._tree import TREE_ENTRY, Leaf, entry_refs, flatten, parse, path_text, unflatten
 
@@ -105,10 +105,11 @@ class Checkpointer:
                 # that outlived it; the n-th checkpointer a rank opens meets
                 # the n-th of every other rank (each opens them in program
                 # order), never an earlier one's rounds.
+                # A second process claiming this rank (a broken launcher) is
+                # a ConflictError here, and fails the holder's next round.
                 start = resolved.get("incarnation") or "0"
-                base = f"strata/{resolved['job']}/{start}"
-                nth = store.add(f"{base}/opened/{rank}", 1)
-                gather = StoreGather(store, size, f"{base}/{nth}")
+                job = str(resolved["job"])
+                gather = open_rounds(store, rank, size, f"strata/{job}/{start}", job)
         # Also picks up the `strata` logger's level before anything logs.
         _strata.drain_logs()
         try:

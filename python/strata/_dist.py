@@ -7,17 +7,47 @@ ranks. Collectives on a process group must be issued in the same order on
 every rank, so the rounds go through the process group's key-value store
 (the TCPStore torchrun or ``init_process_group`` already runs) instead: a
 round is addressed by its key, never touches the trainer's NCCL stream,
-and never waits behind (or blocks) a barrier on the main thread. Each round
-costs O(world) store operations: every rank sets its value, rank 0 gathers
-them and publishes the result, and the last rank to read it deletes the
-keys.
+and never waits behind (or blocks) a barrier on the main thread.
+
+A round (see ``StoreGather``) is one *attempt* at a key: each rank counts
+its own attempts of a key, so the n-th attempts of every rank meet and a
+retry never reads an earlier attempt's values. An attempt ends exactly
+one way for everyone, decided by one compare-and-set on its state key:
+``done`` (set by the last rank to arrive, after it published every value)
+or ``abort`` (set by a rank that gave up, or that found its rank claimed by
+another process). A rank that times out is therefore never counted: its
+abort either wins, and nobody completes the attempt, or loses to ``done``,
+and it completes it too. Each round costs O(world) store operations.
+
+Every thread gets a store client of its own (``Store.clone()``): a
+TCPStore client serves one request at a time, and a round's ``wait`` on the
+commit worker would otherwise hold up a restore's round on the main thread.
+
+A process claims its rank when it opens its rounds (``open_rounds``): a
+second process claiming the same rank of the same job and start gets a
+``ConflictError``, and the first one's next round fails with one too, as
+with the etcd coordinator.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import struct
+import threading
+import time
+import uuid
+from collections import OrderedDict
 from datetime import timedelta
-from typing import Any, List
+from typing import Any, Dict, List, Optional
+
+from ._errors import ConflictError, UnavailableError
+
+_DONE = b"done"
+_ABORT = b"abort"
+# Keys whose attempts a rank remembers (the newest; a commit key is used
+# by one step, so an old one is never retried).
+_REMEMBERED = 65536
 
 
 def _pack(values: List[bytes]) -> bytes:
@@ -49,35 +79,165 @@ def _unpack(data: bytes, world: int) -> List[bytes]:
     return out
 
 
+_TOKEN: Dict[int, str] = {}
+
+
+def _process_token() -> str:
+    """Who this process is, for a rank claim: host, pid and a random part
+    (a pid alone repeats across containers); new after a fork."""
+    pid = os.getpid()
+    if pid not in _TOKEN:
+        _TOKEN[pid] = f"{socket.gethostname()} pid {pid} ({uuid.uuid4().hex[:12]})"
+    return _TOKEN[pid]
+
+
+class RoundFailed(UnavailableError):
+    """A round's attempt ended without a result (timed out, or a rank gave
+    up on it) on every rank alike; the message says why. Retry: the next
+    attempt has keys of its own."""
+
+
 class StoreGather:
     """``gather(rank, key, value, timeout_s) -> list[bytes]`` over a
-    torch.distributed ``Store``."""
+    torch.distributed ``Store`` (see the module documentation)."""
 
-    def __init__(self, store: Any, world: int, prefix: str) -> None:
-        import torch.distributed as dist
-
-        self.store = dist.PrefixStore(prefix, store)
+    def __init__(self, store: Any, world: int, prefix: str, claim: Optional[str] = None,
+                 job: str = "?") -> None:
+        self._base = store
         self.world = world
+        self.prefix = prefix
+        self.job = job
+        # The key holding this rank's claim ("<key>/contested" is set by a
+        # second claimant), or None when nothing was claimed.
+        self.claim = claim
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._attempts: "OrderedDict[str, int]" = OrderedDict()
+
+    def _clients(self) -> Any:
+        """This thread's client of the store: (unprefixed, under the
+        rounds' prefix)."""
+        c = getattr(self._local, "clients", None)
+        if c is None:
+            import torch.distributed as dist
+
+            raw = self._base
+            try:
+                raw = raw.clone()
+            except (AttributeError, NotImplementedError, RuntimeError):
+                # A store without clients of its own (not a TCPStore):
+                # rounds on two threads share it.
+                pass
+            c = (raw, dist.PrefixStore(self.prefix, raw))
+            self._local.clients = c
+        return c
+
+    def _attempt(self, key: str) -> int:
+        with self._lock:
+            n = self._attempts.pop(key, 0) + 1
+            self._attempts[key] = n
+            while len(self._attempts) > _REMEMBERED:
+                self._attempts.popitem(last=False)
+            return n
 
     def __call__(self, rank: int, key: str, value: bytes, timeout_s: float) -> List[bytes]:
-        s = self.store
-        timeout = timedelta(seconds=max(timeout_s, 0.001))
-        s.set(f"{key}/v/{rank}", value)
-        done = f"{key}/all"
-        if rank == 0:
-            keys = [f"{key}/v/{r}" for r in range(self.world)]
-            s.wait(keys, timeout)
-            values = [s.get(k) for k in keys]
-            s.set(done, _pack(values))
-            for k in keys:
-                s.delete_key(k)
-        else:
-            s.wait([done], timeout)
-            values = _unpack(s.get(done), self.world)
-        if s.add(f"{key}/n", 1) == self.world:
-            s.delete_key(done)
-            s.delete_key(f"{key}/n")
+        raw, s = self._clients()
+        deadline = time.monotonic() + max(timeout_s, 0.001)
+        n = self._attempt(key)
+        k = f"{key}/{n}"
+        state, mine = f"{k}/state", f"{k}/v/{rank}"
+        if self.claim is not None and raw.check([f"{self.claim}/contested"]):
+            # Another process claimed this rank: neither may complete a round.
+            self._decide(s, state, _ABORT)
+            other = bytes(raw.get(f"{self.claim}/contested")).decode(errors="replace")
+            e = ConflictError(f"rank {rank} of job {self.job} is claimed twice: {other} claimed it "
+                              f"after this process ({_process_token()})")
+            e.other = f"{other} claimed it after this process ({_process_token()})"
+            raise e
+        s.set(mine, value)
+        arrived = s.add(f"{k}/arrived", 1)
+        if arrived == self.world:
+            self._publish(s, k, state, deadline)
+        outcome = self._wait(s, state, deadline)
+        if outcome != _DONE:
+            # Given up: this attempt's value goes (the state stays, so a
+            # rank arriving later learns at once that it failed).
+            s.delete_key(mine)
+            why = "a rank gave up on it" if outcome == _ABORT else f"state {outcome!r}"
+            if outcome == b"":
+                why = f"only some of {self.world} ranks reported within {timeout_s:g} s"
+            raise RoundFailed(f"round {key} (attempt {n}) failed: {why}")
+        values = _unpack(s.get(f"{k}/all"), self.world)
+        # The decision is final: this rank's value is no longer needed, and
+        # the last rank to read the result removes the round's keys.
+        s.delete_key(mine)
+        if s.add(f"{k}/read", 1) == self.world:
+            for suffix in ("all", "state", "arrived", "read"):
+                s.delete_key(f"{k}/{suffix}")
         return values
+
+    def _publish(self, s: Any, k: str, state: str, deadline: float) -> None:
+        """The last rank to arrive: publishes every value, then decides
+        ``done`` unless a rank already gave up."""
+        if s.check([state]):
+            return  # decided already (aborted)
+        keys = [f"{k}/v/{r}" for r in range(self.world)]
+        # A value is removed only once the attempt is aborted; bound the
+        # read so a removal between the check and the read cannot hold it.
+        before = s.timeout
+        s.set_timeout(timedelta(seconds=max(0.001, min(5.0, deadline - time.monotonic()))))
+        try:
+            values = s.multi_get(keys)
+        except Exception:  # noqa: BLE001 - a value vanished: the attempt was aborted
+            self._decide(s, state, _ABORT)
+            return
+        finally:
+            s.set_timeout(before)
+        s.set(f"{k}/all", _pack(list(values)))
+        if self._decide(s, state, _DONE) != _DONE:
+            s.delete_key(f"{k}/all")
+
+    @staticmethod
+    def _decide(s: Any, state: str, want: bytes) -> bytes:
+        """The attempt's outcome: ``want`` if this call decided it, else
+        what was decided before."""
+        return bytes(s.compare_set(state, "", want.decode()))
+
+    def _wait(self, s: Any, state: str, deadline: float) -> bytes:
+        left = deadline - time.monotonic()
+        if left > 0:
+            try:
+                s.wait([state], timedelta(seconds=left))
+            except Exception:  # noqa: BLE001 - a timeout (the store's own error type)
+                pass
+        if s.check([state]):
+            return bytes(s.get(state))
+        # Timed out: give up, unless the attempt was decided meanwhile.
+        return self._decide(s, state, _ABORT)
+
+
+def claim_rank(store: Any, key: str, rank: int, job: str) -> None:
+    """Claims ``rank`` for this process (held for the process's life): a
+    rank another process holds is a ``ConflictError``, and the holder's
+    next round fails with one too."""
+    me = _process_token()
+    held = bytes(store.compare_set(key, "", me)).decode(errors="replace")
+    if held != me:
+        store.set(f"{key}/contested", me)
+        e = ConflictError(f"rank {rank} of job {job} is claimed twice: {held} holds it (this process is {me}); "
+                          "two processes were given one rank: fix the launcher's rank assignment")
+        e.other = f"{held} holds it (this process is {me})"
+        raise e
+
+
+def open_rounds(store: Any, rank: int, world: int, base: str, job: str) -> StoreGather:
+    """The rounds of this process's next checkpointer on ``rank``: claims
+    the rank, then numbers the checkpointer (the n-th a rank opens meets
+    the n-th of every other rank: each opens them in program order)."""
+    claim = f"{base}/claim/{rank}"
+    claim_rank(store, claim, rank, job)
+    nth = store.add(f"{base}/opened/{rank}", 1)
+    return StoreGather(store, world, f"{base}/{nth}", claim=claim, job=job)
 
 
 def torch_world():

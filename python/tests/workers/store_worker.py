@@ -1,0 +1,120 @@
+"""One process of the torch-store round tests: Strata's rounds
+(``strata._dist``) over a real TCPStore, without a process group.
+
+Usage: store_worker.py SCENARIO PORT RANK WORLD OUT_DIR [CLAIM_AS]
+  Rank 0 hosts the TCPStore. CLAIM_AS (default RANK) is the rank this
+  process claims: a second process claiming a taken rank passes it.
+
+Scenarios:
+  retry     rank 3 reaches round "r" after the others gave up; everyone
+            retries: the second attempts meet, with second-attempt values only
+  timedout  rank 1 gives up on round "t" before rank 0 arrives: nobody
+            may complete that round (rank 1's value is not counted)
+  claim     ranks 0..3 claim their ranks, then a fifth process claims rank 2;
+            then ranks 0..3 run a round
+  concurrent  a slow round on a thread (rank 3 joins it late) and a fast
+            round on the main thread at the same time
+Writes OUT_DIR/<scenario>-<rank>[-intruder].json.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from strata import ConflictError, StrataError
+
+from strata._dist import open_rounds
+
+scenario, port, rank, world, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+claim_as = int(sys.argv[6]) if len(sys.argv) > 6 else rank
+intruder = claim_as != rank
+store = dist.TCPStore("127.0.0.1", port, world, rank == 0 and not intruder,
+                      timeout=timedelta(seconds=60), wait_for_workers=False)
+base = f"strata/j-{scenario}/0"
+result = {"rank": rank, "claim_as": claim_as}
+t0 = time.monotonic()
+
+
+def attempt(gather, key, value, timeout):
+    started = time.monotonic()
+    try:
+        got = gather(claim_as, key, value, timeout)
+        return {"ok": True, "values": [v.decode() for v in got], "took": time.monotonic() - started}
+    except StrataError as e:
+        return {"ok": False, "error": type(e).__name__, "message": str(e), "took": time.monotonic() - started}
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return {"ok": False, "error": type(e).__name__, "message": str(e), "took": time.monotonic() - started}
+
+
+def barrier(name):
+    """All four ranks here (through the store, not a round)."""
+    store.add(f"test/{scenario}/{name}", 1)
+    while int(store.add(f"test/{scenario}/{name}", 0)) < world:
+        time.sleep(0.01)
+
+
+if scenario == "claim":
+    if intruder:
+        # Starts once the four ranks hold their claims.
+        store.wait([f"test/{scenario}/claimed"], timedelta(seconds=60))
+        try:
+            open_rounds(store, claim_as, world, base, "j-claim")
+            result["open"] = "ok"
+        except ConflictError as e:
+            result["open"] = "ConflictError"
+            result["message"] = str(e)
+        store.add(f"test/{scenario}/intruder-done", 1)
+    else:
+        gather = open_rounds(store, rank, world, base, "j-claim")
+        barrier("opened")
+        if rank == 0:
+            store.set(f"test/{scenario}/claimed", "1")
+        store.wait([f"test/{scenario}/intruder-done"], timedelta(seconds=60))
+        result["round"] = attempt(gather, "after", f"{rank}".encode(), 5.0)
+else:
+    gather = open_rounds(store, rank, world, base, f"j-{scenario}")
+    barrier("opened")
+    if scenario == "retry":
+        # Attempt 1: rank 3 comes 1.5 s late to a round of 1 s.
+        if rank == 3:
+            time.sleep(1.5)
+        result["first"] = attempt(gather, "r", f"{rank}-a1".encode(), 1.0)
+        result["second"] = attempt(gather, "r", f"{rank}-a2".encode(), 10.0)
+    elif scenario == "timedout":
+        # Rank 1 gives up after 0.5 s; rank 0 arrives at 1.5 s.
+        if rank == 0:
+            time.sleep(1.5)
+        timeout = 0.5 if rank == 1 else 10.0
+        result["round"] = attempt(gather, "t", f"{rank}-yes".encode(), timeout)
+    elif scenario == "concurrent":
+        slow = {}
+
+        def run_slow():
+            if rank == 3:
+                time.sleep(3.0)
+            slow.update(attempt(gather, "slow", f"{rank}-slow".encode(), 20.0))
+
+        th = threading.Thread(target=run_slow)
+        th.start()
+        time.sleep(0.5)
+        result["fast"] = attempt(gather, "fast", f"{rank}-fast".encode(), 2.0)
+        th.join()
+        result["slow"] = slow
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+
+name = f"{scenario}-{rank}" + ("-intruder" if intruder else "") + ".json"
+with open(os.path.join(out, name), "w") as f:
+    json.dump(result, f)
+# The store lives in rank 0's process: it leaves last.
+store.add(f"test/{scenario}/exit", 1)
+if rank == 0 and not intruder:
+    procs = world + (1 if scenario == "claim" else 0)
+    deadline = time.monotonic() + 30
+    while int(store.add(f"test/{scenario}/exit", 0)) < procs and time.monotonic() < deadline:
+        time.sleep(0.05)
