@@ -232,19 +232,23 @@ class Checkpointer:
         """Restores ``step`` (default: the newest step every rank can
         restore) into ``state`` in place: every tensor and numpy array in
         ``state`` is filled with the stored bytes (the model's and the
-        optimizer's own memory; contiguous CPU tensors without a copy), and
-        the plain values in its dicts and lists are replaced by the stored
-        ones. With ``strict``, a tensor in ``state`` that the step does not
-        hold with the same dtype and shape is an ``InvalidError``. Nothing
-        in ``state`` changes unless the whole read succeeds. Returns the
-        step. All ranks call it together."""
+        optimizer's own memory), and the plain values in its dicts and
+        lists are replaced by the stored ones. With ``strict``, a tensor in
+        ``state`` that the step does not hold with the same dtype and shape
+        is an ``InvalidError``. All or nothing: the bytes are read into
+        staging memory first, and ``state`` changes only once every byte
+        was read and verified (a ``CorruptError`` or ``UnavailableError``
+        leaves it as it was); the cost is one copy of the state in memory
+        during the load. Returns the step. All ranks call it together."""
         plan, by_name, root = self._plan(step)
         st = plan.step
         if root is None:
             raise InvalidError(f"step {st} was not saved from Python; use load()")
         # The saved structure, with each entry reference as a marker.
         markers = unflatten(root, lambda tag, name, path: _Ref(tag, name))
-        fills: Dict[str, Any] = {}  # entry name -> target array (read in place)
+        # Every target is read through staging and copied only after the
+        # whole read is verified: nothing is written into the caller's
+        # memory before then (a read that fails half way changes nothing).
         copies: Dict[str, Any] = {}  # entry name -> (staging, target)
         aliases: List[Tuple[str, Any]] = []  # (entry name, another target)
         ops: List[Tuple[Any, Any, Any]] = []  # (container, key, value), applied last
@@ -263,11 +267,9 @@ class Checkpointer:
                 if why is not None:
                     problems.append(f"{path_text(path)}: {why}")
                     return target
-                if saved.name in fills or saved.name in copies:
-                    # The same entry again: copied from the first after the read.
+                if saved.name in copies:
+                    # The same entry again: copied from the staging after the read.
                     aliases.append((saved.name, target))
-                elif _in_place(target):
-                    fills[saved.name] = target
                 else:
                     copies[saved.name] = (_alloc(st, by_name, saved.name, saved.tag, like=target), target)
                 return target
@@ -287,30 +289,23 @@ class Checkpointer:
 
         result = match(state, markers, ())
         if strict:
-            _check_covered(state, fills, copies, aliases, problems)
+            _check_covered(state, copies, aliases, problems)
         if problems:
             raise InvalidError(f"step {st} does not fit the state: " + "; ".join(problems[:10]))
-        # Targets whose memory overlaps another's (views of one storage)
-        # are read through staging, then copied: never two writers at once.
-        for name in _overlapping(fills):
-            target = fills.pop(name)
-            copies[name] = (_alloc(st, by_name, name, "T" if hasattr(target, "data_ptr") else "N", like=target), target)
         # Entries the state had no array for (new values) are restored fresh.
         fresh: Dict[str, Any] = {}
-        dests: List[tuple] = [(name, *address(t)) for name, t in fills.items()]
-        dests += [(name, *address(stage)) for name, (stage, _) in copies.items()]
+        dests: List[tuple] = [(name, *address(stage)) for name, (stage, _) in copies.items()]
         for name, tag in entry_refs(root).items():
-            if name not in fills and name not in copies:
+            if name not in copies:
                 fresh[name] = _alloc(st, by_name, name, tag)
                 dests.append((name, *address(fresh[name])))
         self.last_restore = self._native.read(plan, dests)
-        # The read succeeded: now the state changes.
+        # Every byte was read and verified: now the state changes (targets
+        # whose memory overlaps, views of one storage, one after another).
         pairs = list(copies.values())
         for name, target in aliases:
-            pairs.append((fills[name] if name in fills else copies[name][1], target))
+            pairs.append((copies[name][0], target))
         for source, target in pairs:
-            if source is target:
-                continue
             if hasattr(target, "copy_"):
                 import torch
 
@@ -389,20 +384,6 @@ def _alloc(step: int, by_name: Dict[str, tuple], name: str, tag: str, like: Any 
     return alloc_torch(dtype, shape, name) if torch_kind else alloc_numpy(dtype, shape, name)
 
 
-def _overlapping(fills: Dict[str, Any]) -> List[str]:
-    """Names of fill targets whose memory overlaps another target's."""
-    spans = sorted((address(t) + (n,)) for n, t in fills.items() if address(t)[1] > 0)
-    out = set()
-    end, prev = -1, None
-    for start, length, name in spans:
-        if start < end and prev is not None:
-            out.add(name)
-            out.add(prev)
-        if start + length > end:
-            end, prev = start + length, name
-    return sorted(out)
-
-
 def _sync_devices(entries: List[tuple]) -> None:
     """Waits for the work queued on each CUDA device whose tensors are
     saved: Strata copies them on its own stream, which must see what the
@@ -431,14 +412,6 @@ def _is_array(v: Any) -> bool:
     return (torch is not None and isinstance(v, torch.Tensor)) or (np is not None and isinstance(v, np.ndarray))
 
 
-def _in_place(v: Any) -> bool:
-    """True if the stored bytes can be written straight into ``v``."""
-    if hasattr(v, "data_ptr"):
-        # Raw writes bypass autograd, as a load under no_grad would.
-        return v.device.type == "cpu" and v.is_contiguous()
-    return bool(v.flags["C_CONTIGUOUS"] and v.flags["WRITEABLE"])
-
-
 def _contains_array(v: Any) -> bool:
     if _is_array(v):
         return True
@@ -451,12 +424,11 @@ def _contains_array(v: Any) -> bool:
 
 def _check_covered(
     state: Any,
-    fills: Dict[str, Any],
     copies: Dict[str, Any],
     aliases: List[Tuple[str, Any]],
     problems: List[str],
 ) -> None:
-    covered = {id(t) for t in fills.values()} | {id(t) for _, t in copies.values()}
+    covered = {id(t) for _, t in copies.values()}
     covered |= {id(t) for _, t in aliases}
 
     def walk(v: Any, path: Tuple[Any, ...]) -> None:

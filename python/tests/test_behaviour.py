@@ -131,6 +131,41 @@ def test_damaged_chunk_on_the_only_tier_is_a_corrupt_error(make, l1, job):
         ckpt.load()
 
 
+def test_load_into_a_damaged_step_changes_no_weight(make, l1, job):
+    """A chunk damaged on the only tier: ``load_into`` raises CorruptError
+    and every tensor of the model keeps its bytes (none half overwritten)."""
+    ckpt = make(chunk_size=1 << 20)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512, bias=True) for _ in range(8)])
+    saved = {"model": model.state_dict(), "arr": np.arange(1 << 18, dtype=np.float32)}
+    ckpt.save(1, saved).wait()
+    # The chunk holding the last layer's weight (1 MiB: a chunk of its own).
+    needle = model[7].weight.detach().numpy().tobytes()[:4096]
+    hit = []
+    for path in glob.glob(os.path.join(l1, job, "chunks", "*", "*")):
+        with open(path, "rb") as f:
+            at = f.read().find(needle)
+        if at >= 0:
+            hit.append((path, at))
+    assert len(hit) == 1, hit
+    path, at = hit[0]
+    with open(path, "r+b") as f:
+        f.seek(at + 1000)
+        b = f.read(1)
+        f.seek(at + 1000)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+    torch.manual_seed(1)
+    other = torch.nn.Sequential(*[torch.nn.Linear(512, 512, bias=True) for _ in range(8)])
+    state = {"model": other.state_dict(), "arr": np.full(1 << 18, 7.0, dtype=np.float32)}
+    before = {k: v.clone() for k, v in state["model"].items()}
+    with pytest.raises(strata.CorruptError):
+        ckpt.load_into(state)
+    changed = [k for k, v in state["model"].items() if not torch.equal(v, before[k])]
+    assert changed == [], f"half overwritten: {changed}"
+    assert np.all(state["arr"] == 7.0)
+
+
 def test_wait_timeout_is_a_timeout_error(make):
     ckpt = make()
     h = ckpt.save(1, {"w": torch.randn(256 << 20 >> 2)})  # 256 MiB: not durable within 1 ms
