@@ -206,6 +206,8 @@ impl PyRestorePlan {
 pub(crate) struct PyCheckpointer {
     inner: Mutex<Option<Arc<Checkpointer>>>,
     config_json: String,
+    /// The counters as they were at `close` (readable after it).
+    closed_health: Mutex<Option<strata::Health>>,
 }
 
 impl PyCheckpointer {
@@ -256,6 +258,7 @@ impl PyCheckpointer {
         Ok(PyCheckpointer {
             inner: Mutex::new(Some(Arc::new(ckpt))),
             config_json,
+            closed_health: Mutex::new(None),
         })
     }
 
@@ -380,31 +383,76 @@ impl PyCheckpointer {
     }
 
     /// Waits (without the GIL) for the save in flight, every queued upload
-    /// and every queued replication.
+    /// and every queued replication; then raises an earlier save's
+    /// background failure that no handle reported (once).
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         let ckpt = self.get()?;
-        py.detach(move || {
-            ckpt.flush();
+        let r = py.detach(move || {
+            let r = ckpt.flush();
             ckpt.wait_replication();
             ckpt.wait_uploads();
+            r
         });
         drain(py);
-        Ok(())
+        r.py_err()
     }
 
     /// Finishes what was started (the save in flight, queued uploads and
-    /// pushes) and releases the checkpointer. Idempotent.
+    /// pushes) and releases the checkpointer; then raises an earlier save's
+    /// background failure that no handle reported. Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         let taken = self
             .inner
             .lock()
             .map_err(|_| to_py(strata::Error::Pipeline("poisoned".into())))?
             .take();
-        if let Some(ckpt) = taken {
-            py.detach(move || drop(ckpt));
+        let Some(ckpt) = taken else {
+            return Ok(());
+        };
+        let (r, health) = py.detach(move || {
+            // Everything finished first, so the health kept for after the
+            // close counts every failure.
+            let r = ckpt.flush();
+            ckpt.wait_replication();
+            ckpt.wait_uploads();
+            let health = ckpt.health();
+            // The last reference joins the workers (a call still running
+            // on another thread holds the other).
+            let closed = match Arc::try_unwrap(ckpt) {
+                Ok(ckpt) => ckpt.close(),
+                Err(_) => Ok(()),
+            };
+            (r.and(closed), health)
+        });
+        if let Ok(mut h) = self.closed_health.lock() {
+            *h = Some(health);
         }
         drain(py);
-        Ok(())
+        r.py_err()
+    }
+
+    /// The background's counters and newest failure: a dict of
+    /// `failed_saves`, `skipped_saves`, `dropped_uploads`,
+    /// `dropped_pushes` and `last_error` (the exception, or None).
+    /// Readable after `close` (as it was then).
+    fn health<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let h = match self.inner.lock().ok().and_then(|g| g.clone()) {
+            Some(ckpt) => ckpt.health(),
+            None => self
+                .closed_health
+                .lock()
+                .ok()
+                .and_then(|h| h.clone())
+                .ok_or_else(|| invalid("the checkpointer is closed"))?,
+        };
+        let d = PyDict::new(py);
+        d.set_item("failed_saves", h.failed_saves)?;
+        d.set_item("skipped_saves", h.skipped_saves)?;
+        d.set_item("dropped_uploads", h.dropped_uploads)?;
+        d.set_item("dropped_pushes", h.dropped_pushes)?;
+        let last = h.last_error.map(|e| to_py(e).into_value(py));
+        d.set_item("last_error", last)?;
+        Ok(d)
     }
 }
 

@@ -12,7 +12,8 @@
 //! that the Python layer derives from tensors it keeps alive (see
 //! `strata/_checkpointer.py`). Every call that can block releases the GIL;
 //! background work takes it only to run the torch.distributed coordinator's
-//! callable, never to touch tensors.
+//! callable and, on a thread of its own, to hand log records to `logging`;
+//! never to touch tensors.
 
 use pyo3::prelude::*;
 
@@ -31,6 +32,7 @@ fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handle::PySaveHandle>()?;
     m.add_class::<checkpointer::PyRestorePlan>()?;
     m.add_function(wrap_pyfunction!(logs::drain_logs, m)?)?;
+    m.add_function(wrap_pyfunction!(logs::stop_log_delivery, m)?)?;
     m.add_function(wrap_pyfunction!(config::resolve_config, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

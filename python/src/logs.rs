@@ -1,12 +1,19 @@
-//! `tracing` events into Python `logging`, without the GIL in background
-//! threads: a subscriber queues each event (bounded; what overflows is
-//! counted), and the queue is drained into the `strata` logger by the
-//! thread that calls into the module, which holds the GIL anyway.
+//! `tracing` events into Python `logging`. The thread that emits an event
+//! never takes the GIL: a subscriber queues the event (bounded; what
+//! overflows is counted) with the time it fired, and a delivery thread of
+//! the module's own hands the queue to the `strata` logger as soon as it
+//! can take the GIL, so records reach `logging` without waiting for the
+//! next call into the package. Each record's `created` is the event's
+//! time, not the time Python received it, and its `threadName` the Rust
+//! thread's. Calls into the module also drain the queue on the caller's
+//! thread before they return, so a call's own records come before its
+//! result or exception.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
 use tracing::field::{Field, Visit};
@@ -17,11 +24,27 @@ use tracing::{Event, Level, Metadata, Subscriber};
 /// Events kept until the next drain; older ones are dropped beyond it.
 const QUEUE_CAP: usize = 4096;
 
-static QUEUE: Mutex<VecDeque<(u8, String)>> = Mutex::new(VecDeque::new());
+/// One event: Python level, text, seconds since the epoch, thread name.
+struct Line {
+    level: u8,
+    text: String,
+    at: f64,
+    thread: Option<String>,
+}
+
+static QUEUE: Mutex<VecDeque<Line>> = Mutex::new(VecDeque::new());
+/// Signalled when an event is queued (the delivery thread waits on it).
+static QUEUED: Condvar = Condvar::new();
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// The most verbose Python level forwarded (Python's numbers: 10 debug,
 /// 20 info, 30 warning, 40 error, 5 trace); follows the `strata` logger.
 static MIN_LEVEL: AtomicU8 = AtomicU8::new(20);
+/// Whether the delivery thread was started (once per process).
+static DELIVERING: AtomicBool = AtomicBool::new(false);
+/// Asks the delivery thread to end (before the interpreter finalizes).
+static STOPPING: AtomicBool = AtomicBool::new(false);
+/// The delivery thread, joined by [`stop_log_delivery`].
+static DELIVERY: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
 
 fn py_level(l: &Level) -> u8 {
     match *l {
@@ -74,16 +97,25 @@ impl Subscriber for Forward {
     fn record_follows_from(&self, _: &Id, _: &Id) {}
 
     fn event(&self, e: &Event<'_>) {
+        let at = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         let mut f = Fields(String::new());
         e.record(&mut f);
-        let line = format!("{}: {}", e.metadata().target(), f.0.trim_start());
+        let line = Line {
+            level: py_level(e.metadata().level()),
+            text: format!("{}: {}", e.metadata().target(), f.0.trim_start()),
+            at,
+            thread: std::thread::current().name().map(str::to_string),
+        };
         if let Ok(mut q) = QUEUE.lock() {
             if q.len() >= QUEUE_CAP {
                 q.pop_front();
                 DROPPED.fetch_add(1, Ordering::Relaxed);
             }
-            q.push_back((py_level(e.metadata().level()), line));
+            q.push_back(line);
         }
+        QUEUED.notify_one();
     }
 
     fn enter(&self, _: &Id) {}
@@ -91,14 +123,82 @@ impl Subscriber for Forward {
     fn exit(&self, _: &Id) {}
 }
 
-/// Installs the forwarding subscriber, unless the process already has one.
+/// Installs the forwarding subscriber, unless the process already has one,
+/// and starts the delivery thread.
 pub(crate) fn install() {
     let _ = tracing::subscriber::set_global_default(Forward);
+    if DELIVERING.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    match std::thread::Builder::new()
+        .name("strata-logs".into())
+        .spawn(deliver)
+    {
+        Ok(h) => {
+            if let Ok(mut slot) = DELIVERY.lock() {
+                *slot = Some(h);
+            }
+        }
+        // Records still reach `logging` at the next call into the module.
+        Err(_) => DELIVERING.store(false, Ordering::SeqCst),
+    }
 }
 
-/// Hands the queued events to the `strata` logger (on the calling thread)
-/// and follows its level. Called by every method of the module; the Python
-/// layer calls it too, after waits.
+/// Ends the delivery thread and waits for it (called at interpreter exit,
+/// after the checkpointers closed, while a thread may still take the GIL);
+/// records queued later reach `logging` at the next call into the module.
+#[pyfunction]
+pub(crate) fn stop_log_delivery(py: Python<'_>) {
+    STOPPING.store(true, Ordering::SeqCst);
+    QUEUED.notify_all();
+    let handle = DELIVERY.lock().ok().and_then(|mut h| h.take());
+    if let Some(h) = handle {
+        // Without the GIL: the thread may be waiting for it.
+        py.detach(move || {
+            let _ = h.join();
+        });
+    }
+    drain(py);
+}
+
+/// The delivery thread: waits for queued events, then takes the GIL and
+/// hands them to `logging`. Ends when asked ([`stop_log_delivery`], at
+/// interpreter exit: a thread that takes the GIL once the interpreter
+/// finalizes is ended by Python under its feet) or when it finds the
+/// interpreter finalizing.
+fn deliver() {
+    loop {
+        if STOPPING.load(Ordering::SeqCst) {
+            return;
+        }
+        let pending = match QUEUE.lock() {
+            Ok(q) => {
+                let waited = QUEUED.wait_timeout_while(q, Duration::from_secs(1), |q| {
+                    q.is_empty()
+                        && DROPPED.load(Ordering::Relaxed) == 0
+                        && !STOPPING.load(Ordering::SeqCst)
+                });
+                match waited {
+                    Ok((q, _)) => !q.is_empty() || DROPPED.load(Ordering::Relaxed) > 0,
+                    Err(_) => return,
+                }
+            }
+            Err(_) => return,
+        };
+        if !pending || STOPPING.load(Ordering::SeqCst) {
+            continue;
+        }
+        // Never blocks interpreter shutdown: past it, the thread ends (the
+        // queue's records are lost with the interpreter's logging).
+        if Python::try_attach(drain).is_none() {
+            return;
+        }
+    }
+}
+
+/// Hands the queued events to the `strata` logger (on the calling thread,
+/// holding the GIL) and follows its level. Each record carries the time
+/// its event fired and the Rust thread's name.
 #[pyfunction]
 pub(crate) fn drain_logs(py: Python<'_>) -> PyResult<()> {
     let logger = py
@@ -106,7 +206,9 @@ pub(crate) fn drain_logs(py: Python<'_>) -> PyResult<()> {
         .call_method1("getLogger", ("strata",))?;
     let level: i64 = logger.call_method0("getEffectiveLevel")?.extract()?;
     MIN_LEVEL.store(level.clamp(1, 50) as u8, Ordering::Relaxed);
-    let lines: Vec<(u8, String)> = match QUEUE.lock() {
+    // Taken under the GIL: two drains (the delivery thread's and a
+    // caller's) never interleave, so records keep their order.
+    let lines: Vec<Line> = match QUEUE.lock() {
         Ok(mut q) => q.drain(..).collect(),
         Err(_) => Vec::new(),
     };
@@ -117,13 +219,45 @@ pub(crate) fn drain_logs(py: Python<'_>) -> PyResult<()> {
             (
                 30,
                 format!(
-                    "{dropped} log records were dropped (more than {QUEUE_CAP} between two calls)"
+                    "{dropped} log records were dropped (more than {QUEUE_CAP} before Python could take them)"
                 ),
             ),
         )?;
     }
-    for (level, line) in lines {
-        logger.call_method1("log", (level, "%s", line))?;
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let logging = py.import("logging")?;
+    let start: f64 = logging
+        .getattr("_startTime")
+        .and_then(|s| s.extract())
+        .unwrap_or(0.0);
+    for line in lines {
+        if !logger
+            .call_method1("isEnabledFor", (line.level,))?
+            .extract::<bool>()?
+        {
+            continue;
+        }
+        let record = logger.call_method1(
+            "makeRecord",
+            (
+                logger.getattr("name")?,
+                line.level,
+                "(rust)",
+                0,
+                "%s",
+                (line.text,),
+                py.None(),
+            ),
+        )?;
+        record.setattr("created", line.at)?;
+        record.setattr("msecs", (line.at.fract() * 1000.0).floor())?;
+        record.setattr("relativeCreated", (line.at - start) * 1000.0)?;
+        if let Some(t) = line.thread {
+            record.setattr("threadName", t)?;
+        }
+        logger.call_method1("handle", (record,))?;
     }
     Ok(())
 }

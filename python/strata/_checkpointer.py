@@ -18,7 +18,7 @@ from ._arrays import (
     torch_entry,
 )
 from ._dist import open_rounds, torch_world
-from ._errors import InvalidError, NotFoundError
+from ._errors import InvalidError, NotFoundError, StrataError
 from ._tree import TREE_ENTRY, Leaf, entry_refs, flatten, parse, path_text, unflatten
 
 log = logging.getLogger("strata")
@@ -35,12 +35,17 @@ def _close_all() -> None:
             c.close()
         except Exception:  # noqa: BLE001 - exiting; the error was logged
             log.exception("closing a checkpointer at exit")
+    # No thread may take the GIL once the interpreter finalizes: the log
+    # delivery thread ends here (later records are handed over by calls).
+    _strata.stop_log_delivery()
 
 
 class SaveHandle:
     """A save in progress. ``wait`` blocks until it reached a tier;
     ``done`` says whether it is durable on L1 (or failed). Dropping the
-    handle does not cancel the save."""
+    handle does not cancel the save, nor hide its failure: one that no
+    handle reported is raised by the checkpointer's next ``save``,
+    ``flush`` or ``close``."""
 
     def __init__(self, native: Any) -> None:
         self._native = native
@@ -64,7 +69,8 @@ class SaveHandle:
         """Blocks until the step is committed on ``target`` (``"l1"``,
         ``"peers"`` or ``"l3"``) and returns the save's counters; raises
         ``WaitTimeoutError`` after ``timeout`` seconds (the save goes on),
-        or the save's error."""
+        or the save's error (then reported: the checkpointer does not raise
+        it again)."""
         self.stats = self._native.wait(target, timeout)
         return self.stats
 
@@ -85,6 +91,14 @@ class Checkpointer:
     from it and ranks agree through its store; otherwise a world of one, or
     etcd when ``etcd_endpoints`` is configured. Use as a context manager, or
     call ``close``.
+
+    Background failures: a save that fails after ``save`` returned (its L1
+    write, its commit round) and that no handle reported is raised, once,
+    by the next ``save`` (which then saves nothing: call it again),
+    ``flush`` or ``close``, as the class of its kind (``on_background_error
+    = "log"``: only logged and counted). ``failed_saves``,
+    ``skipped_saves``, ``dropped_uploads``, ``dropped_pushes`` and
+    ``last_error`` say what went wrong so far.
     """
 
     def __init__(self, config: Optional[str] = None, **settings: Any) -> None:
@@ -136,6 +150,44 @@ class Checkpointer:
     def job(self) -> str:
         return str(self.config["job"])
 
+    @property
+    def health(self) -> Dict[str, Any]:
+        """What went wrong in the background so far: ``failed_saves``,
+        ``skipped_saves``, ``dropped_uploads``, ``dropped_pushes`` (counts
+        since the checkpointer opened) and ``last_error`` (the newest
+        background save failure as an exception, or None). Readable after
+        ``close``."""
+        return self._native.health()
+
+    @property
+    def failed_saves(self) -> int:
+        """Saves that failed after ``save`` returned (not committed)."""
+        return int(self.health["failed_saves"])
+
+    @property
+    def skipped_saves(self) -> int:
+        """Saves skipped by ``busy_policy="skip"``."""
+        return int(self.health["skipped_saves"])
+
+    @property
+    def dropped_uploads(self) -> int:
+        """Uploads to L3 dropped from a backlog past
+        ``max_pending_uploads``."""
+        return int(self.health["dropped_uploads"])
+
+    @property
+    def dropped_pushes(self) -> int:
+        """Pushes to the peers dropped from a backlog past
+        ``max_pending_pushes``."""
+        return int(self.health["dropped_pushes"])
+
+    @property
+    def last_error(self) -> Optional[StrataError]:
+        """The newest save that failed in the background, as the exception
+        it was (or is) raised as; None if none did. Kept after it was
+        raised."""
+        return self.health["last_error"]
+
     # -- save -------------------------------------------------------------
 
     def _entries(self, state: Any, keep: List[Any]) -> List[tuple]:
@@ -159,7 +211,9 @@ class Checkpointer:
         plain values) as ``step`` and returns at once; the step becomes
         durable in the background (``SaveHandle.wait``). The state's tensors
         may be changed as soon as this returns. Raises ``ConflictError`` if
-        this rank already committed ``step``."""
+        this rank already committed ``step``; raises an earlier save's
+        background failure that no handle reported (then nothing is saved:
+        call it again)."""
         keep: List[Any] = []
         entries = self._entries(state, keep)
         md = {"strata.tree": "1"}
@@ -347,19 +401,31 @@ class Checkpointer:
         self._native.upload(int(step))
 
     def flush(self) -> None:
-        """Waits for the save in flight and every queued push and upload."""
+        """Waits for the save in flight and every queued push and upload;
+        then raises an earlier save's background failure that no handle
+        reported."""
         self._native.flush()
 
     def close(self) -> None:
-        """Finishes what was started and releases the checkpointer."""
-        self._native.close()
+        """Finishes what was started and releases the checkpointer; then
+        raises an earlier save's background failure that no handle
+        reported. Idempotent."""
         _OPEN.discard(self)
+        self._native.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if kind is None:
+            self.close()
+            return
+        # The block's own exception goes on; a background failure is
+        # logged instead of replacing it.
+        try:
+            self.close()
+        except StrataError as e:
+            log.error("closing the checkpointer after %s: %s", kind.__name__, e)
 
     def __repr__(self) -> str:
         c = getattr(self, "config", None)
