@@ -85,6 +85,21 @@ def test_two_processes_claiming_one_rank_fail(tmp_path):
         assert rd["took"] < 4, rd
 
 
+def test_a_second_checkpointer_on_a_claimed_rank_fails_and_so_does_the_holders_commit(tmp_path):
+    res = run("claimckpt", str(tmp_path), extra=[(4, 2)])
+    intruder = res["claimckpt-4-intruder"]
+    assert intruder["open"] == "ConflictError", intruder
+    assert "rank 2" in intruder["message"], intruder
+    # Through the native module: the round's ConflictError stays a
+    # conflict (Rust's RankClaimed), and nobody commits step 1.
+    holder = res["claimckpt-2"]["round"]
+    assert holder["error"] == "ConflictError" and "claimed twice" in holder["message"], holder
+    for r in range(WORLD):
+        rd = res[f"claimckpt-{r}"]["round"]
+        assert not rd["ok"], rd
+        assert rd["took"] < 4.5, rd
+
+
 def test_two_rounds_at_once_never_wait_for_each_other(tmp_path):
     res = run("concurrent", str(tmp_path))
     for r in range(WORLD):

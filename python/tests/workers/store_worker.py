@@ -14,6 +14,9 @@ Scenarios:
             then ranks 0..3 run a round
   concurrent  a slow round on a thread (rank 3 joins it late) and a fast
             round on the main thread at the same time
+  claimckpt as claim, through strata.Checkpointer (the store given as
+            torch.distributed's): the intruder's Checkpointer() fails, and
+            the holder's next commit fails with ConflictError
 Writes OUT_DIR/<scenario>-<rank>[-intruder].json.
 """
 
@@ -58,7 +61,42 @@ def barrier(name):
         time.sleep(0.01)
 
 
-if scenario == "claim":
+def open_checkpointer(as_rank):
+    import strata
+    import strata._checkpointer as ck
+
+    ck.torch_world = lambda: (as_rank, world, store)
+    return strata.Checkpointer(job="j-claimckpt", l1_dir=os.path.join(out, f"l1-{rank}"),
+                               coordination_timeout_secs=5)
+
+
+if scenario == "claimckpt":
+    import torch
+
+    if intruder:
+        store.wait([f"test/{scenario}/claimed"], timedelta(seconds=60))
+        try:
+            open_checkpointer(claim_as)
+            result["open"] = "ok"
+        except ConflictError as e:
+            result["open"] = "ConflictError"
+            result["message"] = str(e)
+        store.add(f"test/{scenario}/intruder-done", 1)
+    else:
+        ckpt = open_checkpointer(rank)
+        barrier("opened")
+        if rank == 0:
+            store.set(f"test/{scenario}/claimed", "1")
+        store.wait([f"test/{scenario}/intruder-done"], timedelta(seconds=60))
+        started = time.monotonic()
+        try:
+            ckpt.save(1, {"w": torch.ones(16)}).wait()
+            result["round"] = {"ok": True}
+        except StrataError as e:
+            result["round"] = {"ok": False, "error": type(e).__name__, "message": str(e)}
+        result["round"]["took"] = time.monotonic() - started
+        ckpt.close()
+elif scenario == "claim":
     if intruder:
         # Starts once the four ranks hold their claims.
         store.wait([f"test/{scenario}/claimed"], timedelta(seconds=60))
@@ -114,7 +152,7 @@ with open(os.path.join(out, name), "w") as f:
 # The store lives in rank 0's process: it leaves last.
 store.add(f"test/{scenario}/exit", 1)
 if rank == 0 and not intruder:
-    procs = world + (1 if scenario == "claim" else 0)
+    procs = world + (1 if scenario in ("claim", "claimckpt") else 0)
     deadline = time.monotonic() + 30
     while int(store.add(f"test/{scenario}/exit", 0)) < procs and time.monotonic() < deadline:
         time.sleep(0.05)
