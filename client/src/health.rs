@@ -8,38 +8,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
-
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::handle::Completion;
-
-/// What happens to a save that fails in the background (after `save`
-/// returned: its L1 write, the commit round, the commit record), beyond its
-/// own handle reporting it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnBackgroundError {
-    /// The next `save`, `flush` or `close` returns the failure
-    /// ([`Error::Background`]) unless the save's handle already reported
-    /// it; once. It is also logged and counted.
-    #[default]
-    Raise,
-    /// Only logged (at error level) and counted
-    /// ([`Checkpointer::health`](crate::Checkpointer::health)).
-    Log,
-}
-
-impl std::str::FromStr for OnBackgroundError {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "raise" => Ok(OnBackgroundError::Raise),
-            "log" => Ok(OnBackgroundError::Log),
-            o => Err(format!("unknown on_background_error {o:?} (raise, log)")),
-        }
-    }
-}
+use crate::stats::OnBackgroundError;
 
 impl Config {
     /// What happens to a save that fails in the background.

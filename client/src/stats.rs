@@ -1,6 +1,9 @@
-//! What a save did, for logs, dashboards and the demo.
+//! What a save did, and what went wrong in the background ([`Health`],
+//! [`OnBackgroundError`]), for logs, dashboards and the demo.
 
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 /// Counters of one save.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -89,4 +92,31 @@ pub struct Health {
     ///
     /// [`Error::Background`]: crate::Error::Background
     pub last_error: Option<crate::Error>,
+}
+
+/// What happens to a save that fails in the background (after `save`
+/// returned: its L1 write, the commit round, the commit record), beyond its
+/// own handle reporting it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBackgroundError {
+    /// The next `save`, `flush` or `close` returns the failure
+    /// ([`Error::Background`](crate::Error::Background)) unless the save's handle already reported
+    /// it; once. It is also logged and counted.
+    #[default]
+    Raise,
+    /// Only logged (at error level) and counted
+    /// ([`Checkpointer::health`](crate::Checkpointer::health)).
+    Log,
+}
+
+impl std::str::FromStr for OnBackgroundError {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "raise" => Ok(OnBackgroundError::Raise),
+            "log" => Ok(OnBackgroundError::Log),
+            o => Err(format!("unknown on_background_error {o:?} (raise, log)")),
+        }
+    }
 }
