@@ -287,7 +287,10 @@ fn print(t: &Tiers, l: &Listing) {
     }
     if l.steps.is_empty() {
         if l.complete {
-            say!("job {}: no steps (every tier was listed: the store is empty)", l.job);
+            say!(
+                "job {}: no steps (every tier was listed: the store is empty)",
+                l.job
+            );
         } else {
             say!(
                 "job {}: no steps in the tiers that could be read ({} could not be read: not known to be empty)",

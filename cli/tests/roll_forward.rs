@@ -35,8 +35,7 @@ fn split_store(l1: &std::path::Path) {
             for rank in 0..2u32 {
                 let coord = coord.clone();
                 s.spawn(move || {
-                    let mut b =
-                        Checkpointer::builder(cfg(l1, rank)).coordinator(Arc::new(coord));
+                    let mut b = Checkpointer::builder(cfg(l1, rank)).coordinator(Arc::new(coord));
                     let fails = rank == 1 && step == 2;
                     if fails {
                         let failing: Arc<dyn ChunkStore> = Arc::new(FaultStore::new(
@@ -70,7 +69,12 @@ fn split_store(l1: &std::path::Path) {
 
 fn args(l1: &std::path::Path, cmd: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
-    a.extend(["--job".into(), JOB.into(), "--l1".into(), l1.display().to_string()]);
+    a.extend([
+        "--job".into(),
+        JOB.into(),
+        "--l1".into(),
+        l1.display().to_string(),
+    ]);
     a
 }
 
@@ -107,7 +111,11 @@ fn ls_tells_an_empty_store_from_one_it_could_not_read() {
     std::fs::create_dir_all(&l1).unwrap();
     let empty = run(&args(&l1, &["ls"]));
     assert_eq!(empty.code, 0, "{}", empty.stderr);
-    assert!(empty.stdout.contains("the store is empty"), "{}", empty.stdout);
+    assert!(
+        empty.stdout.contains("the store is empty"),
+        "{}",
+        empty.stdout
+    );
     let j = run(&args(&l1, &["ls", "--json"])).json();
     assert_eq!(j["complete"], true, "{j}");
     // The same empty L1, with an object store that cannot be reached.
@@ -132,7 +140,11 @@ fn ls_tells_an_empty_store_from_one_it_could_not_read() {
     };
     let text = dead(&["ls"]);
     assert_eq!(text.code, 3, "{}\n{}", text.stdout, text.stderr);
-    assert!(text.stdout.contains("not known to be empty"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("not known to be empty"),
+        "{}",
+        text.stdout
+    );
     assert!(text.stderr.contains("L3"), "{}", text.stderr);
     let json = dead(&["ls", "--json"]);
     assert_eq!(json.code, 3, "{}", json.stderr);

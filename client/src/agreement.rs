@@ -46,8 +46,7 @@ impl Holdings {
     /// the newest step committed by another world size. `partial_too`
     /// (L1): this rank's manifests without a record, not being retired.
     pub(crate) fn add_listing(&mut self, cfg: &Config, steps: &[StepInfo], partial_too: bool) {
-        self.committed
-            .extend(crate::commit::restorable(cfg, steps));
+        self.committed.extend(crate::commit::restorable(cfg, steps));
         for st in steps {
             if let Some(w) = st.world_size().filter(|w| *w != cfg.world_size) {
                 if self.foreign.is_none_or(|(s, _)| s < st.step) {
@@ -199,7 +198,10 @@ impl Agreement {
                 reason: reason.to_string(),
             });
         }
-        let decided: BTreeSet<u64> = all.iter().flat_map(|h| h.committed.iter().copied()).collect();
+        let decided: BTreeSet<u64> = all
+            .iter()
+            .flat_map(|h| h.committed.iter().copied())
+            .collect();
         let mut common: Option<BTreeSet<u64>> = None;
         for h in all {
             let can: BTreeSet<u64> = h
@@ -325,7 +327,11 @@ mod tests {
             ..Holdings::default()
         };
         let ag = Agreement::of(&[a.clone(), b]).unwrap();
-        assert_eq!(ag.common, set(&[4, 5]), "6 was never committed: not decided");
+        assert_eq!(
+            ag.common,
+            set(&[4, 5]),
+            "6 was never committed: not decided"
+        );
         assert_eq!(ag.decided, set(&[4, 5]));
         // A rank without the manifest (its disk was lost) cannot roll it
         // forward: the step is not common.
@@ -363,7 +369,10 @@ mod tests {
         let e = ag.check_world(&cfg, None).unwrap_err();
         assert!(e.to_string().contains("world of 2"), "{e}");
         assert!(e.to_string().contains("runs 1"), "{e}");
-        assert!(ag.check_world(&cfg, Some(3)).is_ok(), "an explicit older step");
+        assert!(
+            ag.check_world(&cfg, Some(3)).is_ok(),
+            "an explicit older step"
+        );
         let older = Agreement {
             foreign: Some((2, 2)),
             ..ag

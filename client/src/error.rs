@@ -188,9 +188,7 @@ impl Error {
             Error::Busy { .. }
             | Error::Coordination(_)
             | Error::Timeout { .. }
-            | Error::TierUnavailable { .. } => {
-                ErrorKind::Unavailable
-            }
+            | Error::TierUnavailable { .. } => ErrorKind::Unavailable,
             Error::AlreadyCommitted { .. } | Error::RankClaimed { .. } => ErrorKind::Conflict,
             Error::NothingToRestore(_) => ErrorKind::NotFound,
             Error::Chunk { source, .. } => store_kind(source.kind()),

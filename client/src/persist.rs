@@ -59,10 +59,9 @@ pub(crate) fn persist(
     // this step voted and then failed before its record, or an attempt the
     // barrier refused. Kept, in case another rank committed the step then
     // (the barrier says so): it is the shard that rank's record counts.
-    let previous = s
-        .rt
-        .block_on(s.l1.get_manifest(&cfg.job, job.step, cfg.rank))
-        .ok();
+    let previous =
+        s.rt.block_on(s.l1.get_manifest(&cfg.job, job.step, cfg.rank))
+            .ok();
     let local = (|| -> Result<(Vec<u8>, ShardManifest)> {
         let t = Instant::now();
         let ids = hash_and_write(s, job.step, &job.plan, job.snaps, &mut stats, segments)?;

@@ -333,7 +333,9 @@ impl Checkpointer {
                 // Decided (another rank committed it) and held here without
                 // a record: roll it forward, then read it from L1. L3 gets
                 // this shard too if it holds the step of other ranks.
-                let upload = l3_steps.iter().any(|st| st.step == step && !st.records.is_empty());
+                let upload = l3_steps
+                    .iter()
+                    .any(|st| st.step == step && !st.records.is_empty());
                 crate::roll_forward::roll_forward(s, step, upload).and_then(|()| {
                     let steps = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
                     Ok(Loaded {
@@ -399,18 +401,17 @@ impl Checkpointer {
         };
         holdings.add_listing(cfg, &l3, false);
         let mut dead_peers = Vec::new();
-        let l2: Vec<Vec<StepInfo>> = s
-            .l2
-            .iter()
-            .map(|p| match s.rt.block_on(p.store.list_steps(&cfg.job)) {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!(peer = %p.name, error = %e, "cannot list a peer");
-                    dead_peers.push(format!("{} ({e})", p.name));
-                    Vec::new()
-                }
-            })
-            .collect();
+        let l2: Vec<Vec<StepInfo>> =
+            s.l2.iter()
+                .map(|p| match s.rt.block_on(p.store.list_steps(&cfg.job)) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::warn!(peer = %p.name, error = %e, "cannot list a peer");
+                        dead_peers.push(format!("{} ({e})", p.name));
+                        Vec::new()
+                    }
+                })
+                .collect();
         for v in &l2 {
             holdings.add_listing(cfg, v, false);
         }

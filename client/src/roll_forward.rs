@@ -115,17 +115,17 @@ pub(crate) fn settle_decided_before(
         Some(old) => {
             let restored = match written {
                 Some(new) if new == old.as_slice() => Ok(()),
-                _ => s
-                    .rt
-                    .block_on(s.l1.put_manifest(&cfg.job, step, cfg.rank, old))
-                    .map_err(Error::from),
+                _ => {
+                    s.rt.block_on(s.l1.put_manifest(&cfg.job, step, cfg.rank, old))
+                        .map_err(Error::from)
+                }
             };
             restored.and_then(|()| roll_forward(s, step, false))
         }
-        None => s
-            .rt
-            .block_on(s.l1.delete_shard(&cfg.job, step, cfg.rank))
-            .map_err(Error::from),
+        None => {
+            s.rt.block_on(s.l1.delete_shard(&cfg.job, step, cfg.rank))
+                .map_err(Error::from)
+        }
     };
     match (outcome, previous.is_some()) {
         (Ok(()), true) => Error::AlreadyCommitted {

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strata::format::DType;
-use strata::tiered::{ChunkStore, EngineChoice, FaultPlan, FaultStore, L1Store};
 use strata::tiered::wrap::FaultTargets;
+use strata::tiered::{ChunkStore, EngineChoice, FaultPlan, FaultStore, L1Store};
 use strata::{
     Checkpointer, Config, Coordinator, Entry, Error, ErrorKind, InProcessCoordinator, StepSelector,
 };
@@ -135,20 +135,8 @@ fn open(
         _ => b.coordinator(Arc::new(coord.clone())),
     };
     b = match fault {
-        Some(Fault::BeforeVote) => b.local(faulty_l1(
-            dir,
-            FaultTargets {
-                writes: true,
-                ..no
-            },
-        )),
-        Some(Fault::RecordFails) => b.local(faulty_l1(
-            dir,
-            FaultTargets {
-                commit: true,
-                ..no
-            },
-        )),
+        Some(Fault::BeforeVote) => b.local(faulty_l1(dir, FaultTargets { writes: true, ..no })),
+        Some(Fault::RecordFails) => b.local(faulty_l1(dir, FaultTargets { commit: true, ..no })),
         _ => b,
     };
     b.build().unwrap()
@@ -220,7 +208,10 @@ fn restart_and_go_on(dirs: &[PathBuf], keep_last: usize, want: u64) {
         (r.step, again.step)
     });
     for (rank, (step, next)) in got.iter().enumerate() {
-        assert_eq!(*step, want, "rank {rank} restored step {step}, expected {want}");
+        assert_eq!(
+            *step, want,
+            "rank {rank} restored step {step}, expected {want}"
+        );
         assert_eq!(*next, want + 1, "rank {rank}");
     }
 }
@@ -288,7 +279,10 @@ fn a_resumed_save_of_a_split_step_converges_on_every_rank() {
     );
     for (rank, r) in got.iter().enumerate() {
         let e = r.as_ref().expect_err("step 3 was decided before");
-        assert!(matches!(e, Error::AlreadyCommitted { step: 3, .. }), "rank {rank}: {e}");
+        assert!(
+            matches!(e, Error::AlreadyCommitted { step: 3, .. }),
+            "rank {rank}: {e}"
+        );
         assert_eq!(e.kind(), ErrorKind::Conflict);
     }
     // Step 3 is committed on every rank with the bytes decided the first
@@ -321,7 +315,8 @@ fn an_unreadable_l3_is_an_error_naming_it_not_an_empty_store() {
     let root = tempfile::tempdir().unwrap();
     let (l1, l3) = (root.path().join("l1"), root.path().join("l3"));
     {
-        let remote: Arc<dyn ChunkStore> = Arc::new(L1Store::open(&l3, EngineChoice::Psync).unwrap());
+        let remote: Arc<dyn ChunkStore> =
+            Arc::new(L1Store::open(&l3, EngineChoice::Psync).unwrap());
         let ck = Checkpointer::builder(cfg(&l1, 0, 1, 1).upload_every(1))
             .remote(Some(remote))
             .build()
@@ -378,6 +373,9 @@ fn steps_of_another_world_size_are_an_error_naming_both_sizes() {
     let e = ck.plan_restore(StepSelector::Latest).unwrap_err();
     assert!(matches!(e, Error::WorldSizeMismatch { .. }), "{e}");
     let text = e.to_string();
-    assert!(text.contains("world of 2") && text.contains("runs 1"), "{text}");
+    assert!(
+        text.contains("world of 2") && text.contains("runs 1"),
+        "{text}"
+    );
     assert_eq!(e.kind(), ErrorKind::Invalid);
 }

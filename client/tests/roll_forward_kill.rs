@@ -140,11 +140,16 @@ fn child_rank_of_the_roll_forward_kill_test() {
         return; // only runs as a child of the tests below
     };
     let var = |k: &str| std::env::var(k).unwrap();
-    let (rank, world): (u32, u32) = (var("STRATA_RF_RANK").parse().unwrap(), var("STRATA_RF_WORLD").parse().unwrap());
+    let (rank, world): (u32, u32) = (
+        var("STRATA_RF_RANK").parse().unwrap(),
+        var("STRATA_RF_WORLD").parse().unwrap(),
+    );
     let keep: usize = var("STRATA_RF_KEEP").parse().unwrap();
     let dir = std::path::PathBuf::from(var("STRATA_RF_DIR"));
     let job = var("STRATA_RF_JOB");
-    let at = std::env::var("STRATA_RF_KILL").ok().and_then(|k| KillAt::parse(&k));
+    let at = std::env::var("STRATA_RF_KILL")
+        .ok()
+        .and_then(|k| KillAt::parse(&k));
     let me = Rank {
         url: &url,
         job: &job,
@@ -168,7 +173,11 @@ fn child_rank_of_the_roll_forward_kill_test() {
         _ => {
             let ck = open(&me, "1", None);
             let r = ck.restore(StepSelector::Latest).unwrap();
-            assert_eq!(r.get("w").unwrap().bytes, state(rank, r.step), "rank {rank}");
+            assert_eq!(
+                r.get("w").unwrap().bytes,
+                state(rank, r.step),
+                "rank {rank}"
+            );
             save(&ck, rank, r.step + 1).unwrap();
             let again = ck.restore(StepSelector::Latest).unwrap();
             println!("RESTORED {} THEN {}", r.step, again.step);
@@ -188,16 +197,20 @@ fn run_phase(
     let children: Vec<_> = (0..world)
         .map(|rank| {
             let mut c = Command::new(std::env::current_exe().unwrap());
-            c.args(["--exact", "child_rank_of_the_roll_forward_kill_test", "--nocapture"])
-                .env("STRATA_RF_ETCD", url)
-                .env("STRATA_RF_JOB", job)
-                .env("STRATA_RF_RANK", rank.to_string())
-                .env("STRATA_RF_WORLD", world.to_string())
-                .env("STRATA_RF_KEEP", keep.to_string())
-                .env("STRATA_RF_DIR", root.join(format!("node-{rank}")))
-                .env("STRATA_RF_PHASE", phase)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+            c.args([
+                "--exact",
+                "child_rank_of_the_roll_forward_kill_test",
+                "--nocapture",
+            ])
+            .env("STRATA_RF_ETCD", url)
+            .env("STRATA_RF_JOB", job)
+            .env("STRATA_RF_RANK", rank.to_string())
+            .env("STRATA_RF_WORLD", world.to_string())
+            .env("STRATA_RF_KEEP", keep.to_string())
+            .env("STRATA_RF_DIR", root.join(format!("node-{rank}")))
+            .env("STRATA_RF_PHASE", phase)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
             if let Some((_, at)) = kill.filter(|(r, _)| *r == rank) {
                 c.env("STRATA_RF_KILL", at.name());
             }
@@ -221,7 +234,15 @@ fn run_phase(
 fn scenario(url: &str, world: u32, keep: usize, victim: u32, at: KillAt) {
     let root = tempfile::tempdir().unwrap();
     let job = format!("rf-w{world}-k{keep}-{}", at.name());
-    let saved = run_phase(url, &job, root.path(), world, keep, "save", Some((victim, at)));
+    let saved = run_phase(
+        url,
+        &job,
+        root.path(),
+        world,
+        keep,
+        "save",
+        Some((victim, at)),
+    );
     for (rank, (ok, out)) in saved.iter().enumerate() {
         if rank as u32 == victim {
             assert!(!ok, "{at:?}: the victim was killed: {out}");
@@ -242,7 +263,11 @@ fn scenario(url: &str, world: u32, keep: usize, victim: u32, at: KillAt) {
         .filter(|(_, (ok, _))| !ok)
         .map(|(rank, (_, out))| format!("rank {rank}: {out}"))
         .collect();
-    assert!(failed.is_empty(), "{at:?} keep {keep}: ranks failed to resume:\n{}", failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{at:?} keep {keep}: ranks failed to resume:\n{}",
+        failed.join("\n")
+    );
     for (rank, (_, out)) in resumed.iter().enumerate() {
         assert!(
             out.contains(&format!("RESTORED {want} THEN {}", want + 1)),

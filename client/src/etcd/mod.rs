@@ -283,7 +283,9 @@ impl EtcdCoordinator {
             .map(|i| escape(&i.split_whitespace().collect::<Vec<_>>().join("_")));
         let me = format!(
             "host={} pid={} instance={instance} since_unix_ms={since}{}",
-            start.as_ref().map_or(String::new(), |s| format!(" start={s}")),
+            start
+                .as_ref()
+                .map_or(String::new(), |s| format!(" start={s}")),
             crate::config::hostname(),
             std::process::id()
         );
