@@ -37,8 +37,12 @@ pub(crate) struct Holdings {
     pub(crate) partial: BTreeSet<u64>,
     /// The newest step committed by a world of another size: (step, world).
     pub(crate) foreign: Option<(u64, u32)>,
-    /// A tier that could hold a newer step and could not be listed.
+    /// A tier this rank could not list (`"tier: why"`).
     pub(crate) unreadable: Option<String>,
+    /// This rank's L1 holds no committed step: then an unreadable tier may
+    /// hold its newest one (L1 is written first, and its retention keeps
+    /// the newest steps; only a lost or replaced disk lacks them).
+    pub(crate) l1_empty: bool,
 }
 
 impl Holdings {
@@ -87,6 +91,7 @@ impl Holdings {
             }
             None => out.push(0),
         }
+        out.push(u8::from(self.l1_empty));
         let text = self.unreadable.as_deref().unwrap_or("");
         let note = &text.as_bytes()[..floor_char_boundary(text, MAX_NOTE)];
         out.extend_from_slice(&(note.len() as u16).to_le_bytes());
@@ -135,6 +140,11 @@ impl Holdings {
             )),
             _ => return None,
         };
+        let l1_empty = match r.take(1)? {
+            [0] => false,
+            [1] => true,
+            _ => return None,
+        };
         let n = u16::from_le_bytes(r.take(2)?.try_into().ok()?) as usize;
         let note = r.take(n)?;
         if r.0.iter().any(|&p| p != 0) {
@@ -146,6 +156,7 @@ impl Holdings {
             partial,
             foreign,
             unreadable: (!note.is_empty()).then(|| String::from_utf8_lossy(note).into_owned()),
+            l1_empty,
         })
     }
 }
@@ -181,23 +192,19 @@ pub(crate) struct Agreement {
     pub(crate) decided: BTreeSet<u64>,
     /// The newest step committed by a world of another size, any rank saw.
     pub(crate) foreign: Option<(u64, u32)>,
+    /// Tiers some rank could not list: (rank, `"tier: why"`, its L1 held
+    /// no committed step).
+    pub(crate) blind: Vec<(u32, String, bool)>,
 }
 
 impl Agreement {
-    /// Combines every rank's holdings (by rank). A tier some rank could
-    /// not list is an error on every rank alike.
+    /// Combines every rank's holdings (by rank).
     pub(crate) fn of(all: &[Holdings]) -> Result<Agreement> {
-        if let Some((r, t)) = all
+        let blind = all
             .iter()
             .enumerate()
-            .find_map(|(r, h)| h.unreadable.as_ref().map(|t| (r, t)))
-        {
-            let (tier, reason) = t.split_once(": ").unwrap_or((t.as_str(), ""));
-            return Err(Error::TierUnavailable {
-                tier: format!("{tier} (seen by rank {r})"),
-                reason: reason.to_string(),
-            });
-        }
+            .filter_map(|(r, h)| h.unreadable.clone().map(|t| (r as u32, t, h.l1_empty)))
+            .collect();
         let decided: BTreeSet<u64> = all
             .iter()
             .flat_map(|h| h.committed.iter().copied())
@@ -220,6 +227,36 @@ impl Agreement {
             common: common.unwrap_or_default(),
             decided,
             foreign,
+            blind,
+        })
+    }
+
+    /// The error for a tier some rank could not list, when it may hide a
+    /// newer step than the selection would restore: the rank's L1 holds no
+    /// committed step (a lost disk: the step may be only there), or another
+    /// rank holds a decided step newer than the newest common one (this
+    /// rank's copy may be only there). An explicit step every rank can
+    /// restore is never blocked. The same on every rank.
+    pub(crate) fn check_blind(&self, wanted: Option<u64>) -> Result<()> {
+        if wanted.is_some_and(|w| self.common.contains(&w)) {
+            return Ok(());
+        }
+        let behind = match (self.decided.last(), self.common.last()) {
+            (Some(d), Some(c)) => d > c,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let Some((r, t, _)) = self
+            .blind
+            .iter()
+            .find(|(_, _, l1_empty)| *l1_empty || behind || wanted.is_some())
+        else {
+            return Ok(());
+        };
+        let (tier, reason) = t.split_once(": ").unwrap_or((t.as_str(), ""));
+        Err(Error::TierUnavailable {
+            tier: format!("{tier} (seen by rank {r})"),
+            reason: reason.to_string(),
         })
     }
 
@@ -292,6 +329,7 @@ mod tests {
             partial: set(&[10]),
             foreign: Some((40, 8)),
             unreadable: Some("L3: connection refused".into()),
+            l1_empty: true,
         };
         let b = h.encode();
         assert_eq!(b.len() % 8, 1);
@@ -343,19 +381,46 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_tier_fails_every_rank_and_names_it() {
+    fn an_unreadable_tier_fails_every_rank_when_it_may_hide_a_newer_step() {
         let a = Holdings {
             committed: set(&[4]),
             ..Holdings::default()
         };
-        let b = Holdings {
+        // Rank 1 lost its disk and cannot list L3: its steps may be there.
+        let lost = Holdings {
             unreadable: Some("L3: dns error".into()),
+            l1_empty: true,
             ..Holdings::default()
         };
-        let e = Agreement::of(&[a, b]).unwrap_err();
+        let ag = Agreement::of(&[a.clone(), lost]).unwrap();
+        let e = ag.check_blind(None).unwrap_err();
         assert!(matches!(e, Error::TierUnavailable { .. }), "{e}");
         assert_eq!(e.kind(), crate::ErrorKind::Unavailable);
         assert!(e.to_string().contains("L3 (seen by rank 1)"), "{e}");
+        // Its disk holds step 3, another rank holds 4: 4 may be on L3.
+        let behind = Holdings {
+            committed: set(&[3]),
+            unreadable: Some("L2 node-b: refused".into()),
+            ..Holdings::default()
+        };
+        let a34 = Holdings {
+            committed: set(&[3, 4]),
+            ..Holdings::default()
+        };
+        let ag = Agreement::of(&[a34.clone(), behind]).unwrap();
+        assert!(ag.check_blind(None).is_err());
+        assert!(ag.check_blind(Some(3)).is_ok(), "an explicit common step");
+        // Its disk holds the newest step every rank holds: a dead peer
+        // (the usual restart after a node died) hides nothing.
+        let current = Holdings {
+            committed: set(&[3, 4]),
+            unreadable: Some("L2 node-b: refused".into()),
+            ..Holdings::default()
+        };
+        assert!(Agreement::of(&[a34, current])
+            .unwrap()
+            .check_blind(None)
+            .is_ok());
     }
 
     #[test]
@@ -365,6 +430,7 @@ mod tests {
             common: set(&[3]),
             decided: set(&[3]),
             foreign: Some((7, 2)),
+            blind: Vec::new(),
         };
         let e = ag.check_world(&cfg, None).unwrap_err();
         assert!(e.to_string().contains("world of 2"), "{e}");

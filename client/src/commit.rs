@@ -45,11 +45,13 @@ pub(crate) struct Vote {
 
 impl Vote {
     fn encode(self) -> Vec<u8> {
-        vec![
-            u8::from(self.ok),
-            u8::from(self.upload),
-            u8::from(self.already),
-        ]
+        // Two bytes unless `already`: a rank of an older build (which
+        // reads one or two) then still reads every ordinary vote.
+        let mut v = vec![u8::from(self.ok), u8::from(self.upload)];
+        if self.already {
+            v.push(1);
+        }
+        v
     }
 
     fn decode(b: &[u8]) -> Option<Vote> {

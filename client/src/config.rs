@@ -164,11 +164,12 @@ pub struct Config {
     /// How long ranks wait for each other at a commit or restore.
     pub coordination_timeout_secs: u64,
     /// Restore (and `latest_step`) without a tier that cannot be listed.
-    /// Off by default: an L3 that cannot be listed, or as many peers as
-    /// there are replicas, may hold a newer step than the readable tiers,
-    /// and restoring without them would silently go back to an older step
-    /// (or to none, and a resuming loop would start over). The restore then
-    /// fails with `Error::TierUnavailable` instead.
+    /// Off by default: an L3 or a peer that cannot be listed may hold a
+    /// newer step than the readable tiers (when this rank's L1 holds none,
+    /// or another rank holds a newer one), and restoring without it would
+    /// silently go back to an older step (or to none, and a resuming loop
+    /// would start over). The restore then fails with
+    /// `Error::TierUnavailable` instead.
     pub skip_unreadable_tiers: bool,
     /// Object storage for L3, as a URL (none: no L3). Credentials inside
     /// it (a userinfo password, query values such as an Azure SAS) are

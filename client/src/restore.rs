@@ -276,6 +276,17 @@ impl Checkpointer {
     fn agree_and_load(&self, which: StepSelector) -> Result<(u64, Loaded)> {
         let s = &self.shared;
         let cfg = &s.cfg;
+        // A save of this process between its vote and its record would
+        // list as a partial step, and rolling it forward would race its
+        // own record: wait for it first (its handle reports its outcome).
+        let pending = self
+            .inflight
+            .lock()
+            .ok()
+            .and_then(|g| g.as_ref().map(|(_, c)| c.clone()));
+        if let Some(c) = pending {
+            c.wait_done();
+        }
         let listed = self.list_tiers()?;
         let Listed {
             l1: l1_steps,
@@ -300,6 +311,7 @@ impl Checkpointer {
             StepSelector::Latest => None,
             StepSelector::Step(st) => Some(st),
         };
+        agreement.check_blind(wanted)?;
         agreement.check_world(cfg, wanted)?;
         let mut common = agreement.common;
         // The newest common step (or the one asked for); if its manifest
@@ -374,13 +386,12 @@ impl Checkpointer {
     }
 
     /// Lists every tier for a restore: what each holds, and this rank's
-    /// [`Holdings`]. L1 must list. An L3 that cannot be listed, or as many
-    /// unreadable peers as there are replicas (every replica of some shard
-    /// may be on them), could hide a newer step than the readable tiers:
-    /// that is reported to every rank through the agreement (and the
-    /// restore fails on all with [`Error::TierUnavailable`]) unless
-    /// `skip_unreadable_tiers` is set. Fewer dead peers are skipped: every
-    /// shard has a replica on a readable one.
+    /// [`Holdings`]. L1 must list. A tier that cannot be listed (an L3, a
+    /// peer) is reported to every rank through the agreement, which fails
+    /// the restore on all with [`Error::TierUnavailable`] when it may hide
+    /// a newer step ([`crate::agreement::Agreement::check_blind`]: this
+    /// rank's L1 holds no committed step, or another rank holds a newer
+    /// one), unless `skip_unreadable_tiers` is set.
     fn list_tiers(&self) -> Result<Listed> {
         let s = &self.shared;
         let cfg = &s.cfg;
@@ -400,14 +411,13 @@ impl Checkpointer {
             None => Vec::new(),
         };
         holdings.add_listing(cfg, &l3, false);
-        let mut dead_peers = Vec::new();
         let l2: Vec<Vec<StepInfo>> =
             s.l2.iter()
                 .map(|p| match s.rt.block_on(p.store.list_steps(&cfg.job)) {
                     Ok(v) => v,
                     Err(e) => {
                         tracing::warn!(peer = %p.name, error = %e, "cannot list a peer");
-                        dead_peers.push(format!("{} ({e})", p.name));
+                        unreadable.push(format!("L2 {}: {e}", p.name));
                         Vec::new()
                     }
                 })
@@ -415,16 +425,8 @@ impl Checkpointer {
         for v in &l2 {
             holdings.add_listing(cfg, v, false);
         }
-        if !dead_peers.is_empty() && dead_peers.len() >= cfg.replicas.max(1) {
-            unreadable.push(format!(
-                "L2 ({} of {} peers, with {} replica(s) of each step): {}",
-                dead_peers.len(),
-                s.l2.len(),
-                cfg.replicas.max(1),
-                dead_peers.join("; ")
-            ));
-        }
         holdings.settle();
+        holdings.l1_empty = restorable(cfg, &l1).is_empty();
         if !unreadable.is_empty() {
             if cfg.skip_unreadable_tiers {
                 tracing::warn!(tiers = %unreadable.join(" | "), "restoring without tiers that cannot be listed (skip_unreadable_tiers)");

@@ -64,7 +64,25 @@ pub async fn commit_decided(
             logical_bytes: manifest.logical_bytes(),
         }],
     };
-    tier.commit(&record).await?;
+    if let Err(e) = tier.commit(&record).await {
+        // Another writer (this rank's own save, or a repair) committed the
+        // shard meanwhile: fine if its record names this very manifest.
+        let id = ShardManifest::id_of(&bytes);
+        let listed = tier.list_steps(job).await?;
+        let same = listed
+            .iter()
+            .filter(|st| st.step == step)
+            .flat_map(|st| st.records.values())
+            .find(|r| {
+                r.shards
+                    .iter()
+                    .any(|sh| sh.rank == rank && sh.manifest == id)
+            });
+        return match same {
+            Some(r) => Ok(r.clone()),
+            None => Err(e.into()),
+        };
+    }
     Ok(record)
 }
 

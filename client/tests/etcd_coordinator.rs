@@ -31,7 +31,16 @@ fn ranks_gather_in_rank_order_and_old_rounds_are_removed() {
     let coords: Vec<EtcdCoordinator> = (0..world)
         .map(|r| EtcdCoordinator::connect(opts(&etcd.url), "gather", r, world).unwrap())
         .collect();
-    assert_eq!(coords[0].members().unwrap().len(), 3);
+    let members = coords[0].members().unwrap();
+    assert_eq!(members.len(), 3);
+    // Each claim names its host and process.
+    let pid = format!(" pid={} ", std::process::id());
+    assert!(
+        members
+            .values()
+            .all(|m| m.starts_with("host=") && m.contains(&pid)),
+        "{members:?}"
+    );
     std::thread::scope(|s| {
         for c in &coords {
             s.spawn(move || {

@@ -283,11 +283,11 @@ impl EtcdCoordinator {
             .map(|i| escape(&i.split_whitespace().collect::<Vec<_>>().join("_")));
         let me = format!(
             "host={} pid={} instance={instance} since_unix_ms={since}{}",
+            crate::config::hostname(),
+            std::process::id(),
             start
                 .as_ref()
                 .map_or(String::new(), |s| format!(" start={s}")),
-            crate::config::hostname(),
-            std::process::id()
         );
         let rounds_lease = rt.block_on(api.grant(ROUNDS_TTL.max(opts.lease_ttl * 3), t))?;
         let claim = format!("{root}/ranks/{rank:08}");
