@@ -13,7 +13,6 @@
 //! others never makes the job go back to an older one.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use strata_tiered::StepInfo;
 
@@ -289,19 +288,7 @@ pub(crate) fn agree(
     key: &str,
     mine: &Holdings,
 ) -> Result<Agreement> {
-    let all = coord.all_gather(
-        cfg.rank,
-        key,
-        mine.encode(),
-        Duration::from_secs(cfg.coordination_timeout_secs),
-    )?;
-    if all.len() != cfg.world_size as usize {
-        return Err(Error::Coordination(format!(
-            "{key}: the coordinator returned {} answers for a world of {}",
-            all.len(),
-            cfg.world_size
-        )));
-    }
+    let all = crate::commit::gather_world(coord, cfg, key, mine.encode())?;
     let decoded = all
         .iter()
         .enumerate()

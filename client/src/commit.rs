@@ -155,13 +155,35 @@ pub(crate) fn record(
     manifest: &ShardManifest,
     now_ms: u64,
 ) -> CommitRecord {
-    CommitRecord {
-        job: cfg.job.clone(),
+    record_of(
+        &cfg.job,
+        cfg.world_size,
+        cfg.rank,
         step,
-        world_size: cfg.world_size,
+        manifest_bytes,
+        manifest,
+        now_ms,
+    )
+}
+
+/// Rank `rank`'s commit record for its shard of `step` in a world of
+/// `world`: it names the manifest by the BLAKE3 of its bytes.
+pub(crate) fn record_of(
+    job: &str,
+    world: u32,
+    rank: u32,
+    step: u64,
+    manifest_bytes: &[u8],
+    manifest: &ShardManifest,
+    now_ms: u64,
+) -> CommitRecord {
+    CommitRecord {
+        job: job.to_string(),
+        step,
+        world_size: world,
         committed_unix_ms: now_ms,
         shards: vec![ShardRef {
-            rank: cfg.rank,
+            rank,
             manifest: ShardManifest::id_of(manifest_bytes),
             logical_bytes: manifest.logical_bytes(),
         }],
@@ -188,10 +210,22 @@ pub(crate) fn all_ready(
     key: &str,
     ok: bool,
 ) -> Result<bool> {
+    let all = gather_world(coord, cfg, key, vec![u8::from(ok)])?;
+    Ok(all.iter().all(|v| v.as_slice() == [1]))
+}
+
+/// One round of the restore protocol: exchanges `value` with every rank
+/// under `key` and checks the coordinator returned one answer per rank.
+pub(crate) fn gather_world(
+    coord: &dyn Coordinator,
+    cfg: &Config,
+    key: &str,
+    value: Vec<u8>,
+) -> Result<Vec<Vec<u8>>> {
     let all = coord.all_gather(
         cfg.rank,
         key,
-        vec![u8::from(ok)],
+        value,
         Duration::from_secs(cfg.coordination_timeout_secs),
     )?;
     if all.len() != cfg.world_size as usize {
@@ -201,7 +235,7 @@ pub(crate) fn all_ready(
             cfg.world_size
         )));
     }
-    Ok(all.iter().all(|v| v.as_slice() == [1]))
+    Ok(all)
 }
 
 /// The steps this rank knows committed in some tier: what a listing of

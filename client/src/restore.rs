@@ -348,12 +348,9 @@ impl Checkpointer {
                 let upload = l3_steps
                     .iter()
                     .any(|st| st.step == step && !st.records.is_empty());
-                crate::roll_forward::roll_forward(s, step, upload).and_then(|()| {
-                    let steps = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
-                    Ok(Loaded {
-                        shard: load_manifest(s, &s.l1, &steps, step)?,
-                        source: Source::L1,
-                    })
+                crate::roll_forward::roll_forward(s, step, upload).map(|shard| Loaded {
+                    shard,
+                    source: Source::L1,
                 })
             };
             let ready = crate::commit::all_ready(

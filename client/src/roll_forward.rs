@@ -8,11 +8,12 @@
 //! are durable on its L1. So the manifest this rank holds without a record
 //! is the one it voted for, and committing it completes the step.
 
-use strata_format::{CommitRecord, ShardManifest, ShardRef};
+use strata_format::ShardManifest;
 use strata_tiered::ChunkStore;
 
-use crate::commit::{Committed, Decision};
+use crate::commit::{self, Committed, Decision};
 use crate::error::{Error, Result};
+use crate::inspect::LoadedShard;
 use crate::shared::Shared;
 
 /// Commits rank `rank`'s shard of a decided `step` in `tier`, where the
@@ -30,7 +31,7 @@ pub async fn commit_decided(
     rank: u32,
     world: u32,
     now_unix_ms: u64,
-) -> Result<CommitRecord> {
+) -> Result<LoadedShard> {
     let bad = |reason: String| Error::Manifest {
         step,
         rank,
@@ -53,45 +54,39 @@ pub async fn commit_decided(
     if let Some(k) = have.iter().position(|h| !h) {
         return Err(bad(format!("chunk {} is not in {}", ids[k], tier.name())));
     }
-    let record = CommitRecord {
-        job: job.to_string(),
-        step,
-        world_size: world,
-        committed_unix_ms: now_unix_ms,
-        shards: vec![ShardRef {
-            rank,
-            manifest: ShardManifest::id_of(&bytes),
-            logical_bytes: manifest.logical_bytes(),
-        }],
+    let record = commit::record_of(job, world, rank, step, &bytes, &manifest, now_unix_ms);
+    let record = match tier.commit(&record).await {
+        Ok(()) => record,
+        Err(e) => {
+            // Another writer (this rank's own save, or a repair) committed
+            // the shard meanwhile: fine if its record names this manifest.
+            let id = ShardManifest::id_of(&bytes);
+            let listed = tier.list_steps(job).await?;
+            let same = listed
+                .iter()
+                .filter(|st| st.step == step)
+                .flat_map(|st| st.records.values())
+                .find(|r| {
+                    r.shards
+                        .iter()
+                        .any(|sh| sh.rank == rank && sh.manifest == id)
+                });
+            same.cloned().ok_or(e)?
+        }
     };
-    if let Err(e) = tier.commit(&record).await {
-        // Another writer (this rank's own save, or a repair) committed the
-        // shard meanwhile: fine if its record names this very manifest.
-        let id = ShardManifest::id_of(&bytes);
-        let listed = tier.list_steps(job).await?;
-        let same = listed
-            .iter()
-            .filter(|st| st.step == step)
-            .flat_map(|st| st.records.values())
-            .find(|r| {
-                r.shards
-                    .iter()
-                    .any(|sh| sh.rank == rank && sh.manifest == id)
-            });
-        return match same {
-            Some(r) => Ok(r.clone()),
-            None => Err(e.into()),
-        };
-    }
-    Ok(record)
+    Ok(LoadedShard {
+        manifest,
+        bytes,
+        record,
+    })
 }
 
 /// [`commit_decided`] for this checkpointer's rank on L1, then the step is
 /// known committed and announced (`upload`: whether L3 holds the step of
 /// other ranks, so it gets this rank's shard too).
-pub(crate) fn roll_forward(s: &Shared, step: u64, upload: bool) -> Result<()> {
+pub(crate) fn roll_forward(s: &Shared, step: u64, upload: bool) -> Result<LoadedShard> {
     let cfg = &s.cfg;
-    s.rt.block_on(commit_decided(
+    let shard = s.rt.block_on(commit_decided(
         &*s.l1,
         &cfg.job,
         step,
@@ -112,7 +107,7 @@ pub(crate) fn roll_forward(s: &Shared, step: u64, upload: bool) -> Result<()> {
             decided_before: None,
         },
     });
-    Ok(())
+    Ok(shard)
 }
 
 /// After a save of a step another rank already held committed (the barrier
@@ -138,7 +133,7 @@ pub(crate) fn settle_decided_before(
                         .map_err(Error::from)
                 }
             };
-            restored.and_then(|()| roll_forward(s, step, false))
+            restored.and_then(|()| roll_forward(s, step, false).map(drop))
         }
         None => {
             s.rt.block_on(s.l1.delete_shard(&cfg.job, step, cfg.rank))

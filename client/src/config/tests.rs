@@ -1,5 +1,5 @@
 //! Unit tests of [`Config`](super::Config): the TOML file, the environment
-//! (launcher variables and `STRATA_*`) and the builder (beside `config.rs`,
+//! (launcher variables and `STRATA_*`) and the builder (beside `mod.rs`,
 //! which stays under the 800-line limit).
 
 use super::*;

@@ -40,12 +40,9 @@ use crate::error::{Result, StoreError};
 use crate::fsutil::{create_dir_durably, fsync_dir, process_token, rename_noreplace};
 use crate::io::{open_engine, EngineChoice, IoEngine, ReadReq, WriteReq};
 #[cfg(test)]
-#[path = "l1_race_tests.rs"]
 mod race_tests;
-#[path = "l1_steps.rs"]
 mod steps;
 use steps::read_dir_or_gone;
-#[path = "l1_sweep.rs"]
 mod sweep;
 use sweep::is_old;
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! L1's steps: manifests, create-only commit records, listings and the
-//! retirement of a rank's shard (the chunk side is in `l1.rs`).
+//! retirement of a rank's shard (the chunk side is in `mod.rs`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
