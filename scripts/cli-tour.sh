@@ -20,7 +20,7 @@ run show 3 --tier l3
 run diff 2 3
 run stat
 run verify --all
-f=$(find "$D/demo/chunks" -type f | sort | head -1)
+f=$(find "$D/demo/chunks" -type f | sort | sed -n 1p)
 dd if=/dev/urandom of="$f" bs=16 count=1 seek=10 conv=notrunc status=none
 echo "# (16 bytes of one L1 chunk file overwritten)"
 run verify

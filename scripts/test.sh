@@ -14,7 +14,7 @@ cargo --version
 if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
 df -h . | tail -1
 for c in rustfmt clippy; do
-  if ! rustup component list --installed 2>/dev/null | grep -q "^$c"; then
+  if ! rustup component list --installed 2>/dev/null | grep "^$c" >/dev/null; then
     rustup component add "$c"
   fi
 done
@@ -50,7 +50,10 @@ log "etcd (the cross-process coordinator's tests run a real server)"
 if ! command -v etcd >/dev/null 2>&1; then
   (apt-get install -y -qq etcd-server || (apt-get update -qq && apt-get install -y -qq etcd-server)) >/dev/null
 fi
-etcd --version | head -1
+# Not `| head -1`: under pipefail, etcd writing its later lines into a closed
+# pipe ends in SIGPIPE and fails the whole run (exit 141).
+etcd_version=$(etcd --version)
+echo "${etcd_version%%$'\n'*}"
 export STRATA_REQUIRE_ETCD=1
 
 log "iproute2 (the network-namespace test; it skips without root or ip netns)"
