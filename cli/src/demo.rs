@@ -511,7 +511,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
 /// their stored bytes (retention keeps every tier bounded however long the
 /// run).
 fn held_per_tier(cfg: &Config) {
-    let Ok(tiers) = strata::inspect::Tiers::open(cfg.clone(), true) else {
+    let Ok(tiers) = strata::tiers::Tiers::open(cfg.clone(), true) else {
         return;
     };
     let mut parts = Vec::new();

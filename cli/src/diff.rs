@@ -6,7 +6,7 @@ use clap::Args;
 use serde::Serialize;
 use strata_format::{ChunkId, EntryKind};
 
-use crate::catalog::{packed_and_same, Catalog};
+use crate::catalog::packed_and_same;
 use crate::out::say;
 use crate::show::segments;
 use crate::size::human;
@@ -73,7 +73,7 @@ pub(crate) struct Diff {
 pub(crate) fn run(a: &DiffArgs) -> Result<(), CliError> {
     let t = a.store.open()?;
     let order: Vec<_> = t.tiers().iter().collect();
-    let cat = Catalog::load(&t, order.clone());
+    let cat = crate::catalog::load(&t, order.clone());
     for s in [a.a, a.b] {
         cat.pick(Some(s))?;
     }
@@ -91,7 +91,7 @@ pub(crate) fn run(a: &DiffArgs) -> Result<(), CliError> {
     let (mut unchanged, mut bytes_b) = (0usize, 0u64);
     for &rank in &ranks {
         let load = |s: u64| -> Result<Option<strata_format::ShardManifest>, CliError> {
-            match cat.shard(&t, s, rank) {
+            match crate::catalog::shard(&cat, &t, s, rank) {
                 Ok((_, sh, _)) => Ok(Some(sh.manifest)),
                 Err(CliError::NotFound(_)) => Ok(None),
                 Err(e) => Err(e),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::Serialize;
-use strata::inspect::TierKind;
+use strata::tiers::TierKind;
 use strata_gc::{collect, Evidence, Options, Report, Retention, Scope};
 
 use crate::out::say;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use clap::Args;
 use serde::Serialize;
-use strata::inspect::{Tier, TierKind, Tiers};
+use strata::tiers::{Tier, TierKind, Tiers};
 use strata_format::ChunkId;
 
 use crate::catalog::{Catalog, Held};
@@ -108,13 +108,9 @@ pub(crate) fn run(a: &LsArgs) -> Result<(), CliError> {
 }
 
 fn list(t: &Tiers) -> Result<Listing, CliError> {
-    let cat = Catalog::load(t, t.tiers().iter().collect());
-    let errors: Vec<String> = cat
-        .tiers
-        .iter()
-        .filter_map(|(tier, s)| s.as_ref().err().map(|e| format!("{}: {e}", tier.name)))
-        .collect();
-    if errors.len() == cat.tiers.len() {
+    let cat = crate::catalog::load(t, t.tiers().iter().collect());
+    let errors = crate::catalog::listing_errors(&cat);
+    if errors.len() == cat.listings().len() {
         return Err(CliError::Store(errors.join("; ")));
     }
     // Chunk sizes per tier: one listing each (L1 directory, L3 objects).
@@ -148,7 +144,7 @@ fn list(t: &Tiers) -> Result<Listing, CliError> {
         let mut chunks: BTreeMap<ChunkId, u64> = BTreeMap::new();
         let mut home: Option<&Tier> = None;
         for rank in cat.ranks(step) {
-            if let Ok((tier, shard, _)) = cat.shard(t, step, rank) {
+            if let Ok((tier, shard, _)) = crate::catalog::shard(&cat, t, step, rank) {
                 home.get_or_insert(tier);
                 for c in &shard.manifest.chunks {
                     chunks.insert(c.id, u64::from(c.len));
@@ -163,10 +159,7 @@ fn list(t: &Tiers) -> Result<Listing, CliError> {
             .tiers()
             .iter()
             .map(|tier| {
-                let listed = cat
-                    .tiers
-                    .iter()
-                    .any(|(x, s)| x.name == tier.name && s.is_ok());
+                let listed = cat.listing(&tier.name).is_some_and(|l| l.steps.is_ok());
                 if !listed {
                     return TierState {
                         tier: tier.name.clone(),
@@ -237,7 +230,7 @@ fn list(t: &Tiers) -> Result<Listing, CliError> {
 
 /// Replicas of the step over the peers: the fewest peers holding any one
 /// rank's committed shard, against the configured count.
-fn l2_summary(t: &Tiers, cat: &Catalog<'_>, step: u64) -> Option<L2Summary> {
+fn l2_summary(t: &Tiers, cat: &Catalog, step: u64) -> Option<L2Summary> {
     let peers: Vec<&Tier> = t
         .tiers()
         .iter()

@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde::Serialize;
-use strata::inspect::Tier;
 use strata::tiered::ChunkData;
+use strata::tiers::Tier;
 use strata::{Checkpointer, Entry};
 use strata_format::safetensors::{decode_header, encode_header, prefix_len, MAX_HEADER_LEN};
 use strata_format::{DType, EntryKind};
 
-use crate::catalog::{read_with_fallback, Catalog};
+use crate::catalog::read_with_fallback;
 use crate::out::say;
 use crate::progress::Progress;
 use crate::size::human;
@@ -115,9 +115,9 @@ pub(crate) fn export(a: &ExportArgs) -> Result<(), CliError> {
             order.push(x);
         }
     }
-    let cat = Catalog::load(&t, order.clone());
+    let cat = crate::catalog::load(&t, order.clone());
     cat.pick(Some(a.step))?;
-    let (_, shard, _) = cat.shard(&t, a.step, a.rank)?;
+    let (_, shard, _) = crate::catalog::shard(&cat, &t, a.step, a.rank)?;
     let m = &shard.manifest;
     let mut metadata = m.metadata.clone();
     let blobs: Vec<&str> = m
@@ -405,7 +405,7 @@ pub(crate) fn import(a: &ImportArgs) -> Result<(), CliError> {
     cfg.keep_last = usize::MAX;
     let job = cfg.job.clone();
     {
-        let t = strata::inspect::Tiers::open(cfg.clone(), false)?;
+        let t = strata::tiers::Tiers::open(cfg.clone(), false)?;
         for tier in t.tiers() {
             let steps = t.steps(tier)?;
             if steps.iter().any(|i| i.step == a.step) {

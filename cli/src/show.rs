@@ -6,7 +6,7 @@ use clap::Args;
 use serde::Serialize;
 use strata_format::{ChunkId, EntryKind, ShardManifest};
 
-use crate::catalog::{packed_and_same, Catalog};
+use crate::catalog::packed_and_same;
 use crate::out::say;
 use crate::size::human;
 use crate::store_args::{select, StoreArgs};
@@ -78,10 +78,10 @@ pub(crate) struct Shown {
 
 pub(crate) fn run(a: &ShowArgs) -> Result<(), CliError> {
     let t = a.store.open()?;
-    let cat = Catalog::load(&t, select(&t, &a.tier)?);
+    let cat = crate::catalog::load(&t, select(&t, &a.tier)?);
     let order: Vec<_> = t.tiers().iter().collect();
     let step = cat.pick(a.step)?;
-    let (tier, shard, _) = cat.shard(&t, step, a.rank)?;
+    let (tier, shard, _) = crate::catalog::shard(&cat, &t, step, a.rank)?;
     let m = &shard.manifest;
     let sizes = t.chunk_sizes(tier)?;
     // The previous committed step of this rank, in any tier.
@@ -90,7 +90,11 @@ pub(crate) fn run(a: &ShowArgs) -> Result<(), CliError> {
         .into_iter()
         .filter(|&s| s < step)
         .rev()
-        .find_map(|s| cat.shard(&t, s, a.rank).ok().map(|(_, p, _)| (s, p)));
+        .find_map(|s| {
+            crate::catalog::shard(&cat, &t, s, a.rank)
+                .ok()
+                .map(|(_, p, _)| (s, p))
+        });
     let before: Option<Pieces<'_>> = previous.as_ref().map(|(_, p)| segments(&p.manifest));
     let now = segments(m);
     let entries = m

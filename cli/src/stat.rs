@@ -7,7 +7,7 @@ use clap::Args;
 use serde::Serialize;
 use strata_format::ChunkId;
 
-use crate::catalog::{Catalog, Held};
+use crate::catalog::Held;
 use crate::out::say;
 use crate::show::ratio;
 use crate::size::human;
@@ -67,10 +67,11 @@ pub(crate) struct Stats {
 
 pub(crate) fn run(a: &StatArgs) -> Result<(), CliError> {
     let t = a.store.open()?;
-    let cat = Catalog::load(&t, select(&t, &a.tier)?);
+    let cat = crate::catalog::load(&t, select(&t, &a.tier)?);
     let mut out = Vec::new();
     let spinner = crate::progress::Spinner::start("reading manifests", a.json);
-    for (tier, listed) in &cat.tiers {
+    for l in cat.listings() {
+        let (tier, listed) = (&l.tier, l.steps.as_ref().map_err(|e| e.to_string()));
         spinner.set(&format!(
             "reading the manifests and chunk sizes of {}",
             tier.name
@@ -79,7 +80,7 @@ pub(crate) fn run(a: &StatArgs) -> Result<(), CliError> {
         let steps = match listed {
             Ok(s) => s.as_slice(),
             Err(e) => {
-                errors.push(e.clone());
+                errors.push(e);
                 &[]
             }
         };

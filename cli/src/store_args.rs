@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use strata::inspect::{Tier, Tiers};
+use strata::tiers::{Tier, Tiers};
 use strata::Config;
 
 use crate::CliError;

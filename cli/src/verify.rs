@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use clap::Args;
 use serde::Serialize;
-use strata::copy::{copy_step, CopyOptions};
-use strata::inspect::{Tier, Tiers};
-use strata::reader::{ReadTier, TieredReader};
 use strata::tiered::StoreErrorKind;
+use strata::tiers::copy::{copy_step, CopyOptions};
+use strata::tiers::{ReadTier, TieredReader};
+use strata::tiers::{Tier, Tiers};
 use strata_format::codec::ElemHint;
 use strata_format::manifest::ChunkRef;
 use strata_format::ChunkId;
@@ -105,7 +105,7 @@ type Wanted = BTreeMap<ChunkId, (u32, ElemHint, Vec<Use>)>;
 
 pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
     let t = a.store.open()?;
-    let all = Catalog::load(&t, t.tiers().iter().collect());
+    let all = crate::catalog::load(&t, t.tiers().iter().collect());
     let chosen = select(&t, &a.tier)?;
     let steps: Vec<u64> = if a.all {
         all.decided_steps().into_iter().collect()
@@ -163,7 +163,7 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
                         }
                         problems.push(p);
                         // The chunks are still checked, from a good manifest.
-                        match all.shard(&t, step, rank) {
+                        match crate::catalog::shard(&all, &t, step, rank) {
                             Ok((_, s, _)) => s,
                             Err(_) => continue,
                         }
@@ -195,10 +195,9 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
         plans.push((tier, wanted));
     }
     let unreadable: Vec<String> = all
-        .tiers
-        .iter()
+        .unreadable()
         .filter(|(x, _)| chosen.iter().any(|c| c.name == x.name))
-        .filter_map(|(x, r)| r.as_ref().err().map(|e| format!("{}: {e}", x.name)))
+        .map(|(x, e)| format!("{}: {e}", x.name))
         .collect();
     if manifests == 0 && !unreadable.is_empty() {
         return Err(CliError::Store(format!(
@@ -352,7 +351,7 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
 /// cannot be a valid winner of the create-only commit).
 fn record_problems(
     t: &Tiers,
-    all: &Catalog<'_>,
+    all: &Catalog,
     tier: &Tier,
     steps: &[u64],
     only_rank: Option<u32>,
@@ -376,16 +375,17 @@ fn record_problems(
                 continue;
             }
             let good: Vec<(&Tier, &strata::format::CommitRecord)> = all
-                .tiers
+                .listings()
                 .iter()
-                .filter(|(x, _)| x.name != tier.name)
-                .filter_map(|(x, _)| {
+                .map(|l| &l.tier)
+                .filter(|x| x.name != tier.name)
+                .filter_map(|x| {
                     let rec = all
                         .info(x, step)?
                         .records
                         .values()
                         .find(|r| r.shards.iter().any(|sh| sh.rank == rank))?;
-                    Some((*x, rec))
+                    Some((x, rec))
                 })
                 .collect();
             if good.is_empty() {
@@ -437,15 +437,15 @@ fn record_problems(
 /// chunks check out), as the rank itself would at its next restore.
 fn undecided_record(
     t: &Tiers,
-    all: &Catalog<'_>,
+    all: &Catalog,
     tier: &Tier,
     step: u64,
     rank: u32,
     info: &strata::tiered::StepInfo,
     repair: bool,
 ) -> Option<Problem> {
-    let (by, world) = all.tiers.iter().find_map(|(x, _)| {
-        let rec = all.info(x, step)?.records.values().next()?;
+    let (by, world) = all.listings().iter().find_map(|l| {
+        let rec = all.info(&l.tier, step)?.records.values().next()?;
         Some((rec.shards.first()?.rank, rec.world_size))
     })?;
     if rank >= world || info.unreadable.contains_key(&rank) {
@@ -518,7 +518,7 @@ fn batches(ids: &[ChunkId], wanted: &Wanted) -> Vec<Vec<ChunkId>> {
 /// The tiers other than `bad` holding a good copy of a manifest.
 fn good_manifest<'t>(
     t: &'t Tiers,
-    all: &Catalog<'_>,
+    all: &Catalog,
     bad: &Tier,
     step: u64,
     rank: u32,

@@ -19,9 +19,10 @@ use crate::health::Background;
 use crate::persist::{persist, PersistJob};
 use crate::policy::UploadPolicy;
 use crate::shared::{OwnRuntime, Shared};
-use crate::stack::{open_l3, open_peers, NamedTier, TierStack};
 use crate::staging::StagingPool;
 use crate::tier_states::UploadJob;
+use crate::tiers::open::{open_l3, open_peers};
+use crate::tiers::{Tier, TierStack};
 
 /// Assembles a [`Checkpointer`]: settings from a [`Config`], components
 /// (the coordinator, the tiers, the clock) from builder methods; whatever
@@ -31,7 +32,7 @@ pub struct CheckpointerBuilder {
     pub(crate) cfg: Config,
     pub(crate) coord: Option<Arc<dyn Coordinator>>,
     pub(crate) local: Option<Arc<dyn ChunkStore>>,
-    pub(crate) peers: Option<Vec<NamedTier>>,
+    pub(crate) peers: Option<Vec<Tier>>,
     pub(crate) remote: Option<Option<Arc<dyn ChunkStore>>>,
     pub(crate) clock: Arc<dyn Clock>,
 }
@@ -56,11 +57,13 @@ impl CheckpointerBuilder {
     }
 
     /// Every tier at once (the config's `l1_dir`, `peers` and `l3_url` are
-    /// then ignored).
+    /// then ignored). A stack without L1 keeps L1 on `l1_dir`.
     pub fn tiers(mut self, stack: TierStack) -> Self {
-        self.local = Some(stack.local);
-        self.peers = Some(stack.peers);
-        self.remote = Some(stack.remote);
+        if let Some(l1) = stack.l1() {
+            self.local = Some(l1.store.clone());
+        }
+        self.peers = Some(stack.peers().to_vec());
+        self.remote = Some(stack.remote().map(|t| t.store.clone()));
         self
     }
 
@@ -70,8 +73,9 @@ impl CheckpointerBuilder {
         self
     }
 
-    /// The peers, in ring order, instead of the config's `peers`.
-    pub fn peers(mut self, peers: Vec<NamedTier>) -> Self {
+    /// The peers ([`Tier::peer`]), in ring order, instead of the config's
+    /// `peers`.
+    pub fn peers(mut self, peers: Vec<Tier>) -> Self {
         self.peers = Some(peers);
         self
     }
@@ -192,18 +196,18 @@ impl Checkpointer {
         let claims = l1_disk
             .as_ref()
             .map(|_| crate::push_claims::PushClaims::new(&cfg.l1_dir, &cfg.job));
+        let tiers = TierStack::local(l1.clone()).with_peers(l2).with_remote(l3);
         let shared = Arc::new(Shared {
             rt: OwnRuntime(Some(rt)),
+            tiers,
             l1,
             l1_disk,
             coord,
             pool: StagingPool::default(),
             restores: std::sync::atomic::AtomicU64::new(0),
             gpu: Mutex::new(None),
-            l3,
             uploads: Arc::default(),
             upload_tx: Mutex::new(Some(upload_tx.clone())),
-            l2,
             replication: Arc::default(),
             eager: Mutex::default(),
             clock: b.clock,
@@ -223,7 +227,7 @@ impl Checkpointer {
                 (shared.cfg.max_pending_uploads, shared.cfg.upload_backlog),
                 std::time::Duration::from_secs(shared.cfg.coordination_timeout_secs),
             )));
-        let replicator = if shared.l2.is_empty() {
+        let replicator = if shared.l2().is_empty() {
             None
         } else {
             shared
@@ -243,7 +247,7 @@ impl Checkpointer {
                     .map_err(|e| Error::Config(format!("cannot start replication: {e}")))?,
             )
         };
-        let uploader = match shared.l3.clone() {
+        let uploader = match shared.l3().cloned() {
             Some(l3) => {
                 let s3 = shared.clone();
                 Some(

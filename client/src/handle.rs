@@ -196,7 +196,7 @@ impl SaveHandle {
                 self.step
             ))),
             Target::Peers => {
-                if s.l2.is_empty() {
+                if s.l2().is_empty() {
                     return Err(Error::Config("no peers configured".into()));
                 }
                 use crate::tier_states::L2State;
@@ -220,7 +220,7 @@ impl SaveHandle {
                 }
             }
             Target::L3 => {
-                if s.l3.is_none() {
+                if s.l3().is_none() {
                     return Err(Error::Config("no L3 configured (l3_url)".into()));
                 }
                 use crate::tier_states::L3State;

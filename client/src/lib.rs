@@ -27,7 +27,9 @@
 //! ([`TierStack`]: the node's L1, peer services (L2) that receive every
 //! step, object storage (L3) that receives the steps the upload policy
 //! picks), built from the [`Config`] or handed in through
-//! [`Checkpointer::builder`]. Ranks agree through a [`Coordinator`] (on
+//! [`Checkpointer::builder`]. [`tiers`] lists them once ([`Catalog`]) and
+//! reads any rank's shard from the fastest good copy
+//! ([`tiers::ShardReader`]); tools open them read-only as [`Tiers`]. Ranks agree through a [`Coordinator`] (on
 //! threads: [`InProcessCoordinator`]); the commit protocol is described in
 //! `docs/commit-protocol.md`. Errors carry an [`ErrorKind`] that says what
 //! to do about them.
@@ -38,19 +40,16 @@ mod checkpointer;
 mod commit;
 pub mod config;
 pub mod coordinator;
-pub mod copy;
 mod eager_push;
 mod error;
 pub mod etcd;
 pub mod gpu;
 mod handle;
 mod health;
-pub mod inspect;
 pub mod par;
 mod persist;
 mod policy;
 mod push_claims;
-pub mod reader;
 mod redact;
 pub mod replication;
 mod restore;
@@ -61,7 +60,6 @@ mod retention;
 pub mod roll_forward;
 mod shared;
 mod snapshot;
-pub mod stack;
 mod staging;
 mod state;
 pub mod stats;
@@ -69,6 +67,7 @@ mod step_states;
 pub mod synthetic;
 mod tier_states;
 pub mod tiering;
+pub mod tiers;
 
 pub use builder::CheckpointerBuilder;
 pub use checkpointer::Checkpointer;
@@ -81,10 +80,10 @@ pub use handle::{SaveHandle, Target};
 pub use redact::{is_secret_option, REDACTED};
 pub use replication::L2State;
 pub use restore::{RestorePlan, StepSelector};
-pub use stack::{NamedTier, TierStack};
 pub use state::{Entry, RestoredEntry, RestoredState};
 pub use stats::{Health, OnBackgroundError, RestoreStats, SaveStats};
 pub use strata_format as format;
 pub use strata_peer as peer;
 pub use strata_tiered as tiered;
 pub use tiering::{L3State, StepTiers};
+pub use tiers::{Catalog, Tier, TierKind, TierStack, Tiers};

@@ -283,7 +283,7 @@ fn hash_and_write(
 /// is deleted.
 fn retention(s: &Shared) -> Result<(u64, u64)> {
     let cfg = &s.cfg;
-    let Some(policy) = cfg.retention_for(crate::inspect::TierKind::L1) else {
+    let Some(policy) = cfg.retention_for(crate::tiers::TierKind::L1) else {
         return Ok((0, 0));
     };
     let mut hold = s.uploads.pinned();

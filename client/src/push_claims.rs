@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use strata_format::ChunkId;
 
-use crate::copy::PushCoordination;
+use crate::tiers::copy::PushCoordination;
 
 /// A claim older than this is a crashed sibling's: taken over (and removed
 /// when a checkpointer opens the directory).

@@ -20,11 +20,11 @@ use strata_tiered::ChunkStore;
 
 use crate::commit::Committed;
 use crate::config::UploadBacklog;
-use crate::copy::{copy_step, CopyOptions, Verify};
 use crate::error::{Error, Result};
 use crate::shared::Shared;
-use crate::stack::NamedTier;
 use crate::tier_states::Replication;
+use crate::tiers::copy::{copy_step, CopyOptions, Verify};
+use crate::tiers::Tier;
 
 /// Chunk bytes read from L1 and pushed per batch.
 const PUSH_BATCH_BYTES: u64 = 64 << 20;
@@ -239,8 +239,8 @@ fn replicate(s: &Shared, step: u64) -> L2State {
     let mut sent = 0;
     let mut sent_early = 0;
     let mut next = 0;
-    while peers.len() < wanted && next < s.l2.len() {
-        let round: Vec<&NamedTier> = s.l2[next..].iter().take(wanted - peers.len()).collect();
+    while peers.len() < wanted && next < s.l2().len() {
+        let round: Vec<&Tier> = s.l2()[next..].iter().take(wanted - peers.len()).collect();
         next += round.len();
         let results: Vec<Result<u64>> = std::thread::scope(|sc| {
             let pushes: Vec<_> = round
@@ -258,12 +258,12 @@ fn replicate(s: &Shared, step: u64) -> L2State {
         for (p, r) in round.iter().zip(results) {
             match r {
                 Ok(n) => {
-                    let e = early.get(&p.name).copied().unwrap_or(0);
+                    let e = early.get(p.node()).copied().unwrap_or(0);
                     sent += n + e;
                     sent_early += e;
-                    peers.push(p.name.clone());
+                    peers.push(p.node().to_string());
                 }
-                Err(e) => errors.push(format!("{}: {e}", p.name)),
+                Err(e) => errors.push(format!("{}: {e}", p.node())),
             }
         }
     }
@@ -275,10 +275,10 @@ fn replicate(s: &Shared, step: u64) -> L2State {
             early: sent_early,
         }
     } else {
-        if s.l2.len() < wanted {
+        if s.l2().len() < wanted {
             errors.push(format!(
                 "{wanted} replicas wanted but the ring has {} other nodes",
-                s.l2.len()
+                s.l2().len()
             ));
         }
         L2State::Degraded {
@@ -293,16 +293,16 @@ fn replicate(s: &Shared, step: u64) -> L2State {
 /// there ([`copy_step`]; the peer verifies every chunk it receives, so
 /// L1's copies are not hashed on the way out). Returns the bytes the peer
 /// wrote (those it received meanwhile from the eager push are not).
-fn push(s: &Shared, peer: &NamedTier, step: u64) -> Result<u64> {
+fn push(s: &Shared, peer: &Tier, step: u64) -> Result<u64> {
     // The ranks of this node share the chunks they hold identically: each
     // goes to the peer once (see `push_claims`).
-    let claims = s.claims.as_ref().map(|c| c.for_peer(&peer.name));
+    let claims = s.claims.as_ref().map(|c| c.for_peer(peer.node()));
     let opts = CopyOptions {
         batch_bytes: PUSH_BATCH_BYTES,
         verify: Verify::Receiver,
         siblings: claims
             .as_ref()
-            .map(|c| c as &dyn crate::copy::PushCoordination),
+            .map(|c| c as &dyn crate::tiers::copy::PushCoordination),
     };
     let st = s.rt.block_on(copy_step(
         &s.l1,

@@ -1,28 +1,25 @@
 //! Restore: agree on a step, read the manifest, fetch and verify every
 //! chunk, and place the bytes in the destination buffers.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-
-use strata_tiered::StepInfo;
 
 use crate::agreement::Holdings;
 use crate::checkpointer::Checkpointer;
-use crate::copy::commit_copy;
 use crate::error::{Error, Result};
 use crate::gpu::DeviceBytes;
 use crate::restore_fetch::fetch_into;
-use crate::restore_place::{load_manifest, Loaded, Source};
+use crate::restore_place::{Loaded, Source};
 use crate::state::{RestoredEntry, RestoredState};
 use crate::stats::RestoreStats;
+use crate::tiers::copy::commit_copy;
+use crate::tiers::{Catalog, TierKind};
 use strata_tiered::aligned::align_up;
 
 /// Every tier's listing for one restore, and what this rank tells the
 /// others it can restore.
 struct Listed {
-    l1: Vec<StepInfo>,
-    l2: Vec<Vec<StepInfo>>,
-    l3: Vec<StepInfo>,
+    catalog: Catalog,
     holdings: Holdings,
 }
 
@@ -287,16 +284,10 @@ impl Checkpointer {
         if let Some(c) = pending {
             c.wait_done();
         }
-        let listed = self.list_tiers()?;
         let Listed {
-            l1: l1_steps,
-            l2: l2_steps,
-            l3: l3_steps,
+            ref catalog,
             ref holdings,
-        } = listed;
-        let on_l1 = restorable(cfg, &l1_steps);
-        let on_l3 = restorable(cfg, &l3_steps);
-        let on_l2: Vec<BTreeSet<u64>> = l2_steps.iter().map(|v| restorable(cfg, v)).collect();
+        } = self.list_tiers()?;
         // What this rank committed anywhere: a later save of one of these
         // steps is refused without listing the tiers again.
         s.committed.fill(holdings.committed.clone());
@@ -338,16 +329,16 @@ impl Checkpointer {
                 }
             };
             let here = if holdings.committed.contains(&step) {
-                self.load_step(
-                    step, &on_l1, &l1_steps, &on_l2, &l2_steps, &on_l3, &l3_steps,
-                )
+                self.load_step(catalog, step)
             } else {
                 // Decided (another rank committed it) and held here without
                 // a record: roll it forward, then read it from L1. L3 gets
                 // this shard too if it holds the step of other ranks.
-                let upload = l3_steps
-                    .iter()
-                    .any(|st| st.step == step && !st.records.is_empty());
+                let upload = s.tiers.remote().is_some_and(|l3| {
+                    catalog
+                        .info(l3, step)
+                        .is_some_and(|st| !st.records.is_empty())
+                });
                 crate::roll_forward::roll_forward(s, step, upload).map(|shard| Loaded {
                     shard,
                     source: Source::L1,
@@ -392,38 +383,25 @@ impl Checkpointer {
     fn list_tiers(&self) -> Result<Listed> {
         let s = &self.shared;
         let cfg = &s.cfg;
+        let catalog = s.catalog();
         let mut holdings = Holdings::default();
-        let l1 = s.rt.block_on(s.l1.list_steps(&cfg.job))?;
-        holdings.add_listing(cfg, &l1, true);
         let mut unreadable = Vec::new();
-        let l3 = match &s.l3 {
-            Some(l3) => match s.rt.block_on(l3.list_steps(&cfg.job)) {
-                Ok(v) => v,
+        for l in catalog.listings() {
+            let local = l.tier.kind == TierKind::L1;
+            match &l.steps {
+                Ok(steps) => holdings.add_listing(cfg, steps, local),
+                Err(e) if local => return Err(e.clone().into()),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot list L3");
-                    unreadable.push(format!("L3: {e}"));
-                    Vec::new()
+                    tracing::warn!(tier = %l.tier.name, error = %e, "cannot list a tier");
+                    unreadable.push(format!("{}: {e}", l.tier.name));
                 }
-            },
-            None => Vec::new(),
-        };
-        holdings.add_listing(cfg, &l3, false);
-        let l2: Vec<Vec<StepInfo>> =
-            s.l2.iter()
-                .map(|p| match s.rt.block_on(p.store.list_steps(&cfg.job)) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        tracing::warn!(peer = %p.name, error = %e, "cannot list a peer");
-                        unreadable.push(format!("L2 {}: {e}", p.name));
-                        Vec::new()
-                    }
-                })
-                .collect();
-        for v in &l2 {
-            holdings.add_listing(cfg, v, false);
+            }
         }
         holdings.settle();
-        holdings.l1_empty = restorable(cfg, &l1).is_empty();
+        holdings.l1_empty = s
+            .tiers
+            .l1()
+            .is_none_or(|l1| restorable(cfg, catalog.steps_of(l1)).is_empty());
         if !unreadable.is_empty() {
             if cfg.skip_unreadable_tiers {
                 tracing::warn!(tiers = %unreadable.join(" | "), "restoring without tiers that cannot be listed (skip_unreadable_tiers)");
@@ -431,68 +409,33 @@ impl Checkpointer {
                 holdings.unreadable = Some(unreadable.join(" | "));
             }
         }
-        Ok(Listed {
-            l1,
-            l2,
-            l3,
-            holdings,
-        })
+        Ok(Listed { catalog, holdings })
     }
 
     /// This rank's manifest of `step`, checked against its record, from
-    /// the fastest tier that holds a usable copy.
-    #[allow(clippy::too_many_arguments)]
-    fn load_step(
-        &self,
-        step: u64,
-        on_l1: &BTreeSet<u64>,
-        l1_steps: &[StepInfo],
-        on_l2: &[BTreeSet<u64>],
-        l2_steps: &[Vec<StepInfo>],
-        on_l3: &BTreeSet<u64>,
-        l3_steps: &[StepInfo],
-    ) -> Result<Loaded> {
+    /// the fastest tier that holds a usable copy (one where this rank's
+    /// shard of the step is restorable).
+    fn load_step(&self, catalog: &Catalog, step: u64) -> Result<Loaded> {
         let s = &self.shared;
-        // The manifest from L1 if it holds the step, else (or if L1's copy
-        // is damaged) from L3.
-        let mut first_err = None;
-        if on_l1.contains(&step) {
-            match load_manifest(s, &s.l1, l1_steps, step) {
-                Ok(shard) => {
-                    return Ok(Loaded {
-                        shard,
-                        source: Source::L1,
-                    })
-                }
-                Err(e) => {
-                    tracing::warn!(step, error = %e, "L1 manifest unusable; trying peers and L3");
-                    first_err = Some(e);
-                }
-            }
+        let found = s.rt.block_on(catalog.shard(step, s.cfg.rank, |_, steps| {
+            restorable(&s.cfg, steps).contains(&step)
+        }))?;
+        for (tier, e) in &found.errors {
+            tracing::warn!(step, tier = %tier, error = %e, "manifest unusable; tried the next tier");
         }
-        for (i, p) in s.l2.iter().enumerate() {
-            if !on_l2[i].contains(&step) {
-                continue;
-            }
-            match load_manifest(s, &*p.store, &l2_steps[i], step) {
-                Ok(shard) => {
-                    return Ok(Loaded {
-                        shard,
-                        source: Source::L2(i),
-                    })
-                }
-                Err(e) => {
-                    tracing::warn!(step, peer = %p.name, error = %e, "peer manifest unusable");
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        match (&s.l3, on_l3.contains(&step)) {
-            (Some(l3), true) => Ok(Loaded {
-                shard: load_manifest(s, &**l3, l3_steps, step)?,
-                source: Source::L3,
-            }),
-            _ => Err(first_err.unwrap_or(Error::NothingToRestore(None))),
-        }
+        let source = match found.tier.kind {
+            TierKind::L1 => Source::L1,
+            TierKind::L3 => Source::L3,
+            TierKind::L2 => Source::L2(
+                s.l2()
+                    .iter()
+                    .position(|p| p.name == found.tier.name)
+                    .unwrap_or_default(),
+            ),
+        };
+        Ok(Loaded {
+            shard: found.shard,
+            source,
+        })
     }
 }

@@ -10,12 +10,12 @@ use std::time::Instant;
 use strata_tiered::AlignedBuf;
 
 use crate::error::{Error, Result};
-use crate::reader::{ReadTier, TieredReader};
 use crate::restore_place::{
     chunk_error, place, run_lanes, split_targets, take, Counters, Loaded, Source, Targets,
 };
 use crate::shared::Shared;
 use crate::stats::RestoreStats;
+use crate::tiers::reader::{ReadTier, TieredReader};
 
 /// Most chunks one restore lane reads at once.
 const FETCH_BATCH: usize = 16;
@@ -49,7 +49,7 @@ pub(crate) fn fetch_into(
         l1_copy: AtomicBool::new(rehydrate && loaded.source != Source::L1 && s.cfg.rehydrate_l1),
         ..Counters::default()
     };
-    let mut errors: Vec<(usize, Error)> = match (&s.l3, loaded.source) {
+    let mut errors: Vec<(usize, Error)> = match (s.l3(), loaded.source) {
         (Some(l3), Source::L3) => {
             crate::restore_l3::l3_restore(s, l3, loaded, &wanted, &slots, &failed, &counters)
         }
@@ -153,13 +153,13 @@ fn fetch_batch(
     // The tier the step was read from, then the other peers, then L3.
     let mut tiers = vec![ReadTier {
         store: match loaded.source {
-            Source::L2(i) => &*s.l2[i].store,
+            Source::L2(i) => &*s.l2()[i].store,
             _ => &*s.l1,
         },
         repair: true,
     }];
     let mut peer = vec![matches!(loaded.source, Source::L2(_))];
-    for (i, p) in s.l2.iter().enumerate() {
+    for (i, p) in s.l2().iter().enumerate() {
         if loaded.source != Source::L2(i) {
             tiers.push(ReadTier {
                 store: &*p.store,
@@ -168,7 +168,7 @@ fn fetch_batch(
             peer.push(true);
         }
     }
-    if let Some(l3) = &s.l3 {
+    if let Some(l3) = s.l3() {
         tiers.push(ReadTier {
             store: &**l3,
             repair: false,

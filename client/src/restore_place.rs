@@ -7,11 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Mutex;
 
 use strata_format::ShardManifest;
-use strata_tiered::{ChunkStore, StepInfo};
 
 use crate::error::{Error, Result};
-use crate::inspect::LoadedShard;
-use crate::shared::Shared;
+use crate::tiers::LoadedShard;
 
 /// The tier a step is read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,19 +28,6 @@ pub(crate) struct Loaded {
     pub(crate) shard: LoadedShard,
     /// Where the step is read from.
     pub(crate) source: Source,
-}
-
-/// Reads this rank's manifest of `step` from `tier` and checks it against
-/// the tier's commit record.
-pub(crate) fn load_manifest(
-    s: &Shared,
-    tier: &dyn ChunkStore,
-    steps: &[StepInfo],
-    step: u64,
-) -> Result<LoadedShard> {
-    s.rt.block_on(crate::inspect::load_shard(
-        tier, &s.cfg.job, steps, step, s.cfg.rank,
-    ))
 }
 
 /// Where one chunk's bytes go: (offset in the chunk, destination), one

@@ -8,7 +8,7 @@ use std::time::Duration;
 use strata_gc::Retention;
 
 use crate::config::Config;
-use crate::inspect::TierKind;
+use crate::tiers::TierKind;
 
 impl Config {
     /// What `tier` keeps under this configuration, or None where the

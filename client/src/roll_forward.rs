@@ -13,8 +13,8 @@ use strata_tiered::ChunkStore;
 
 use crate::commit::{self, Committed, Decision};
 use crate::error::{Error, Result};
-use crate::inspect::LoadedShard;
 use crate::shared::Shared;
+use crate::tiers::LoadedShard;
 
 /// Commits rank `rank`'s shard of a decided `step` in `tier`, where the
 /// tier holds its manifest without a record: checks the manifest (decodes,

@@ -15,9 +15,9 @@ use crate::error::{Error, Result};
 use crate::gpu::{DeviceBytes, Gpu};
 use crate::policy::UploadPolicy;
 use crate::push_claims::PushClaims;
-use crate::stack::NamedTier;
 use crate::staging::StagingPool;
 use crate::tier_states::{Replication, UploadJob, Uploads};
+use crate::tiers::{Catalog, Tier, TierStack};
 
 /// What an eager push sent, by peer name (chunk bytes).
 pub(crate) type EagerOutcome = HashMap<String, u64>;
@@ -50,7 +50,10 @@ impl Drop for OwnRuntime {
 pub(crate) struct Shared {
     pub(crate) cfg: Config,
     pub(crate) rt: OwnRuntime,
-    /// The local tier (L1): every save is written here first.
+    /// Every tier, fastest first: L1, the peers in ring order, L3.
+    pub(crate) tiers: TierStack,
+    /// The stack's L1 (a checkpointer always has one): every save is
+    /// written here first.
     pub(crate) l1: Arc<dyn ChunkStore>,
     /// The same, typed, when it is the default L1 on `l1_dir`.
     pub(crate) l1_disk: Option<L1Store>,
@@ -58,15 +61,11 @@ pub(crate) struct Shared {
     pub(crate) pool: StagingPool,
     pub(crate) restores: std::sync::atomic::AtomicU64,
     pub(crate) gpu: Mutex<Option<Arc<Gpu>>>,
-    /// The remote tier (L3), when configured.
-    pub(crate) l3: Option<Arc<dyn ChunkStore>>,
     /// Upload progress.
     pub(crate) uploads: Arc<Uploads>,
     /// The uploader's queue for steps asked for by [`Checkpointer::upload`]
     /// (taken on drop so the uploader finishes).
     pub(crate) upload_tx: Mutex<Option<mpsc::Sender<UploadJob>>>,
-    /// Peer tiers (L2) in ring order (empty: no replication).
-    pub(crate) l2: Vec<NamedTier>,
     /// Replication progress.
     pub(crate) replication: Arc<Replication>,
     /// Eager pushes by step, until the replication worker takes them.
@@ -144,21 +143,34 @@ impl Shared {
         }
     }
 
+    /// The peers (L2), in ring order (empty: no replication).
+    pub(crate) fn l2(&self) -> &[Tier] {
+        self.tiers.peers()
+    }
+
+    /// Object storage (L3), when configured.
+    pub(crate) fn l3(&self) -> Option<&Arc<dyn ChunkStore>> {
+        self.tiers.remote().map(|t| &t.store)
+    }
+
+    /// Every tier's listing of the job's steps (the catalog).
+    pub(crate) fn catalog(&self) -> Catalog {
+        self.rt
+            .block_on(Catalog::list(&self.cfg.job, self.tiers.tiers().to_vec()))
+    }
+
     /// The steps this rank committed in any tier it can list.
     pub(crate) fn list_committed(&self) -> BTreeSet<u64> {
-        let mut known = BTreeSet::new();
-        let tiers = std::iter::once(("L1".to_string(), &self.l1))
-            .chain(self.l2.iter().map(|p| (format!("L2 {}", p.name), &p.store)))
-            .chain(self.l3.iter().map(|l3| ("L3".to_string(), l3)));
-        for (name, t) in tiers {
-            match self.rt.block_on(t.list_steps(&self.cfg.job)) {
-                Ok(steps) => known.extend(crate::commit::restorable(&self.cfg, &steps)),
-                Err(e) => {
-                    tracing::warn!(tier = %name, error = %e, "cannot list a tier to check for committed steps")
-                }
-            }
+        let catalog = self.catalog();
+        for (tier, e) in catalog.unreadable() {
+            tracing::warn!(tier = %tier.name, error = %e, "cannot list a tier to check for committed steps");
         }
-        known
+        catalog
+            .listings()
+            .iter()
+            .filter_map(|l| l.steps.as_ref().ok())
+            .flat_map(|steps| crate::commit::restorable(&self.cfg, steps))
+            .collect()
     }
 
     /// The GPU engine for these device buffers (opened on first use), or

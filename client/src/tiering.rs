@@ -20,10 +20,10 @@ use strata_tiered::{ChunkStore, ThrottleConfig, ThrottleStore};
 use crate::checkpointer::Checkpointer;
 use crate::commit::Committed;
 use crate::config::UploadBacklog;
-use crate::copy::{copy_step, CopyOptions, CopyProgress, Verify};
 use crate::error::{Error, Result};
 use crate::shared::Shared;
 use crate::tier_states::{L2State, UploadJob, Uploads};
+use crate::tiers::copy::{copy_step, CopyOptions, CopyProgress, Verify};
 
 /// Chunk bytes read from L1 and uploaded per batch (bounds upload memory).
 const UPLOAD_BATCH_BYTES: u64 = 64 << 20;
@@ -173,7 +173,7 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
 fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
     let cfg = &s.cfg;
     // `l3_keep_last = 0`: L3 is never collected.
-    let Some(policy) = cfg.retention_for(crate::inspect::TierKind::L3) else {
+    let Some(policy) = cfg.retention_for(crate::tiers::TierKind::L3) else {
         return;
     };
     let mut hold: std::collections::BTreeSet<u64> = s.uploads.pinned().into_iter().collect();
@@ -270,7 +270,7 @@ impl Checkpointer {
         let cfg = &s.cfg;
         let mine = |steps: &[strata_tiered::StepInfo]| crate::commit::restorable(cfg, steps);
         let l1 = mine(&s.rt.block_on(s.l1.list_steps(&cfg.job))?);
-        let l3 = match &s.l3 {
+        let l3 = match s.l3() {
             Some(l3) => mine(&s.rt.block_on(l3.list_steps(&cfg.job))?),
             None => Default::default(),
         };
@@ -291,7 +291,7 @@ impl Checkpointer {
     /// Queues `step` (committed on L1 by this rank) for upload to L3, in
     /// the background. Fails if no L3 is configured.
     pub fn upload(&self, step: u64) -> Result<()> {
-        if self.shared.l3.is_none() {
+        if self.shared.l3().is_none() {
             return Err(Error::Config("no L3 configured (l3_url)".into()));
         }
         let tx = self
@@ -349,6 +349,6 @@ impl Checkpointer {
 
     /// The L3 tier, if configured.
     pub fn l3(&self) -> Option<&Arc<dyn ChunkStore>> {
-        self.shared.l3.as_ref()
+        self.shared.l3()
     }
 }

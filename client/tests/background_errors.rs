@@ -119,10 +119,7 @@ fn skipped_saves_and_dropped_uploads_and_pushes_are_counted() {
     cfg.eager_push = false;
     let ck = Checkpointer::builder(cfg)
         .remote(Some(slow()))
-        .peers(vec![strata::NamedTier {
-            name: "slow".into(),
-            store: slow(),
-        }])
+        .peers(vec![strata::Tier::peer("slow", slow())])
         .build()
         .unwrap();
     for step in 1..=12 {

@@ -7,13 +7,13 @@
 
 use std::sync::Arc;
 
-use strata::copy::{copy_step, CopyOptions, CopyProgress, Verify};
 use strata::format::codec::ElemHint;
 use strata::format::manifest::ChunkRef;
 use strata::format::{ChunkId, DType};
-use strata::reader::{ReadTier, TieredReader};
 use strata::tiered::wrap::{FaultPlan, FaultStore};
 use strata::tiered::{ChunkData, ChunkPut, ChunkStore, MemoryStore, StoreErrorKind};
+use strata::tiers::copy::{copy_step, CopyOptions, CopyProgress, Verify};
+use strata::tiers::{ReadTier, TieredReader};
 use strata::{Checkpointer, Config, Entry, ErrorKind, StepSelector, TierStack};
 
 const KIB: usize = 1 << 10;

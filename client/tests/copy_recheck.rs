@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use strata::copy::{copy_step, CopyOptions};
 use strata::format::{ChunkId, CommitRecord, DType};
 use strata::tiered::{
     ChunkData, ChunkPut, ChunkStore, L3Options, L3Store, MemoryStore, PutStats, StepInfo,
 };
+use strata::tiers::copy::{copy_step, CopyOptions};
 use strata::{Checkpointer, Config, Entry, TierStack};
 
 type StoreResult<T> = strata::tiered::Result<T>;

@@ -18,7 +18,7 @@ use strata::tiered::{
     ChunkStore, FaultPlan, FaultStore, L1Store, L3Options, L3Store, MemoryStore, RetryPolicy,
     RetryStore,
 };
-use strata::{Checkpointer, Config, Entry, InProcessCoordinator, NamedTier, UploadBacklog};
+use strata::{Checkpointer, Config, Entry, InProcessCoordinator, UploadBacklog};
 
 const RANKS: u32 = 3;
 const STEPS: u64 = 30;
@@ -139,10 +139,7 @@ fn saves_uploads_replication_and_gc_at_once_keep_every_retained_step_whole() {
                 c.upload_backlog = UploadBacklog::Wait;
                 let ck = Checkpointer::builder(c)
                     .coordinator(Arc::new(coord))
-                    .peers(vec![NamedTier {
-                        name: "peer".into(),
-                        store: peer,
-                    }])
+                    .peers(vec![strata::Tier::peer("peer", peer)])
                     .remote(Some(flaky))
                     .build()
                     .unwrap();

@@ -114,10 +114,7 @@ fn a_slow_peer_does_not_fill_the_disk_either() {
     c.max_pending_pushes = 2;
     c.eager_push = false;
     let ck = Checkpointer::builder(c)
-        .peers(vec![strata::NamedTier {
-            name: "slow".into(),
-            store: slow_peer,
-        }])
+        .peers(vec![strata::Tier::peer("slow", slow_peer)])
         .build()
         .unwrap();
     let most = save_all(&ck, 16);

@@ -17,6 +17,7 @@
 
 use pyo3::prelude::*;
 
+mod catalog;
 mod checkpointer;
 mod config;
 mod coordinator;
@@ -31,6 +32,7 @@ fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<checkpointer::PyCheckpointer>()?;
     m.add_class::<handle::PySaveHandle>()?;
     m.add_class::<checkpointer::PyRestorePlan>()?;
+    m.add_class::<catalog::PyCatalog>()?;
     m.add_function(wrap_pyfunction!(logs::drain_logs, m)?)?;
     m.add_function(wrap_pyfunction!(logs::stop_log_delivery, m)?)?;
     m.add_function(wrap_pyfunction!(config::resolve_config, m)?)?;

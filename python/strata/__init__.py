@@ -24,6 +24,7 @@ process group's store. Logs go to the ``strata`` logger. All storage logic
 is in the Rust crates; this package converts.
 """
 
+from ._catalog import Catalog
 from ._checkpointer import Checkpointer, SaveHandle
 from ._errors import (
     ConflictError,
@@ -51,6 +52,7 @@ def resolve_config(config=None, **settings):
 
 
 __all__ = [
+    "Catalog",
     "Checkpointer",
     "SaveHandle",
     "resolve_config",

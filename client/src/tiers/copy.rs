@@ -20,8 +20,8 @@ use std::sync::Arc;
 use strata_format::{ChunkId, ShardManifest};
 use strata_tiered::{ChunkPut, ChunkStore, StepInfo};
 
+use super::catalog::{load_shard, LoadedShard};
 use crate::error::{Error, Result};
-use crate::inspect::{load_shard, LoadedShard};
 
 /// How processes that copy from sources holding the same chunks (ranks of
 /// one node, whose data-parallel tensors are identical) share the work of

@@ -6,8 +6,16 @@
 //! write-back tier receives every chunk read. Used by restore, by
 //! `strata export`, `diff` and `show`, and by `verify --repair`. It logs
 //! nothing: what it found is in its result, for the caller to report.
+//!
+//! [`ShardReader`] reads entries and byte ranges of any rank's shard
+//! through it, with a bounded cache of verified chunks (the Python
+//! package's catalog and the resharding reads of DCP read this way).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
 
 use strata_format::manifest::ChunkRef;
+use strata_format::{ChunkId, ShardManifest};
 use strata_tiered::StoreErrorKind as K;
 use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore, PutStats, StoreError};
 
@@ -256,5 +264,242 @@ impl<'a> TieredReader<'a> {
             return None;
         }
         Some(tier.put_chunks(self.job, puts).await)
+    }
+}
+
+/// What a [`ShardReader`] read found beyond the bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeStats {
+    /// Chunks read from the tiers (not served from the cache).
+    pub chunks_read: u64,
+    /// Of those, chunks served by a tier after the first (fallback).
+    pub fallbacks: u64,
+    /// Copies rewritten in tiers marked for repair.
+    pub repaired: u64,
+    /// Chunks served from the cache.
+    pub cached: u64,
+}
+
+/// A bounded cache of verified chunks, evicting the oldest first.
+struct ChunkCache {
+    limit: usize,
+    held: usize,
+    map: HashMap<ChunkId, ChunkData>,
+    order: VecDeque<ChunkId>,
+}
+
+impl ChunkCache {
+    fn get(&self, id: &ChunkId) -> Option<ChunkData> {
+        self.map.get(id).cloned()
+    }
+
+    fn put(&mut self, id: ChunkId, data: ChunkData) {
+        if data.len() > self.limit || self.map.contains_key(&id) {
+            return;
+        }
+        while self.held + data.len() > self.limit {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(d) = self.map.remove(&old) {
+                self.held -= d.len();
+            }
+        }
+        self.held += data.len();
+        self.order.push_back(id);
+        self.map.insert(id, data);
+    }
+}
+
+/// Reads entries and byte ranges of one shard (any rank's) over an
+/// ordered list of tiers: each chunk from the first tier with a good copy,
+/// verified, repaired in the tiers marked for it, kept in a bounded cache
+/// so neighbouring ranges do not read a chunk twice. Owns what it reads
+/// with, so a long-lived handle (the Python catalog's) can keep one.
+pub struct ShardReader {
+    job: String,
+    manifest: ShardManifest,
+    tiers: Vec<(super::Tier, bool)>,
+    write_back: Option<super::Tier>,
+    cache: Mutex<ChunkCache>,
+}
+
+impl ShardReader {
+    /// A reader of `manifest`'s entries (of `job`) over `tiers`, fastest
+    /// first, with a cache of at most `cache_bytes` of chunks (0: none).
+    pub fn new(
+        job: &str,
+        manifest: ShardManifest,
+        tiers: Vec<super::Tier>,
+        cache_bytes: usize,
+    ) -> Self {
+        ShardReader {
+            job: job.to_string(),
+            manifest,
+            tiers: tiers.into_iter().map(|t| (t, false)).collect(),
+            write_back: None,
+            cache: Mutex::new(ChunkCache {
+                limit: cache_bytes,
+                held: 0,
+                map: HashMap::new(),
+                order: VecDeque::new(),
+            }),
+        }
+    }
+
+    /// Rewrite a missing or damaged copy in the tiers `which` picks from
+    /// the good copy a later tier holds (as `strata verify --repair`).
+    pub fn repair(mut self, which: impl Fn(&super::Tier) -> bool) -> Self {
+        for (t, r) in &mut self.tiers {
+            *r = which(t);
+        }
+        self
+    }
+
+    /// Put every chunk read from the tiers to `tier` as well.
+    pub fn write_back(mut self, tier: Option<super::Tier>) -> Self {
+        self.write_back = tier;
+        self
+    }
+
+    /// The manifest read.
+    pub fn manifest(&self) -> &ShardManifest {
+        &self.manifest
+    }
+
+    /// The whole of entry `name`.
+    pub async fn read_entry(&self, name: &str) -> crate::Result<(Vec<u8>, RangeStats)> {
+        let len = self
+            .manifest
+            .entry(name)
+            .map(|e| e.len)
+            .ok_or_else(|| self.no_entry(name))?;
+        self.read_range(name, 0, len).await
+    }
+
+    /// `len` bytes of entry `name` from byte `offset`: every chunk the
+    /// range touches read verified (from the cache, else the tiers). A
+    /// range past the entry's end is an error of kind `Invalid`; a chunk
+    /// no tier holds good fails with [`crate::Error::Chunk`].
+    pub async fn read_range(
+        &self,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> crate::Result<(Vec<u8>, RangeStats)> {
+        let m = &self.manifest;
+        let e = m.entry(name).ok_or_else(|| self.no_entry(name))?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= e.len)
+            .ok_or_else(|| {
+                crate::Error::InvalidState(format!(
+                    "{name:?}: bytes {offset}+{len} outside an entry of {}",
+                    e.len
+                ))
+            })?;
+        let bad = |reason: String| crate::Error::Manifest {
+            step: m.info.step,
+            rank: m.info.rank,
+            reason,
+        };
+        // The segments the range touches: (chunk index, bytes in the chunk).
+        let mut parts: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+        let mut at = 0u64;
+        for seg in &e.segments {
+            let (s0, s1) = (at, at + u64::from(seg.len));
+            at = s1;
+            let (a, b) = (s0.max(offset), s1.min(end));
+            if a >= b {
+                continue;
+            }
+            let c = seg.chunk as usize;
+            let chunk = m
+                .chunks
+                .get(c)
+                .ok_or_else(|| bad(format!("{name} names chunk {c}")))?;
+            let from = u64::from(seg.offset) + (a - s0);
+            let to = from + (b - a);
+            if to > u64::from(chunk.len) {
+                return Err(bad(format!("segment of {name} outside chunk {}", chunk.id)));
+            }
+            parts.push((c, from as usize..to as usize));
+        }
+        let mut stats = RangeStats::default();
+        let mut have: HashMap<usize, ChunkData> = HashMap::new();
+        let mut missing: Vec<usize> = Vec::new();
+        {
+            let cache = self
+                .cache
+                .lock()
+                .map_err(|_| crate::Error::Pipeline("chunk cache poisoned".into()))?;
+            for (c, _) in &parts {
+                if have.contains_key(c) || missing.contains(c) {
+                    continue;
+                }
+                match cache.get(&m.chunks[*c].id) {
+                    Some(d) => {
+                        stats.cached += 1;
+                        have.insert(*c, d);
+                    }
+                    None => missing.push(*c),
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let refs: Vec<ChunkRef> = missing.iter().map(|&c| m.chunks[c]).collect();
+            let tiers = self
+                .tiers
+                .iter()
+                .map(|(t, repair)| ReadTier {
+                    store: &*t.store,
+                    repair: *repair,
+                })
+                .collect();
+            let reader = TieredReader::new(&self.job, tiers)
+                .write_back(self.write_back.as_ref().map(|t| &*t.store));
+            let out = reader.read(&refs, Vec::new()).await;
+            stats.repaired = out.repaired();
+            let mut cache = self
+                .cache
+                .lock()
+                .map_err(|_| crate::Error::Pipeline("chunk cache poisoned".into()))?;
+            for (&c, r) in missing.iter().zip(out.chunks) {
+                stats.chunks_read += 1;
+                if r.from.is_some_and(|t| t > 0) {
+                    stats.fallbacks += 1;
+                }
+                let data = r.result.map_err(|source| crate::Error::Chunk {
+                    chunk: m.chunks[c].id,
+                    entries: vec![name.to_string()],
+                    source: Box::new(source),
+                })?;
+                cache.put(m.chunks[c].id, data.clone());
+                have.insert(c, data);
+            }
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(end - offset).unwrap_or(0));
+        for (c, range) in parts {
+            let d = have
+                .get(&c)
+                .ok_or_else(|| bad(format!("chunk {c} not read")))?;
+            let src = d.as_slice().get(range).ok_or_else(|| {
+                bad(format!(
+                    "chunk {} shorter than its segments",
+                    m.chunks[c].id
+                ))
+            })?;
+            bytes.extend_from_slice(src);
+        }
+        Ok((bytes, stats))
+    }
+
+    fn no_entry(&self, name: &str) -> crate::Error {
+        crate::Error::Store(StoreError::NotFound {
+            what: format!(
+                "entry {name:?} in step {} rank {}",
+                self.manifest.info.step, self.manifest.info.rank
+            ),
+        })
     }
 }

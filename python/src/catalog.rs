@@ -1,0 +1,213 @@
+//! A job's checkpoints in every tier, read-only, for Python: the client's
+//! catalog (steps, what is committed where, each rank's manifest from the
+//! fastest good copy) and its reader (entries and byte ranges of any
+//! rank's shard, each chunk verified, from the fastest tier with a good
+//! copy, optionally repairing the others). Wrapped by `strata.Catalog`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use strata::format::EntryKind;
+use strata::tiers::{Catalog, Held, ShardReader, Tiers};
+
+use crate::config::build;
+use crate::errors::{invalid, IntoPy};
+use crate::logs::drain;
+
+/// Readers kept open (one per shard read), and the chunk cache of each.
+const READERS: usize = 16;
+const CACHE_BYTES: usize = 64 << 20;
+
+/// The tiers of one job opened read-only, their listing, and readers of
+/// the shards read so far.
+#[pyclass(module = "strata._strata", name = "Catalog")]
+pub(crate) struct PyCatalog {
+    tiers: Tiers,
+    listing: Mutex<Catalog>,
+    readers: Mutex<Vec<((u64, u32, bool), std::sync::Arc<ShardReader>)>>,
+}
+
+impl PyCatalog {
+    fn listing(&self) -> PyResult<std::sync::MutexGuard<'_, Catalog>> {
+        self.listing.lock().map_err(|_| invalid("catalog poisoned"))
+    }
+
+    fn reader(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        rank: u32,
+        repair: bool,
+    ) -> PyResult<std::sync::Arc<ShardReader>> {
+        let key = (step, rank, repair);
+        {
+            let readers = self
+                .readers
+                .lock()
+                .map_err(|_| invalid("catalog poisoned"))?;
+            if let Some((_, r)) = readers.iter().find(|(k, _)| *k == key) {
+                return Ok(r.clone());
+            }
+        }
+        let cat = self.listing()?.clone();
+        let tiers = &self.tiers;
+        let r = py
+            .detach(|| tiers.shard_reader(&cat, step, rank, repair, CACHE_BYTES))
+            .py_err()?;
+        let r = std::sync::Arc::new(r);
+        let mut readers = self
+            .readers
+            .lock()
+            .map_err(|_| invalid("catalog poisoned"))?;
+        if readers.len() >= READERS {
+            readers.remove(0);
+        }
+        readers.push((key, r.clone()));
+        Ok(r)
+    }
+}
+
+#[pymethods]
+impl PyCatalog {
+    /// Opens the tiers the configuration names (`settings`: JSON of the
+    /// keyword arguments; `path`: a strata.toml) and lists them.
+    #[new]
+    #[pyo3(signature = (settings, path=None))]
+    fn new(py: Python<'_>, settings: &str, path: Option<&str>) -> PyResult<Self> {
+        let settings = settings.to_string();
+        let path = path.map(str::to_string);
+        let (tiers, listing) = py
+            .detach(move || {
+                let cfg = build(&settings, path.as_deref())?;
+                let tiers = Tiers::open(cfg, false)?;
+                let all: Vec<_> = tiers.tiers().iter().collect();
+                let listing = tiers.catalog(&all);
+                Ok::<_, strata::Error>((tiers, listing))
+            })
+            .py_err()?;
+        drain(py);
+        Ok(PyCatalog {
+            tiers,
+            listing: Mutex::new(listing),
+            readers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Lists every tier again (steps saved since are then seen).
+    fn refresh(&self, py: Python<'_>) -> PyResult<()> {
+        let tiers = &self.tiers;
+        let fresh = py.detach(|| {
+            let all: Vec<_> = tiers.tiers().iter().collect();
+            tiers.catalog(&all)
+        });
+        *self.listing()? = fresh;
+        self.readers
+            .lock()
+            .map_err(|_| invalid("catalog poisoned"))?
+            .clear();
+        Ok(())
+    }
+
+    /// The tiers, fastest first: `[(name, kind), ...]`, with `None` or the
+    /// error for each tier's listing: `[(name, kind, error), ...]`.
+    fn tiers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        for l in self.listing()?.listings() {
+            let kind = format!("{:?}", l.tier.kind).to_lowercase();
+            let err = l.steps.as_ref().err().map(|e| e.to_string());
+            out.append((l.tier.name.as_str(), kind, err))?;
+        }
+        Ok(out)
+    }
+
+    /// Steps committed in at least one tier, oldest first.
+    fn steps(&self) -> PyResult<Vec<u64>> {
+        Ok(self.listing()?.committed_steps().into_iter().collect())
+    }
+
+    /// The ranks of `step` committed in some tier.
+    fn ranks(&self, step: u64) -> PyResult<Vec<u32>> {
+        Ok(self.listing()?.ranks(step).into_iter().collect())
+    }
+
+    /// Where `step` is held: `{tier name: "committed" | "partial"}`.
+    fn held<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        let cat = self.listing()?;
+        for l in cat.listings() {
+            let state = match cat.held(&l.tier, step) {
+                Held::Committed => "committed",
+                Held::Partial => "partial",
+                Held::Absent => continue,
+            };
+            out.set_item(l.tier.name.as_str(), state)?;
+        }
+        Ok(out)
+    }
+
+    /// The entries of rank `rank`'s shard of `step`:
+    /// `[(name, dtype or None, shape or None, length), ...]` in save order.
+    fn entries<'py>(&self, py: Python<'py>, step: u64, rank: u32) -> PyResult<Bound<'py, PyList>> {
+        let r = self.reader(py, step, rank, false)?;
+        let out = PyList::empty(py);
+        for e in &r.manifest().entries {
+            let (dtype, shape) = match &e.kind {
+                EntryKind::Tensor { dtype, shape } => (Some(dtype.name()), Some(shape.clone())),
+                _ => (None, None),
+            };
+            out.append((e.name.as_str(), dtype, shape, e.len))?;
+        }
+        Ok(out)
+    }
+
+    /// The metadata saved with rank `rank`'s shard of `step`.
+    fn metadata(&self, py: Python<'_>, step: u64, rank: u32) -> PyResult<HashMap<String, String>> {
+        let r = self.reader(py, step, rank, false)?;
+        Ok(r.manifest()
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    /// Bytes `offset..offset+length` of entry `name` of rank `rank`'s
+    /// shard of `step` (the whole entry without `length`), every chunk
+    /// verified, each from the fastest tier with a good copy; with
+    /// `repair`, tiers found lacking a chunk or holding it damaged get the
+    /// good copy. Returns `(bytes, stats)`, stats a dict of
+    /// `chunks_read`, `fallbacks`, `repaired`, `cached`.
+    #[pyo3(signature = (step, rank, name, offset=0, length=None, repair=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        rank: u32,
+        name: &str,
+        offset: u64,
+        length: Option<u64>,
+        repair: bool,
+    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>)> {
+        let r = self.reader(py, step, rank, repair)?;
+        let len = match length {
+            Some(n) => n,
+            None => r
+                .manifest()
+                .entry(name)
+                .map(|e| e.len.saturating_sub(offset))
+                .unwrap_or(0),
+        };
+        let tiers = &self.tiers;
+        let got = py.detach(|| tiers.block_on(r.read_range(name, offset, len)));
+        drain(py);
+        let (bytes, stats) = got.py_err()?;
+        let d = PyDict::new(py);
+        d.set_item("chunks_read", stats.chunks_read)?;
+        d.set_item("fallbacks", stats.fallbacks)?;
+        d.set_item("repaired", stats.repaired)?;
+        d.set_item("cached", stats.cached)?;
+        Ok((PyBytes::new(py, &bytes), d))
+    }
+}
