@@ -119,19 +119,35 @@ fn the_client_modules_import_each_other_one_way() {
     }
     // The pipelines stay below the API: none of them names the checkpointer
     // or its builder except through `impl Checkpointer` blocks of the API.
-    for low in [
-        "shared",
-        "persist",
-        "eager_push",
-        "replication",
-        "reader",
-        "copy",
-        "stack",
-    ] {
+    for low in ["shared", "persist", "eager_push", "replication", "tiers"] {
         let deps = &graph[low];
         assert!(
             !deps.contains("checkpointer") && !deps.contains("builder"),
             "{low} imports {deps:?}"
+        );
+    }
+    // The tiers (the stack, the catalog, the reader, the copy) sit below
+    // every pipeline: they import only the crate's errors and settings, so
+    // restore, the CLI and the Python package can all stand on them.
+    let tiers = &graph["tiers"];
+    assert!(
+        tiers.iter().all(|d| d == "error" || d == "config"),
+        "tiers imports {tiers:?}"
+    );
+    // Nothing outside the tiers picks a manifest, and only the shared
+    // state lists the stack (`Shared::catalog`, for restore and the
+    // refusal of a committed step).
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().and_then(|x| x.to_str()) != Some("rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        assert!(!text.contains("load_shard("), "{name} loads a manifest itself");
+        assert!(
+            name == "shared.rs" || !text.contains("Catalog::list("),
+            "{name} lists the tiers itself (use Shared::catalog)"
         );
     }
 }

@@ -162,6 +162,28 @@ impl PyCatalog {
         Ok(out)
     }
 
+    /// The chunks entry `name` of rank `rank`'s shard of `step` lies in,
+    /// in order: `[(chunk id in hex, chunk length), ...]`.
+    fn chunks(&self, py: Python<'_>, step: u64, rank: u32, name: &str) -> PyResult<Vec<(String, u32)>> {
+        let r = self.reader(py, step, rank, false)?;
+        let m = r.manifest();
+        let e = m
+            .entry(name)
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name.to_string()))?;
+        let mut out: Vec<(String, u32)> = Vec::new();
+        for seg in &e.segments {
+            let c = m
+                .chunks
+                .get(seg.chunk as usize)
+                .ok_or_else(|| invalid(format!("{name} names chunk {}", seg.chunk)))?;
+            let hex = c.id.to_hex();
+            if out.last().map(|(h, _)| h) != Some(&hex) {
+                out.push((hex, c.len));
+            }
+        }
+        Ok(out)
+    }
+
     /// The metadata saved with rank `rank`'s shard of `step`.
     fn metadata(&self, py: Python<'_>, step: u64, rank: u32) -> PyResult<HashMap<String, String>> {
         let r = self.reader(py, step, rank, false)?;

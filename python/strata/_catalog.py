@@ -60,6 +60,10 @@ class Catalog:
         """Rank ``rank``'s entries of ``step``: ``(name, dtype, shape, length)``."""
         return [tuple(e) for e in self._native.entries(step, rank)]
 
+    def chunks(self, step: int, rank: int, name: str) -> List[Tuple[str, int]]:
+        """The chunks entry ``name`` lies in: ``[(id in hex, length), ...]``."""
+        return [tuple(c) for c in self._native.chunks(step, rank, name)]
+
     def metadata(self, step: int, rank: int) -> Dict[str, str]:
         """The metadata saved with rank ``rank``'s shard of ``step``."""
         return dict(self._native.metadata(step, rank))
