@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use strata_format::codec::ElemHint;
 use strata_format::manifest::{ChunkRef, Entry, Segment};
@@ -15,7 +15,7 @@ use strata_format::{ChunkId, CommitRecord, EntryKind, ShardInfo, ShardManifest, 
 use strata_gc::{collect, Options, Retention, Scope};
 use strata_tiered::{
     ChunkData, ChunkPut, ChunkStore, EngineChoice, FaultPlan, FaultStore, L1Store, L3Options,
-    L3Store, MemoryStore,
+    L3Store, ManualClock, MemoryStore,
 };
 
 const JOB: &str = "gc";
@@ -151,12 +151,47 @@ fn expected_chunks(kept: &BTreeSet<u64>) -> BTreeSet<ChunkId> {
         .collect()
 }
 
-async fn tiers(dir: &std::path::Path) -> Vec<(&'static str, Arc<dyn ChunkStore>)> {
+/// A memory tier on a clock the test moves, and that clock.
+fn memory() -> (MemoryStore, ManualClock) {
+    let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000));
+    (MemoryStore::with_clock(Arc::new(clock.clone())), clock)
+}
+
+/// Until every chunk `s` holds is older than the tier's own time (what a
+/// grace period of zero needs to collect it): the tier's clock moved on
+/// where the test holds it, else waited for, with a deadline. Returns the
+/// tier's time then.
+async fn aged(s: &dyn ChunkStore, clock: Option<&ManualClock>) -> SystemTime {
+    if let Some(c) = clock {
+        c.advance(Duration::from_secs(3600));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = s.now(JOB).await.unwrap();
+        let chunks = s.list_chunk_info(JOB).await.unwrap();
+        if chunks.iter().all(|c| c.touched.is_some_and(|t| t < now)) {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: chunks still as new as the tier's clock",
+            s.name()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The tiers, each with its clock where the test holds it.
+async fn tiers(
+    dir: &std::path::Path,
+) -> Vec<(&'static str, Arc<dyn ChunkStore>, Option<ManualClock>)> {
+    let (mem, clock) = memory();
     vec![
-        ("memory", Arc::new(MemoryStore::new())),
+        ("memory", Arc::new(mem), Some(clock)),
         (
             "l1",
             Arc::new(L1Store::open(dir.join("l1"), EngineChoice::Psync).unwrap()),
+            None,
         ),
         (
             "l3",
@@ -166,6 +201,7 @@ async fn tiers(dir: &std::path::Path) -> Vec<(&'static str, Arc<dyn ChunkStore>)
                 "memory://l3",
                 L3Options::default(),
             )),
+            None,
         ),
     ]
 }
@@ -173,12 +209,12 @@ async fn tiers(dir: &std::path::Path) -> Vec<(&'static str, Arc<dyn ChunkStore>)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_tier_keeps_what_the_policy_keeps_and_loses_the_rest() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, s) in tiers(dir.path()).await {
+    for (name, s, clock) in tiers(dir.path()).await {
         for step in 1..=10 {
             save(&*s, step).await;
         }
         // Chunks dated by the tier's clock must be older than the cutoff.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        aged(&*s, clock.as_ref()).await;
         let opts = Options {
             scope: Some(Scope::All),
             ..Default::default()
@@ -214,11 +250,11 @@ async fn every_tier_keeps_what_the_policy_keeps_and_loses_the_rest() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rank_collects_only_its_own_shards_and_keeps_shared_chunks() {
-    let s = MemoryStore::new();
+    let (s, clock) = memory();
     for step in 1..=5 {
         save(&s, step).await;
     }
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    aged(&s, Some(&clock)).await;
     let p = Retention {
         keep_every: 0,
         ..policy()
@@ -244,11 +280,11 @@ async fn a_rank_collects_only_its_own_shards_and_keeps_shared_chunks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tier_failing_at_any_call_loses_nothing_and_the_next_run_finishes() {
     // The undisturbed outcome.
-    let reference = MemoryStore::new();
+    let (reference, clock) = memory();
     for step in 1..=10 {
         save(&reference, step).await;
     }
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    aged(&reference, Some(&clock)).await;
     let opts = Options {
         scope: Some(Scope::All),
         ..Default::default()
@@ -257,12 +293,13 @@ async fn a_tier_failing_at_any_call_loses_nothing_and_the_next_run_finishes() {
     let want = state(&reference).await;
 
     let (mut failed_before_sweep, mut failed_in_sweep) = (0, 0);
+    let mut undisturbed = None;
     for n in 0..80 {
-        let s = MemoryStore::new();
+        let (s, clock) = memory();
         for step in 1..=10 {
             save(&s, step).await;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        aged(&s, Some(&clock)).await;
         let before = state(&s).await;
         // The tier goes down after the n-th call of the collection (as if
         // the collector were killed there).
@@ -291,9 +328,14 @@ async fn a_tier_failing_at_any_call_loses_nothing_and_the_next_run_finishes() {
         collect(down.inner(), JOB, &policy(), &opts).await.unwrap();
         assert_eq!(state(inner).await, want, "call {n}: the next run finished");
         if r.is_ok() {
+            undisturbed = Some(n);
             break;
         }
     }
+    // The outage came after the last call of a whole collection at least
+    // once: every call of a collection was failed once.
+    let calls = undisturbed.expect("80 calls never covered one whole collection");
+    eprintln!("a whole collection: {calls} calls");
     assert!(
         failed_before_sweep > 0,
         "some failures hit the inventory, deleting nothing"
@@ -306,11 +348,13 @@ async fn a_pin_stored_in_the_tier_keeps_its_step_until_it_is_removed() {
     let dir = tempfile::tempdir().unwrap();
     let mut all = tiers(dir.path()).await;
     // Through a wrapper too: pins are forwarded.
+    let (mem, clock) = memory();
     all.push((
         "fault wrapper",
-        Arc::new(FaultStore::new(MemoryStore::new(), FaultPlan::default())),
+        Arc::new(FaultStore::new(mem, FaultPlan::default())),
+        Some(clock),
     ));
-    for (name, s) in all {
+    for (name, s, clock) in all {
         for step in 1..=6 {
             save(&*s, step).await;
         }
@@ -321,7 +365,7 @@ async fn a_pin_stored_in_the_tier_keeps_its_step_until_it_is_removed() {
             BTreeSet::from([2]),
             "{name}"
         );
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        aged(&*s, clock.as_ref()).await;
         let opts = Options {
             scope: Some(Scope::All),
             ..Default::default()
@@ -371,7 +415,14 @@ async fn the_chunk_sweep_aborts_stale_multipart_uploads() {
             .count()
     };
     assert_eq!(staged(), 1);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The staging file older than the tier's time (a grace period of zero).
+    let staging = std::fs::read_dir(dir.path().join(&key).parent().unwrap())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    older_than_the_tier(&s, &staging).await;
     let opts = Options {
         scope: Some(Scope::All),
         ..Default::default()
@@ -423,7 +474,16 @@ async fn uploads_that_cannot_be_aborted_do_not_stop_the_chunk_sweep() {
             .join(format!("{hex}#7")),
     )
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    aged(&s, None).await;
+    older_than_the_tier(
+        &s,
+        &dir.path()
+            .join(JOB)
+            .join("chunks")
+            .join(&hex[..2])
+            .join(format!("{hex}#7")),
+    )
+    .await;
     let opts = Options {
         scope: Some(Scope::All),
         ..Default::default()
@@ -433,4 +493,19 @@ async fn uploads_that_cannot_be_aborted_do_not_stop_the_chunk_sweep() {
     assert!(r.chunks_deleted > 0, "{r:?}");
     let kept = BTreeSet::from([4, 8, 9, 10]);
     assert_eq!(state(&s).await, (kept.clone(), expected_chunks(&kept)));
+}
+
+/// Until the file at `path` (an upload's staging file, beside a `file://`
+/// L3's chunks) is older than the tier's time, with a deadline.
+async fn older_than_the_tier(s: &dyn ChunkStore, path: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let made = std::fs::metadata(path).unwrap().modified().unwrap();
+    while s.now(JOB).await.unwrap() <= made {
+        assert!(
+            Instant::now() < deadline,
+            "{}: as new as the tier",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
