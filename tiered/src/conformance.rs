@@ -468,7 +468,8 @@ pub async fn reads_into_spare_buffers(s: &dyn ChunkStore) -> Outcome {
 /// yields `Option<(store, guard)>` and `None` skips (a server that is not
 /// installed; its constructor decides whether that may be skipped). With
 /// `damage`, it yields `(store, guard, damager)`, a [`Damage`] for the
-/// damage checks (which skip without one).
+/// damage checks (which skip without one); with `optional damage`,
+/// `Option<(store, guard, damager)>`.
 #[macro_export]
 macro_rules! conformance_tests {
     (@all $make:expr) => {
@@ -508,6 +509,11 @@ macro_rules! conformance_tests {
                 }
             }
         )*
+    };
+    (optional damage $make:expr) => {
+        $crate::conformance_tests!(@all ($make).map(|(store, guard, damage)| {
+            (store, guard, Some(damage))
+        }));
     };
     (optional $make:expr) => {
         $crate::conformance_tests!(@all ($make).map(|(store, guard)| {

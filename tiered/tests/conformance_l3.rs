@@ -1,6 +1,7 @@
 //! The conformance suite on L3: in memory, on a local directory, and on two
-//! real S3-compatible servers (s3s-fs and moto) over HTTP. The servers run
-//! the damage checks without a damager (they skip): their bytes are not ours.
+//! real S3-compatible servers (s3s-fs and moto) over HTTP. On the servers
+//! the damage checks change objects through a plain S3 client of their own
+//! on the same bucket, behind the L3 store's back.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "support/servers.rs"]
@@ -45,9 +46,21 @@ mod file {
 }
 
 mod s3s_fs {
-    strata_tiered::conformance_tests!(optional super::servers::s3s_fs().map(|s| (s.store("conf"), s)));
+    strata_tiered::conformance_tests!(optional damage super::servers::s3s_fs().map(|s| {
+        let damage = strata_tiered::conformance::ObjectDamage {
+            store: s.objects(),
+            root: "conf".into(),
+        };
+        (s.store("conf"), s, damage)
+    }));
 }
 
 mod moto {
-    strata_tiered::conformance_tests!(optional super::servers::moto().map(|s| (s.store("conf"), s)));
+    strata_tiered::conformance_tests!(optional damage super::servers::moto().map(|s| {
+        let damage = strata_tiered::conformance::ObjectDamage {
+            store: s.objects(),
+            root: "conf".into(),
+        };
+        (s.store("conf"), s, damage)
+    }));
 }

@@ -224,8 +224,12 @@ async fn limit_never_exceeds_its_calls_in_flight() {
     assert!(wide.most.load(Ordering::SeqCst) > 3);
 }
 
-#[tokio::test]
+/// On tokio's paused clock: the throttle sleeps on tokio's time, which
+/// moves only when every task waits, so the times are exact, whatever the
+/// machine's load.
+#[tokio::test(start_paused = true)]
 async fn throttle_takes_bytes_over_cap_seconds() {
+    use tokio::time::Instant;
     let caps = ThrottleConfig {
         read_bytes_per_sec: 2_000_000,
         write_bytes_per_sec: 1_000_000,
@@ -238,19 +242,12 @@ async fn throttle_takes_bytes_over_cap_seconds() {
         s.put_chunks(JOB, vec![c.clone()]).await.unwrap();
     }
     let w = t0.elapsed();
-    // 200 kB at 1 MB/s: 0.2 s (wall clock, so with slack above).
-    assert!(
-        w >= Duration::from_millis(190) && w < Duration::from_millis(1500),
-        "{w:?}"
-    );
+    // 200 kB at 1 MB/s: 0.2 s.
+    assert_eq!(w, Duration::from_millis(200), "{w:?}");
     // Deduplicated chunks cost nothing.
     let t0 = Instant::now();
     s.put_chunks(JOB, chunks.clone()).await.unwrap();
-    assert!(
-        t0.elapsed() < Duration::from_millis(100),
-        "{:?}",
-        t0.elapsed()
-    );
+    assert_eq!(t0.elapsed(), Duration::ZERO);
     let ids: Vec<ChunkId> = chunks.iter().map(|c| c.id).collect();
     let t0 = Instant::now();
     for r in s.get_chunks(JOB, &ids).await {
@@ -259,14 +256,11 @@ async fn throttle_takes_bytes_over_cap_seconds() {
     s.get_chunk(JOB, &ids[0], None).await.unwrap();
     let r = t0.elapsed();
     // 220 kB at 2 MB/s: 0.11 s (the second call waits for the first's debt).
-    assert!(
-        r >= Duration::from_millis(100) && r < Duration::from_millis(1500),
-        "{r:?}"
-    );
+    assert_eq!(r, Duration::from_millis(110), "{r:?}");
     let open = ThrottleStore::new(MemoryStore::new(), ThrottleConfig::default());
     let t0 = Instant::now();
     open.put_chunks(JOB, chunks).await.unwrap();
-    assert!(t0.elapsed() < Duration::from_millis(100), "0 = unlimited");
+    assert_eq!(t0.elapsed(), Duration::ZERO, "0 = unlimited");
 }
 
 #[tokio::test]

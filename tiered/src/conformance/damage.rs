@@ -3,8 +3,9 @@
 //! must report `Corrupt` chunks and unreadable commit records, never wrong
 //! bytes and never a failed listing.
 //!
-//! A tier whose bytes a test cannot reach (a real S3 server) runs these
-//! checks without a damager: they pass as skipped.
+//! A tier whose bytes a test cannot reach runs these checks without a
+//! damager: they pass as skipped (and say so). The real S3 servers' tests
+//! reach theirs through a second S3 client on the same bucket.
 
 use std::path::PathBuf;
 use std::sync::Arc;

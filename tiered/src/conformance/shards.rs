@@ -115,10 +115,10 @@ pub async fn delete_shard_leaves_other_ranks(s: &dyn ChunkStore) -> Outcome {
 }
 
 /// Writers racing on one id: identical manifests and records all succeed;
-/// of different records for one slot at least one wins, the others get
-/// `AlreadyExists`, and the slot then holds one of them whole. (Some S3
-/// servers let several concurrent creators "win": the last write stays,
-/// so only "one of the candidates" can be required.)
+/// of different records for one slot exactly one wins (commits are
+/// create-only: a check-then-write race would let several "win"), the
+/// others get `AlreadyExists`, and the slot then holds the winner's record
+/// whole.
 pub async fn concurrent_writers_of_one_id(s: &dyn ChunkStore) -> Outcome {
     const N: usize = 6;
     let m: &[u8] = b"the manifest everyone writes";
@@ -138,18 +138,48 @@ pub async fn concurrent_writers_of_one_id(s: &dyn ChunkStore) -> Outcome {
     let candidates: Vec<CommitRecord> = (0..N as u64)
         .map(|i| record_of(31, 1, 0, m, 100 + i))
         .collect();
-    let results = futures_join_all(candidates.iter().map(|r| s.commit(r))).await;
-    let mut won = 0;
-    for r in results {
+    // Each creator on a thread of its own, all released at once: a store
+    // whose check and write are apart lets several through, even where no
+    // await lies between them.
+    let rt = tokio::runtime::Handle::current();
+    let gate = std::sync::Barrier::new(N);
+    let results = tokio::task::block_in_place(|| {
+        std::thread::scope(|sc| {
+            let creators: Vec<_> = candidates
+                .iter()
+                .map(|r| {
+                    let (rt, gate) = (&rt, &gate);
+                    sc.spawn(move || {
+                        gate.wait();
+                        rt.block_on(s.commit(r))
+                    })
+                })
+                .collect();
+            creators
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .map_err(|_| "a racing creator panicked".to_string())
+                })
+                .collect::<Result<Vec<_>, String>>()
+        })
+    })?;
+    let mut won = Vec::new();
+    for (r, c) in results.into_iter().zip(&candidates) {
         match r {
-            Ok(()) => won += 1,
+            Ok(()) => won.push(c.clone()),
             Err(e) if e.kind() == StoreErrorKind::AlreadyExists => {}
             Err(e) => return Err(format!("a racing commit failed with {e}")),
         }
     }
-    ensure(won >= 1, || "no racing commit succeeded".into())?;
+    ensure(won.len() == 1, || {
+        format!(
+            "{} of {N} racing creators of one commit record won (create-only: exactly one)",
+            won.len()
+        )
+    })?;
     let steps = s.list_steps(JOB).await.map_err(err("list"))?;
-    for (step, want) in [(30, vec![rec]), (31, candidates)] {
+    for (step, want) in [(30, vec![rec]), (31, won)] {
         let st = steps
             .iter()
             .find(|st| st.step == step)

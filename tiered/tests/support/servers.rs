@@ -154,6 +154,17 @@ impl Server {
         .collect()
     }
 
+    /// The bucket itself, through a plain S3 client of its own: what the
+    /// damage checks write to behind an L3 store's back (its keys under
+    /// the store's prefix).
+    pub(crate) fn objects(&self) -> std::sync::Arc<dyn object_store::ObjectStore> {
+        let mut b = object_store::aws::AmazonS3Builder::new().with_bucket_name(BUCKET);
+        for (k, v) in self.options() {
+            b = b.with_config(k.parse().unwrap(), v);
+        }
+        std::sync::Arc::new(b.build().unwrap())
+    }
+
     /// An L3 store on this server under `prefix`.
     pub(crate) fn store(&self, prefix: &str) -> L3Store {
         self.store_with(prefix, L3Options::default())
