@@ -16,19 +16,13 @@ pub mod client;
 #[cfg(feature = "fuzzing")]
 pub mod fuzz_session;
 #[cfg(feature = "net")]
-mod ledger;
-#[cfg(feature = "net")]
 pub mod metrics;
 pub mod proto;
-#[cfg(feature = "net")]
-mod replica_store;
 #[cfg(feature = "net")]
 pub mod replicas;
 pub mod ring;
 #[cfg(feature = "net")]
 pub mod service;
-#[cfg(feature = "net")]
-mod service_config;
 #[cfg(feature = "net")]
 pub mod tls;
 

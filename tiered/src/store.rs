@@ -64,7 +64,7 @@ use strata_format::{ChunkId, CommitRecord};
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::Result;
-use crate::l3_frame::Frame;
+use crate::l3::Frame;
 
 /// One chunk to store.
 #[derive(Clone, Debug)]

@@ -11,7 +11,7 @@ use strata_format::{ChunkId, CommitRecord};
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::Result;
-use crate::l3_frame::Frame;
+use crate::l3::Frame;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
 
 macro_rules! forward_chunk_store {

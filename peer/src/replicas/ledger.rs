@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use strata_tiered::{Result, StoreError};
 
-use crate::replicas::RECORD_OVERHEAD;
+use super::RECORD_OVERHEAD;
 
 /// A manifest or a commit record (named by its first rank) of a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,8 +1,8 @@
 //! What a peer service holds: chunk frames in memory up to a byte budget,
 //! then spilled to the service's own disk up to a second budget; shard
 //! manifests and commit records per job; pins; retention through
-//! `strata_gc` (the service's view of itself as a store is in
-//! `replica_store.rs`).
+//! `strata_gc` (children: `store.rs` the service's view of itself as a
+//! store, `ledger.rs` what manifests and records cost, `tests.rs`).
 //!
 //! Frames are kept as the client sent them (any codec), after the service
 //! decoded and verified each against its id, so a peer never holds or
@@ -23,7 +23,9 @@ use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
 use strata_tiered::{ChunkStore, MemoryStore, Result, StepInfo, StoreError};
 
-use crate::ledger::{Kind, Ledger};
+use ledger::{Kind, Ledger};
+mod ledger;
+mod store;
 
 /// Where a chunk's frame is.
 enum Place {
@@ -792,5 +794,4 @@ fn verify_frame(id: &ChunkId, frame: &[u8], max_chunk: u32) -> Result<u32> {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-#[path = "replicas_tests.rs"]
 mod tests;

@@ -29,7 +29,7 @@ use strata_tiered::{
     ChunkData, ChunkInfo, ChunkPut, ChunkStore, PutStats, Result, StepInfo, StoreError,
 };
 
-use crate::replicas::Replicas;
+use super::Replicas;
 
 #[async_trait]
 impl ChunkStore for Replicas {

@@ -1,4 +1,4 @@
-//! Unit tests of `replicas.rs`: budgets, spill, deletes.
+//! Unit tests of [`Replicas`](super::Replicas): budgets, spill, deletes.
 use super::*;
 use strata_format::codec::{ElemHint, EncodeOptions};
 use strata_format::frame::encode_frame;

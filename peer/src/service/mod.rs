@@ -9,6 +9,10 @@
 //! within [`HELLO_TIMEOUT`] naming a job its certificate lists, or it is
 //! closed unread. A bad request gets an error response and the connection
 //! stays usable; the service keeps serving everyone else.
+//!
+//! This module owns the service's lifecycle (bind, accept, the `Hello`,
+//! the budgets, shutdown); `config.rs` its settings, start-up errors and
+//! counters; `serve.rs` the answer to each request after `Hello`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,10 +25,10 @@ use tokio::sync::Semaphore;
 
 use crate::proto::{message_len, ErrorCode, Request, Response, ServiceStats, MAX_MESSAGE, VERSION};
 use crate::replicas::Replicas;
-pub use crate::service_config::{Counters, ServiceConfig, ServiceError};
 use crate::tls::{allows_job, server_config_with_windows};
+pub use config::{Counters, ServiceConfig, ServiceError};
 
-#[path = "service_serve.rs"]
+mod config;
 mod serve;
 
 /// Time a new connection has to complete its `Hello`.

@@ -1,5 +1,6 @@
-//! The answer to each request after `Hello` (the `Service`'s dispatch):
-//! a child of `service.rs`, for its size.
+//! The answer to each request after `Hello`: the `Service`'s dispatch from
+//! a decoded request to [`Replicas`](crate::replicas::Replicas), off the
+//! async workers where it blocks.
 
 use std::sync::Arc;
 

@@ -6,8 +6,8 @@ use futures::StreamExt;
 use strata_format::frame::FrameDecoder;
 use strata_format::ChunkId;
 
+use super::os_err;
 use crate::error::{Result, StoreError};
-use crate::l3::os_err;
 
 /// Streams a response body into `dst`, which it must fill exactly.
 pub(crate) async fn fill(

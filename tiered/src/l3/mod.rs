@@ -21,6 +21,17 @@
 //! [`L3Options::non_atomic_commits`] is set: then a commit is a check
 //! followed by a put, and two writers racing on one step can both "win".
 //! Strata never claims atomic commits there.
+//!
+//! This module owns the store and its chunk side; beside it, `frame.rs`
+//! the frame a read hands back ([`Frame`], shared by every tier's
+//! `get_frame`), `options.rs` the settings ([`L3Options`]), `steps.rs`
+//! manifests, commit records and step listings, `uploads.rs` the incomplete
+//! multipart uploads a killed writer leaves.
+
+mod frame;
+mod options;
+mod steps;
+mod uploads;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -40,14 +51,11 @@ use strata_format::{ChunkId, CommitRecord};
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
-use crate::l3_frame::fill;
-use crate::l3_uploads::{S3Uploads, Uploads};
-#[path = "l3_steps.rs"]
-mod steps;
-
-pub use crate::l3_frame::Frame;
-pub use crate::l3_options::L3Options;
 use crate::store::{dedup_call, slice_range, ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+use frame::fill;
+pub use frame::Frame;
+pub use options::L3Options;
+use uploads::{S3Uploads, Uploads};
 
 /// Largest chunk object read back: the frame of the largest chunk.
 const MAX_FRAME_LEN: usize = FRAME_HEADER_LEN + MAX_CHUNK_LEN as usize + 1024;

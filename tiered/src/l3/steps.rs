@@ -1,7 +1,7 @@
 //! L3's steps: manifests (never replacing a committed one), create-only
 //! commit records, listings that report an unreadable record instead of
 //! failing, and the retirement of a rank's shard. The chunk side is in
-//! `l3.rs`.
+//! `mod.rs`.
 
 use std::collections::BTreeMap;
 

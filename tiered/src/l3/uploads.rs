@@ -26,8 +26,8 @@ use object_store::path::Path as ObjPath;
 use object_store::ClientOptions;
 use serde::Deserialize;
 
+use super::os_err;
 use crate::error::{Result, StoreError};
-use crate::l3::os_err;
 
 /// Largest page of a listing read back (1,000 uploads are about 300 KB).
 const MAX_PAGE_LEN: usize = 8 << 20;

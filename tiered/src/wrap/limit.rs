@@ -9,7 +9,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
-use crate::l3_frame::Frame;
+use crate::l3::Frame;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
 
 /// Lets at most `limit` calls reach the inner store at once (as

@@ -11,7 +11,7 @@ use super::metrics_snapshot::{kind_index, ErrorCounts, FamilyStats, MetricsSnaps
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreErrorKind};
-use crate::l3_frame::Frame;
+use crate::l3::Frame;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
 
 #[derive(Debug, Default)]

@@ -13,7 +13,7 @@ use super::rng::SplitMix64;
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreErrorKind};
-use crate::l3_frame::Frame;
+use crate::l3::Frame;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
 
 /// When and how often [`RetryStore`] tries again.

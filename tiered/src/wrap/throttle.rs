@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::Result;
-use crate::l3_frame::Frame;
+use crate::l3::Frame;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
 
 /// Caps of a [`ThrottleStore`], in bytes per second (0 = unlimited).
