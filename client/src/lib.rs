@@ -34,7 +34,6 @@
 //! `docs/commit-protocol.md`. Errors carry an [`ErrorKind`] that says what
 //! to do about them.
 
-mod agreement;
 mod builder;
 mod checkpointer;
 mod commit;
@@ -53,9 +52,6 @@ mod push_claims;
 mod redact;
 pub mod replication;
 mod restore;
-mod restore_fetch;
-mod restore_l3;
-mod restore_place;
 mod retention;
 pub mod roll_forward;
 mod shared;

@@ -1,15 +1,23 @@
-//! Restore: agree on a step, read the manifest, fetch and verify every
-//! chunk, and place the bytes in the destination buffers.
+//! Restore: agree on a step ([`agreement`]), read the manifest from the
+//! fastest tier with a good copy (the catalog, `crate::tiers`), fetch and
+//! verify every chunk ([`fetch`]; a step only L3 holds by ranged frame
+//! reads, [`l3`]), and place the bytes in the destination buffers
+//! ([`place`]).
+
+pub(crate) mod agreement;
+pub(crate) mod fetch;
+pub(crate) mod l3;
+pub(crate) mod place;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use crate::agreement::Holdings;
 use crate::checkpointer::Checkpointer;
 use crate::error::{Error, Result};
 use crate::gpu::DeviceBytes;
-use crate::restore_fetch::fetch_into;
-use crate::restore_place::{Loaded, Source};
+use crate::restore::agreement::Holdings;
+use crate::restore::fetch::fetch_into;
+use crate::restore::place::{Loaded, Source};
 use crate::state::{RestoredEntry, RestoredState};
 use crate::stats::RestoreStats;
 use crate::tiers::copy::commit_copy;
@@ -292,7 +300,7 @@ impl Checkpointer {
         // steps is refused without listing the tiers again.
         s.committed.fill(holdings.committed.clone());
         let n = s.restores.fetch_add(1, Ordering::Relaxed);
-        let agreement = crate::agreement::agree(
+        let agreement = crate::restore::agreement::agree(
             &*s.coord,
             cfg,
             &format!("restore/{}/{n}", cfg.job),
@@ -377,7 +385,7 @@ impl Checkpointer {
     /// [`Holdings`]. L1 must list. A tier that cannot be listed (an L3, a
     /// peer) is reported to every rank through the agreement, which fails
     /// the restore on all with [`Error::TierUnavailable`] when it may hide
-    /// a newer step ([`crate::agreement::Agreement::check_blind`]: this
+    /// a newer step ([`crate::restore::agreement::Agreement::check_blind`]: this
     /// rank's L1 holds no committed step, or another rank holds a newer
     /// one), unless `skip_unreadable_tiers` is set.
     fn list_tiers(&self) -> Result<Listed> {

@@ -1,7 +1,7 @@
 //! Where a restore's bytes go: the step being read ([`Loaded`]), the
 //! destination slices of each chunk ([`Targets`]), the lanes that fill
 //! them and what they count. Shared by the restore from L1 or a peer
-//! (`restore_fetch.rs`) and the one from L3 (`restore_l3.rs`).
+//! (`fetch.rs`) and the one from L3 (`l3.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Mutex;

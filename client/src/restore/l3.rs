@@ -8,7 +8,7 @@ use strata_format::ShardManifest;
 use strata_tiered::{AlignedBuf, ChunkPut, ChunkStore};
 
 use crate::error::{Error, Result};
-use crate::restore_place::{chunk_error, place, run_lanes, take, Counters, Loaded, Targets};
+use crate::restore::place::{chunk_error, place, run_lanes, take, Counters, Loaded, Targets};
 use crate::shared::Shared;
 
 /// Chunks queued for the L1 write-back of a restore from L3.

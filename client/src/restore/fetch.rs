@@ -1,6 +1,6 @@
 //! Fetching a step's chunks into the destination buffers: lanes of
 //! batches read through the [`TieredReader`] from L1 or a peer (per-chunk
-//! fallback, repair, write-back), or the L3 path (`restore_l3.rs`) for a
+//! fallback, repair, write-back), or the L3 path (`l3.rs`) for a
 //! step only L3 holds.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -10,7 +10,7 @@ use std::time::Instant;
 use strata_tiered::AlignedBuf;
 
 use crate::error::{Error, Result};
-use crate::restore_place::{
+use crate::restore::place::{
     chunk_error, place, run_lanes, split_targets, take, Counters, Loaded, Source, Targets,
 };
 use crate::shared::Shared;
@@ -30,7 +30,7 @@ const RESTORE_LANES: usize = 3;
 /// From L1, [`RESTORE_LANES`] lanes each take the next batch of chunks (at
 /// most [`BATCH_BYTES`]), read it into the lane's reused buffers and copy it
 /// out: while one lane verifies and copies, another's reads keep the disk
-/// busy. From L3 (a step L1 does not hold), see `restore_l3.rs`. Memory in
+/// busy. From L3 (a step L1 does not hold), see `l3.rs`. Memory in
 /// flight is bounded by the lanes, whatever the shard's size.
 pub(crate) fn fetch_into(
     s: &Shared,
@@ -51,7 +51,7 @@ pub(crate) fn fetch_into(
     };
     let mut errors: Vec<(usize, Error)> = match (s.l3(), loaded.source) {
         (Some(l3), Source::L3) => {
-            crate::restore_l3::l3_restore(s, l3, loaded, &wanted, &slots, &failed, &counters)
+            crate::restore::l3::l3_restore(s, l3, loaded, &wanted, &slots, &failed, &counters)
         }
         _ => batch_restore(s, loaded, &wanted, &slots, &failed, &counters),
     };
