@@ -259,7 +259,7 @@ fn an_interrupted_upload_resumes_without_resending() {
 #[test]
 fn faults_on_l3_never_cost_a_save_or_a_restore() {
     use std::sync::Arc;
-    use strata_tiered::faults::{FaultPlan, FaultyStore};
+    use strata_tiered::{FaultPlan, FaultStore};
     let seed = std::env::var("STRATA_FAULT_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -280,7 +280,7 @@ fn faults_on_l3_never_cost_a_save_or_a_restore() {
             None => opts.clone(),
         };
         strata_tiered::L3Store::with_store(
-            Arc::new(FaultyStore::new(inner.clone(), plan)),
+            Arc::new(FaultStore::new(inner.clone(), plan)),
             "root",
             "faulty",
             opts,

@@ -14,8 +14,10 @@
 //!   through `object_store`, with compressed frames and create-only commits;
 //! * [`wrap`]: wrappers over any store (retries, a concurrency limit,
 //!   bandwidth caps, metrics, fault injection), each passing the suite;
+//!   [`FaultStore`] also wraps the `ObjectStore` under L3;
 //! * [`Clock`]: injected time, so grace periods and policies are tested
-//!   without sleeping.
+//!   without sleeping; [`SplitMix64`]: injected randomness, so a failing
+//!   seed replays.
 //!
 //! `Arc<T>` and `Box<T>` of a store are stores. Depends only on
 //! `strata-format`.
@@ -25,13 +27,13 @@ mod chunk_data;
 pub mod clock;
 pub mod conformance;
 mod error;
-pub mod faults;
 mod fsutil;
 pub mod io;
 mod l1;
 mod l3;
 mod memory;
 mod redact;
+pub mod rng;
 pub mod store;
 mod store_forward;
 pub mod wrap;
@@ -45,6 +47,7 @@ pub use l1::L1Store;
 pub use l3::{Frame, L3Options, L3Store};
 pub use memory::MemoryStore;
 pub use redact::{redact_url, scrub_url_secrets, REDACTED};
+pub use rng::SplitMix64;
 pub use store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
 pub use wrap::{
     FaultPlan, FaultStore, LimitStore, MetricsSnapshot, MetricsStore, RetryPolicy, RetryStore,

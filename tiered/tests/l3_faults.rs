@@ -8,10 +8,13 @@ use std::time::Duration;
 
 use strata_format::codec::ElemHint;
 use strata_format::{ChunkId, CommitRecord, ShardRef};
-use strata_tiered::faults::{FaultPlan, FaultyStore};
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, L3Store, StoreErrorKind};
+use strata_tiered::{FaultPlan, FaultStore};
 
 const JOB: &str = "faults";
+
+/// The fault injector over the object store under L3.
+type FaultyStore = FaultStore<Arc<dyn object_store::ObjectStore>>;
 
 fn seed() -> u64 {
     let s = std::env::var("STRATA_FAULT_SEED")
@@ -98,10 +101,8 @@ async fn transient_faults_are_retried_and_nothing_is_lost() {
     let steps = store.list_steps(JOB).await.unwrap();
     assert_eq!(steps.len(), 1);
     assert!(steps[0].is_complete());
-    let c = &faulty.counts;
-    let injected = c.errors.load(std::sync::atomic::Ordering::Relaxed)
-        + c.timeouts.load(std::sync::atomic::Ordering::Relaxed)
-        + c.drops.load(std::sync::atomic::Ordering::Relaxed);
+    let c = faulty.counts();
+    let injected = c.errors + c.timeouts + c.drops;
     assert!(
         injected > 10,
         "the plan must actually inject faults ({injected})"

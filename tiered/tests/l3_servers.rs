@@ -325,9 +325,9 @@ async fn a_failed_multipart_upload_is_aborted_on_moto() {
         return;
     };
     let raw: Arc<dyn object_store::ObjectStore> = Arc::new(raw_s3(&server));
-    let faulty = strata_tiered::faults::FaultyStore::new(
+    let faulty = strata_tiered::FaultStore::new(
         raw,
-        strata_tiered::faults::FaultPlan {
+        strata_tiered::FaultPlan {
             fail_parts: true,
             ..Default::default()
         },

@@ -9,9 +9,10 @@
 //! * [`ThrottleStore`]: a bandwidth cap on chunk bytes read and written;
 //! * [`MetricsStore`]: counters of operations, errors by kind, bytes and
 //!   latency per operation family;
-//! * [`FaultStore`]: seeded, replayable fault injection (errors, latency,
-//!   damaged reads, an outage) at the trait level, so any tier can be
-//!   tested under faults.
+//! * [`FaultStore`]: seeded, replayable fault injection (errors, timeouts,
+//!   dropped connections, latency, damaged reads, outages) at the trait
+//!   level, so any tier can be tested under faults, and over the
+//!   `ObjectStore` under L3 for the faults only a real object store has.
 //!
 //! Each wrapper forwards every trait method, defaults included (a tier's
 //! override must never be lost behind a wrapper), which
@@ -23,16 +24,13 @@
 //! [`ChunkStore`]: crate::ChunkStore
 
 mod fault;
-mod fault_plan;
 mod limit;
 mod metrics;
 mod metrics_snapshot;
 mod retry;
-mod rng;
 mod throttle;
 
-pub use fault::FaultStore;
-pub use fault_plan::{FaultCounts, FaultPlan, FaultTargets};
+pub use fault::{FaultCounts, FaultPlan, FaultStore, FaultTargets};
 pub use limit::LimitStore;
 pub use metrics::MetricsStore;
 pub use metrics_snapshot::{ErrorCounts, FamilyStats, MetricsSnapshot, OpFamily};

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use strata_format::{ChunkId, CommitRecord};
 
-use super::rng::SplitMix64;
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreErrorKind};
 use crate::l3::Frame;
+use crate::rng::SplitMix64;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
 
 /// When and how often [`RetryStore`] tries again.

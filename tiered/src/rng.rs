@@ -1,21 +1,24 @@
-//! A tiny seeded generator (SplitMix64) for jitter and fault decisions:
-//! deterministic for a seed, so a failing run replays; not for secrets.
+//! [`SplitMix64`], the one seeded generator of the workspace: backoff
+//! jitter ([`wrap::RetryStore`](crate::wrap::RetryStore)), fault decisions
+//! ([`wrap::FaultStore`](crate::wrap::FaultStore)), and test or benchmark
+//! data in the crates above. Deterministic for a seed, so a failing run
+//! replays; not for secrets.
 
 /// SplitMix64 (Steele, Lea, Flood 2014): one `u64` of state, full period,
-/// good enough statistics for backoff jitter and fault rates.
+/// good enough statistics for backoff jitter, fault rates and synthetic data.
 #[derive(Clone, Debug)]
-pub(crate) struct SplitMix64 {
+pub struct SplitMix64 {
     state: u64,
 }
 
 impl SplitMix64 {
     /// A generator starting from `seed`.
-    pub(crate) fn new(seed: u64) -> Self {
+    pub fn new(seed: u64) -> Self {
         SplitMix64 { state: seed }
     }
 
     /// The next 64 random bits.
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -24,19 +27,19 @@ impl SplitMix64 {
     }
 
     /// A uniform float in `[0, 1)`.
-    pub(crate) fn unit(&mut self) -> f64 {
+    pub fn unit(&mut self) -> f64 {
         // The top 53 bits fill an f64 mantissa exactly.
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// True with probability `p` (clamped to `[0, 1]`). Always draws, so the
     /// sequence of draws does not depend on the rates.
-    pub(crate) fn chance(&mut self, p: f64) -> bool {
+    pub fn chance(&mut self, p: f64) -> bool {
         self.unit() < p.clamp(0.0, 1.0)
     }
 
     /// A uniform value in `[0, n]` (0 when `n` is 0).
-    pub(crate) fn up_to(&mut self, n: u64) -> u64 {
+    pub fn up_to(&mut self, n: u64) -> u64 {
         let x = self.next_u64();
         match n.checked_add(1) {
             Some(m) => x % m,
