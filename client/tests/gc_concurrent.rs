@@ -58,6 +58,13 @@ fn check_tier(rt: &tokio::runtime::Runtime, name: &str, store: &dyn ChunkStore) 
             if !st.committed_ranks().contains(&rank) {
                 continue;
             }
+            // The manifest names the state's own chunks, in order.
+            assert_eq!(
+                ids,
+                chunk_ids(&state(rank, st.step)),
+                "{name}: step {} rank {rank}",
+                st.step
+            );
             // The shard's bytes, rebuilt from its chunks (each verified).
             let chunks = rt.block_on(store.get_chunks(JOB, &ids));
             let mut bytes = Vec::new();
@@ -76,7 +83,6 @@ fn check_tier(rt: &tokio::runtime::Runtime, name: &str, store: &dyn ChunkStore) 
                 "{name}: step {} rank {rank}",
                 st.step
             );
-            let _ = chunk_ids(&bytes);
             shards += 1;
         }
     }
@@ -205,9 +211,36 @@ fn saves_uploads_replication_and_gc_at_once_keep_every_retained_step_whole() {
     assert_eq!(on_l1, 2 * RANKS as usize, "L1 keeps 2 steps of every rank");
     let on_l3 = check_tier(&rt, "L3", &*flaky);
     assert_eq!(on_l3, 3 * RANKS as usize, "L3 keeps 3 steps of every rank");
-    // The peer here is a bare memory store (no peer service collecting
-    // it): every step it holds committed is whole.
-    assert!(check_tier_whole(&rt, &*peer) >= 2 * RANKS as usize);
+    // The peer here is a bare memory store: no peer service collected it,
+    // so it holds every step pushed, each whole. One collection as the
+    // service runs after a commit (its default retention, the newest 2
+    // steps, any rank's record as evidence), and it holds those two steps
+    // of every rank and no chunk that no manifest references.
+    assert_eq!(
+        check_tier_whole(&rt, &*peer),
+        STEPS as usize * RANKS as usize
+    );
+    let (_, r) = rt
+        .block_on(strata_gc::collect(
+            &*peer,
+            JOB,
+            &strata_gc::Retention {
+                grace: Duration::ZERO,
+                ..strata_gc::Retention::l2()
+            },
+            &strata_gc::Options {
+                evidence: strata_gc::Evidence::AnyRecord,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    assert_eq!(r.kept, vec![STEPS - 1, STEPS], "{r:?}");
+    let on_peer = check_tier(&rt, "peer", &*peer);
+    assert_eq!(
+        on_peer,
+        2 * RANKS as usize,
+        "the peer keeps 2 steps of every rank"
+    );
     // The newest step restores on every rank from L1.
     let coord = InProcessCoordinator::new(RANKS);
     std::thread::scope(|sc| {

@@ -2,7 +2,9 @@
 //! `l3_keep_last` steps (and every `l3_keep_every`-th) stay, the rest and
 //! the chunks no manifest references go; the kept steps restore from L3
 //! alone. An upload that reuses a chunk older than half the grace period
-//! writes it again (so GC never deletes a chunk under an upload).
+//! writes it again, so a collection that planned to delete that chunk
+//! before the upload and sweeps after it spares it (tested with that very
+//! interleaving).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
@@ -152,4 +154,68 @@ fn a_step_uploaded_on_request_stays_on_l3() {
         save(&ck, step);
     }
     assert_eq!(on_l3(&rt), BTreeSet::from([2, 7, 8]));
+}
+
+/// The interleaving a collection and an upload can have: the collection
+/// plans (a chunk no manifest references any more, older than its
+/// cutoff), an upload then reuses that chunk, and only then does the
+/// collection sweep (`delete_chunks_untouched_since` with the planned
+/// cutoff, as `strata_gc::collect` does). The upload wrote the old chunk
+/// again, so the sweep spares it and the new step restores from L3 alone.
+#[test]
+fn a_chunk_reused_by_an_upload_between_a_collections_plan_and_sweep_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = l3(Some(Duration::ZERO));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let shared = strata::format::ChunkId::of(&state(1)[..1 << 16]);
+    {
+        let ck = Checkpointer::builder(cfg(dir.path()))
+            .remote(Some(store.clone() as Arc<dyn ChunkStore>))
+            .build()
+            .unwrap();
+        save(&ck, 1);
+    }
+    // Step 1 leaves L3: its chunks are unreferenced there.
+    rt.block_on(store.delete_step("l3gc", 1)).unwrap();
+    // The collection plans: L3's time now, every chunk older than it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let cutoff = loop {
+        let now = rt.block_on(store.now("l3gc")).unwrap();
+        let infos = rt.block_on(store.list_chunk_info("l3gc")).unwrap();
+        if infos.iter().all(|c| c.touched.is_some_and(|t| t < now)) {
+            break now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "L3's clock stood still"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let doomed = rt.block_on(store.list_chunks("l3gc")).unwrap();
+    assert!(doomed.contains(&shared));
+    // An upload of step 2 reuses the shared chunk.
+    std::fs::remove_dir_all(dir.path()).unwrap();
+    {
+        let ck = Checkpointer::builder(cfg(dir.path()))
+            .remote(Some(store.clone() as Arc<dyn ChunkStore>))
+            .build()
+            .unwrap();
+        save(&ck, 2);
+    }
+    // The collection sweeps what it planned: the reused chunk stays.
+    rt.block_on(store.delete_chunks_untouched_since("l3gc", &doomed, cutoff))
+        .unwrap();
+    assert!(
+        rt.block_on(store.list_chunks("l3gc"))
+            .unwrap()
+            .contains(&shared),
+        "the sweep deleted a chunk the upload had just reused"
+    );
+    std::fs::remove_dir_all(dir.path()).unwrap();
+    let ck = Checkpointer::builder(cfg(dir.path()))
+        .remote(Some(store.clone() as Arc<dyn ChunkStore>))
+        .build()
+        .unwrap();
+    let got = ck.restore(StepSelector::Step(2)).unwrap();
+    assert_eq!(got.get("w").unwrap().bytes, state(2));
 }

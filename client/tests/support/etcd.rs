@@ -56,7 +56,7 @@ impl Etcd {
             return None;
         }
         let dir = tempfile::tempdir().expect("tempdir");
-        let (client, peer) = (free_port(), free_port());
+        let (client, peer, metrics) = (free_port(), free_port(), free_port());
         let scheme = if tls.is_some() { "https" } else { "http" };
         let url = format!("{scheme}://127.0.0.1:{client}");
         let mut cmd = Command::new("etcd");
@@ -78,6 +78,12 @@ impl Etcd {
                 &url,
             ])
             .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            // Plain HTTP `/health` beside the client URLs, whatever their
+            // scheme: how a test sees that etcd serves.
+            .args([
+                "--listen-metrics-urls",
+                &format!("http://127.0.0.1:{metrics}"),
+            ])
             .args(["--log-level", "error"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -93,10 +99,13 @@ impl Etcd {
             assert!(Instant::now() < deadline, "etcd did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
-        // Serving once a read succeeds (the port opens a little earlier;
-        // over https, give it a moment instead).
+        // Serving once its health check says so (the port opens a little
+        // earlier); over plain HTTP, once a read succeeds too.
+        while !healthy(metrics) {
+            assert!(Instant::now() < deadline, "etcd never reported healthy");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         if tls.is_some() {
-            std::thread::sleep(Duration::from_millis(1500));
             return Some(e);
         }
         while e.post("/v3/kv/range", r#"{"key":"AA=="}"#).is_none() {
@@ -127,6 +136,25 @@ impl Etcd {
         }
         Some(rest.to_string())
     }
+}
+
+/// Whether etcd's `/health` on its plain-HTTP metrics port says it
+/// serves (a leader, and a read through raft succeeded).
+fn healthy(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let asked = write!(
+        s,
+        "GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    );
+    let mut out = String::new();
+    asked.is_ok()
+        && s.read_to_string(&mut out).is_ok()
+        && out.starts_with("HTTP/1.1 200")
+        && out.contains(r#""health":"true""#)
 }
 
 impl Drop for Etcd {
