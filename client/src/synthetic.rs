@@ -154,16 +154,17 @@ pub fn entries(total_bytes: u64) -> Vec<SynthEntry> {
     out
 }
 
-/// SplitMix64: a tiny, fast, well-mixed generator.
-struct SplitMix(u64);
+/// The workspace's one generator (`strata_tiered::SplitMix64`), with the
+/// near-normal draw the synthetic weights need.
+struct SplitMix(strata_tiered::SplitMix64);
 
 impl SplitMix {
+    fn new(seed: u64) -> Self {
+        SplitMix(strata_tiered::SplitMix64::new(seed))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// A near-normal value with unit variance: the Irwin-Hall sum of four
@@ -180,7 +181,7 @@ impl SplitMix {
 pub const BLOCK: usize = 64 << 10;
 
 fn block_seed(seed: u64, entry: usize, block: usize) -> u64 {
-    let mut m = SplitMix(
+    let mut m = SplitMix::new(
         seed ^ (entry as u64).wrapping_mul(0x2545_F491_4F6C_DD1D) ^ (block as u64).rotate_left(32),
     );
     m.next()
@@ -190,7 +191,7 @@ fn block_seed(seed: u64, entry: usize, block: usize) -> u64 {
 /// block index; `out` is at most [`BLOCK`] bytes (the entry's tail may be
 /// shorter).
 pub fn fill_block(e: &SynthEntry, seed: u64, entry: usize, block: usize, out: &mut [u8]) {
-    let mut rng = SplitMix(block_seed(seed, entry, block));
+    let mut rng = SplitMix::new(block_seed(seed, entry, block));
     let dtype = match &e.spec.kind {
         strata_format::EntryKind::Tensor { dtype, .. } => Some(*dtype),
         strata_format::EntryKind::Blob => None,
