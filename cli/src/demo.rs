@@ -514,12 +514,15 @@ fn held_per_tier(cfg: &Config) {
     let Ok(tiers) = strata::tiers::Tiers::open(cfg.clone(), true) else {
         return;
     };
+    let all: Vec<_> = tiers.tiers().iter().collect();
+    let cat = tiers.catalog(&all);
     let mut parts = Vec::new();
     for tier in tiers.tiers() {
-        let steps = tiers
-            .steps(tier)
-            .map(|s| s.iter().filter(|st| st.is_complete()).count())
-            .unwrap_or(0);
+        let steps = cat
+            .steps_of(tier)
+            .iter()
+            .filter(|st| st.is_complete())
+            .count();
         let held = tiers.block_on(tier.store.list_chunk_info(&cfg.job));
         let text = match held {
             Ok(chunks) => {
