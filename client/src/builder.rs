@@ -10,11 +10,11 @@ use std::time::Duration;
 use strata_tiered::{ChunkStore, Clock, L1Store, L3Store, SystemClock};
 
 use crate::checkpointer::Checkpointer;
-use crate::commit::{CommitEvents, KnownCommitted};
 use crate::config::Config;
-use crate::coordinator::{Coordinator, SoloCoordinator};
+use crate::coord::commit::{CommitEvents, KnownCommitted};
+use crate::coord::coordinator::{Coordinator, SoloCoordinator};
+use crate::coord::etcd::{EtcdCoordinator, EtcdOptions};
 use crate::error::{Error, Result};
-use crate::etcd::{EtcdCoordinator, EtcdOptions};
 use crate::health::Background;
 use crate::persist::{persist, PersistJob};
 use crate::policy::UploadPolicy;

@@ -36,12 +36,10 @@
 
 mod builder;
 mod checkpointer;
-mod commit;
 pub mod config;
-pub mod coordinator;
+mod coord;
 mod eager_push;
 mod error;
-pub mod etcd;
 pub mod gpu;
 mod handle;
 mod health;
@@ -68,6 +66,7 @@ pub mod tiers;
 pub use builder::CheckpointerBuilder;
 pub use checkpointer::Checkpointer;
 pub use config::{BusyPolicy, Config, UploadBacklog};
+pub use coord::{coordinator, etcd};
 pub use coordinator::{Coordinator, InProcessCoordinator, SoloCoordinator};
 pub use error::{Error, ErrorKind, Result};
 pub use etcd::{EtcdCoordinator, EtcdOptions};

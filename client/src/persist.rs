@@ -1,7 +1,7 @@
 //! The persist worker's job: hash → write chunks → manifest → barrier →
 //! commit record → retention, for one save, starting on the first staging
 //! segment while `save` still fills the next ones. The barrier, the vote
-//! check and the record are the commit protocol's ([`crate::commit`]); a
+//! check and the record are the commit protocol's ([`crate::coord::commit`]); a
 //! committed step is announced to subscribers (uploader, replicator), which
 //! this module does not know.
 
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use strata_format::{ChunkId, EntrySpec, ShardInfo, ShardManifest};
 use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore};
 
-use crate::commit::{self, Committed, Decision, Vote};
+use crate::coord::commit::{self, Committed, Decision, Vote};
 use crate::error::{Error, Result};
 use crate::handle::Completion;
 use crate::par::par_map;

@@ -4,7 +4,7 @@
 //! `upload_min_interval_secs` is set, at least that long has passed (by this
 //! rank's injected clock) since the last step the policy chose. Only rank
 //! 0's answer is used: it travels in rank 0's commit vote and every rank
-//! follows it ([`crate::commit::Decision`]), so the ranks never drift out of
+//! follows it ([`crate::coord::commit::Decision`]), so the ranks never drift out of
 //! phase and L3 always receives whole steps.
 
 use std::sync::{Arc, Mutex};

@@ -9,7 +9,7 @@
 use strata_tiered::redact_url;
 
 use crate::config::Config;
-use crate::etcd::EtcdOptions;
+use crate::coord::etcd::EtcdOptions;
 
 /// True if an `l3_options` key holds a secret (a key, a token, a
 /// password, a SAS, a credential): its value is never printed.

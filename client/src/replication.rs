@@ -18,8 +18,8 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use strata_tiered::ChunkStore;
 
-use crate::commit::Committed;
 use crate::config::UploadBacklog;
+use crate::coord::commit::Committed;
 use crate::error::{Error, Result};
 use crate::shared::Shared;
 use crate::tier_states::Replication;
@@ -216,7 +216,7 @@ fn degraded_on_l1(s: &Shared, newer_than: u64) -> Vec<u64> {
     }
     match s.rt.block_on(s.l1.list_steps(&s.cfg.job)) {
         Ok(steps) => {
-            let on_l1 = crate::commit::restorable(&s.cfg, &steps);
+            let on_l1 = crate::coord::commit::restorable(&s.cfg, &steps);
             degraded
                 .into_iter()
                 .filter(|st| on_l1.contains(st))

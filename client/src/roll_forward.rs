@@ -11,7 +11,7 @@
 use strata_format::ShardManifest;
 use strata_tiered::ChunkStore;
 
-use crate::commit::{self, Committed, Decision};
+use crate::coord::commit::{self, Committed, Decision};
 use crate::error::{Error, Result};
 use crate::shared::Shared;
 use crate::tiers::LoadedShard;

@@ -8,9 +8,9 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use strata_tiered::{ChunkStore, Clock, L1Store};
 
-use crate::commit::{CommitEvents, KnownCommitted};
 use crate::config::Config;
-use crate::coordinator::Coordinator;
+use crate::coord::commit::{CommitEvents, KnownCommitted};
+use crate::coord::coordinator::Coordinator;
 use crate::error::{Error, Result};
 use crate::gpu::{DeviceBytes, Gpu};
 use crate::policy::UploadPolicy;
@@ -126,7 +126,7 @@ impl Shared {
     /// completes at once.
     fn vote_already(&self, step: u64) {
         let (coord, cfg) = (self.coord.clone(), self.cfg.clone());
-        let vote = crate::commit::Vote {
+        let vote = crate::coord::commit::Vote {
             ok: true,
             upload: false,
             already: true,
@@ -134,7 +134,7 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name("strata-refused-vote".into())
             .spawn(move || {
-                if let Err(e) = crate::commit::barrier(&*coord, &cfg, step, vote) {
+                if let Err(e) = crate::coord::commit::barrier(&*coord, &cfg, step, vote) {
                     tracing::debug!(step, error = %e, "the barrier of a refused save did not complete");
                 }
             });
@@ -169,7 +169,7 @@ impl Shared {
             .listings()
             .iter()
             .filter_map(|l| l.steps.as_ref().ok())
-            .flat_map(|steps| crate::commit::restorable(&self.cfg, steps))
+            .flat_map(|steps| crate::coord::commit::restorable(&self.cfg, steps))
             .collect()
     }
 

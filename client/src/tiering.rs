@@ -18,8 +18,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use strata_tiered::{ChunkStore, ThrottleConfig, ThrottleStore};
 
 use crate::checkpointer::Checkpointer;
-use crate::commit::Committed;
 use crate::config::UploadBacklog;
+use crate::coord::commit::Committed;
 use crate::error::{Error, Result};
 use crate::shared::Shared;
 use crate::tier_states::{L2State, UploadJob, Uploads};
@@ -268,7 +268,7 @@ impl Checkpointer {
     pub fn steps(&self) -> Result<Vec<StepTiers>> {
         let s = &self.shared;
         let cfg = &s.cfg;
-        let mine = |steps: &[strata_tiered::StepInfo]| crate::commit::restorable(cfg, steps);
+        let mine = |steps: &[strata_tiered::StepInfo]| crate::coord::commit::restorable(cfg, steps);
         let l1 = mine(&s.rt.block_on(s.l1.list_steps(&cfg.job))?);
         let l3 = match s.l3() {
             Some(l3) => mine(&s.rt.block_on(l3.list_steps(&cfg.job))?),

@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use strata_tiered::StepInfo;
 
 use crate::config::Config;
-use crate::coordinator::Coordinator;
+use crate::coord::coordinator::Coordinator;
 use crate::error::{Error, Result};
 
 /// Tag of the current payload. An older build sends a bare list of
@@ -49,7 +49,8 @@ impl Holdings {
     /// the newest step committed by another world size. `partial_too`
     /// (L1): this rank's manifests without a record, not being retired.
     pub(crate) fn add_listing(&mut self, cfg: &Config, steps: &[StepInfo], partial_too: bool) {
-        self.committed.extend(crate::commit::restorable(cfg, steps));
+        self.committed
+            .extend(crate::coord::commit::restorable(cfg, steps));
         for st in steps {
             if let Some(w) = st.world_size().filter(|w| *w != cfg.world_size) {
                 if self.foreign.is_none_or(|(s, _)| s < st.step) {
@@ -288,7 +289,7 @@ pub(crate) fn agree(
     key: &str,
     mine: &Holdings,
 ) -> Result<Agreement> {
-    let all = crate::commit::gather_world(coord, cfg, key, mine.encode())?;
+    let all = crate::coord::commit::gather_world(coord, cfg, key, mine.encode())?;
     let decoded = all
         .iter()
         .enumerate()

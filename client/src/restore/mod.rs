@@ -40,7 +40,7 @@ pub enum StepSelector {
     Step(u64),
 }
 
-pub(crate) use crate::commit::restorable;
+pub(crate) use crate::coord::commit::restorable;
 
 /// A step every rank agreed to restore, with this rank's manifest loaded
 /// and checked against its commit record ([`Checkpointer::plan_restore`]).
@@ -352,7 +352,7 @@ impl Checkpointer {
                     source: Source::L1,
                 })
             };
-            let ready = crate::commit::all_ready(
+            let ready = crate::coord::commit::all_ready(
                 &*s.coord,
                 cfg,
                 &format!("restore/{}/{n}/ready/{step}", cfg.job),

@@ -13,7 +13,7 @@
 //!    (`ChunkStore::delete_shard`, a retiring marker first).
 //!
 //! Restore: each rank lists what it can serve ([`restorable`]), the ranks
-//! combine their lists (`crate::agreement`: a step some rank committed is
+//! combine their lists (`crate::restore::agreement`: a step some rank committed is
 //! decided, and a rank holding only its manifest rolls it forward), and a
 //! step found unreadable on some rank is dropped and the next one tried.
 
@@ -25,7 +25,7 @@ use strata_format::{CommitRecord, ShardManifest, ShardRef};
 use strata_tiered::StepInfo;
 
 use crate::config::Config;
-use crate::coordinator::Coordinator;
+use crate::coord::coordinator::Coordinator;
 use crate::error::{Error, Result};
 
 /// One rank's vote at a step's commit barrier.

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::coordinator::Coordinator;
+use crate::coord::coordinator::Coordinator;
 use crate::error::{Error, Result};
 use api::{EtcdApi, Security};
 
