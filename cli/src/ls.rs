@@ -31,7 +31,7 @@ pub(crate) struct LsArgs {
 /// One tier's hold on a step.
 #[derive(Serialize, Debug)]
 pub(crate) struct TierState {
-    /// Tier name: L1, L3, L2:<peer>.
+    /// Tier name: L1, L2:<peer>, L3.
     pub(crate) tier: String,
     /// committed, partial, chunks (L3: some of the step's chunks, no
     /// manifest yet), absent, unreadable.
