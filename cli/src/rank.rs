@@ -54,6 +54,15 @@ pub(crate) struct RankArgs {
     /// kill a node while the other ranks wait for it.
     #[arg(long, value_parser = parse_pause)]
     pause_before: Option<(u64, f64)>,
+    /// Wait before saving step N until a file exists (`N:PATH`): for tests
+    /// that hold a rank until an event they watch for has happened.
+    #[arg(long, value_parser = parse_hold)]
+    hold_before: Option<(u64, std::path::PathBuf)>,
+}
+
+fn parse_hold(s: &str) -> Result<(u64, std::path::PathBuf), String> {
+    let (a, b) = s.split_once(':').ok_or("expected STEP:PATH")?;
+    Ok((a.parse().map_err(|e| format!("{a}: {e}"))?, b.into()))
 }
 
 fn parse_pause(s: &str) -> Result<(u64, f64), String> {
@@ -182,6 +191,13 @@ fn run_rank(a: &RankArgs) -> Result<(), CliError> {
                 std::thread::sleep(Duration::from_secs_f64(secs));
             }
         }
+        if let Some((at, gate)) = &a.hold_before {
+            if *at == step {
+                while !gate.exists() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
         let s = state(a, rank, step);
         let shape = [s[0].1.len() as u64 / 2];
         let t = Instant::now();
@@ -244,9 +260,32 @@ mod tests {
                 .collect();
             assert_eq!(changed, [(step % TENSORS as u64) as usize], "step {step}");
         }
-        // Shared weights are the same on every rank; the own half is not.
-        assert_eq!(tensor(1, None, 3, n, 5), tensor(1, None, 3, n, 5));
+        // Shared weights are the same on every rank; the own half is not
+        // (through `state`, which picks the half for each entry by rank).
+        let a = RankArgs {
+            config: None,
+            steps: 1,
+            state_size: 4096,
+            seed: 1,
+            resume: false,
+            verify: false,
+            wait_tiers: false,
+            pause_before: None,
+            hold_before: None,
+        };
+        let (r0, r1) = (state(&a, 0, 5), state(&a, 1, 5));
+        assert_eq!(r0.len(), 2 * TENSORS + 1);
+        for ((name, b0), (name1, b1)) in r0.iter().zip(&r1) {
+            assert_eq!(name, name1);
+            if name.starts_with("model.") || name == "step" {
+                assert_eq!(b0, b1, "{name}: shared by every rank");
+            } else {
+                assert_ne!(b0, b1, "{name}: each rank's own");
+            }
+        }
         assert_ne!(tensor(1, Some(0), 3, n, 5), tensor(1, Some(1), 3, n, 5));
         assert!(parse_pause("3:1.5").is_ok() && parse_pause("3").is_err());
+        assert_eq!(parse_hold("5:/a/b").unwrap(), (5, "/a/b".into()));
+        assert!(parse_hold("5").is_err());
     }
 }

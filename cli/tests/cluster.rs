@@ -2,9 +2,12 @@
 //! machine allows, else loopback addresses), agreeing through a real etcd,
 //! replicating to each other's peer services and uploading to a real S3
 //! server: every step restores byte-identical on every rank; a node killed
-//! mid-save leaves that step committed nowhere and the survivors see it
-//! within the lease; a replacement node with an empty disk restores from
-//! its peers, and with the peers gone too, from L3.
+//! inside a save (its votes cast, waiting at the barrier for the others)
+//! leaves that step committed nowhere once its leases lapsed, and the
+//! survivors fail that step at once naming it; a replacement node with an
+//! empty disk restores from its peers, and with the peers gone too, from
+//! L3. Every wait is on an event (a rank's output, a key in etcd), never a
+//! guessed sleep.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
@@ -73,6 +76,75 @@ fn of<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["event"] == kind).collect()
 }
 
+/// The keys and values under `prefix` in the cluster's etcd (through its
+/// JSON gateway).
+fn etcd_range(c: &Cluster, prefix: &str) -> Vec<(String, String)> {
+    use base64::Engine as _;
+    use std::io::{Read, Write};
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut end = prefix.as_bytes().to_vec();
+    *end.last_mut().unwrap() += 1;
+    let body =
+        serde_json::json!({ "key": b64.encode(prefix), "range_end": b64.encode(&end) }).to_string();
+    let host = c.etcd_url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        s,
+        "POST /v3/kv/range HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let json = out.split("\r\n\r\n").nth(1).unwrap_or_default();
+    // A chunked answer: the JSON object is the one line that starts with '{'.
+    let line = json.lines().find(|l| l.starts_with('{')).unwrap_or(json);
+    let v: Value = serde_json::from_str(line).unwrap();
+    let text = |x: &Value| {
+        String::from_utf8_lossy(&b64.decode(x.as_str().unwrap_or_default()).unwrap()).into_owned()
+    };
+    v["kvs"]
+        .as_array()
+        .map(|kvs| {
+            kvs.iter()
+                .map(|kv| (text(&kv["key"]), text(&kv["value"])))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The ranks whose vote on `step`'s commit barrier is in etcd now.
+fn voted(c: &Cluster, step: u64) -> Vec<u32> {
+    let round = format!("commit%2F{JOB}%2F{step}@");
+    etcd_range(c, &format!("/strata/{JOB}/rounds/"))
+        .into_iter()
+        .filter_map(|(k, _)| {
+            let rest = &k[k.find(&round)? + round.len()..];
+            let rank = rest.split('/').nth(1)?;
+            rank.parse().ok()
+        })
+        .collect()
+}
+
+/// Rank claims in etcd held by a live process (not marked exited).
+fn live_claims(c: &Cluster) -> Vec<u32> {
+    etcd_range(c, &format!("/strata/{JOB}/ranks/"))
+        .into_iter()
+        .filter(|(_, v)| !v.split_whitespace().any(|w| w == "exited"))
+        .filter_map(|(k, _)| k.rsplit('/').next()?.parse().ok())
+        .collect()
+}
+
+/// Polls `cond` every 50 ms until it holds; panics with `what` after
+/// `limit`.
+fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what} (after {limit:?})");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn three_nodes_of_two_ranks_save_twenty_steps_that_restore_on_every_rank() {
     let dir = tempfile::tempdir().unwrap();
@@ -133,37 +205,60 @@ fn a_node_killed_mid_save_then_replaced_restores_from_peers_then_from_l3() {
         .iter()
         .all(|&ok| ok));
 
-    // Steps 4 and 5: node 2's ranks hold back before step 5 and are killed
-    // (with node 2's peer service) while the others wait for them.
+    // Steps 4 and 5. Nodes 0 and 1 save step 4, then hold before step 5
+    // (until a gate file exists). Node 2's ranks go on into their save of
+    // step 5: they write it, cast their votes and wait at its barrier for
+    // the others, and are killed there (with node 2's peer service),
+    // inside the save.
+    let gate = dir.path().join("gate-step-5");
     let run = args(&[&["--resume", "--steps", "3"][..], &common].concat());
-    let mut ranks = c.spawn_ranks(&[0, 1], &run).unwrap();
-    let mut held = c
-        .spawn_ranks(
-            &[2],
-            &args(
-                &[
-                    &run.iter().map(String::as_str).collect::<Vec<_>>()[..],
-                    &["--pause-before", "5:600"],
-                ]
-                .concat(),
-            ),
-        )
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !ranks
+    let gated: Vec<String> = run
         .iter()
-        .chain(&held)
-        .all(|r| of(&r.events(), "saved").iter().any(|e| e["step"] == 4))
-    {
-        assert!(Instant::now() < deadline, "step 4 never saved");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(500)); // the others are at step 5's barrier
+        .cloned()
+        .chain(args(&["--hold-before", &format!("5:{}", gate.display())]))
+        .collect();
+    let mut ranks = c.spawn_ranks(&[0, 1], &gated).unwrap();
+    let mut held = c.spawn_ranks(&[2], &run).unwrap();
+    let node2: Vec<u32> = (0..2).map(|l| c.rank_of(2, l)).collect();
+    until(
+        Duration::from_secs(120),
+        "node 2's ranks never voted on step 5",
+        || {
+            let v = voted(&c, 5);
+            node2.iter().all(|r| v.contains(r))
+        },
+    );
     for r in &mut held {
+        // Still inside the save: not exited, step 5 not saved.
+        assert!(r.proc.0.try_wait().unwrap().is_none(), "rank {}", r.rank);
+        let ev = r.events();
+        assert!(
+            of(&ev, "saved").iter().any(|e| e["step"] == 4)
+                && !of(&ev, "saved").iter().any(|e| e["step"] == 5),
+            "{ev:?}"
+        );
         r.proc.kill();
     }
     c.kill_peer(2);
     let killed = Instant::now();
+    // Their claims lapse with their 2 s leases (plus keep-alive periods),
+    // not the 120 s coordination timeout: their votes stop counting.
+    until(
+        Duration::from_secs(15),
+        "the killed ranks' claims never lapsed",
+        || {
+            let live = live_claims(&c);
+            node2.iter().all(|r| !live.contains(r))
+        },
+    );
+    eprintln!(
+        "node 2's claims lapsed {:?} after the kill",
+        killed.elapsed()
+    );
+    // The survivors go on to step 5: it fails at once, naming the ranks
+    // that left (seen in earlier rounds, gone now).
+    std::fs::write(&gate, b"").unwrap();
+    let released = Instant::now();
     let ok = wait_all(&mut ranks, Duration::from_secs(60));
     assert!(
         ok.iter().all(|&ok| !ok),
@@ -176,13 +271,22 @@ fn a_node_killed_mid_save_then_replaced_restores_from_peers_then_from_l3() {
         assert_eq!(failed[0]["step"], 5);
         let msg = failed[0]["error"].as_str().unwrap_or("");
         assert!(msg.contains("left"), "names the dead ranks: {msg}");
+        // The ranks named as gone: node 2's (and maybe a survivor that
+        // already failed and ended).
+        let named: Vec<u32> = msg
+            .split_once('[')
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map(|(list, _)| list.split(", ").filter_map(|r| r.parse().ok()).collect())
+            .unwrap_or_default();
+        assert!(
+            node2.iter().all(|r| named.contains(r)),
+            "names {node2:?}: {msg}"
+        );
     }
-    // Seen within the 2 s lease (plus a keep-alive period), not the 120 s
-    // coordination timeout.
     assert!(
-        killed.elapsed() < Duration::from_secs(15),
+        released.elapsed() < Duration::from_secs(15),
         "{:?}",
-        killed.elapsed()
+        released.elapsed()
     );
     // Step 5 is committed nowhere; step 4 is, on every surviving rank.
     for i in [0, 1] {
@@ -265,7 +369,16 @@ fn two_processes_claiming_one_rank_fail_clearly() {
             ]),
         )
         .unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    // The holders hold their claims once they saved step 1.
+    until(
+        Duration::from_secs(120),
+        "the holders never saved step 1",
+        || {
+            ranks
+                .iter()
+                .all(|r| of(&r.events(), "saved").iter().any(|e| e["step"] == 1))
+        },
+    );
     let mut twin = c
         .spawn_ranks(&[0], &args(&["--steps", "1", "--state-size", "1MiB"]))
         .unwrap();
@@ -371,13 +484,15 @@ fn a_link_cut_during_a_save_commits_nothing_and_the_next_step_commits_once_it_is
     assert!(wait_all(&mut first, Duration::from_secs(300))
         .iter()
         .all(|&ok| ok));
-    // Step 5: node 2 holds back 4 s; its link is cut meanwhile.
+    // Step 5: node 2 holds before it (until a gate file exists); its link
+    // is cut meanwhile, then it goes on.
+    let gate = dir.path().join("gate-step-5");
     let run = args(&[&["--resume", "--steps", "1"][..], &common].concat());
     let mut ranks = c.spawn_ranks(&[0, 1], &run).unwrap();
     let held_args: Vec<String> = run
         .iter()
         .cloned()
-        .chain(args(&["--pause-before", "5:4"]))
+        .chain(args(&["--hold-before", &format!("5:{}", gate.display())]))
         .collect();
     let mut held = c.spawn_ranks(&[2], &held_args).unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -390,6 +505,7 @@ fn a_link_cut_during_a_save_commits_nothing_and_the_next_step_commits_once_it_is
         std::thread::sleep(Duration::from_millis(50));
     }
     c.fabric.link(2, false).unwrap();
+    std::fs::write(&gate, b"").unwrap();
     let ok = wait_all(&mut ranks, Duration::from_secs(60));
     let ok_held = wait_all(&mut held, Duration::from_secs(60));
     c.fabric.link(2, true).unwrap();
@@ -413,11 +529,15 @@ fn a_link_cut_during_a_save_commits_nothing_and_the_next_step_commits_once_it_is
             "node {i}: {steps:?}"
         );
     }
-    // The link is back: the next attempt commits step 5 everywhere. (The
-    // cut-off ranks' claims expire with their leases first: on a loaded
-    // machine etcd can take a few lease periods, and a new rank that finds
-    // its claim still held fails, leaving the others to their timeout.)
-    std::thread::sleep(Duration::from_secs(6));
+    // The link is back: the next attempt commits step 5 everywhere, once
+    // the cut-off rank's claim has expired with its lease (on a loaded
+    // machine etcd can take a few lease periods; a new rank that finds its
+    // claim still held fails, leaving the others to their timeout).
+    until(
+        Duration::from_secs(60),
+        "the cut-off rank's claim never lapsed",
+        || live_claims(&c).is_empty(),
+    );
     let mut again = c.spawn_ranks(&[0, 1, 2], &run).unwrap();
     let ok = wait_all(&mut again, Duration::from_secs(300));
     for (r, ok) in again.iter().zip(ok) {
@@ -436,9 +556,48 @@ fn a_delay_is_set_where_the_kernel_has_netem_and_refused_clearly_elsewhere() {
         eprintln!("SKIPPED: delays need network namespaces");
         return;
     }
-    match f.delay(0, Duration::from_millis(20)) {
-        Ok(()) => f.delay(0, Duration::ZERO).unwrap(),
-        Err(e) => assert!(e.contains("netem"), "{e}"),
+    // Whether this kernel has netem, asked apart from the fabric: a netem
+    // qdisc on the loopback of a namespace of the test's own.
+    let probe = format!("snprobe{}", std::process::id());
+    let ip = |a: &[&str]| std::process::Command::new("ip").args(a).output().unwrap();
+    assert!(ip(&["netns", "add", &probe]).status.success());
+    let tried = ip(&[
+        "netns", "exec", &probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms",
+    ]);
+    ip(&["netns", "del", &probe]);
+    let netem = tried.status.success();
+    let delay = Duration::from_millis(300);
+    match f.delay(0, delay) {
+        Ok(()) => {
+            assert!(netem, "a delay was set where the kernel has no netem");
+            // The delay holds: node 0's packets (its SYN) wait `delay`.
+            let l = std::net::TcpListener::bind((f.services_addr(), 0)).unwrap();
+            let to = l.local_addr().unwrap();
+            let connect = |f: &strata_cli::cluster::Fabric| {
+                let t = Instant::now();
+                let st = f
+                    .command(0, std::path::Path::new("bash"))
+                    .args(["-c", &format!("exec 3<>/dev/tcp/{}/{}", to.ip(), to.port())])
+                    .status()
+                    .unwrap();
+                assert!(st.success());
+                t.elapsed()
+            };
+            let slow = connect(&f);
+            assert!(
+                slow >= delay,
+                "connect took {slow:?} under a {delay:?} delay"
+            );
+            f.delay(0, Duration::ZERO).unwrap();
+            let fast = connect(&f);
+            assert!(fast < slow, "removed: {fast:?} (was {slow:?})");
+        }
+        Err(e) => {
+            let why = String::from_utf8_lossy(&tried.stderr);
+            assert!(!netem, "the kernel has netem, yet: {e}");
+            // Refused for the kernel's reason, in the fabric's words.
+            assert!(e.contains("netem") && e.contains(why.trim()), "{e} / {why}");
+        }
     }
     // Loopback fabrics cannot delay or cut links at all.
     let lo = strata_cli::cluster::Fabric::new(1, true);

@@ -9,17 +9,18 @@
 #[path = "support/peer_proc.rs"]
 mod peer_proc;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use strata_format::codec::{ElemHint, EncodeOptions};
 use strata_format::{ChunkId, CommitRecord, ShardRef};
 use strata_peer::tls::{make_certs, CertFiles};
 use strata_peer::{PeerOptions, PeerStore};
-use strata_tiered::{ChunkData, ChunkPut, ChunkStore};
+use strata_tiered::{ChunkData, ChunkPut, ChunkStore, StoreErrorKind};
 
 const MIB: u64 = 1 << 20;
 /// The service's budgets (MiB), as passed on its command line.
@@ -208,35 +209,57 @@ fn a_hostile_client_cannot_grow_the_service_past_its_budgets() {
     };
     let deadline = Instant::now() + Duration::from_secs(15);
     let attacks = Arc::new(AtomicU64::new(0));
+    // Every hostile request's outcome, by request: "ok" or its error kind.
+    let tally: Arc<Mutex<BTreeMap<(&'static str, String), u64>>> = Arc::default();
     let mut tasks = Vec::new();
     for (n, s) in evil.iter().enumerate() {
         for k in 0..16u64 {
-            let (s, stored, attacks) = (s.clone(), stored.clone(), attacks.clone());
+            let (s, stored, attacks, tally) =
+                (s.clone(), stored.clone(), attacks.clone(), tally.clone());
             tasks.push(rt.spawn(async move {
                 let mut i = n as u64 * 16 + k;
+                let count = |what: &'static str, r: Result<(), strata_tiered::StoreError>| {
+                    let how = r.map_or_else(|e| format!("{:?}", e.kind()), |()| "ok".into());
+                    *tally.lock().unwrap().entry((what, how)).or_insert(0) += 1;
+                };
                 while Instant::now() < deadline {
                     i += 1;
-                    let _ = match i % 4 {
-                        // A ranged read of a whole spilled chunk.
-                        0 | 1 => s
-                            .get_chunk(
-                                "evil",
-                                &stored[i as usize % stored.len()],
-                                Some(0..BIG as u32),
-                            )
-                            .await
-                            .map(|_| ()),
+                    match i % 4 {
+                        // A ranged read of a whole spilled chunk: when it
+                        // is answered, with the chunk's very bytes.
+                        0 | 1 => {
+                            let j = i as usize % stored.len();
+                            let r = s
+                                .get_chunk("evil", &stored[j], Some(0..BIG as u32))
+                                .await
+                                .map(|d| {
+                                    let want = bomb(j as u32);
+                                    assert!(
+                                        d.as_slice() == want.data.as_slice(),
+                                        "a ranged read of chunk {j} gave other bytes"
+                                    );
+                                });
+                            count("ranged read", r);
+                        }
                         // A put that decodes to 16 MiB.
-                        2 => s
-                            .put_chunks("evil", vec![bomb(1000 + i as u32)])
-                            .await
-                            .map(|_| ()),
+                        2 => count(
+                            "bomb put",
+                            s.put_chunks("evil", vec![bomb(1000 + i as u32)])
+                                .await
+                                .map(|_| ()),
+                        ),
                         // A large record, and empty manifests.
                         _ => {
-                            let _ = s.put_manifest("evil", i, (i % 5000) as u32, &[]).await;
-                            s.commit(&record("evil", 1_000_000 + i, 30_000)).await
+                            count(
+                                "empty manifest",
+                                s.put_manifest("evil", i, (i % 5000) as u32, &[]).await,
+                            );
+                            count(
+                                "large record",
+                                s.commit(&record("evil", 1_000_000 + i, 30_000)).await,
+                            );
                         }
-                    };
+                    }
                     attacks.fetch_add(1, Ordering::Relaxed);
                 }
             }));
@@ -283,6 +306,9 @@ fn a_hostile_client_cannot_grow_the_service_past_its_budgets() {
         bound / MIB,
         attacks.load(Ordering::Relaxed)
     );
+    let tally = tally.lock().unwrap().clone();
+    eprintln!("hostile outcomes: {tally:?}");
+    check_outcomes(&tally);
     assert!(rounds >= 3, "the good job made {rounds} rounds");
     assert!(attacks.load(Ordering::Relaxed) > 100);
     assert!(
@@ -369,4 +395,46 @@ fn refused_connections_are_counted_and_their_log_is_rate_limited() {
         "{lines} log lines for {N} refusals in {secs:.1} s"
     );
     assert!(log.contains("unlogged_since_last"), "{log}");
+}
+
+/// The hostile requests' outcomes: each kind of request was answered (so
+/// each attack reached the service), and every refusal has the kind its
+/// budget or quota gives (busy, full, over a limit), never a corrupt
+/// chunk, a missing one, or an internal error.
+fn check_outcomes(tally: &BTreeMap<(&'static str, String), u64>) {
+    let allowed: &[(&str, &[StoreErrorKind])] = &[
+        ("ranged read", &[StoreErrorKind::Unavailable]),
+        (
+            "bomb put",
+            &[StoreErrorKind::NoSpace, StoreErrorKind::Unavailable],
+        ),
+        (
+            "empty manifest",
+            &[StoreErrorKind::NoSpace, StoreErrorKind::Unavailable],
+        ),
+        (
+            "large record",
+            &[
+                StoreErrorKind::Invalid,
+                StoreErrorKind::NoSpace,
+                StoreErrorKind::Unavailable,
+            ],
+        ),
+    ];
+    for (what, kinds) in allowed {
+        let total: u64 = tally
+            .iter()
+            .filter(|((w, _), _)| w == what)
+            .map(|(_, n)| n)
+            .sum();
+        assert!(total > 0, "no {what} was sent: {tally:?}");
+        for ((w, how), n) in tally {
+            if w == what && how != "ok" {
+                assert!(
+                    kinds.iter().any(|k| format!("{k:?}") == *how),
+                    "{n} {what}s refused as {how}: {tally:?}"
+                );
+            }
+        }
+    }
 }
