@@ -40,7 +40,7 @@ pub use damage::{
 };
 pub use shards::{
     committed_manifest_is_never_replaced, concurrent_writers_of_one_id,
-    delete_shard_leaves_other_ranks,
+    concurrent_writers_on_a_racy_server, delete_shard_leaves_other_ranks,
 };
 
 /// A check's outcome.
@@ -509,6 +509,21 @@ macro_rules! conformance_tests {
                 }
             }
         )*
+    };
+    // A server whose create-if-absent is not atomic under a race: every
+    // check, the racing creators' one with "one record ends up there"
+    // instead of "exactly one creator wins".
+    (optional damage racy_creates $make:expr) => {
+        $crate::conformance_tests!(@plain ($make).map(|(store, guard, damage)| {
+            (store, guard, Some(damage))
+        }); put_get_round_trip, put_is_idempotent,
+            concurrent_puts_of_one_chunk, errors_have_kinds, jobs_are_isolated, manifests,
+            commits_are_create_only, deletion, reads_into_spare_buffers,
+            committed_manifest_is_never_replaced, delete_shard_leaves_other_ranks,
+            concurrent_writers_on_a_racy_server, tier_clock_dates_its_chunks);
+        $crate::conformance_tests!(@damage ($make).map(|(store, guard, damage)| {
+            (store, guard, Some(damage))
+        }); damaged_chunk_is_corrupt, damaged_record_is_reported);
     };
     (optional damage $make:expr) => {
         $crate::conformance_tests!(@all ($make).map(|(store, guard, damage)| {

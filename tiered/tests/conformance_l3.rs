@@ -46,7 +46,13 @@ mod file {
 }
 
 mod s3s_fs {
-    strata_tiered::conformance_tests!(optional damage super::servers::s3s_fs().map(|s| {
+    // s3s-fs 0.14 answers `If-None-Match: *` by checking before it writes,
+    // not atomically: racing creators of one record can each be told they
+    // won (seen: 2 to 6 of 6 under load). Real S3 and moto are atomic (moto
+    // runs the exact check below); on s3s-fs the race must still leave one
+    // whole record. In Strata a record slot is written by its own rank
+    // only (or holds a byte-identical copy), so the race is the test's.
+    strata_tiered::conformance_tests!(optional damage racy_creates super::servers::s3s_fs().map(|s| {
         let damage = strata_tiered::conformance::ObjectDamage {
             store: s.objects(),
             root: "conf".into(),
