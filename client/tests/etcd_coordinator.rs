@@ -193,10 +193,10 @@ fn etcd_authentication_is_used_when_configured() {
         allow_plaintext_auth: true,
         ..opts(&etcd.url)
     };
-    // Refused by etcd's authentication, not by anything else. (Its kind
-    // is Unavailable today, where Unauthorized is what the kinds promise:
-    // the etcd client maps every etcd error to Coordination.)
+    // Refused by etcd's authentication, not by anything else: the kind
+    // says fix the credentials, not retry later.
     let e = EtcdCoordinator::connect(wrong, "auth", 0, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unauthorized, "{e}");
     let msg = e.to_string();
     assert!(msg.contains("authentication failed"), "{e}");
     assert!(!msg.contains("nope"), "the password is never printed: {e}");
@@ -228,18 +228,16 @@ fn etcd_over_https_needs_its_ca() {
     };
     let c = EtcdCoordinator::connect(with_ca, "tls", 0, 1).unwrap();
     assert_eq!(c.all_gather(0, "r", vec![3], LONG).unwrap(), vec![vec![3]]);
-    // A CA file that is not PEM trusts nothing: refused. (Today as an
-    // unreachable server, Unavailable, "retry later": the file is not
-    // parsed when read; a configuration error, Invalid, naming the file, is
-    // what it should be.)
+    // A CA file that is not PEM trusts nothing: a configuration error
+    // naming the file, before any connection is tried.
     std::fs::write(dir.path().join("bad.pem"), b"not a certificate").unwrap();
     let bad = EtcdOptions {
         ca_file: Some(dir.path().join("bad.pem")),
         ..opts(&etcd.url)
     };
     let e = EtcdCoordinator::connect(bad, "tls", 0, 1).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
-    assert!(e.to_string().contains("unreachable"), "{e}");
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    assert!(e.to_string().contains("bad.pem"), "{e}");
 }
 
 #[test]

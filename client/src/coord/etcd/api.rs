@@ -196,7 +196,15 @@ impl EtcdApi {
                 self.timeout,
                 None,
             )
-            .await?;
+            .await
+            .map_err(|e| match e {
+                // etcd refused the credentials: fix them, retrying will not
+                // help (the password is never in etcd's answer).
+                Error::Coordination(m) if m.contains("authentication failed") => Error::Store(
+                    strata_tiered::StoreError::Unauthorized(format!("etcd user {name:?}: {m}")),
+                ),
+                other => other,
+            })?;
         let token = r["token"]
             .as_str()
             .ok_or_else(|| Error::Coordination("etcd authenticate: no token".into()))?;

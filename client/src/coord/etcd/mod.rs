@@ -129,8 +129,25 @@ impl EtcdOptions {
                 ))
             }
         };
+        // A CA file must hold a PEM certificate: one that holds none would
+        // trust nothing and fail every connection as "unreachable".
+        let ca_pem = match &self.ca_file {
+            Some(p) => {
+                let pem = read(p)?;
+                let certs = reqwest::Certificate::from_pem_bundle(&pem).unwrap_or_default();
+                if certs.is_empty() || !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----")
+                {
+                    return Err(Error::Config(format!(
+                        "etcd: {}: no PEM certificate in the CA file",
+                        p.display()
+                    )));
+                }
+                Some(pem)
+            }
+            None => None,
+        };
         Ok(Security {
-            ca_pem: self.ca_file.as_ref().map(read).transpose()?,
+            ca_pem,
             identity_pem,
             user: self.user.clone(),
             allow_plaintext_auth: self.allow_plaintext_auth,
