@@ -118,8 +118,9 @@ impl Checkpointer {
 
     /// A checkpointer with an L3 store built by the caller (custom
     /// `object_store` settings, a wrapper): `cfg.l3_url` is ignored; the
-    /// upload policy settings apply to `l3`. The same as
-    /// `builder(cfg).coordinator(coord).remote(l3)`.
+    /// upload policy settings apply to `l3`, which is composed as the
+    /// configured one is ([`L3Store::into_tier`]: retries over metrics).
+    /// The same as `builder(cfg).coordinator(coord).remote(l3.into_tier())`.
     pub fn with_tiers(
         cfg: Config,
         coord: Arc<dyn Coordinator>,
@@ -127,7 +128,7 @@ impl Checkpointer {
     ) -> Result<Self> {
         Self::builder(cfg)
             .coordinator(coord)
-            .remote(l3.map(|s| Arc::new(s) as Arc<dyn ChunkStore>))
+            .remote(l3.map(|s| Arc::new(s.into_tier()) as Arc<dyn ChunkStore>))
             .build()
     }
 
@@ -180,7 +181,7 @@ impl Checkpointer {
         let l3 = match b.remote {
             Some(r) => r,
             None => match &cfg.l3_url {
-                Some(url) => Some(Arc::new(open_l3(&cfg, url)?) as Arc<dyn ChunkStore>),
+                Some(url) => Some(open_l3(&cfg, url)?),
                 None => None,
             },
         };

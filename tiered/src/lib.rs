@@ -11,7 +11,8 @@
 //! * [`AlignedBuf`] and [`ChunkData`]: owned, page-aligned buffers shared
 //!   without copies between the staging pool, the engine and the tiers;
 //! * [`L3Store`]: object storage (S3, GCS, Azure, a local directory, memory)
-//!   through `object_store`, with compressed frames and create-only commits;
+//!   through `object_store`, with compressed frames and create-only commits,
+//!   opened for real use as [`L3Tier`] (retries over metrics over the store);
 //! * [`wrap`]: wrappers over any store (retries, a concurrency limit,
 //!   bandwidth caps, metrics, fault injection), each passing the suite;
 //!   [`FaultStore`] also wraps the `ObjectStore` under L3;
@@ -44,7 +45,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Result, StoreError, StoreErrorKind};
 pub use io::EngineChoice;
 pub use l1::L1Store;
-pub use l3::{Frame, L3Options, L3Store};
+pub use l3::{Frame, L3Options, L3Store, L3Tier};
 pub use memory::MemoryStore;
 pub use redact::{redact_url, scrub_url_secrets, REDACTED};
 pub use rng::SplitMix64;

@@ -1,6 +1,8 @@
 //! L3 under injected faults (seeded; set STRATA_FAULT_SEED to replay a
 //! failing seed): uploads complete or resume, reads retry, nothing partial is
-//! committed, nothing is lost.
+//! committed, nothing is lost. The faults are injected under the store; the
+//! retries are those of the tier as the client opens it
+//! ([`L3Store::into_tier`]: retries over metrics over the store).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -8,7 +10,7 @@ use std::time::Duration;
 
 use strata_format::codec::ElemHint;
 use strata_format::{ChunkId, CommitRecord, ShardRef};
-use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, L3Store, StoreErrorKind};
+use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, L3Store, L3Tier, StoreErrorKind};
 use strata_tiered::{FaultPlan, FaultStore};
 
 const JOB: &str = "faults";
@@ -40,7 +42,7 @@ fn chunks(n: usize, len: usize, salt: u8) -> Vec<ChunkPut> {
         .collect()
 }
 
-fn l3(inner: Arc<dyn object_store::ObjectStore>, plan: FaultPlan) -> (L3Store, Arc<FaultyStore>) {
+fn l3(inner: Arc<dyn object_store::ObjectStore>, plan: FaultPlan) -> (L3Tier, Arc<FaultyStore>) {
     l3_retrying(inner, plan, 4)
 }
 
@@ -48,7 +50,7 @@ fn l3_retrying(
     inner: Arc<dyn object_store::ObjectStore>,
     plan: FaultPlan,
     max_retries: usize,
-) -> (L3Store, Arc<FaultyStore>) {
+) -> (L3Tier, Arc<FaultyStore>) {
     let faulty = Arc::new(FaultyStore::new(inner, plan));
     let opts = L3Options {
         concurrency: 8,
@@ -56,7 +58,7 @@ fn l3_retrying(
         ..L3Options::default()
     };
     (
-        L3Store::with_store(faulty.clone(), "root", "faulty-memory", opts),
+        L3Store::with_store(faulty.clone(), "root", "faulty-memory", opts).into_tier(),
         faulty,
     )
 }
@@ -199,11 +201,79 @@ async fn stores_without_conditional_puts_refuse_to_claim_atomic_commits() {
             non_atomic_commits: true,
             ..L3Options::default()
         },
-    );
+    )
+    .into_tier();
     lax.commit(&record(1)).await.unwrap();
     lax.commit(&record(1)).await.unwrap();
     let e = lax.commit(&record(2)).await.unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::AlreadyExists, "{e}");
     let steps = lax.list_steps(JOB).await.unwrap();
     assert_eq!(steps[0].records[&0], record(1));
+}
+
+/// Every write lands and then loses its connection: the bare store fails
+/// `Unavailable` (it never retries itself), while the tier retries. A
+/// retried commit finds its own record and succeeds (never a conflict with
+/// itself); a different record is still refused. A retried put sends only
+/// what did not land, and every attempt lands something, so it completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_write_that_had_landed_is_success() {
+    use strata_tiered::wrap::{FaultTargets, OpFamily};
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let plan = FaultPlan {
+        seed: seed(),
+        drop_rate: 1.0,
+        targets: FaultTargets {
+            reads: false,
+            writes: true,
+            listing: false,
+            commit: false,
+        },
+        ..FaultPlan::default()
+    };
+    let record = |ms: u64| CommitRecord {
+        job: JOB.into(),
+        step: 5,
+        world_size: 1,
+        committed_unix_ms: ms,
+        shards: vec![ShardRef {
+            rank: 0,
+            manifest: ChunkId::of(b"manifest"),
+            logical_bytes: 8,
+        }],
+    };
+    let bare = L3Store::with_store(
+        Arc::new(FaultyStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            plan.clone(),
+        )),
+        "root",
+        "dropping",
+        L3Options::default(),
+    );
+    let e = bare.commit(&record(1)).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+
+    let (tier, faulty) = l3(inner, plan);
+    tier.commit(&record(1)).await.unwrap();
+    assert_eq!(tier.retries(), 1, "the landed write was retried once");
+    assert!(faulty.counts().drops >= 1);
+    let e = tier.commit(&record(2)).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::AlreadyExists, "{e}");
+    let steps = tier.list_steps(JOB).await.unwrap();
+    assert_eq!(steps[0].records[&0], record(1));
+
+    let puts = chunks(12, 10_000, 3);
+    let st = tier.put_chunks(JOB, puts.clone()).await.unwrap();
+    assert_eq!(st.written + st.deduped, 12);
+    for p in &puts {
+        let got = tier.get_chunk(JOB, &p.id, None).await.unwrap();
+        assert_eq!(got.as_slice(), p.data.as_slice());
+    }
+    // The metrics inside the retries saw every attempt: the commit that
+    // failed, the one that found its record, the one refused.
+    let commits = tier.inner().snapshot().family(OpFamily::Commit);
+    assert_eq!(commits.ops, 3, "{commits:?}");
+    assert_eq!(commits.errors.unavailable, 1, "{commits:?}");
+    assert_eq!(commits.errors.already_exists, 1, "{commits:?}");
 }

@@ -25,7 +25,7 @@ impl TierStack {
     pub fn from_config(cfg: &Config) -> Result<Self> {
         let l1 = L1Store::open(&cfg.l1_dir, cfg.engine()?)?;
         let remote = match &cfg.l3_url {
-            Some(url) => Some(Arc::new(open_l3(cfg, url)?) as Arc<dyn ChunkStore>),
+            Some(url) => Some(open_l3(cfg, url)?),
             None => None,
         };
         Ok(TierStack::local(Arc::new(l1))
@@ -34,8 +34,9 @@ impl TierStack {
     }
 }
 
-/// Opens the L3 store `cfg.l3_url` names, with `cfg.l3_options`.
-pub(crate) fn open_l3(cfg: &Config, url: &str) -> Result<L3Store> {
+/// Opens the L3 tier `cfg.l3_url` names, with `cfg.l3_options`, as
+/// [`L3Store::into_tier`] composes it: retries over metrics over the store.
+pub(crate) fn open_l3(cfg: &Config, url: &str) -> Result<Arc<dyn ChunkStore>> {
     let opts: Vec<(String, String)> = cfg
         .l3_options
         .iter()
@@ -47,13 +48,14 @@ pub(crate) fn open_l3(cfg: &Config, url: &str) -> Result<L3Store> {
         refresh_after: cfg.l3_refresh_after(),
         ..L3Options::default()
     };
-    L3Store::from_url(url, &opts, l3).map_err(|e| {
+    let store = L3Store::from_url(url, &opts, l3).map_err(|e| {
         Error::Config(format!(
             "l3_url {:?}: {}",
             strata_tiered::redact_url(url),
             strata_tiered::scrub_url_secrets(&e.to_string(), url)
         ))
-    })
+    })?;
+    Ok(Arc::new(store.into_tier()))
 }
 
 /// Opens the peers of `cfg` in ring order (none without `peers`). Must run
@@ -137,7 +139,7 @@ impl Tiers {
             }
             let l3 = {
                 let _enter = rt.enter();
-                Arc::new(open_l3(&cfg, url)?)
+                open_l3(&cfg, url)?
             };
             tiers.push(Tier::l3(l3));
         }
@@ -227,9 +229,10 @@ impl Tiers {
 
     /// A reader of rank `rank`'s shard of `step`: the manifest from the
     /// fastest tier of `cat` with a good copy, each chunk from that tier,
-    /// else from the next of `cat`'s tiers (fastest first) with a good one. With `repair`, a tier found missing
-    /// or holding a damaged chunk gets the good copy written back (and
-    /// read back verified), as `strata verify --repair` does.
+    /// else from the next tier of `cat` that could be listed (fastest
+    /// first) with a good one. With `repair`, a tier that holds the shard
+    /// committed and was found missing or holding a damaged chunk gets the
+    /// good copy written back (and read back verified).
     pub fn shard_reader(
         &self,
         cat: &Catalog,
@@ -240,18 +243,26 @@ impl Tiers {
     ) -> Result<ShardReader> {
         let found = self.rt.block_on(cat.shard(step, rank, |_, _| true))?;
         // The tier that served the manifest first (it holds the shard
-        // committed), then the others, fastest first.
+        // committed), then the others that could be listed, fastest first
+        // (a dead tier would only cost its timeout on every fallback).
         let tiers = std::iter::once(found.tier.clone())
             .chain(
                 cat.listings()
                     .iter()
-                    .filter(|l| l.tier.name != found.tier.name)
+                    .filter(|l| l.tier.name != found.tier.name && l.steps.is_ok())
                     .map(|l| l.tier.clone()),
             )
             .collect();
+        // Only tiers that hold the shard committed are repaired: a tier
+        // that never held it (another node's L1, a peer outside its
+        // replicas) gets nothing written.
+        let holds = |t: &Tier| {
+            cat.info(t, step)
+                .is_some_and(|i| i.committed_ranks().contains(&rank))
+        };
         Ok(
             ShardReader::new(&self.cfg.job, found.shard.manifest, tiers, cache_bytes)
-                .repair(|_| repair),
+                .repair(|t| repair && holds(t)),
         )
     }
 }

@@ -13,7 +13,18 @@
 //! a chunk that does not shrink is stored raw), so every read is verified
 //! against the frame's BLAKE3 and the id asked for. Frames above the
 //! multipart threshold go up in parts. Requests run `concurrency` at a time;
-//! the client retries throttling, 5xx and timeouts with backoff.
+//! the HTTP client retries throttling, 5xx and timeouts with backoff.
+//!
+//! The tier itself never retries: a call that still fails is `Unavailable`,
+//! and retries of whole calls belong to the [`RetryStore`] wrapper, as they
+//! do for every tier. Opened for real use, L3 is [`L3Store::into_tier`]:
+//! `RetryStore(MetricsStore(L3Store))` ([`L3Tier`]), with the policy of
+//! [`L3Options::retry_policy`]. Metrics sit inside the retries, so they
+//! count every attempt the store saw; a retried put sends only the chunks
+//! the failed attempt did not land; a retried commit whose first write
+//! landed finds its own record and succeeds (an identical record is
+//! success, see `steps.rs`). A bare `L3Store` is for tests and benchmarks
+//! of the store itself.
 //!
 //! Commit records are written with `PutMode::Create`. A store that cannot
 //! create-if-absent (S3 with conditional puts disabled, some S3-compatible
@@ -35,7 +46,6 @@ mod uploads;
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -52,6 +62,7 @@ use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
 use crate::store::{dedup_call, slice_range, ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+use crate::wrap::{MetricsStore, RetryStore};
 use frame::fill;
 pub use frame::Frame;
 pub use options::L3Options;
@@ -61,6 +72,10 @@ use uploads::{S3Uploads, Uploads};
 const MAX_FRAME_LEN: usize = FRAME_HEADER_LEN + MAX_CHUNK_LEN as usize + 1024;
 /// Largest commit record read back (they are a few hundred bytes).
 const MAX_RECORD_LEN: usize = 1 << 20;
+
+/// An L3 store as it is opened for real use ([`L3Store::into_tier`]):
+/// retries over metrics over the store.
+pub type L3Tier = RetryStore<MetricsStore<L3Store>>;
 
 /// Object storage as a [`ChunkStore`]. See the module documentation.
 pub struct L3Store {
@@ -220,28 +235,12 @@ impl L3Store {
         }
     }
 
-    /// Runs an idempotent call, retrying transient failures (the HTTP
-    /// client retries its own; this covers what reaches us: dropped
-    /// connections, timeouts, a store wrapper's errors) with backoff.
-    async fn retrying<T, F, Fut>(&self, f: F) -> Result<T>
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<T>>,
-    {
-        let mut delay = Duration::from_millis(20);
-        let attempts = self.opts.max_retries.clamp(1, 8);
-        let mut n = 1;
-        loop {
-            match f().await {
-                Err(e) if e.kind() == crate::StoreErrorKind::Unavailable && n < attempts => {
-                    tracing::debug!(error = %e, attempt = n, "L3 call failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 4).min(Duration::from_secs(5));
-                    n += 1;
-                }
-                other => return other,
-            }
-        }
+    /// The tier as the client opens it: retries of calls that fail
+    /// `Unavailable` (with [`L3Options::retry_policy`]) over counters of
+    /// every attempt over the store. See the module documentation.
+    pub fn into_tier(self) -> L3Tier {
+        let policy = self.opts.retry_policy();
+        RetryStore::with_policy(MetricsStore::new(self), policy)
     }
 
     /// The URL (credentials redacted) or label it was opened with.
@@ -323,23 +322,18 @@ impl L3Store {
     /// here; reads verify every frame and repair from another tier.
     async fn modified(&self, job: &str, id: &ChunkId) -> Result<Option<std::time::SystemTime>> {
         let key = self.chunk_key(job, id);
-        self.retrying(|| async {
-            match self.store.head(&key).await {
-                Ok(meta)
-                    if !(FRAME_HEADER_LEN as u64..=MAX_FRAME_LEN as u64).contains(&meta.size) =>
-                {
-                    tracing::warn!(
-                        "{key}: {} bytes cannot be a chunk frame; treated as missing",
-                        meta.size
-                    );
-                    Ok(None)
-                }
-                Ok(meta) => Ok(Some(std::time::SystemTime::from(meta.last_modified))),
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                Err(e) => Err(os_err(format!("chunk {id}"), e)),
+        match self.store.head(&key).await {
+            Ok(meta) if !(FRAME_HEADER_LEN as u64..=MAX_FRAME_LEN as u64).contains(&meta.size) => {
+                tracing::warn!(
+                    "{key}: {} bytes cannot be a chunk frame; treated as missing",
+                    meta.size
+                );
+                Ok(None)
             }
-        })
-        .await
+            Ok(meta) => Ok(Some(std::time::SystemTime::from(meta.last_modified))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(os_err(format!("chunk {id}"), e)),
+        }
     }
 
     async fn put_one(&self, job: &str, c: ChunkPut, check: bool) -> Result<(bool, u64, u64)> {
@@ -364,32 +358,22 @@ impl L3Store {
         drop(slot);
         let stored = frame.len() as u64;
         let key = self.chunk_key(job, &c.id);
-        // Re-sending a chunk is idempotent (same id, same bytes).
-        let frame = Bytes::from(frame);
-        self.retrying(|| self.upload(&key, frame.clone())).await?;
+        // Re-sending a chunk is idempotent (same id, same bytes): a
+        // `RetryStore` over the tier may send it again.
+        self.upload(&key, Bytes::from(frame)).await?;
         Ok((true, raw_len, stored))
     }
 
     /// Fetches a chunk's stored frame, not yet decoded or verified (see
     /// [`Frame::decode_into`]): ranged GETs of [`L3Options::range_size`]
-    /// issued at once, retried as a whole on a transient failure, at most
-    /// the largest frame a chunk can have. `buf` is reused for the bytes
-    /// (see [`Frame::into_buf`]).
+    /// issued at once, failing as a whole (`Unavailable`) if one fails, at
+    /// most the largest frame a chunk can have. `buf` is reused for the
+    /// bytes (see [`Frame::into_buf`]).
     pub async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
         validate_job_id(job)?;
         let what = format!("chunk {id} in L3 ({})", self.url);
         let key = self.chunk_key(job, &id);
-        let spare = std::sync::Mutex::new(Some(buf));
-        let bytes = self
-            .retrying(|| {
-                let buf = spare
-                    .lock()
-                    .ok()
-                    .and_then(|mut b| b.take())
-                    .unwrap_or_default();
-                self.get_ranged(&key, MAX_FRAME_LEN, &what, buf)
-            })
-            .await?;
+        let bytes = self.get_ranged(&key, MAX_FRAME_LEN, &what, buf).await?;
         Ok(Frame { id, bytes, what })
     }
 
@@ -527,17 +511,41 @@ impl L3Store {
     async fn put(&self, job: &str, chunks: Vec<ChunkPut>, check: bool) -> Result<PutStats> {
         validate_job_id(job)?;
         let (todo, mut stats) = dedup_call(chunks)?;
-        // The first failure (after retries) ends the call: what landed
-        // stays (ids are idempotent), the rest is sent by the next call.
-        let results: Vec<(bool, u64, u64)> = futures::stream::iter(todo)
-            .map(|c| self.put_one(job, c, check))
+        // The first failure starts no more uploads, but those in flight
+        // finish (an upload cut off is bandwidth lost, and what lands is
+        // progress): what landed stays (ids are idempotent), the rest is
+        // sent by the next call (a `RetryStore` over the tier sends only
+        // what it finds missing). The call fails with the first error.
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let failed = &failed;
+        let results: Vec<Result<Option<(bool, u64, u64)>>> = futures::stream::iter(todo)
+            .map(|c| async move {
+                if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Ok(None);
+                }
+                let r = self.put_one(job, c, check).await;
+                if r.is_err() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                r.map(Some)
+            })
             .buffer_unordered(self.opts.concurrency.max(1))
-            .try_collect()
-            .await?;
-        for (written, raw, stored) in results {
-            stats.count(raw, stored, written);
+            .collect()
+            .await;
+        let mut first_error = None;
+        for r in results {
+            match r {
+                Ok(Some((written, raw, stored))) => stats.count(raw, stored, written),
+                Ok(None) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
         }
-        Ok(stats)
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(stats),
+        }
     }
 }
 
@@ -629,21 +637,18 @@ impl ChunkStore for L3Store {
         validate_job_id(job)?;
         let name = format!("{step:020}");
         let key = self.key(&[job, "pins", &name]);
-        self.retrying(|| async {
-            if pinned {
-                self.store
-                    .put(&key, PutPayload::from_static(b""))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| os_err(format!("writing {key}"), e))
-            } else {
-                match self.store.delete(&key).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-                    Err(e) => Err(os_err(format!("deleting {key}"), e)),
-                }
+        if pinned {
+            self.store
+                .put(&key, PutPayload::from_static(b""))
+                .await
+                .map(|_| ())
+                .map_err(|e| os_err(format!("writing {key}"), e))
+        } else {
+            match self.store.delete(&key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(os_err(format!("deleting {key}"), e)),
             }
-        })
-        .await
+        }
     }
 
     async fn list_pins(&self, job: &str) -> Result<std::collections::BTreeSet<u64>> {
@@ -666,27 +671,23 @@ impl ChunkStore for L3Store {
     /// same server).
     async fn now(&self, job: &str) -> Result<std::time::SystemTime> {
         let key = self.key(&[job, "clock"]);
-        self.retrying(|| async {
-            self.store
-                .put(&key, PutPayload::from_static(b""))
-                .await
-                .map_err(|e| os_err(format!("writing {key}"), e))?;
-            let meta = self
-                .store
-                .head(&key)
-                .await
-                .map_err(|e| os_err(format!("reading {key}"), e))?;
-            Ok(std::time::SystemTime::from(meta.last_modified))
-        })
-        .await
+        self.store
+            .put(&key, PutPayload::from_static(b""))
+            .await
+            .map_err(|e| os_err(format!("writing {key}"), e))?;
+        let meta = self
+            .store
+            .head(&key)
+            .await
+            .map_err(|e| os_err(format!("reading {key}"), e))?;
+        Ok(std::time::SystemTime::from(meta.last_modified))
     }
 
     async fn abort_stale_uploads(&self, job: &str, cutoff: std::time::SystemTime) -> Result<u64> {
         validate_job_id(job)?;
         let prefix = self.key(&[job, "chunks"]);
         let dirs = [job, "chunks"];
-        self.retrying(|| self.uploads.abort_before(&prefix, &dirs, cutoff))
-            .await
+        self.uploads.abort_before(&prefix, &dirs, cutoff).await
     }
 
     /// Uploads chunks the caller just found missing (with

@@ -5,6 +5,7 @@ use std::time::Duration;
 use strata_format::codec::EncodeOptions;
 
 use crate::error::{Result, StoreError};
+use crate::wrap::RetryPolicy;
 
 /// Settings of an L3 store.
 #[derive(Clone, Debug)]
@@ -25,9 +26,15 @@ pub struct L3Options {
     /// check then a put (not atomic; see the module documentation).
     pub non_atomic_commits: bool,
     /// Retries of failed requests (throttling, 5xx, timeouts, dropped
-    /// connections) with exponential backoff.
+    /// connections) with exponential backoff: by the HTTP client for each
+    /// request, and by the [`RetryStore`] of [`L3Store::into_tier`] for each
+    /// call that still fails `Unavailable` (see [`Self::retry_policy`]).
+    ///
+    /// [`RetryStore`]: crate::RetryStore
+    /// [`L3Store::into_tier`]: crate::L3Store::into_tier
     pub max_retries: usize,
-    /// Give up retrying a request after this long.
+    /// Give up retrying a request after this long (and a call after this
+    /// long without progress).
     pub retry_timeout: Duration,
     /// Chunks encoded (compressed) at once for uploads. Uploads run beside
     /// training, so by default they take a quarter of the cores (at least
@@ -61,6 +68,22 @@ impl Default for L3Options {
 }
 
 impl L3Options {
+    /// The policy of the [`RetryStore`](crate::RetryStore) over an L3 tier
+    /// ([`L3Store::into_tier`](crate::L3Store::into_tier)): `max_retries`
+    /// retries, at most 7 (each call may be many HTTP requests, each
+    /// retried by the client already), from 20 ms of backoff up to 5 s,
+    /// none started `retry_timeout` after the first failure.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        let retries = u32::try_from(self.max_retries).unwrap_or(u32::MAX).min(7);
+        RetryPolicy {
+            max_attempts: retries + 1,
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_secs(5),
+            deadline: self.retry_timeout,
+            ..RetryPolicy::default()
+        }
+    }
+
     /// Option keys Strata reads itself; every other key goes to the
     /// `object_store` builder.
     pub const KEYS: [&'static str; 7] = [

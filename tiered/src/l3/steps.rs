@@ -29,13 +29,10 @@ impl L3Store {
         let records = self.step_records(job, step).await?;
         check_manifest_replace(step, rank, &records, bytes)?;
         let key = self.step_key(job, step).join(format!("m-{rank}"));
-        self.retrying(|| async {
-            self.store
-                .put(&key, PutPayload::from(bytes.to_vec()))
-                .await
-                .map_err(|e| os_err(format!("manifest of step {step} rank {rank}"), e))
-        })
-        .await?;
+        self.store
+            .put(&key, PutPayload::from(bytes.to_vec()))
+            .await
+            .map_err(|e| os_err(format!("manifest of step {step} rank {rank}"), e))?;
         Ok(())
     }
 
@@ -49,7 +46,7 @@ impl L3Store {
         let key = self.step_key(job, step).join(format!("m-{rank}"));
         let what = format!("manifest of step {step} rank {rank} in L3");
         Ok(self
-            .retrying(|| self.get_bounded(&key, MAX_MANIFEST_LEN, &what))
+            .get_bounded(&key, MAX_MANIFEST_LEN, &what)
             .await?
             .to_vec())
     }
@@ -72,38 +69,22 @@ impl L3Store {
             mode: PutMode::Create,
             ..PutOptions::default()
         };
-        let put = self
-            .retrying(|| async {
-                match self
-                    .store
-                    .put_opts(&key, PutPayload::from(bytes.clone()), create.clone())
-                    .await
-                {
-                    // Transient failures are retried; a dropped connection
-                    // whose write landed then finds the same record there.
-                    Err(e @ object_store::Error::Generic { .. }) => {
-                        Err(StoreError::Unavailable(format!("{what}: {e}")))
-                    }
-                    other => Ok(other),
-                }
-            })
-            .await?;
-        match put {
+        // A transient failure fails the call (`Unavailable`); a retry of it
+        // (a `RetryStore` over the tier) whose first write had landed
+        // behind a dropped connection finds the same record there: success.
+        match self
+            .store
+            .put_opts(&key, PutPayload::from(bytes.clone()), create)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(object_store::Error::AlreadyExists { .. })
             | Err(object_store::Error::Precondition { .. }) => {
-                // Reading the record back is idempotent: retried like the put.
-                same_is_there(
-                    self.retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
-                        .await?,
-                )
+                same_is_there(self.get_bounded(&key, MAX_RECORD_LEN, &what).await?)
             }
             Err(object_store::Error::NotImplemented { .. }) if self.opts.non_atomic_commits => {
                 tracing::warn!(url = %self.url, "L3 store cannot create-if-absent: committing with check-then-put (not atomic)");
-                match self
-                    .retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
-                    .await
-                {
+                match self.get_bounded(&key, MAX_RECORD_LEN, &what).await {
                     Ok(existing) => same_is_there(existing),
                     Err(StoreError::NotFound { .. }) => {
                         self.store
@@ -130,13 +111,10 @@ impl L3Store {
         validate_job_id(job)?;
         let prefix = self.key(&[job, "steps"]);
         let listed = self
-            .retrying(|| async {
-                self.store
-                    .list_with_delimiter(Some(&prefix))
-                    .await
-                    .map_err(|e| os_err("listing steps", e))
-            })
-            .await?;
+            .store
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(|e| os_err("listing steps", e))?;
         let mut steps: BTreeMap<u64, StepInfo> = BTreeMap::new();
         for dir in listed.common_prefixes {
             let Some(step) = dir.filename().and_then(|n| n.parse::<u64>().ok()) else {
@@ -154,10 +132,7 @@ impl L3Store {
                 {
                     let key = self.step_key(job, step).join(name.as_str());
                     let what = format!("commit record of step {step} rank {first}");
-                    let bytes = match self
-                        .retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
-                        .await
-                    {
+                    let bytes = match self.get_bounded(&key, MAX_RECORD_LEN, &what).await {
                         Ok(b) => b,
                         // Deleted between the listing and the read.
                         Err(StoreError::NotFound { .. }) => continue,
@@ -218,26 +193,20 @@ impl L3Store {
         let marker = dir.clone().join(format!("r-{rank}"));
         // The marker first: a crash part-way leaves a shard that says it
         // is being retired, never one that looks damaged.
-        self.retrying(|| async {
-            self.store
-                .put(&marker, PutPayload::from(Bytes::new()))
-                .await
-                .map_err(|e| os_err(format!("retiring marker of step {step} rank {rank}"), e))
-        })
-        .await?;
+        self.store
+            .put(&marker, PutPayload::from(Bytes::new()))
+            .await
+            .map_err(|e| os_err(format!("retiring marker of step {step} rank {rank}"), e))?;
         for name in [
             format!("c-{rank}"),
             format!("m-{rank}"),
             format!("r-{rank}"),
         ] {
             let key = dir.clone().join(name.as_str());
-            self.retrying(|| async {
-                match self.store.delete(&key).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-                    Err(e) => Err(os_err(format!("deleting {key}"), e)),
-                }
-            })
-            .await?;
+            match self.store.delete(&key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(os_err(format!("deleting {key}"), e)),
+            }
         }
         Ok(())
     }
@@ -246,14 +215,11 @@ impl L3Store {
     pub(super) async fn step_objects(&self, job: &str, step: u64) -> Result<Vec<String>> {
         let prefix = self.step_key(job, step);
         let listed: Vec<_> = self
-            .retrying(|| async {
-                self.store
-                    .list(Some(&prefix))
-                    .try_collect::<Vec<_>>()
-                    .await
-                    .map_err(|e| os_err(format!("listing step {step}"), e))
-            })
-            .await?;
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| os_err(format!("listing step {step}"), e))?;
         Ok(listed
             .into_iter()
             .filter_map(|m| m.location.filename().map(str::to_string))
@@ -271,10 +237,7 @@ impl L3Store {
             }
             let key = self.step_key(job, step).join(name.as_str());
             let what = format!("commit record {name} of step {step}");
-            match self
-                .retrying(|| self.get_bounded(&key, MAX_RECORD_LEN, &what))
-                .await
-            {
+            match self.get_bounded(&key, MAX_RECORD_LEN, &what).await {
                 Ok(b) => out.extend(CommitRecord::decode(&b).ok()),
                 Err(StoreError::NotFound { .. } | StoreError::Corrupt { .. }) => {}
                 Err(e) => return Err(e),

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::{StreamExt, TryStreamExt};
 use strata_format::{ChunkId, CommitRecord};
 
 use crate::aligned::AlignedBuf;
@@ -26,8 +27,9 @@ pub struct RetryPolicy {
     /// The longest backoff.
     pub max_backoff: Duration,
     /// No retry starts once this much time has passed since the first
-    /// attempt (nor if its backoff would end past it): the call then
-    /// returns the last error.
+    /// failure (nor if its backoff would end past it): the call then
+    /// returns the last error. Counted from the first failure, not the
+    /// call, so a long batch that fails late is still retried.
     pub deadline: Duration,
     /// Seed of the jitter, so a run replays.
     pub seed: u64,
@@ -49,7 +51,12 @@ impl Default for RetryPolicy {
 /// those: a `NotFound`, `Corrupt`, `Invalid`, `AlreadyExists` or `NoSpace`
 /// will not change by asking again). Every trait method is idempotent by
 /// the contract, so every one may be retried; batch reads retry only their
-/// entries that failed `Unavailable`.
+/// entries that failed `Unavailable`, a failed `has_chunks` of many chunks
+/// asks of each chunk alone, and a failed put asks which of its
+/// chunks landed and sends only the others again. A put attempt that
+/// landed some chunks is progress: the attempts and the deadline start
+/// over for the rest (a call of many chunks, each a request of its own,
+/// then fails only when a stretch of attempts lands nothing).
 ///
 /// Backoff is exponential with "equal jitter" (half the delay fixed, half
 /// random), so a crowd of ranks that failed together does not retry
@@ -118,11 +125,12 @@ impl<S: ChunkStore> RetryStore<S> {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let started = Instant::now();
+        let mut failed_at = None;
         let mut attempt = 1;
         loop {
             match call().await {
                 Err(e) if e.kind() == StoreErrorKind::Unavailable => {
+                    let started = *failed_at.get_or_insert_with(Instant::now);
                     let Some(delay) = self.backoff(attempt, started) else {
                         return Err(e);
                     };
@@ -134,6 +142,117 @@ impl<S: ChunkStore> RetryStore<S> {
                 other => return other,
             }
         }
+    }
+
+    /// A put (`check`: `put_chunks`, else `put_missing_chunks`), retried:
+    /// after a failed attempt, `has_chunks` asked of each chunk tells what
+    /// landed, and the same call sends only the rest again. An attempt that
+    /// landed chunks restarts the attempts and the deadline. Chunks found
+    /// there count as a whole-call retry would count them: deduped by
+    /// `put_chunks` (the tier held them when asked), written by
+    /// `put_missing_chunks` (once per id; their stored size is their raw
+    /// size, the tier's answer was lost with the error). When nothing was
+    /// found, the retry is the call again, with the tier's own counts.
+    async fn put(&self, job: &str, mut todo: Vec<ChunkPut>, check: bool) -> Result<PutStats> {
+        let mut landed = PutStats::default();
+        let mut failed_at = None;
+        let mut attempt = 1;
+        loop {
+            let sent = if check {
+                self.inner.put_chunks(job, todo.clone()).await
+            } else {
+                self.inner.put_missing_chunks(job, todo.clone()).await
+            };
+            let e = match sent {
+                Ok(mut st) => {
+                    st += landed;
+                    return Ok(st);
+                }
+                Err(e) if e.kind() == StoreErrorKind::Unavailable => e,
+                Err(e) => return Err(e),
+            };
+            let started = *failed_at.get_or_insert_with(Instant::now);
+            let Some(delay) = self.backoff(attempt, started) else {
+                return Err(e);
+            };
+            tracing::debug!(error = %e, attempt, ?delay, "put failed; retrying what did not land");
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+            // One question per chunk: a question about many chunks would
+            // fail as a whole as easily as the put did. A chunk whose
+            // answer was lost is sent again (the same bytes: harmless).
+            let ids: Vec<ChunkId> = todo.iter().map(|c| c.id).collect();
+            let probes: Vec<bool> = futures::stream::iter(ids)
+                .map(|id| self.landed(job, id))
+                .buffered(self.inner.concurrency().max(1))
+                .collect()
+                .await;
+            if !probes.contains(&true) {
+                continue;
+            }
+            let mut seen = std::collections::HashSet::new();
+            let mut rest = Vec::with_capacity(todo.len());
+            for (c, there) in todo.into_iter().zip(probes) {
+                if there {
+                    let n = c.data.len() as u64;
+                    landed.count(n, n, !check && seen.insert(c.id));
+                } else {
+                    rest.push(c);
+                }
+            }
+            todo = rest;
+            if todo.is_empty() {
+                return Ok(landed);
+            }
+            attempt = 1;
+            failed_at = None;
+        }
+    }
+
+    /// After a question about many chunks failed `Unavailable` (`e`): each
+    /// asked again alone, with retries of its own. One question about many
+    /// chunks (a request per chunk on an object store) fails as a whole as
+    /// easily as one of its requests, so asking the whole again would rarely
+    /// get further.
+    async fn has_each(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        e: crate::error::StoreError,
+    ) -> Result<Vec<bool>> {
+        let Some(delay) = self.backoff(1, Instant::now()) else {
+            return Err(e);
+        };
+        tracing::debug!(error = %e, ?delay, "has_chunks failed; asking of each chunk");
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(delay).await;
+        futures::stream::iter(ids.to_vec())
+            .map(|id| self.has_one(job, id))
+            .buffered(self.inner.concurrency().max(1))
+            .try_collect()
+            .await
+    }
+
+    async fn has_one(&self, job: &str, id: ChunkId) -> Result<bool> {
+        let one = [id];
+        let got = self.run(|| self.inner.has_chunks(job, &one)).await?;
+        match got.as_slice() {
+            [there] => Ok(*there),
+            _ => Err(crate::error::StoreError::Internal(format!(
+                "has_chunks answered {} entries for 1 chunk",
+                got.len()
+            ))),
+        }
+    }
+
+    /// Whether the inner store is known to hold `id` (false if the
+    /// question failed).
+    async fn landed(&self, job: &str, id: ChunkId) -> bool {
+        matches!(
+            self.inner.has_chunks(job, &[id]).await.as_deref(),
+            Ok([true])
+        )
     }
 
     /// Retries the entries of a batch read that failed `Unavailable`,
@@ -191,8 +310,7 @@ impl<S: ChunkStore> ChunkStore for RetryStore<S> {
     }
     async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
         // Cloning a ChunkPut shares its buffer: cheap per attempt.
-        self.run(|| self.inner.put_chunks(job, chunks.clone()))
-            .await
+        self.put(job, chunks, true).await
     }
     async fn get_chunk(
         &self,
@@ -218,7 +336,13 @@ impl<S: ChunkStore> ChunkStore for RetryStore<S> {
         self.retry_entries(job, ids, first, false).await
     }
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
-        self.run(|| self.inner.has_chunks(job, ids)).await
+        if ids.len() <= 1 {
+            return self.run(|| self.inner.has_chunks(job, ids)).await;
+        }
+        match self.inner.has_chunks(job, ids).await {
+            Err(e) if e.kind() == StoreErrorKind::Unavailable => self.has_each(job, ids, e).await,
+            other => other,
+        }
     }
     async fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
         self.run(|| self.inner.list_chunks(job)).await
@@ -247,8 +371,7 @@ impl<S: ChunkStore> ChunkStore for RetryStore<S> {
         self.run(|| self.inner.delete_shard(job, step, rank)).await
     }
     async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        self.run(|| self.inner.put_missing_chunks(job, chunks.clone()))
-            .await
+        self.put(job, chunks, false).await
     }
     async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
         let first = self.inner.get_chunks_unverified(job, ids).await;
