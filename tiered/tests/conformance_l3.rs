@@ -4,8 +4,8 @@
 //! on the same bucket, behind the L3 store's back.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "support/servers.rs"]
-mod servers;
+mod support;
+use support::servers;
 
 mod memory {
     // An InMemory kept by the test too, so the damage checks reach its bytes.

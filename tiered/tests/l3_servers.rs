@@ -2,8 +2,8 @@
 //! writers, multipart uploads, compression, damage, bad credentials.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "support/servers.rs"]
-mod servers;
+mod support;
+use support::servers;
 
 use std::sync::Arc;
 
