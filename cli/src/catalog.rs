@@ -50,6 +50,15 @@ pub(crate) fn shard<'c>(
     }
 }
 
+/// The newest step committed in any tier, or the step given (which must
+/// be in some tier): the catalog's answer with the CLI's error.
+pub(crate) fn pick(cat: &Catalog, step: Option<u64>) -> Result<u64, CliError> {
+    cat.pick(step).map_err(|e| match e {
+        strata::Error::NothingToRestore(Some(msg)) => CliError::NotFound(msg),
+        other => other.into(),
+    })
+}
+
 /// The listing errors of the tiers, as `name: error`.
 pub(crate) fn listing_errors(cat: &Catalog) -> Vec<String> {
     cat.unreadable()

@@ -75,7 +75,7 @@ pub(crate) fn run(a: &DiffArgs) -> Result<(), CliError> {
     let order: Vec<_> = t.tiers().iter().collect();
     let cat = crate::catalog::load(&t, order.clone());
     for s in [a.a, a.b] {
-        cat.pick(Some(s))?;
+        crate::catalog::pick(&cat, Some(s))?;
     }
     let ranks: Vec<u32> = match a.rank {
         Some(r) => vec![r],

@@ -152,7 +152,14 @@ fn list(t: &Tiers) -> Result<Listing, CliError> {
             }
         }
         let raw_total: u64 = chunks.values().sum();
-        let stored_bytes = home
+        // Stored sizes from the fastest tier holding the step that reports
+        // them (a peer does not: then L1 or L3 answer).
+        let sized = t
+            .tiers()
+            .iter()
+            .find(|x| cat.held(x, step) == Held::Committed && sizes.contains_key(&x.name))
+            .or(home);
+        let stored_bytes = sized
             .and_then(|h| sizes.get(&h.name))
             .map(|s| chunks.keys().filter_map(|id| s.get(id)).sum());
         let tiers: Vec<TierState> = t

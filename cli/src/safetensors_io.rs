@@ -116,7 +116,7 @@ pub(crate) fn export(a: &ExportArgs) -> Result<(), CliError> {
         }
     }
     let cat = crate::catalog::load(&t, order.clone());
-    cat.pick(Some(a.step))?;
+    crate::catalog::pick(&cat, Some(a.step))?;
     let (_, shard, _) = crate::catalog::shard(&cat, &t, a.step, a.rank)?;
     let m = &shard.manifest;
     let mut metadata = m.metadata.clone();

@@ -66,7 +66,8 @@ pub(crate) struct Shown {
     pub(crate) step: u64,
     pub(crate) rank: u32,
     pub(crate) world_size: u32,
-    /// The tier the manifest and sizes come from.
+    /// The tier the manifest comes from (the sizes too, unless it reports
+    /// none, as a peer: then the fastest tier holding the shard that does).
     pub(crate) tier: String,
     /// The step compared against for `change`.
     pub(crate) previous_step: Option<u64>,
@@ -80,10 +81,23 @@ pub(crate) fn run(a: &ShowArgs) -> Result<(), CliError> {
     let t = a.store.open()?;
     let cat = crate::catalog::load(&t, select(&t, &a.tier)?);
     let order: Vec<_> = t.tiers().iter().collect();
-    let step = cat.pick(a.step)?;
+    let step = crate::catalog::pick(&cat, a.step)?;
     let (tier, shard, _) = crate::catalog::shard(&cat, &t, step, a.rank)?;
     let m = &shard.manifest;
-    let sizes = t.chunk_sizes(tier)?;
+    // Stored sizes from the tier read, else from the fastest other tier
+    // holding this rank's shard that reports them (a peer does not).
+    let mut sizes = t.chunk_sizes(tier)?;
+    if sizes.is_none() {
+        sizes = t
+            .tiers()
+            .iter()
+            .filter(|x| x.name != tier.name)
+            .filter(|x| {
+                cat.info(x, step)
+                    .is_some_and(|i| i.committed_ranks().contains(&a.rank))
+            })
+            .find_map(|x| t.chunk_sizes(x).ok().flatten());
+    }
     // The previous committed step of this rank, in any tier.
     let previous = cat
         .committed_steps()

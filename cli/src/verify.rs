@@ -110,7 +110,7 @@ pub(crate) fn run(a: &VerifyArgs) -> Result<(), CliError> {
     let steps: Vec<u64> = if a.all {
         all.decided_steps().into_iter().collect()
     } else {
-        vec![all.pick(a.step)?]
+        vec![crate::catalog::pick(&all, a.step)?]
     };
     if steps.is_empty() {
         return Err(CliError::NotFound("no committed step in any tier".into()));

@@ -68,9 +68,10 @@ impl Peers {
 /// Rank `rank`'s tensors: "w" spans several chunks, "b" is small and
 /// packed beside other entries, "blob" is not a tensor.
 fn state(rank: u32) -> Vec<(String, Vec<u8>)> {
-    let w: Vec<u8> = (0..3 * MIB + 12345)
-        .map(|i| ((i as u32).wrapping_mul(2654435761) >> 7) as u8 ^ rank as u8)
-        .collect();
+    // Random bytes: no two chunks alike (a periodic pattern would make
+    // every chunk one deduplicated id).
+    let mut rng = strata_tiered::SplitMix64::new(0x5eed + u64::from(rank));
+    let w: Vec<u8> = (0..3 * MIB + 12345).map(|_| rng.next_u64() as u8).collect();
     let b: Vec<u8> = (0..4096u32).map(|i| (i % 13) as u8 + rank as u8).collect();
     let blob = format!("rank {rank} says hello").into_bytes();
     vec![("w".into(), w), ("b".into(), b), ("blob".into(), blob)]
@@ -251,10 +252,40 @@ fn run(peers: &Peers, l1: &Path, l3: &Path) {
     let (got, s) = t.block_on(r.read_entry("w")).unwrap();
     assert!(got == state(1)[0].1, "w differs");
     assert_eq!((s.fallbacks, s.repaired), (1, 1), "{s:?}");
+    // The damaged chunk came from the peer holding the replica, the rest
+    // from L1.
+    let peers: Vec<_> = s
+        .served_by
+        .iter()
+        .filter(|(t, _)| t.starts_with("L2:"))
+        .collect();
+    assert_eq!(peers.len(), 1, "{s:?}");
+    assert_eq!(*peers[0].1, 1, "{s:?}");
+    assert_eq!(s.served_by.get("L1"), Some(&(s.chunks_read - 1)), "{s:?}");
 
     // L1 alone again: whole and verified.
     let r1 = t1.shard_reader(&cat1, 7, 1, false, 0).unwrap();
     let (got, s) = t1.block_on(r1.read_entry("w")).unwrap();
     assert!(got == state(1)[0].1, "w differs after the repair");
     assert_eq!(s.fallbacks, 0);
+
+    // A cache of one chunk: a chunk read again right after is cached, one
+    // evicted by a later chunk is read again.
+    let seg = &w.segments;
+    let (c0, c1) = (
+        &m.chunks[seg[0].chunk as usize],
+        &m.chunks[seg[1].chunk as usize],
+    );
+    assert_ne!(c0.id, c1.id);
+    let fits_one = c0.len.max(c1.len) as usize;
+    let small = t1.shard_reader(&cat1, 7, 1, false, fits_one).unwrap();
+    let read = |off: u64| t1.block_on(small.read_range("w", off, 8)).unwrap().1;
+    let second = u64::from(seg[0].len) + 10;
+    assert_eq!((read(10).chunks_read, read(20).cached), (1, 1));
+    assert_eq!(read(second).chunks_read, 1);
+    assert_eq!(
+        read(10).chunks_read,
+        1,
+        "the first chunk was evicted by the second"
+    );
 }

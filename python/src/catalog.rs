@@ -13,12 +13,13 @@ use strata::format::EntryKind;
 use strata::tiers::{Catalog, Held, ShardReader, Tiers};
 
 use crate::config::build;
-use crate::errors::{invalid, IntoPy};
+use crate::errors::{invalid, to_py, IntoPy};
 use crate::logs::drain;
 
-/// Readers kept open (one per shard read), and the chunk cache of each.
-const READERS: usize = 16;
-const CACHE_BYTES: usize = 64 << 20;
+/// Readers kept open (one per shard read), and the chunk cache of each:
+/// at most 256 MiB of verified chunks per catalog.
+const READERS: usize = 8;
+const CACHE_BYTES: usize = 32 << 20;
 
 /// The tiers of one job opened read-only, their listing, and readers of
 /// the shards read so far.
@@ -26,12 +27,24 @@ const CACHE_BYTES: usize = 64 << 20;
 pub(crate) struct PyCatalog {
     tiers: Tiers,
     listing: Mutex<Catalog>,
-    readers: Mutex<Vec<((u64, u32, bool), std::sync::Arc<ShardReader>)>>,
+    readers: Mutex<Readers>,
+}
+
+/// Shard readers by (step, rank, repair), built from one listing
+/// generation (a `refresh` starts the next).
+#[derive(Default)]
+struct Readers {
+    generation: u64,
+    open: Vec<((u64, u32, bool), std::sync::Arc<ShardReader>)>,
 }
 
 impl PyCatalog {
     fn listing(&self) -> PyResult<std::sync::MutexGuard<'_, Catalog>> {
         self.listing.lock().map_err(|_| invalid("catalog poisoned"))
+    }
+
+    fn readers(&self) -> PyResult<std::sync::MutexGuard<'_, Readers>> {
+        self.readers.lock().map_err(|_| invalid("catalog poisoned"))
     }
 
     fn reader(
@@ -42,29 +55,28 @@ impl PyCatalog {
         repair: bool,
     ) -> PyResult<std::sync::Arc<ShardReader>> {
         let key = (step, rank, repair);
-        {
-            let readers = self
-                .readers
-                .lock()
-                .map_err(|_| invalid("catalog poisoned"))?;
-            if let Some((_, r)) = readers.iter().find(|(k, _)| *k == key) {
+        let generation = {
+            let readers = self.readers()?;
+            if let Some((_, r)) = readers.open.iter().find(|(k, _)| *k == key) {
                 return Ok(r.clone());
             }
-        }
+            readers.generation
+        };
         let cat = self.listing()?.clone();
         let tiers = &self.tiers;
         let r = py
             .detach(|| tiers.shard_reader(&cat, step, rank, repair, CACHE_BYTES))
             .py_err()?;
         let r = std::sync::Arc::new(r);
-        let mut readers = self
-            .readers
-            .lock()
-            .map_err(|_| invalid("catalog poisoned"))?;
-        if readers.len() >= READERS {
-            readers.remove(0);
+        let mut readers = self.readers()?;
+        // Built from a listing that a `refresh` replaced meanwhile: used
+        // for this call, not kept.
+        if readers.generation == generation {
+            if readers.open.len() >= READERS {
+                readers.open.remove(0);
+            }
+            readers.open.push((key, r.clone()));
         }
-        readers.push((key, r.clone()));
         Ok(r)
     }
 }
@@ -91,7 +103,7 @@ impl PyCatalog {
         Ok(PyCatalog {
             tiers,
             listing: Mutex::new(listing),
-            readers: Mutex::new(Vec::new()),
+            readers: Mutex::new(Readers::default()),
         })
     }
 
@@ -103,10 +115,9 @@ impl PyCatalog {
             tiers.catalog(&all)
         });
         *self.listing()? = fresh;
-        self.readers
-            .lock()
-            .map_err(|_| invalid("catalog poisoned"))?
-            .clear();
+        let mut readers = self.readers()?;
+        readers.open.clear();
+        readers.generation += 1;
         Ok(())
     }
 
@@ -164,12 +175,20 @@ impl PyCatalog {
 
     /// The chunks entry `name` of rank `rank`'s shard of `step` lies in,
     /// in order: `[(chunk id in hex, chunk length), ...]`.
-    fn chunks(&self, py: Python<'_>, step: u64, rank: u32, name: &str) -> PyResult<Vec<(String, u32)>> {
+    fn chunks(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        rank: u32,
+        name: &str,
+    ) -> PyResult<Vec<(String, u32)>> {
         let r = self.reader(py, step, rank, false)?;
         let m = r.manifest();
-        let e = m
-            .entry(name)
-            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name.to_string()))?;
+        let e = m.entry(name).ok_or_else(|| {
+            to_py(strata::Error::Store(strata::tiered::StoreError::NotFound {
+                what: format!("entry {name:?} in step {step} rank {rank}"),
+            }))
+        })?;
         let mut out: Vec<(String, u32)> = Vec::new();
         for seg in &e.segments {
             let c = m
@@ -230,6 +249,8 @@ impl PyCatalog {
         d.set_item("fallbacks", stats.fallbacks)?;
         d.set_item("repaired", stats.repaired)?;
         d.set_item("cached", stats.cached)?;
+        let served: Vec<(String, u64)> = stats.served_by.into_iter().collect();
+        d.set_item("served_by", served)?;
         Ok((PyBytes::new(py, &bytes), d))
     }
 }

@@ -3,9 +3,10 @@
 ``strata.Catalog`` opens the tiers a configuration names (the same
 ``config``/environment/keyword resolution as ``Checkpointer``), lists what
 each holds, and reads entries and byte ranges of any rank's shard: each
-chunk verified, from the fastest tier that holds a good copy (L1, then
-peers, then L3). With ``repair=True`` a tier found lacking a chunk or
-holding it damaged gets the good copy written back. Nothing here agrees
+chunk verified, from the tier that served the shard's manifest, else the
+fastest other tier that holds a good copy (L1, then peers, then L3). With
+``repair=True`` a tier that holds the shard committed and was found
+lacking a chunk or holding it damaged gets the good copy written back. Nothing here agrees
 with other ranks: it is for tools, and for readers that need other ranks'
 shards (resharding a checkpoint onto a different layout)::
 
@@ -21,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _strata
 from ._arrays import STRATA_TO_NUMPY
+from ._errors import NotFoundError
 
 
 class Catalog:
@@ -33,7 +35,8 @@ class Catalog:
         finally:
             _strata.drain_logs()
         #: What the last ``read`` did: ``chunks_read``, ``fallbacks``
-        #: (chunks served by a slower tier), ``repaired``, ``cached``.
+        #: (chunks served by a slower tier), ``repaired``, ``cached``, and
+        #: ``served_by``: ``{tier name: chunks}``.
         self.last_read: Dict[str, int] = {}
 
     def refresh(self) -> None:
@@ -84,6 +87,7 @@ class Catalog:
         finally:
             _strata.drain_logs()
         self.last_read = dict(stats)
+        self.last_read["served_by"] = dict(self.last_read.get("served_by", []))
         return data
 
     def read_array(self, step: int, rank: int, name: str, repair: bool = False) -> Any:
@@ -93,7 +97,7 @@ class Catalog:
             if n == name:
                 break
         else:
-            raise KeyError(name)
+            raise NotFoundError(f"entry {name!r} in step {step} rank {rank}")
         data = self.read(step, rank, name, repair=repair)
         import numpy as np
 

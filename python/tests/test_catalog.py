@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -49,9 +50,15 @@ def peer(tmp_path, job):
                           "--node", "node-b", "--spill", str(tmp_path / "spill")],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        line = p.stdout.readline()
-        m = re.search(r"listening on (\S+?:\d+)", line)
-        assert m, line
+        seen = []
+        m = None
+        while m is None:
+            line = p.stdout.readline()
+            assert line, "the peer service stopped: " + "".join(seen)
+            seen.append(line)
+            m = re.search(r"listening on (\S+?:\d+)", line)
+        # Keep draining its output, so it never blocks on a full pipe.
+        threading.Thread(target=p.stdout.read, daemon=True).start()
         yield f"node-b={m.group(1)}", str(certs)
     finally:
         p.kill()
@@ -89,10 +96,15 @@ def check_rank1(cat, want):
         cat.read(5, 1, "w", offset=len(raw) - 2, length=3)
     with pytest.raises(strata.NotFoundError):
         cat.read(5, 1, "nope")
+    with pytest.raises(strata.NotFoundError):
+        cat.chunks(5, 1, "nope")
 
 
-def test_another_ranks_shard_from_each_tier_and_a_damaged_chunk_repaired(tmp_path, l1, job, peer):
+def test_another_ranks_shard_from_each_tier_and_a_damaged_chunk_repaired(tmp_path, l1, job, peer, monkeypatch):
     peers, certs = peer
+    # Each catalog names its own tiers: none may come from the environment.
+    for var in ("STRATA_L1_DIR", "STRATA_L3_URL", "STRATA_PEERS", "STRATA_PEER_CERTS", "STRATA_JOB"):
+        monkeypatch.delenv(var, raising=False)
     l3 = tmp_path / "l3"
     l3.mkdir()
     states = save_world(tmp_path, l1, job, peers, certs, l3)
@@ -132,6 +144,8 @@ def test_another_ranks_shard_from_each_tier_and_a_damaged_chunk_repaired(tmp_pat
 
     assert cat.read(5, 1, "w", repair=True) == raw
     assert cat.last_read["fallbacks"] == 1 and cat.last_read["repaired"] == 1, cat.last_read
+    # The damaged chunk came from the peer, the other three from L1.
+    assert cat.last_read["served_by"] == {"L1": 3, "L2:node-b": 1}, cat.last_read
 
     l1_only = strata.Catalog(**only["l1"])
     assert l1_only.read(5, 1, "w") == raw

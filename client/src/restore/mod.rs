@@ -401,7 +401,11 @@ impl Checkpointer {
                 Err(e) if local => return Err(e.clone().into()),
                 Err(e) => {
                     tracing::warn!(tier = %l.tier.name, error = %e, "cannot list a tier");
-                    unreadable.push(format!("{}: {e}", l.tier.name));
+                    let name = match l.tier.kind {
+                        TierKind::L2 => format!("L2 {}", l.tier.node()),
+                        _ => l.tier.name.clone(),
+                    };
+                    unreadable.push(format!("{name}: {e}"));
                 }
             }
         }
@@ -434,12 +438,8 @@ impl Checkpointer {
         let source = match found.tier.kind {
             TierKind::L1 => Source::L1,
             TierKind::L3 => Source::L3,
-            TierKind::L2 => Source::L2(
-                s.l2()
-                    .iter()
-                    .position(|p| p.name == found.tier.name)
-                    .unwrap_or_default(),
-            ),
+            // The catalog lists the stack in its order: L1, the peers, L3.
+            TierKind::L2 => Source::L2(found.index - usize::from(s.tiers.l1().is_some())),
         };
         Ok(Loaded {
             shard: found.shard,

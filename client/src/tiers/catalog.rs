@@ -230,7 +230,8 @@ impl Catalog {
     /// for steps of its own world). Fails with
     /// [`Error::NothingToRestore`] when no usable tier lists the rank
     /// committed (naming the tiers that could not be listed), else with
-    /// [`Error::Manifest`] naming every tier's reason.
+    /// [`Error::Manifest`] naming every tier's reason (the kind of a bad
+    /// manifest, whichever tier said it).
     pub async fn shard(
         &self,
         step: u64,

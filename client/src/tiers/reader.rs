@@ -267,6 +267,9 @@ impl<'a> TieredReader<'a> {
     }
 }
 
+/// Chunk bytes a [`ShardReader`] reads from the tiers at once.
+const READ_BATCH_BYTES: u64 = 64 << 20;
+
 /// What a [`ShardReader`] read found beyond the bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeStats {
@@ -278,6 +281,8 @@ pub struct RangeStats {
     pub repaired: u64,
     /// Chunks served from the cache.
     pub cached: u64,
+    /// Chunks read, by the name of the tier that served each.
+    pub served_by: std::collections::BTreeMap<String, u64>,
 }
 
 /// A bounded cache of verified chunks, evicting the oldest first.
@@ -426,6 +431,45 @@ impl ShardReader {
             parts.push((c, from as usize..to as usize));
         }
         let mut stats = RangeStats::default();
+        let mut bytes = Vec::with_capacity(usize::try_from(end - offset).unwrap_or(0));
+        // In batches of about READ_BATCH_BYTES of chunks: a whole entry of
+        // many GiB is never held twice (chunks and output) at once.
+        let mut at = 0;
+        while at < parts.len() {
+            let mut batch_end = at;
+            let mut batch_bytes = 0u64;
+            while batch_end < parts.len() && (batch_end == at || batch_bytes < READ_BATCH_BYTES) {
+                batch_bytes += u64::from(m.chunks[parts[batch_end].0].len);
+                batch_end += 1;
+            }
+            let batch = &parts[at..batch_end];
+            at = batch_end;
+            let have = self.fetch(name, batch, &mut stats).await?;
+            for (c, range) in batch {
+                let d = have
+                    .get(c)
+                    .ok_or_else(|| bad(format!("chunk {c} not read")))?;
+                let src = d.as_slice().get(range.clone()).ok_or_else(|| {
+                    bad(format!(
+                        "chunk {} shorter than its segments",
+                        m.chunks[*c].id
+                    ))
+                })?;
+                bytes.extend_from_slice(src);
+            }
+        }
+        Ok((bytes, stats))
+    }
+
+    /// The chunks of `parts` (of entry `name`), from the cache or the
+    /// tiers (verified, repaired where marked, cached), by chunk index.
+    async fn fetch(
+        &self,
+        name: &str,
+        parts: &[(usize, std::ops::Range<usize>)],
+        stats: &mut RangeStats,
+    ) -> crate::Result<HashMap<usize, ChunkData>> {
+        let m = &self.manifest;
         let mut have: HashMap<usize, ChunkData> = HashMap::new();
         let mut missing: Vec<usize> = Vec::new();
         {
@@ -433,8 +477,8 @@ impl ShardReader {
                 .cache
                 .lock()
                 .map_err(|_| crate::Error::Pipeline("chunk cache poisoned".into()))?;
-            for (c, _) in &parts {
-                if have.contains_key(c) || missing.contains(c) {
+            for (c, _) in parts {
+                if have.contains_key(c) || missing.last() == Some(c) || missing.contains(c) {
                     continue;
                 }
                 match cache.get(&m.chunks[*c].id) {
@@ -446,52 +490,45 @@ impl ShardReader {
                 }
             }
         }
-        if !missing.is_empty() {
-            let refs: Vec<ChunkRef> = missing.iter().map(|&c| m.chunks[c]).collect();
-            let tiers = self
-                .tiers
-                .iter()
-                .map(|(t, repair)| ReadTier {
-                    store: &*t.store,
-                    repair: *repair,
-                })
-                .collect();
-            let reader = TieredReader::new(&self.job, tiers)
-                .write_back(self.write_back.as_ref().map(|t| &*t.store));
-            let out = reader.read(&refs, Vec::new()).await;
-            stats.repaired = out.repaired();
-            let mut cache = self
-                .cache
-                .lock()
-                .map_err(|_| crate::Error::Pipeline("chunk cache poisoned".into()))?;
-            for (&c, r) in missing.iter().zip(out.chunks) {
-                stats.chunks_read += 1;
-                if r.from.is_some_and(|t| t > 0) {
+        if missing.is_empty() {
+            return Ok(have);
+        }
+        let refs: Vec<ChunkRef> = missing.iter().map(|&c| m.chunks[c]).collect();
+        let tiers = self
+            .tiers
+            .iter()
+            .map(|(t, repair)| ReadTier {
+                store: &*t.store,
+                repair: *repair,
+            })
+            .collect();
+        let reader = TieredReader::new(&self.job, tiers)
+            .write_back(self.write_back.as_ref().map(|t| &*t.store));
+        let out = reader.read(&refs, Vec::new()).await;
+        stats.repaired += out.repaired();
+        let mut cache = self
+            .cache
+            .lock()
+            .map_err(|_| crate::Error::Pipeline("chunk cache poisoned".into()))?;
+        for (&c, r) in missing.iter().zip(out.chunks) {
+            stats.chunks_read += 1;
+            if let Some(t) = r.from {
+                if t > 0 {
                     stats.fallbacks += 1;
                 }
-                let data = r.result.map_err(|source| crate::Error::Chunk {
-                    chunk: m.chunks[c].id,
-                    entries: vec![name.to_string()],
-                    source: Box::new(source),
-                })?;
-                cache.put(m.chunks[c].id, data.clone());
-                have.insert(c, data);
+                if let Some((tier, _)) = self.tiers.get(t) {
+                    *stats.served_by.entry(tier.name.clone()).or_default() += 1;
+                }
             }
-        }
-        let mut bytes = Vec::with_capacity(usize::try_from(end - offset).unwrap_or(0));
-        for (c, range) in parts {
-            let d = have
-                .get(&c)
-                .ok_or_else(|| bad(format!("chunk {c} not read")))?;
-            let src = d.as_slice().get(range).ok_or_else(|| {
-                bad(format!(
-                    "chunk {} shorter than its segments",
-                    m.chunks[c].id
-                ))
+            let data = r.result.map_err(|source| crate::Error::Chunk {
+                chunk: m.chunks[c].id,
+                entries: vec![name.to_string()],
+                source: Box::new(source),
             })?;
-            bytes.extend_from_slice(src);
+            cache.put(m.chunks[c].id, data.clone());
+            have.insert(c, data);
         }
-        Ok((bytes, stats))
+        Ok(have)
     }
 
     fn no_entry(&self, name: &str) -> crate::Error {
