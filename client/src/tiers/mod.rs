@@ -88,7 +88,9 @@ impl std::fmt::Debug for Tier {
 }
 
 /// The ordered tiers of a job, fastest first: at most one L1, the peers
-/// in ring order, at most one L3. The constructors keep that order.
+/// in the order given (a checkpointer's: ring order for its node and rank;
+/// the tools' [`Tiers`]: the configured order), at most one L3. The
+/// constructors keep that order.
 #[derive(Clone, Debug, Default)]
 pub struct TierStack {
     tiers: Vec<Tier>,
@@ -113,12 +115,13 @@ impl TierStack {
             }
         }
         let mut tiers = tiers;
-        // Stable: the peers keep their ring order.
+        // Stable: the peers keep the order given.
         tiers.sort_by_key(|t| t.kind);
         Ok(TierStack { tiers })
     }
 
-    /// This stack with `peers` (ring order) in place of its peers.
+    /// This stack with `peers` (in the order to try them: a checkpointer's
+    /// ring order) in place of its peers.
     pub fn with_peers(mut self, peers: Vec<Tier>) -> Self {
         self.tiers.retain(|t| t.kind != TierKind::L2);
         let at = self
@@ -151,7 +154,7 @@ impl TierStack {
         self.tiers.first().filter(|t| t.kind == TierKind::L1)
     }
 
-    /// The peers, in ring order.
+    /// The peers, in the order given.
     pub fn peers(&self) -> &[Tier] {
         let start = self
             .tiers
