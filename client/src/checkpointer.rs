@@ -25,9 +25,9 @@ use crate::config::{BusyPolicy, Config};
 use crate::error::{Error, Result};
 use crate::handle::{Completion, SaveHandle};
 use crate::health::Background;
-use crate::persist::{PersistJob, Snap};
+use crate::save::persist::{PersistJob, Snap};
+use crate::save::snapshot::{fill_segment, Plan};
 use crate::shared::Shared;
-use crate::snapshot::{fill_segment, Plan};
 use crate::state::Entry;
 use crate::stats::{Health, SaveStats};
 

@@ -6,7 +6,7 @@
 //! degraded steps still on L1 are pushed again once a later step replicates
 //! fully, and every `replication_retry_secs` while the worker is idle.
 //! Most of a step's chunks usually went already, beside the L1 write
-//! ([`crate::eager_push`]); this push completes it.
+//! ([`crate::save::eager_push`]); this push completes it.
 //!
 //! A push sends only the chunk ids the peer lacks (one presence check for
 //! the shard), read back verified from L1 in bounded batches, then the
@@ -232,7 +232,7 @@ fn degraded_on_l1(s: &Shared, newer_than: u64) -> Vec<u64> {
 fn replicate(s: &Shared, step: u64) -> L2State {
     // What went beside the L1 write is not sent again: the push below
     // sends what each peer still lacks.
-    let early = crate::eager_push::finished(s, step);
+    let early = crate::save::eager_push::finished(s, step);
     let wanted = s.cfg.replicas;
     let mut peers = Vec::new();
     let mut errors = Vec::new();

@@ -133,7 +133,7 @@ fn the_client_modules_import_each_other_one_way() {
     }
     // The pipelines stay below the API: none of them names the checkpointer
     // or its builder except through `impl Checkpointer` blocks of the API.
-    for low in ["shared", "persist", "eager_push", "replication", "tiers"] {
+    for low in ["shared", "save", "replication", "tiers"] {
         let deps = &graph[low];
         assert!(
             !deps.contains("checkpointer") && !deps.contains("builder"),

@@ -16,8 +16,8 @@ use crate::coord::commit::{self, Committed, Decision, Vote};
 use crate::error::{Error, Result};
 use crate::handle::Completion;
 use crate::par::par_map;
+use crate::save::snapshot::Plan;
 use crate::shared::Shared;
-use crate::snapshot::Plan;
 use crate::stats::SaveStats;
 
 /// What `save` tells the worker as the snapshot proceeds.
@@ -160,7 +160,7 @@ fn hash_and_write(
     let cfg = &s.cfg;
     let mut ids: Vec<ChunkId> = Vec::with_capacity(plan.layout.chunks.len());
     // New chunks go to the peers beside the L1 write (ends when dropped).
-    let eager = crate::eager_push::EagerPush::start(s, step);
+    let eager = crate::save::eager_push::EagerPush::start(s, step);
     type Hashed = (usize, Vec<ChunkId>, Arc<AlignedBuf>);
     let (hash_time, stall) = std::thread::scope(|sc| -> Result<(Duration, Duration)> {
         // One batch of look-ahead: hashing runs at most a batch ahead of
