@@ -26,7 +26,9 @@ const CACHE_BYTES: usize = 32 << 20;
 #[pyclass(module = "strata._strata", name = "Catalog")]
 pub(crate) struct PyCatalog {
     tiers: Tiers,
-    listing: Mutex<Catalog>,
+    /// The listing, shared with the readers built from it (a new reader
+    /// takes a reference, not a copy of every tier's steps).
+    listing: Mutex<std::sync::Arc<Catalog>>,
     readers: Mutex<Readers>,
 }
 
@@ -39,7 +41,7 @@ struct Readers {
 }
 
 impl PyCatalog {
-    fn listing(&self) -> PyResult<std::sync::MutexGuard<'_, Catalog>> {
+    fn listing(&self) -> PyResult<std::sync::MutexGuard<'_, std::sync::Arc<Catalog>>> {
         self.listing.lock().map_err(|_| invalid("catalog poisoned"))
     }
 
@@ -102,7 +104,7 @@ impl PyCatalog {
         drain(py);
         Ok(PyCatalog {
             tiers,
-            listing: Mutex::new(listing),
+            listing: Mutex::new(std::sync::Arc::new(listing)),
             readers: Mutex::new(Readers::default()),
         })
     }
@@ -114,7 +116,7 @@ impl PyCatalog {
             let all: Vec<_> = tiers.tiers().iter().collect();
             tiers.catalog(&all)
         });
-        *self.listing()? = fresh;
+        *self.listing()? = std::sync::Arc::new(fresh);
         let mut readers = self.readers()?;
         readers.open.clear();
         readers.generation += 1;

@@ -478,7 +478,7 @@ impl ShardReader {
                 .lock()
                 .map_err(|_| crate::Error::Pipeline("chunk cache poisoned".into()))?;
             for (c, _) in parts {
-                if have.contains_key(c) || missing.last() == Some(c) || missing.contains(c) {
+                if have.contains_key(c) || missing.contains(c) {
                     continue;
                 }
                 match cache.get(&m.chunks[*c].id) {
