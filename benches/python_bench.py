@@ -14,6 +14,11 @@ it --reps times into its own directory on the same disk and loads it back:
 
     python benches/python_bench.py --dir /work/bench-py --size 2 --reps 2
 
+With --device cuda the state lives on the GPU: the memcpy baseline is a
+device-to-host copy into pinned memory, every method saves from and loads
+back to the GPU (torch.load with map_location), and each timer stops after
+the device is synchronized.
+
 Page cache: between writing and reading, each method's files are evicted
 (posix_fadvise DONTNEED after an fsync) where the OS allows, so loads read
 the disk; Strata's L1 reads use O_DIRECT anyway.
@@ -32,12 +37,25 @@ import time
 import torch
 
 
+DEVICE = "cpu"
+
+
+def sync():
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+
+
 def transformer_state(total_bytes):
-    """Weights + AdamW state of a GPT-like stack, about `total_bytes`."""
+    """Weights + AdamW state of a GPT-like stack, about `total_bytes`, on DEVICE."""
     d = 2048
     per_layer = 12 * d * d + 13 * d  # attention + MLP weights and biases/norms
     layers = max(1, int(total_bytes / 3 / 4 / per_layer))
-    g = torch.Generator().manual_seed(0)
+    with torch.device(DEVICE):
+        return _transformer_state(d, layers)
+
+
+def _transformer_state(d, layers):
+    g = torch.Generator(device=DEVICE).manual_seed(0)
     params = {}
     for i in range(layers):
         p = f"layers.{i}."
@@ -85,6 +103,7 @@ def perturb(state, k):
     for t in tensors(state):
         if t.is_floating_point():
             t.add_(1e-3 * (k + 1))
+    sync()
 
 
 def evict(path):
@@ -115,15 +134,18 @@ def fsync_tree(path):
 
 
 def bench_memcpy(state, reps):
+    # On a GPU: device to pinned host memory, what any snapshot must move.
     src = tensors(state)
-    dst = [torch.empty_like(t) for t in src]
+    dst = [torch.empty_like(t, device="cpu", pin_memory=DEVICE != "cpu") for t in src]
     for d, s in zip(dst, src):
         d.copy_(s)  # fault the destination in: a warm copy
+    sync()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         for d, s in zip(dst, src):
-            d.copy_(s)
+            d.copy_(s, non_blocking=DEVICE != "cpu")
+        sync()
         times.append(time.perf_counter() - t0)
     return {"blocked": min(times)}
 
@@ -143,7 +165,8 @@ def bench_torch_save(state, reps, root):
         out["durable"].append(dt)
         evict(root)
         t0 = time.perf_counter()
-        back = torch.load(path, weights_only=True)
+        back = torch.load(path, weights_only=True, map_location=DEVICE)
+        sync()
         out["load"].append(time.perf_counter() - t0)
         del back
         gc.collect()
@@ -170,6 +193,7 @@ def bench_dcp(state, reps, root, asynchronous):
         evict(path)
         t0 = time.perf_counter()
         dcp.load(state, storage_reader=dcp.FileSystemReader(path))
+        sync()
         out["load"].append(time.perf_counter() - t0)
         shutil.rmtree(path)
         gc.collect()
@@ -197,9 +221,11 @@ def bench_strata(state, reps, root):
             evict(os.path.join(root, "strata"))
             t0 = time.perf_counter()
             ckpt.load_into(state)
+            sync()
             out["load"].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            back = ckpt.load()
+            back = ckpt.load(device=DEVICE if DEVICE != "cpu" else None)
+            sync()
             out["load_fresh"].append(time.perf_counter() - t0)
             del back
             gc.collect()
@@ -212,7 +238,10 @@ def main():
     ap.add_argument("--size", type=float, default=2.0, help="GiB of state")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--device", default="cpu", help="where the state lives: cpu or cuda")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     root = args.dir or tempfile.mkdtemp(prefix="strata-pybench-")
     os.makedirs(root, exist_ok=True)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -226,7 +255,8 @@ def main():
 
     state = transformer_state(int(args.size * (1 << 30)))
     size = nbytes(state)
-    print(f"state: {size / (1 << 30):.2f} GiB in {len(tensors(state))} tensors; {args.reps} reps; dir {root}",
+    print(f"state: {size / (1 << 30):.2f} GiB in {len(tensors(state))} tensors on {DEVICE}; "
+          f"{args.reps} reps; dir {root}",
           file=sys.stderr)
     res = {"memcpy": bench_memcpy(state, args.reps)}
     res["torch.save+fsync"] = bench_torch_save(state, args.reps, root)

@@ -1,0 +1,75 @@
+"""CUDA tensors through the Python package, on a machine with a GPU.
+
+Skipped, with the reason, where torch sees no GPU or the package was built
+without the `cuda` feature (every CI machine: the refusal itself is tested in
+test_behaviour.py). Where it runs, it checks bit for bit that GPU state saved
+from the device comes back to the device: in place into existing tensors, and
+into new tensors on the device.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import strata  # noqa: E402
+
+
+def _gpu_or_skip(ckpt):
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    probe = {"probe": torch.zeros(4, device="cuda")}
+    try:
+        ckpt.save(1, probe).wait()
+    except strata.InvalidError as e:
+        if "`cuda` feature" in str(e):
+            pytest.skip(f"the package was built without the GPU path: {e}")
+        raise
+
+
+def _state():
+    g = torch.Generator(device="cuda").manual_seed(7)
+    return {
+        "model": {
+            "w": torch.randn(1024, 1024, device="cuda", generator=g).to(torch.bfloat16),
+            "b": torch.randn(3 * 1024 + 5, device="cuda", generator=g),
+            # Not contiguous: saved by value as the package documents.
+            "t": torch.randn(64, 48, device="cuda", generator=g).t(),
+        },
+        "optim": {"exp_avg": torch.rand(5_000_017, device="cuda", generator=g)},
+        "cpu": torch.arange(1000, dtype=torch.int64),
+        "step": 12,
+    }
+
+
+def test_gpu_state_round_trips_bit_for_bit(make):
+    ckpt = make(keep_last=3)
+    _gpu_or_skip(ckpt)
+    state = _state()
+    want = {
+        "w": state["model"]["w"].clone(),
+        "b": state["model"]["b"].clone(),
+        "t": state["model"]["t"].clone(),
+        "exp_avg": state["optim"]["exp_avg"].clone(),
+    }
+    ckpt.prepare(state)
+    ckpt.save(2, state).wait()
+
+    # Training goes on: the device tensors change after the save returned.
+    for t in (state["model"]["w"], state["model"]["b"], state["optim"]["exp_avg"]):
+        t.add_(1)
+    torch.cuda.synchronize()
+
+    ckpt.load_into(state, step=2)
+    torch.cuda.synchronize()
+    assert state["model"]["w"].device.type == "cuda"
+    assert torch.equal(state["model"]["w"], want["w"])
+    assert torch.equal(state["model"]["b"], want["b"])
+    assert torch.equal(state["optim"]["exp_avg"], want["exp_avg"])
+    assert state["step"] == 12
+
+    fresh = ckpt.load(2, device="cuda")
+    assert fresh["model"]["w"].device.type == "cuda"
+    assert torch.equal(fresh["model"]["w"], want["w"])
+    assert torch.equal(fresh["model"]["t"], want["t"])
+    assert torch.equal(fresh["optim"]["exp_avg"], want["exp_avg"])
+    assert torch.equal(fresh["cpu"].cpu(), torch.arange(1000, dtype=torch.int64))
