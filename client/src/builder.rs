@@ -197,10 +197,20 @@ impl Checkpointer {
         let claims = l1_disk
             .as_ref()
             .map(|_| crate::push_claims::PushClaims::new(&cfg.l1_dir, &cfg.job));
+        let group = strata_peer::PeerGroup::new(
+            l2.iter()
+                .map(|t| strata_peer::Member {
+                    node: t.node().to_string(),
+                    store: t.store.clone(),
+                })
+                .collect(),
+            cfg.replicas,
+        );
         let tiers = TierStack::local(l1.clone()).with_peers(l2).with_remote(l3);
         let shared = Arc::new(Shared {
             rt: OwnRuntime(Some(rt)),
             tiers,
+            group,
             l1,
             l1_disk,
             coord,

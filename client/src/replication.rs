@@ -1,9 +1,9 @@
 //! L2 replication: every step committed on L1 is pushed, in the
-//! background, to `replicas` peer services chosen by the ring
-//! (`strata_peer::ring`), all of them at once; a peer that is down is
-//! replaced by the next node in the ring, and a step that reaches fewer than
-//! `replicas` peers is marked degraded (the save itself never fails for it);
-//! degraded steps still on L1 are pushed again once a later step replicates
+//! background, over the rank's peer group ([`strata_peer::PeerGroup`],
+//! which owns placement and the R-copy policy: `replicas` members at once,
+//! a member that is down replaced by the next of the ring); a step that
+//! reaches fewer than `replicas` peers is marked degraded (the save itself
+//! never fails for it); degraded steps still on L1 are pushed again once a later step replicates
 //! fully, and every `replication_retry_secs` while the worker is idle.
 //! Most of a step's chunks usually went already, beside the L1 write
 //! ([`crate::save::eager_push`]); this push completes it.
@@ -20,11 +20,11 @@ use strata_tiered::ChunkStore;
 
 use crate::config::UploadBacklog;
 use crate::coord::commit::Committed;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shared::Shared;
 use crate::tier_states::Replication;
 use crate::tiers::copy::{copy_step, CopyOptions, Verify};
-use crate::tiers::Tier;
+use strata_peer::Member;
 
 /// Chunk bytes read from L1 and pushed per batch.
 const PUSH_BATCH_BYTES: u64 = 64 << 20;
@@ -226,65 +226,33 @@ fn degraded_on_l1(s: &Shared, newer_than: u64) -> Vec<u64> {
     }
 }
 
-/// Pushes `step` to the first `replicas` peers of the ring at the same
-/// time; each one that fails is replaced by the next peer in the ring.
-/// Fewer peers than wanted (failures, or a ring too small) is `Degraded`.
+/// Pushes `step` over the peer group: the group puts it on `replicas`
+/// members, replacing each that fails by the next of the ring
+/// ([`strata_peer::PeerGroup::spread`]); fewer than wanted is `Degraded`.
 fn replicate(s: &Shared, step: u64) -> L2State {
     // What went beside the L1 write is not sent again: the push below
     // sends what each peer still lacks.
     let early = crate::save::eager_push::finished(s, step);
-    let wanted = s.cfg.replicas;
-    let mut peers = Vec::new();
-    let mut errors = Vec::new();
+    let spread = s.group.spread(|m| push(s, m, step));
     let mut sent = 0;
     let mut sent_early = 0;
-    let mut next = 0;
-    while peers.len() < wanted && next < s.l2().len() {
-        let round: Vec<&Tier> = s.l2()[next..].iter().take(wanted - peers.len()).collect();
-        next += round.len();
-        let results: Vec<Result<u64>> = std::thread::scope(|sc| {
-            let pushes: Vec<_> = round
-                .iter()
-                .map(|p| sc.spawn(|| push(s, p, step)))
-                .collect();
-            pushes
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::Pipeline("a push thread panicked".into())))
-                })
-                .collect()
-        });
-        for (p, r) in round.iter().zip(results) {
-            match r {
-                Ok(n) => {
-                    let e = early.get(p.node()).copied().unwrap_or(0);
-                    sent += n + e;
-                    sent_early += e;
-                    peers.push(p.node().to_string());
-                }
-                Err(e) => errors.push(format!("{}: {e}", p.node())),
-            }
-        }
+    for (node, n) in &spread.holders {
+        let e = early.get(node).copied().unwrap_or(0);
+        sent += n + e;
+        sent_early += e;
     }
-    if peers.len() >= wanted {
-        L2State::Replicated {
-            peers,
-            wanted,
-            sent,
-            early: sent_early,
+    if spread.is_degraded() {
+        L2State::Degraded {
+            peers: spread.nodes(),
+            wanted: spread.wanted,
+            errors: spread.errors,
         }
     } else {
-        if s.l2().len() < wanted {
-            errors.push(format!(
-                "{wanted} replicas wanted but the ring has {} other nodes",
-                s.l2().len()
-            ));
-        }
-        L2State::Degraded {
-            peers,
-            wanted,
-            errors,
+        L2State::Replicated {
+            peers: spread.nodes(),
+            wanted: spread.wanted,
+            sent,
+            early: sent_early,
         }
     }
 }
@@ -293,10 +261,10 @@ fn replicate(s: &Shared, step: u64) -> L2State {
 /// there ([`copy_step`]; the peer verifies every chunk it receives, so
 /// L1's copies are not hashed on the way out). Returns the bytes the peer
 /// wrote (those it received meanwhile from the eager push are not).
-fn push(s: &Shared, peer: &Tier, step: u64) -> Result<u64> {
+fn push(s: &Shared, peer: &Member, step: u64) -> Result<u64> {
     // The ranks of this node share the chunks they hold identically: each
     // goes to the peer once (see `push_claims`).
-    let claims = s.claims.as_ref().map(|c| c.for_peer(peer.node()));
+    let claims = s.claims.as_ref().map(|c| c.for_peer(&peer.node));
     let opts = CopyOptions {
         batch_bytes: PUSH_BATCH_BYTES,
         verify: Verify::Receiver,

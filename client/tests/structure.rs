@@ -172,6 +172,25 @@ fn the_client_modules_import_each_other_one_way() {
             name == "shared.rs" || !text.contains("Catalog::list("),
             "{name} lists the tiers itself (use Shared::catalog)"
         );
+        // The R-copy policy is the peer group's: nothing in the client
+        // walks the ring choosing replicas, nor replaces a failed one.
+        assert!(
+            !text.contains(".spread(") || name == "replication.rs",
+            "{name} pushes over the peer group outside replication"
+        );
+        assert!(
+            !text.contains("take(wanted") && !text.contains("take(s.cfg.replicas"),
+            "{name} chooses replicas itself (use PeerGroup::targets or spread)"
+        );
+    }
+    // Only opening the stack orders the peers (the ring).
+    for p in rust_files(&src) {
+        let text = std::fs::read_to_string(&p).unwrap();
+        let name = p.strip_prefix(&src).unwrap().display().to_string();
+        assert!(
+            name == "tiers/open.rs" || !text.contains("ring::placement("),
+            "{name} computes the ring itself"
+        );
     }
 }
 

@@ -9,12 +9,16 @@
 //!   mutual-TLS configurations of services and clients;
 //! * `replicas` and `service`: the peer service behind `strata peer serve`,
 //!   and `metrics` for Prometheus;
-//! * `client`: `PeerStore`, a `ChunkStore` over one peer service.
+//! * `client`: `PeerStore`, a `ChunkStore` over one peer service;
+//! * `group`: `PeerGroup`, L2 as one tier: the peers of a rank over the
+//!   ring as one `ChunkStore`, and the policy that keeps `R` copies.
 
 #[cfg(feature = "net")]
 pub mod client;
 #[cfg(feature = "fuzzing")]
 pub mod fuzz_session;
+#[cfg(feature = "net")]
+pub mod group;
 #[cfg(feature = "net")]
 pub mod metrics;
 pub mod proto;
@@ -28,3 +32,5 @@ pub mod tls;
 
 #[cfg(feature = "net")]
 pub use client::{PeerOptions, PeerStore};
+#[cfg(feature = "net")]
+pub use group::{Member, PeerGroup, Spread};

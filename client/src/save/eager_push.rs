@@ -68,14 +68,15 @@ impl EagerPush {
     /// outcome is left in `s.eager` for the replication worker. None when
     /// there are no peers or `eager_push` is off.
     pub(crate) fn start(s: &Shared, step: u64) -> Option<EagerPush> {
-        if s.l2().is_empty() || s.cfg.replicas == 0 || !s.cfg.eager_push {
+        if s.group.is_empty() || s.cfg.replicas == 0 || !s.cfg.eager_push {
             return None;
         }
+        // The group's targets: where the after-commit push goes first.
         let peers: Vec<NamedPeer> = s
-            .l2()
+            .group
+            .targets()
             .iter()
-            .take(s.cfg.replicas)
-            .map(|p| (p.node().to_string(), p.store.clone()))
+            .map(|p| (p.node.clone(), p.store.clone()))
             .collect();
         let (tx, rx) = tokio::sync::mpsc::channel::<Offered>(1);
         let idle = Arc::new(std::sync::atomic::AtomicBool::new(false));
