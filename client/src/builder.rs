@@ -16,6 +16,7 @@ use crate::coord::coordinator::{Coordinator, SoloCoordinator};
 use crate::coord::etcd::{EtcdCoordinator, EtcdOptions};
 use crate::error::{Error, Result};
 use crate::health::Background;
+use crate::mirror;
 use crate::policy::UploadPolicy;
 use crate::save::persist::{persist, PersistJob};
 use crate::shared::{OwnRuntime, Shared};
@@ -230,31 +231,38 @@ impl Checkpointer {
         });
         // The workers hear of committed steps as subscribers; the save
         // path never calls them.
-        shared
-            .commits
-            .subscribe(Box::new(crate::tiering::subscriber(
-                shared.uploads.clone(),
-                upload_tx,
-                (shared.cfg.max_pending_uploads, shared.cfg.upload_backlog),
-                std::time::Duration::from_secs(shared.cfg.coordination_timeout_secs),
-            )));
+        let wait_limit = Duration::from_secs(shared.cfg.coordination_timeout_secs);
+        shared.commits.subscribe(Box::new(mirror::subscriber(
+            Arc::new(mirror::L3Lane {
+                uploads: shared.uploads.clone(),
+                tx: Mutex::new(upload_tx),
+            }),
+            mirror::Backlog {
+                max: shared.cfg.max_pending_uploads,
+                policy: shared.cfg.upload_backlog,
+                wait_limit,
+            },
+        )));
         let replicator = if shared.l2().is_empty() {
             None
         } else {
-            shared
-                .commits
-                .subscribe(Box::new(crate::replication::subscriber(
-                    shared.replication.clone(),
-                    repl_tx,
-                    shared.cfg.replicas,
-                    (shared.cfg.max_pending_pushes, shared.cfg.upload_backlog),
-                    std::time::Duration::from_secs(shared.cfg.coordination_timeout_secs),
-                )));
+            shared.commits.subscribe(Box::new(mirror::subscriber(
+                Arc::new(mirror::PeersLane {
+                    repl: shared.replication.clone(),
+                    tx: Mutex::new(repl_tx),
+                    wanted: shared.cfg.replicas,
+                }),
+                mirror::Backlog {
+                    max: shared.cfg.max_pending_pushes,
+                    policy: shared.cfg.upload_backlog,
+                    wait_limit,
+                },
+            )));
             let s2 = shared.clone();
             Some(
                 std::thread::Builder::new()
                     .name("strata-replicate".into())
-                    .spawn(move || crate::replication::run(&s2, &repl_rx))
+                    .spawn(move || mirror::run_replication(&s2, &repl_rx))
                     .map_err(|e| Error::Config(format!("cannot start replication: {e}")))?,
             )
         };
@@ -264,7 +272,7 @@ impl Checkpointer {
                 Some(
                     std::thread::Builder::new()
                         .name("strata-upload".into())
-                        .spawn(move || crate::tiering::run(&s3, l3, &upload_rx))
+                        .spawn(move || mirror::run_uploads(&s3, l3, &upload_rx))
                         .map_err(|e| Error::Config(format!("cannot start the uploader: {e}")))?,
                 )
             }

@@ -10,8 +10,8 @@
 //! never runs on its threads.
 //!
 //! This module is the save side of the API; construction is in
-//! `builder.rs`, restore in `restore.rs`, uploads in `tiering.rs` and
-//! replication in `replication.rs` (their states in `tier_states.rs`).
+//! `builder.rs`, restore in `restore/`, uploads to L3 and
+//! replication in `mirror/` (their states in `tier_states.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::{mpsc, Arc, Mutex};

@@ -133,7 +133,7 @@ fn the_client_modules_import_each_other_one_way() {
     }
     // The pipelines stay below the API: none of them names the checkpointer
     // or its builder except through `impl Checkpointer` blocks of the API.
-    for low in ["shared", "save", "replication", "tiers"] {
+    for low in ["shared", "save", "mirror", "tiers"] {
         let deps = &graph[low];
         assert!(
             !deps.contains("checkpointer") && !deps.contains("builder"),
@@ -175,7 +175,7 @@ fn the_client_modules_import_each_other_one_way() {
         // The R-copy policy is the peer group's: nothing in the client
         // walks the ring choosing replicas, nor replaces a failed one.
         assert!(
-            !text.contains(".spread(") || name == "replication.rs",
+            !text.contains(".spread(") || name == "mirror/to_peers.rs",
             "{name} pushes over the peer group outside replication"
         );
         assert!(

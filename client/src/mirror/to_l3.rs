@@ -11,85 +11,66 @@
 //! commit record, create-only. A crash mid-upload leaves no commit record,
 //! and the next upload of that step re-sends only what is missing.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use strata_tiered::{ChunkStore, ThrottleConfig, ThrottleStore};
 
-use crate::checkpointer::Checkpointer;
-use crate::config::UploadBacklog;
+use super::Lane;
 use crate::coord::commit::Committed;
 use crate::error::{Error, Result};
 use crate::shared::Shared;
-use crate::tier_states::{L2State, UploadJob, Uploads};
+use crate::step_states::StepStates;
+use crate::tier_states::{L3State, UploadJob, Uploads};
 use crate::tiers::copy::{copy_step, CopyOptions, CopyProgress, Verify};
 
 /// Chunk bytes read from L1 and uploaded per batch (bounds upload memory).
 const UPLOAD_BATCH_BYTES: u64 = 64 << 20;
 
-pub use crate::tier_states::L3State;
+/// Tiering as a [`Lane`] of the shared subscription: the steps the
+/// barrier decided to upload are queued (marked queued at once, so L1
+/// retention keeps them).
+pub(crate) struct L3Lane {
+    pub(crate) uploads: Arc<Uploads>,
+    pub(crate) tx: Mutex<mpsc::Sender<UploadJob>>,
+}
 
-/// The uploader's subscription to "step committed": queues the steps the
-/// barrier decided to upload (marked queued at once, so L1 retention keeps
-/// them).
-pub(crate) fn subscriber(
-    uploads: Arc<Uploads>,
-    tx: mpsc::Sender<UploadJob>,
-    backlog: (usize, UploadBacklog),
-    wait_limit: std::time::Duration,
-) -> impl Fn(Committed) + Send + Sync + 'static {
-    let tx = Mutex::new(tx);
-    move |ev: Committed| {
-        if !ev.decision.upload {
-            return;
-        }
-        let (max, policy) = backlog;
-        if max > 0 && policy == UploadBacklog::Wait {
-            // Back-pressure: this runs in the commit path, so the next
-            // saves wait (busy policy) while L3 catches up; bounded, so a
-            // stopped uploader cannot hang the commit.
-            if !uploads.states.wait_below(max, wait_limit, waiting) {
-                tracing::warn!(
-                    step = ev.step,
-                    max,
-                    "L3 is still behind after {wait_limit:?}; queuing anyway"
-                );
-            }
-        }
-        let queued = tx
+impl Lane for L3Lane {
+    type State = L3State;
+    const TO: &'static str = "L3";
+    const LIMIT: &'static str = "max_pending_uploads";
+
+    fn states(&self) -> &StepStates<L3State> {
+        &self.uploads.states
+    }
+
+    fn wants(&self, ev: &Committed) -> bool {
+        ev.decision.upload
+    }
+
+    /// Queued, not being uploaded yet.
+    fn waiting(&self, _: u64, st: &L3State) -> bool {
+        matches!(st, L3State::Queued)
+    }
+
+    fn queue(&self, step: u64) {
+        let queued = self
+            .tx
             .lock()
             .map_err(|_| Error::Pipeline("poisoned".into()))
-            .and_then(|tx| enqueue(&uploads, &tx, ev.step));
-        if max > 0 && policy == UploadBacklog::Drop {
-            drop_oldest_beyond(&uploads, max);
-        }
+            .and_then(|tx| enqueue(&self.uploads, &tx, step));
         if let Err(e) = queued {
-            tracing::warn!(step = ev.step, error = %e, "could not queue the upload");
+            tracing::warn!(step, error = %e, "could not queue the upload");
         }
     }
-}
 
-/// A step queued for an upload and not being uploaded yet.
-fn waiting(_: u64, st: &L3State) -> bool {
-    matches!(st, L3State::Queued)
-}
+    /// Failed, saying why: the uploader skips it.
+    fn dropped(&self, why: String) -> L3State {
+        L3State::Failed(why)
+    }
 
-/// Drops the oldest waiting uploads beyond `max` (their state says why;
-/// the uploader skips them, and L1 retention no longer holds them).
-fn drop_oldest_beyond(uploads: &Uploads, max: usize) {
-    let dropped = uploads.states.drop_oldest_beyond(max, waiting, || {
-        L3State::Failed(format!(
-            "dropped: more than {max} steps were waiting for L3 (max_pending_uploads)"
-        ))
-    });
-    for step in dropped {
-        uploads.dropped.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(
-            step,
-            max,
-            "L3 is behind: the upload of this step was dropped"
-        );
+    fn count_dropped(&self) {
+        self.uploads.dropped.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -245,110 +226,4 @@ fn upload_step(s: &Shared, l3: &dyn ChunkStore, step: u64) -> Result<(u64, u64)>
         &s.l1, l3, &s.cfg.job, step, s.cfg.rank, opts, &progress,
     ))?;
     Ok((st.bytes_sent, st.bytes_present))
-}
-
-/// Where one step is committed, for this rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StepTiers {
-    /// The step.
-    pub step: u64,
-    /// Committed on L1 (this node's disk).
-    pub l1: bool,
-    /// Committed on L3.
-    pub l3: bool,
-    /// This process's upload of it, if any.
-    pub upload: Option<L3State>,
-    /// This process's replication of it to peers, if any.
-    pub replication: Option<L2State>,
-}
-
-impl Checkpointer {
-    /// Every step this rank has committed on some tier, oldest first, with
-    /// where it is committed and how its upload stands.
-    pub fn steps(&self) -> Result<Vec<StepTiers>> {
-        let s = &self.shared;
-        let cfg = &s.cfg;
-        let mine = |steps: &[strata_tiered::StepInfo]| crate::coord::commit::restorable(cfg, steps);
-        let l1 = mine(&s.rt.block_on(s.l1.list_steps(&cfg.job))?);
-        let l3 = match s.l3() {
-            Some(l3) => mine(&s.rt.block_on(l3.list_steps(&cfg.job))?),
-            None => Default::default(),
-        };
-        let uploads = s.uploads.snapshot();
-        let repl = s.replication.snapshot();
-        Ok(l1
-            .union(&l3)
-            .map(|&step| StepTiers {
-                step,
-                l1: l1.contains(&step),
-                l3: l3.contains(&step),
-                upload: uploads.get(&step).cloned(),
-                replication: repl.get(&step).cloned(),
-            })
-            .collect())
-    }
-
-    /// Queues `step` (committed on L1 by this rank) for upload to L3, in
-    /// the background. Fails if no L3 is configured.
-    pub fn upload(&self, step: u64) -> Result<()> {
-        if self.shared.l3().is_none() {
-            return Err(Error::Config("no L3 configured (l3_url)".into()));
-        }
-        let tx = self
-            .shared
-            .upload_tx
-            .lock()
-            .map_err(|_| Error::Pipeline("poisoned".into()))?;
-        let tx = tx
-            .as_ref()
-            .ok_or_else(|| Error::Pipeline("the uploader stopped".into()))?;
-        if let Ok(mut asked) = self.shared.uploads.requested.lock() {
-            asked.insert(step);
-        }
-        enqueue(&self.shared.uploads, tx, step)
-    }
-
-    /// Blocks until every queued upload has finished (committed or failed).
-    pub fn wait_uploads(&self) {
-        let u = &self.shared.uploads;
-        // The uploader wakes the map after each decrement.
-        drop(
-            u.states
-                .wait_until(None, |_| u.queued.load(Ordering::SeqCst) == 0),
-        );
-    }
-
-    /// The L2 state of every step this process replicated (or is
-    /// replicating) to peers.
-    pub fn replication(&self) -> BTreeMap<u64, L2State> {
-        self.shared.replication.snapshot()
-    }
-
-    /// Blocks until every step queued for replication has been pushed (or
-    /// found degraded).
-    pub fn wait_replication(&self) {
-        self.shared.replication.wait_idle();
-    }
-
-    /// Uploads dropped because more than `max_pending_uploads` steps were
-    /// waiting for L3 (with `upload_backlog = "drop"`).
-    pub fn dropped_uploads(&self) -> u64 {
-        self.shared.uploads.dropped.load(Ordering::Relaxed)
-    }
-
-    /// Pushes dropped because more than `max_pending_pushes` steps were
-    /// waiting for the peers (with `upload_backlog = "drop"`).
-    pub fn dropped_pushes(&self) -> u64 {
-        self.shared.replication.dropped.load(Ordering::Relaxed)
-    }
-
-    /// The L3 state of every step this process queued for upload.
-    pub fn uploads(&self) -> BTreeMap<u64, L3State> {
-        self.shared.uploads.snapshot()
-    }
-
-    /// The L3 tier, if configured.
-    pub fn l3(&self) -> Option<&Arc<dyn ChunkStore>> {
-        self.shared.l3()
-    }
 }

@@ -18,67 +18,74 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use strata_tiered::ChunkStore;
 
-use crate::config::UploadBacklog;
+use super::Lane;
 use crate::coord::commit::Committed;
 use crate::error::Result;
 use crate::shared::Shared;
-use crate::tier_states::Replication;
+use crate::step_states::StepStates;
+use crate::tier_states::{L2State, Replication};
 use crate::tiers::copy::{copy_step, CopyOptions, Verify};
 use strata_peer::Member;
 
 /// Chunk bytes read from L1 and pushed per batch.
 const PUSH_BATCH_BYTES: u64 = 64 << 20;
 
-pub use crate::tier_states::L2State;
-
-/// The replicator's subscription to "step committed": every committed
+/// Replication as a [`Lane`] of the shared subscription: every committed
 /// step is marked pending at once (L1 retention keeps it) and queued.
-pub(crate) fn subscriber(
-    repl: Arc<Replication>,
-    tx: mpsc::Sender<u64>,
-    wanted: usize,
-    backlog: (usize, UploadBacklog),
-    wait_limit: std::time::Duration,
-) -> impl Fn(Committed) + Send + Sync + 'static {
-    let tx = Mutex::new(tx);
-    move |ev: Committed| {
-        let (max, policy) = backlog;
-        if max > 0 && policy == UploadBacklog::Wait {
-            // Back-pressure: this runs in the commit path; bounded, so a
-            // stopped worker cannot hang the commit.
-            if !repl
-                .states
-                .wait_below(max, wait_limit, |s, st| waiting(&repl, s, st))
-            {
-                tracing::warn!(
-                    step = ev.step,
-                    max,
-                    "the peers are still behind after {wait_limit:?}; queuing anyway"
-                );
-            }
-        }
-        repl.set(ev.step, L2State::Pending);
-        if max > 0 && policy == UploadBacklog::Drop {
-            drop_oldest_beyond(&repl, max, wanted);
-        }
-        let sent = tx.lock().ok().map(|tx| tx.send(ev.step));
+pub(crate) struct PeersLane {
+    pub(crate) repl: Arc<Replication>,
+    pub(crate) tx: Mutex<mpsc::Sender<u64>>,
+    /// Replicas wanted.
+    pub(crate) wanted: usize,
+}
+
+impl Lane for PeersLane {
+    type State = L2State;
+    const TO: &'static str = "the peers";
+    const LIMIT: &'static str = "max_pending_pushes";
+
+    fn states(&self) -> &StepStates<L2State> {
+        &self.repl.states
+    }
+
+    fn wants(&self, _: &Committed) -> bool {
+        true
+    }
+
+    /// Pending, and not being pushed. Called under the state map's lock,
+    /// where the worker also marks what it takes.
+    fn waiting(&self, step: u64, st: &L2State) -> bool {
+        matches!(st, L2State::Pending) && !in_flight(&self.repl).contains(&step)
+    }
+
+    fn queue(&self, step: u64) {
+        self.repl.set(step, L2State::Pending);
+        let sent = self.tx.lock().ok().map(|tx| tx.send(step));
         if !matches!(sent, Some(Ok(()))) {
-            repl.set(
-                ev.step,
+            self.repl.set(
+                step,
                 L2State::Degraded {
                     peers: Vec::new(),
-                    wanted,
+                    wanted: self.wanted,
                     errors: vec!["the replication worker stopped".into()],
                 },
             );
         }
     }
-}
 
-/// A step waiting for a push (pending, and not being pushed). Called under
-/// the state map's lock, where the worker also marks what it takes.
-fn waiting(repl: &Replication, step: u64, st: &L2State) -> bool {
-    matches!(st, L2State::Pending) && !in_flight(repl).contains(&step)
+    /// Degraded: if still on L1 it is pushed again later, like any
+    /// degraded step.
+    fn dropped(&self, why: String) -> L2State {
+        L2State::Degraded {
+            peers: Vec::new(),
+            wanted: self.wanted,
+            errors: vec![why],
+        }
+    }
+
+    fn count_dropped(&self) {
+        self.repl.dropped.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// The steps being pushed now (lock order: the state map, then this set).
@@ -95,31 +102,6 @@ fn set_in_flight(repl: &Replication, steps: &[u64], on: bool) {
                 g.remove(s);
             }
         }
-    }
-}
-
-/// Drops the oldest steps waiting for a push beyond `max`: they are marked
-/// degraded (L1 retention no longer holds them; if still on L1 they are
-/// pushed again later, like any degraded step).
-fn drop_oldest_beyond(repl: &Replication, max: usize, wanted: usize) {
-    let dropped = repl.states.drop_oldest_beyond(
-        max,
-        |s, st| waiting(repl, s, st),
-        || L2State::Degraded {
-            peers: Vec::new(),
-            wanted,
-            errors: vec![format!(
-                "dropped: more than {max} steps were waiting for the peers (max_pending_pushes)"
-            )],
-        },
-    );
-    for step in dropped {
-        repl.dropped.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(
-            step,
-            max,
-            "the peers are behind: the push of this step was dropped"
-        );
     }
 }
 
