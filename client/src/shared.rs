@@ -52,8 +52,9 @@ pub(crate) struct Shared {
     pub(crate) rt: OwnRuntime,
     /// Every tier, fastest first: L1, the peers in ring order, L3.
     pub(crate) tiers: TierStack,
-    /// The stack's peers as one tier for writes: placement and the R-copy
-    /// policy of replication (the reads of a restore name each member).
+    /// The stack's peers as one group: the R-copy policy of replication
+    /// and the eager push's targets (restore and the catalog read each
+    /// member as a tier of its own, to say which peer served).
     pub(crate) group: strata_peer::PeerGroup,
     /// The stack's L1 (a checkpointer always has one): every save is
     /// written here first.

@@ -4,9 +4,10 @@
 //!
 //! What the group owns, so that no caller writes it again:
 //!
-//! * **placement**: the members in ring order for this rank
-//!   ([`crate::ring::placement`]); the first `R` are the targets, the rest
-//!   the fallbacks, tried in order when a target fails;
+//! * **placement** over its members, given in ring order for this rank
+//!   (what [`crate::ring::placement`] computes; the client's stack opens
+//!   them so): the first `R` are the targets, the rest the fallbacks, tried
+//!   in order when a target fails;
 //! * **R copies**: a write goes to the first `R` members that take it; a
 //!   step's push ([`PeerGroup::spread`]) replaces each failed member by the
 //!   next one of the ring, all of a round at once;
@@ -69,16 +70,18 @@ impl PeerGroup {
         }
     }
 
-    /// The group of rank `rank` on node `me`: the other `nodes` in ring
-    /// order ([`crate::ring::placement`]), each opened by `open`.
+    /// The group of node `me`: the other `nodes` in ring order
+    /// ([`crate::ring::placement`], rotated by `rotate`: a rank number to
+    /// spread a node's ranks over different peers, or 0), each opened by
+    /// `open`.
     pub fn on_ring(
         nodes: &[String],
         me: &str,
-        rank: u32,
+        rotate: u32,
         replicas: usize,
         mut open: impl FnMut(&str) -> Arc<dyn ChunkStore>,
     ) -> Self {
-        let members = crate::ring::placement(nodes, me, rank)
+        let members = crate::ring::placement(nodes, me, rotate)
             .into_iter()
             .map(|node| Member {
                 store: open(&node),

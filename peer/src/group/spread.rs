@@ -35,7 +35,9 @@ impl PeerGroup {
     /// written). The first `R` members are pushed to at once, each on a
     /// thread of its own (a push may block); a member that fails is
     /// replaced by the next one of the ring. Never fails: a push that
-    /// reaches fewer than `R` members is [`Spread::is_degraded`].
+    /// reaches fewer than `R` members is [`Spread::is_degraded`]. It
+    /// blocks until every push ended: call it from a thread of its own,
+    /// never from async code (a push typically drives a runtime itself).
     pub fn spread<E: std::fmt::Display>(
         &self,
         push: impl Fn(&Member) -> Result<u64, E> + Sync,
@@ -61,8 +63,9 @@ impl PeerGroup {
                 handles
                     .into_iter()
                     .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err("the push thread panicked".to_string()))
+                        h.join().unwrap_or_else(|_| {
+                            Err("the save pipeline stopped: a push thread panicked".to_string())
+                        })
                     })
                     .collect()
             });

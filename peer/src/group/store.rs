@@ -3,25 +3,30 @@
 //! * **Writes** (chunks, manifests) go to the first `R` members that take
 //!   them, a round at a time; they succeed once one member holds them (R
 //!   copies are the goal, not the condition: a step's push reports how many
-//!   it reached through [`PeerGroup::spread`]). An answer about the request
-//!   itself (invalid, a committed manifest already there) ends the write
-//!   at once; any other failure moves on to the next member.
-//! * **Commit records** are decided by the first member that can be
-//!   reached (the arbiter, create-only like every tier), then copied to the
-//!   next members up to `R`: racing writers of one record see exactly one
-//!   winner while the arbiter is up.
+//!   it reached through [`PeerGroup::spread`]). A member's "already there"
+//!   (a committed manifest) ends the write at once; any other failure,
+//!   including a member refusing the request (another version), moves on to
+//!   the next member.
+//! * **Commit records** go to the members in order until `R` hold them; a
+//!   member holding a different record for the slot makes the commit
+//!   `AlreadyExists`, whichever member it is (a member that came back empty
+//!   never lets a second record win), and a listing in which members hold
+//!   different records for one slot reports the slot unreadable.
 //! * **Reads** go to the members in ring order, chunk by chunk: a copy that
-//!   is missing, damaged or unreachable is read from the next member. When
-//!   none has a good copy the error is the most telling one: damaged, then
-//!   missing from every member that answered, then unreachable (only when
-//!   no member could be asked). Missing with a member down is reported as
-//!   missing, as every tier reports what it does not hold: the caller
+//!   is missing, damaged or unreachable is read from the next member
+//!   (verified reads; the unverified ones are checked by their caller).
+//!   When none has a good copy the error is the most telling one: damaged,
+//!   then missing from every member that answered, then unreachable (only
+//!   when no member could be asked). Missing with a member down is reported
+//!   as missing, as every tier reports what it does not hold: the caller
 //!   falls back to the next tier either way.
-//! * **Listings** are the union of what the reachable members hold; an
-//!   error only when none can be reached. **Deletes and pins** go to every
-//!   member; members that cannot be reached are skipped (their own
-//!   retention clears what they keep), an error only when none could be
-//!   reached or one refused.
+//! * **Presence** is what the first `R` reachable members all hold: a chunk
+//!   only a fallback member has is sent again, so a step's chunks end on
+//!   the members that hold its manifest.
+//! * **Listings, deletes and pins** need every member: one that cannot be
+//!   reached makes them `Unavailable`, so a listing is never partial (a
+//!   caller deciding what to delete must never take it for complete) and a
+//!   delete never leaves a copy that comes back later.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -38,13 +43,11 @@ use strata_tiered::{
 
 use super::{Member, PeerGroup};
 
-/// An answer about the request rather than the member: no other member
-/// would answer differently.
+/// An answer about what the group holds rather than about the member: no
+/// other member may answer differently. A member's `Invalid` is not one:
+/// a peer of another version refuses requests the others take.
 fn is_verdict(e: &StoreError) -> bool {
-    matches!(
-        e.kind(),
-        StoreErrorKind::Invalid | StoreErrorKind::AlreadyExists
-    )
+    e.kind() == StoreErrorKind::AlreadyExists
 }
 
 /// How much an error tells a caller when no member had a good copy.
@@ -113,22 +116,24 @@ impl PeerGroup {
         for m in &self.members {
             match op(m).await {
                 Ok(v) => return Ok(v),
-                Err(e) if e.kind() == StoreErrorKind::Invalid => return Err(e),
                 Err(e) => keep(&mut best, e),
             }
         }
         Err(best.unwrap_or_else(|| no_members(what)))
     }
 
-    /// Runs an operation on every member at once; the answers of those
-    /// that could be reached, or an error if none could or one refused.
+    /// Runs an operation on every member at once: every answer, or the
+    /// first member's error (one that cannot be reached makes the whole
+    /// operation `Unavailable`: nothing partial passes for complete).
     async fn on_all<'a, T, F, Fut>(&'a self, what: &str, op: F) -> Result<Vec<T>>
     where
         F: Fn(&'a Member) -> Fut,
         Fut: Future<Output = Result<T>> + 'a,
     {
-        let mut ok = Vec::new();
-        let mut errors = Vec::new();
+        if self.members.is_empty() {
+            return Err(no_members(what));
+        }
+        let mut ok = Vec::with_capacity(self.members.len());
         for (m, r) in self
             .members
             .iter()
@@ -137,14 +142,13 @@ impl PeerGroup {
             match r {
                 Ok(v) => ok.push(v),
                 Err(e) if e.kind() == StoreErrorKind::Unavailable => {
-                    tracing::debug!(what, node = %m.node, error = %e, "peer skipped");
-                    errors.push((m.node.clone(), e));
+                    return Err(StoreError::Unavailable(format!(
+                        "{what}: peer {} cannot be reached, so the group cannot answer whole: {e}",
+                        m.node
+                    )))
                 }
                 Err(e) => return Err(e),
             }
-        }
-        if ok.is_empty() {
-            return Err(failed_everywhere(what, errors));
         }
         Ok(ok)
     }
@@ -170,6 +174,16 @@ impl PeerGroup {
                 m.store.get_chunks_unverified(job, &want).await
             };
             let mut still = Vec::new();
+            let answered = got.len();
+            for &i in pending.iter().skip(answered) {
+                // A member that answered fewer ids than asked: the rest
+                // stay pending, with a reason.
+                keep(
+                    &mut best[i],
+                    StoreError::Internal(format!("peer {} left a read unanswered", m.node)),
+                );
+                still.push(i);
+            }
             for (i, r) in pending.iter().copied().zip(got) {
                 match r {
                     Ok(d) => out[i] = Some(Ok(d)),
@@ -218,7 +232,19 @@ fn merge_steps(lists: Vec<Vec<StepInfo>>) -> Vec<StepInfo> {
                 ..StepInfo::default()
             });
             for (slot, rec) in info.records {
-                st.records.entry(slot).or_insert(rec);
+                match st.records.get(&slot) {
+                    None => {
+                        st.records.insert(slot, rec);
+                    }
+                    Some(held) if *held == rec => {}
+                    Some(_) => {
+                        // Never one of two records picked silently.
+                        st.unreadable.insert(
+                            slot,
+                            "the peers hold different commit records for this slot".into(),
+                        );
+                    }
+                }
             }
             st.manifests.extend(info.manifests);
             for (slot, why) in info.unreadable {
@@ -229,6 +255,16 @@ fn merge_steps(lists: Vec<Vec<StepInfo>>) -> Vec<StepInfo> {
     }
     let mut out: Vec<StepInfo> = by_step.into_values().collect();
     for st in &mut out {
+        // Members disagreeing on a slot: it is unreadable, not committed.
+        let split: Vec<u32> = st
+            .unreadable
+            .iter()
+            .filter(|(_, why)| why.starts_with("the peers hold different"))
+            .map(|(slot, _)| *slot)
+            .collect();
+        for slot in split {
+            st.records.remove(&slot);
+        }
         // A record damaged on one member and good on another is readable.
         let good: BTreeSet<u32> = st.records.keys().copied().collect();
         st.unreadable.retain(|slot, _| !good.contains(slot));
@@ -295,16 +331,33 @@ impl ChunkStore for PeerGroup {
     }
 
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
-        let answers = self
-            .on_all("presence check", |m| m.store.has_chunks(job, ids))
-            .await?;
-        let mut out = vec![false; ids.len()];
-        for a in answers {
-            for (o, h) in out.iter_mut().zip(a) {
-                *o |= h;
+        let want = self.replicas.max(1);
+        let mut out: Option<Vec<bool>> = None;
+        let mut answered = 0;
+        let mut best = None;
+        for m in &self.members {
+            if answered == want {
+                break;
+            }
+            match m.store.has_chunks(job, ids).await {
+                Ok(a) if a.len() == ids.len() => {
+                    answered += 1;
+                    match &mut out {
+                        None => out = Some(a),
+                        Some(o) => o.iter_mut().zip(a).for_each(|(o, h)| *o &= h),
+                    }
+                }
+                Ok(_) => keep(
+                    &mut best,
+                    StoreError::Internal(format!(
+                        "peer {} answered a presence check short",
+                        m.node
+                    )),
+                ),
+                Err(e) => keep(&mut best, e),
             }
         }
-        Ok(out)
+        out.ok_or_else(|| best.unwrap_or_else(|| no_members("presence check")))
     }
 
     async fn list_chunks(&self, job: &str) -> Result<Vec<ChunkId>> {
@@ -385,18 +438,20 @@ impl ChunkStore for PeerGroup {
             }
             match m.store.commit(record).await {
                 Ok(()) => took += 1,
-                // The arbiter decides: a different record is there.
-                Err(e) if took == 0 && is_verdict(&e) => return Err(e),
-                Err(e) => {
-                    if took > 0 && e.kind() == StoreErrorKind::AlreadyExists {
+                // Another record holds the slot on this member: it was
+                // committed first, wherever the members that took this one
+                // stand (a member that came back empty, say).
+                Err(e) if is_verdict(&e) => {
+                    if took > 0 {
                         tracing::warn!(
                             node = %m.node,
                             step = record.step,
-                            "this peer holds another commit record for the slot"
+                            "a peer holds another commit record for the slot; the group refuses this one"
                         );
                     }
-                    errors.push((m.node.clone(), e));
+                    return Err(e);
                 }
+                Err(e) => errors.push((m.node.clone(), e)),
             }
         }
         if took > 0 {
