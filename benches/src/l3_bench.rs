@@ -27,6 +27,7 @@ use strata::format::{DType, EntrySpec};
 use strata::par::default_threads;
 use strata::{synthetic, Checkpointer, Config, Entry, L3State, StepSelector};
 use strata_benches::cpu::Cpu;
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, L3Store};
 
 const KEY: &str = "bench-key";

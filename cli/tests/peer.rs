@@ -19,6 +19,7 @@ use strata_format::codec::ElemHint;
 use strata_format::ChunkId;
 use strata_peer::tls::CertFiles;
 use strata_peer::{PeerOptions, PeerStore};
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, StoreErrorKind};
 
 const JOB: &str = "peer-job";

@@ -20,6 +20,7 @@ use strata_format::codec::{ElemHint, EncodeOptions};
 use strata_format::{ChunkId, CommitRecord, ShardRef};
 use strata_peer::tls::{make_certs, CertFiles};
 use strata_peer::{PeerOptions, PeerStore};
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, StoreErrorKind};
 
 const MIB: u64 = 1 << 20;

@@ -175,7 +175,7 @@ impl SaveHandle {
     /// the save's counters once it is there; a save that failed, a step
     /// replicated to fewer peers than wanted, an upload that failed, or a
     /// target this checkpointer has no tier for (or, for L3, a step the
-    /// upload policy did not pick: see [`Checkpointer::upload`]) is an
+    /// upload policy did not pick: see [`crate::Checkpointer::upload`]) is an
     /// error that says so.
     pub fn wait_for(&self, target: Target, timeout: Option<Duration>) -> Result<SaveStats> {
         let deadline = timeout.map(|t| Instant::now() + t);

@@ -15,6 +15,7 @@ use strata::tiered::{ChunkData, ChunkPut, ChunkStore, MemoryStore, StoreErrorKin
 use strata::tiers::copy::{copy_step, CopyOptions, CopyProgress, Verify};
 use strata::tiers::{ReadTier, TieredReader};
 use strata::{Checkpointer, Config, Entry, ErrorKind, StepSelector, TierStack};
+use strata_tiered::ChunkStoreExt;
 
 const KIB: usize = 1 << 10;
 
@@ -348,10 +349,11 @@ impl ChunkStore for Refusing {
     fn name(&self) -> &str {
         "refusing"
     }
-    async fn put_chunks(
+    async fn put_chunks_opts(
         &self,
         _: &str,
         _: Vec<ChunkPut>,
+        _: strata::tiered::PutOptions,
     ) -> strata::tiered::Result<strata::tiered::PutStats> {
         refused()
     }

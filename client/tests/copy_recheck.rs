@@ -17,6 +17,7 @@ use strata::tiered::{
 };
 use strata::tiers::copy::{copy_step, CopyOptions};
 use strata::{Checkpointer, Config, Entry, TierStack};
+use strata_tiered::ChunkStoreExt;
 
 type StoreResult<T> = strata::tiered::Result<T>;
 
@@ -75,15 +76,17 @@ impl<S: ChunkStore> ChunkStore for During<S> {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> StoreResult<PutStats> {
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: strata::tiered::PutOptions,
+    ) -> StoreResult<PutStats> {
+        // Forwarded as such: with `known_missing` L3 writes without asking
+        // again, which is what rewrites (and so refreshes) a chunk it
+        // counted as missing.
         self.during().await?;
-        self.inner.put_chunks(job, chunks).await
-    }
-    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> StoreResult<PutStats> {
-        // Forwarded as such: L3 then writes without asking again, which is
-        // what rewrites (and so refreshes) a chunk it counted as missing.
-        self.during().await?;
-        self.inner.put_missing_chunks(job, chunks).await
+        self.inner.put_chunks_opts(job, chunks, opts).await
     }
     async fn get_chunk(
         &self,

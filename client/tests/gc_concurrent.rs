@@ -24,6 +24,7 @@ use strata::tiered::{
     RetryStore,
 };
 use strata::{Checkpointer, Config, Entry, InProcessCoordinator, UploadBacklog};
+use strata_tiered::ChunkStoreExt;
 
 const RANKS: u32 = 3;
 const STEPS: u64 = 30;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use strata::format::DType;
 use strata::tiered::{ChunkStore, L3Options, L3Store};
 use strata::{Checkpointer, Config, Entry, StepSelector};
+use strata_tiered::ChunkStoreExt;
 
 fn l3(refresh_after: Option<Duration>) -> Arc<L3Store> {
     Arc::new(L3Store::with_store(

@@ -9,6 +9,7 @@ mod servers;
 use strata::format::DType;
 use strata::{Checkpointer, Config, Entry, L3State, StepSelector};
 use strata_tiered::ChunkStore;
+use strata_tiered::ChunkStoreExt;
 
 const MIB: usize = 1 << 20;
 

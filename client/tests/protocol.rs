@@ -14,6 +14,7 @@ use strata::{
     Checkpointer, Config, Entry, Error, ErrorKind, InProcessCoordinator, L3State, StepSelector,
     Target, TierStack,
 };
+use strata_tiered::ChunkStoreExt;
 
 const KIB: usize = 1 << 10;
 const SHAPE: [u64; 1] = [200 * KIB as u64];

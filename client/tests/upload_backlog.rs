@@ -155,13 +155,14 @@ impl ChunkStore for Gated {
     fn name(&self) -> &str {
         "gated"
     }
-    async fn put_chunks(
+    async fn put_chunks_opts(
         &self,
         job: &str,
         chunks: Vec<strata::tiered::ChunkPut>,
+        opts: strata::tiered::PutOptions,
     ) -> strata::tiered::Result<strata::tiered::PutStats> {
         self.pass().await?;
-        self.inner.put_chunks(job, chunks).await
+        self.inner.put_chunks_opts(job, chunks, opts).await
     }
     async fn get_chunk(
         &self,

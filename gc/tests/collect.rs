@@ -13,6 +13,7 @@ use strata_format::codec::ElemHint;
 use strata_format::manifest::{ChunkRef, Entry, Segment};
 use strata_format::{ChunkId, CommitRecord, EntryKind, ShardInfo, ShardManifest, ShardRef};
 use strata_gc::{collect, Options, Retention, Scope};
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::{
     ChunkData, ChunkPut, ChunkStore, EngineChoice, FaultPlan, FaultStore, L1Store, L3Options,
     L3Store, ManualClock, MemoryStore,

@@ -30,6 +30,7 @@ use crate::proto::{
     message_len, put_chunk_envelope, ErrorCode, Request, Response, MAX_IDS, VERSION,
 };
 use crate::tls::{client_config, CertFiles};
+use strata_tiered::{PutOptions, ReadOptions};
 
 /// Time to connect and say hello (a handshake with a dead address gives
 /// up after the idle timeout anyway).
@@ -463,10 +464,22 @@ impl ChunkStore for PeerStore {
     fn name(&self) -> &str {
         "l2"
     }
-
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+    /// With `known_missing`, chunks the caller just found missing (with
+    /// `has_chunks`) are sent without asking again: one request per chunk,
+    /// several at once.
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: PutOptions,
+    ) -> Result<PutStats> {
         validate_job_id(job)?;
         let (todo, mut stats) = strata_tiered::store::dedup_call(chunks)?;
+        if opts.known_missing {
+            let mut sent = self.send(job, todo).await?;
+            sent += stats;
+            return Ok(sent);
+        }
         let ids: Vec<ChunkId> = todo.iter().map(|c| c.id).collect();
         let present = self.has_chunks(job, &ids).await?;
         let mut send = Vec::new();
@@ -480,6 +493,24 @@ impl ChunkStore for PeerStore {
         }
         stats += self.send(job, send).await?;
         Ok(stats)
+    }
+
+    /// Verified either way (the service sends frames, decoded and checked
+    /// here), several at once.
+    async fn get_chunks_opts(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        opts: ReadOptions,
+    ) -> Vec<Result<ChunkData>> {
+        let mut spare = opts.spare.into_iter();
+        let jobs: Vec<(ChunkId, Option<AlignedBuf>)> =
+            ids.iter().map(|id| (*id, spare.next())).collect();
+        futures::stream::iter(jobs)
+            .map(|(id, buf)| self.get_one(job, id, buf))
+            .buffered(self.opts.concurrency.max(1))
+            .collect()
+            .await
     }
 
     async fn get_chunk(
@@ -511,22 +542,6 @@ impl ChunkStore for PeerStore {
                 }
             }
         }
-    }
-
-    async fn get_chunks_reusing(
-        &self,
-        job: &str,
-        ids: &[ChunkId],
-        spare: Vec<AlignedBuf>,
-    ) -> Vec<Result<ChunkData>> {
-        let mut spare = spare.into_iter();
-        let jobs: Vec<(ChunkId, Option<AlignedBuf>)> =
-            ids.iter().map(|id| (*id, spare.next())).collect();
-        futures::stream::iter(jobs)
-            .map(|(id, buf)| self.get_one(job, id, buf))
-            .buffered(self.opts.concurrency.max(1))
-            .collect()
-            .await
     }
 
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
@@ -688,16 +703,6 @@ impl ChunkStore for PeerStore {
             Err(e) if too_old(&e) => Ok(std::collections::BTreeSet::new()),
             Err(e) => Err(e),
         }
-    }
-
-    /// Sends chunks the caller just found missing (with `has_chunks`)
-    /// without asking again: one request per chunk, several at once.
-    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        validate_job_id(job)?;
-        let (todo, stats) = strata_tiered::store::dedup_call(chunks)?;
-        let mut sent = self.send(job, todo).await?;
-        sent += stats;
-        Ok(sent)
     }
 
     fn describe(&self) -> String {

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use strata_format::ChunkId;
 use strata_peer::{Member, PeerGroup};
 use strata_tiered::conformance::{Damage, MemoryDamage};
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::{ChunkStore, FaultPlan, FaultStore, MemoryStore};
 
 /// Damages each member's copy; fine where at least one member held it.

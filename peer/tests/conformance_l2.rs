@@ -2,6 +2,7 @@
 //! service on loopback (one client certificate per job the suite uses).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use strata_tiered::ChunkStoreExt;
 mod support;
 
 /// A store whose certificate allows every job the suite touches.

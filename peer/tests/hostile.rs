@@ -17,6 +17,7 @@ use strata_peer::proto::{ErrorCode, Request, Response, MAX_MESSAGE, VERSION};
 use strata_peer::replicas::Limits;
 use strata_peer::service::ServiceConfig;
 use strata_peer::tls::{client_config, make_certs, CertFiles};
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, StoreErrorKind};
 
 const JOB: &str = "peer-job";

@@ -29,6 +29,7 @@ use strata_format::{ChunkId, CommitRecord, ShardRef};
 
 use crate::chunk_data::ChunkData;
 use crate::error::StoreErrorKind;
+use crate::store::ChunkStoreExt;
 use crate::store::{ChunkPut, ChunkStore};
 
 mod damage;

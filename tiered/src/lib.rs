@@ -49,7 +49,9 @@ pub use l3::{Frame, L3Options, L3Store, L3Tier};
 pub use memory::MemoryStore;
 pub use redact::{redact_url, scrub_url_secrets, REDACTED};
 pub use rng::SplitMix64;
-pub use store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+pub use store::{
+    ChunkInfo, ChunkPut, ChunkStore, ChunkStoreExt, PutOptions, PutStats, ReadOptions, StepInfo,
+};
 pub use wrap::{
     FaultPlan, FaultStore, LimitStore, MetricsSnapshot, MetricsStore, RetryPolicy, RetryStore,
     ThrottleConfig, ThrottleStore,

@@ -8,10 +8,10 @@
 //!
 //! * **Namespaces.** Everything lives under a job id (validated by
 //!   [`strata_format::names::validate_job_id`]); jobs never see each other's data.
-//! * **Chunks are content-addressed and immutable.** `put_chunks` is
+//! * **Chunks are content-addressed and immutable.** `put_chunks_opts` is
 //!   idempotent: a chunk id already present is skipped (and reported as
 //!   deduplicated), and two writers racing on one id both succeed. A chunk
-//!   is durable in the tier when `put_chunks` returns `Ok`. Local callers
+//!   is durable in the tier when `put_chunks_opts` returns `Ok`. Local callers
 //!   pass ids they computed (hashing twice would double the save's CPU cost);
 //!   a tier that receives chunks from another process (the L2 service)
 //!   re-verifies them.
@@ -46,6 +46,14 @@
 //!   crash part-way leaves the marker ([`StepInfo::retiring`]), so readers
 //!   tell a shard being retired from a damaged one. Chunk deletion is
 //!   separate (garbage collection decides).
+//!
+//! # The trait and its conveniences
+//!
+//! The trait is what a tier implements: one batched read and one write,
+//! each with an options struct ([`ReadOptions`], [`PutOptions`]), and
+//! defaults for what a simple tier can leave out. The plain calls callers
+//! make (`put_chunks`, `get_chunks`, ...) are [`ChunkStoreExt`], implemented
+//! for every store.
 //!
 //! # Wrappers
 //!
@@ -159,14 +167,102 @@ impl StepInfo {
     }
 }
 
+/// How [`ChunkStore::put_chunks_opts`] writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PutOptions {
+    /// The caller has just found these chunks missing with
+    /// [`ChunkStore::has_chunks`]: tiers that check presence per chunk
+    /// before a write (L3, peers) skip that second check. Tiers that check
+    /// as they write ignore it.
+    pub known_missing: bool,
+}
+
+/// How [`ChunkStore::get_chunks_opts`] reads.
+#[derive(Debug, Default)]
+pub struct ReadOptions {
+    /// Whole chunks read without hashing them, for a caller that verifies
+    /// them itself or hands them to a receiver that does (the peer
+    /// service): the hash is paid once. Tiers that cannot skip
+    /// verification return verified bytes.
+    pub unverified: bool,
+    /// Buffers to read into where the tier can (L1 reads straight into
+    /// them with O_DIRECT; other tiers may ignore them): a restore reuses a
+    /// few pre-faulted buffers instead of faulting in fresh memory for
+    /// every chunk. Get them back with [`ChunkData::into_buf`].
+    pub spare: Vec<AlignedBuf>,
+}
+
+/// Conveniences over [`ChunkStore`], for every store (as `object_store`'s
+/// `ObjectStoreExt`): the plain forms of the calls that take options.
+/// Implemented for every `ChunkStore`; a tier implements the trait only.
+#[async_trait]
+pub trait ChunkStoreExt: ChunkStore {
+    /// Stores chunks durably, skipping ids already present.
+    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        self.put_chunks_opts(job, chunks, PutOptions::default())
+            .await
+    }
+
+    /// Stores chunks the caller has just found missing with
+    /// [`ChunkStore::has_chunks`] ([`PutOptions::known_missing`]).
+    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+        self.put_chunks_opts(
+            job,
+            chunks,
+            PutOptions {
+                known_missing: true,
+            },
+        )
+        .await
+    }
+
+    /// Several whole chunks, verified; one result per id, in order.
+    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+        self.get_chunks_opts(job, ids, ReadOptions::default()).await
+    }
+
+    /// [`Self::get_chunks`] into the `spare` buffers where the tier can
+    /// ([`ReadOptions::spare`]).
+    async fn get_chunks_reusing(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        spare: Vec<AlignedBuf>,
+    ) -> Vec<Result<ChunkData>> {
+        let opts = ReadOptions {
+            spare,
+            ..ReadOptions::default()
+        };
+        self.get_chunks_opts(job, ids, opts).await
+    }
+
+    /// Whole chunks read without hashing them where the tier can
+    /// ([`ReadOptions::unverified`]).
+    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+        let opts = ReadOptions {
+            unverified: true,
+            ..ReadOptions::default()
+        };
+        self.get_chunks_opts(job, ids, opts).await
+    }
+}
+
+impl<T: ChunkStore + ?Sized> ChunkStoreExt for T {}
+
 /// A storage tier. See the module documentation for the contract.
 #[async_trait]
 pub trait ChunkStore: Send + Sync + std::fmt::Debug {
     /// A short name for logs and errors ("l1", "memory", "l3").
     fn name(&self) -> &str;
 
-    /// Stores chunks durably, skipping ids already present.
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats>;
+    /// Stores chunks durably, skipping ids already present (see
+    /// [`PutOptions`]; [`ChunkStoreExt::put_chunks`] for the plain call).
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: PutOptions,
+    ) -> Result<PutStats>;
 
     /// A chunk's bytes (or the `range` of them), verified against its id.
     async fn get_chunk(
@@ -176,29 +272,22 @@ pub trait ChunkStore: Send + Sync + std::fmt::Debug {
         range: Option<Range<u32>>,
     ) -> Result<ChunkData>;
 
-    /// Several whole chunks, verified; one result per id, in order. Tiers
-    /// override this to keep many reads in flight.
-    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
+    /// Several whole chunks; one result per id, in order (see
+    /// [`ReadOptions`]; [`ChunkStoreExt::get_chunks`] for the plain,
+    /// verified call). Tiers override this to keep many reads in flight;
+    /// the default reads one at a time, verified.
+    async fn get_chunks_opts(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        opts: ReadOptions,
+    ) -> Vec<Result<ChunkData>> {
+        drop(opts);
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             out.push(self.get_chunk(job, id, None).await);
         }
         out
-    }
-
-    /// [`Self::get_chunks`], reading into the `spare` buffers where the tier
-    /// can (L1 reads straight into them with O_DIRECT; other tiers may
-    /// ignore them). Lets a restore reuse a few pre-faulted buffers instead
-    /// of faulting in fresh memory for every chunk; get the buffers back
-    /// with [`ChunkData::into_buf`] once done with the bytes.
-    async fn get_chunks_reusing(
-        &self,
-        job: &str,
-        ids: &[ChunkId],
-        spare: Vec<AlignedBuf>,
-    ) -> Vec<Result<ChunkData>> {
-        drop(spare);
-        self.get_chunks(job, ids).await
     }
 
     /// For each id, whether the tier holds it.
@@ -232,22 +321,6 @@ pub trait ChunkStore: Send + Sync + std::fmt::Debug {
     /// manifest, and the marker (see the contract). Missing parts are not
     /// an error.
     async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()>;
-
-    /// Stores chunks the caller has just found missing with
-    /// [`Self::has_chunks`]: tiers that check presence per chunk before a
-    /// write (L3, peers) skip that second check. Otherwise as
-    /// [`Self::put_chunks`].
-    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        self.put_chunks(job, chunks).await
-    }
-
-    /// Whole chunks read without hashing them, for a caller that verifies
-    /// them itself or hands them to a receiver that does (the peer
-    /// service): the hash is paid once. Tiers that cannot skip
-    /// verification return verified bytes.
-    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        self.get_chunks(job, ids).await
-    }
 
     /// A chunk's frame as the tier stores it (its codec), not yet decoded
     /// or verified: decode it where the bytes belong with

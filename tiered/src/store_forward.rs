@@ -8,11 +8,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use strata_format::{ChunkId, CommitRecord};
 
-use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::Result;
 use crate::l3::Frame;
-use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutOptions, PutStats, ReadOptions, StepInfo};
 
 macro_rules! forward_chunk_store {
     ($ptr:ident) => {
@@ -22,8 +21,21 @@ macro_rules! forward_chunk_store {
             fn name(&self) -> &str {
                 (**self).name()
             }
-            async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-                (**self).put_chunks(job, chunks).await
+            async fn put_chunks_opts(
+                &self,
+                job: &str,
+                chunks: Vec<ChunkPut>,
+                opts: PutOptions,
+            ) -> Result<PutStats> {
+                (**self).put_chunks_opts(job, chunks, opts).await
+            }
+            async fn get_chunks_opts(
+                &self,
+                job: &str,
+                ids: &[ChunkId],
+                opts: ReadOptions,
+            ) -> Vec<Result<ChunkData>> {
+                (**self).get_chunks_opts(job, ids, opts).await
             }
             async fn get_chunk(
                 &self,
@@ -32,17 +44,6 @@ macro_rules! forward_chunk_store {
                 range: Option<Range<u32>>,
             ) -> Result<ChunkData> {
                 (**self).get_chunk(job, id, range).await
-            }
-            async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-                (**self).get_chunks(job, ids).await
-            }
-            async fn get_chunks_reusing(
-                &self,
-                job: &str,
-                ids: &[ChunkId],
-                spare: Vec<AlignedBuf>,
-            ) -> Vec<Result<ChunkData>> {
-                (**self).get_chunks_reusing(job, ids, spare).await
             }
             async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
                 (**self).has_chunks(job, ids).await
@@ -76,20 +77,6 @@ macro_rules! forward_chunk_store {
             }
             async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
                 (**self).delete_shard(job, step, rank).await
-            }
-            async fn put_missing_chunks(
-                &self,
-                job: &str,
-                chunks: Vec<ChunkPut>,
-            ) -> Result<PutStats> {
-                (**self).put_missing_chunks(job, chunks).await
-            }
-            async fn get_chunks_unverified(
-                &self,
-                job: &str,
-                ids: &[ChunkId],
-            ) -> Vec<Result<ChunkData>> {
-                (**self).get_chunks_unverified(job, ids).await
             }
             async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
                 (**self).get_frame(job, id, buf).await

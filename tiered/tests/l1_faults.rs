@@ -5,6 +5,7 @@
 use std::process::Command;
 
 use strata_tiered::conformance::chunk;
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::{ChunkStore, EngineChoice, L1Store, StoreErrorKind};
 
 const JOB: &str = "faults";

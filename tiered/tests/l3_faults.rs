@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use strata_format::codec::ElemHint;
 use strata_format::{ChunkId, CommitRecord, ShardRef};
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, L3Store, L3Tier, StoreErrorKind};
 use strata_tiered::{FaultPlan, FaultStore};
 

@@ -11,6 +11,7 @@ use object_store::ObjectStoreExt;
 
 use strata_format::codec::ElemHint;
 use strata_format::{ChunkId, CommitRecord, ShardRef};
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, StoreErrorKind};
 
 const JOB: &str = "l3-job";

@@ -6,6 +6,7 @@
 
 use strata_format::codec::ElemHint;
 use strata_format::ChunkId;
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, EngineChoice, L1Store, L3Options, L3Store};
 
 const JOB: &str = "torn";

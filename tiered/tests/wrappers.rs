@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use strata_format::{ChunkId, CommitRecord};
 use strata_tiered::conformance::chunk;
 use strata_tiered::wrap::{FaultTargets, OpFamily};
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::{
     ChunkData, ChunkPut, ChunkStore, FaultPlan, FaultStore, LimitStore, MemoryStore, MetricsStore,
     PutStats, Result, RetryPolicy, RetryStore, StepInfo, StoreErrorKind, ThrottleConfig,
@@ -153,8 +154,14 @@ impl ChunkStore for Probe {
     fn name(&self) -> &str {
         "probe"
     }
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        self.track(self.inner.put_chunks(job, chunks)).await
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: strata_tiered::PutOptions,
+    ) -> Result<PutStats> {
+        self.track(self.inner.put_chunks_opts(job, chunks, opts))
+            .await
     }
     async fn get_chunk(&self, job: &str, id: &ChunkId, r: Option<Range<u32>>) -> Result<ChunkData> {
         self.track(self.inner.get_chunk(job, id, r)).await

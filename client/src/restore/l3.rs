@@ -10,6 +10,7 @@ use strata_tiered::{AlignedBuf, ChunkPut, ChunkStore};
 use crate::error::{Error, Result};
 use crate::restore::place::{chunk_error, place, run_lanes, take, Counters, Loaded, Targets};
 use crate::shared::Shared;
+use strata_tiered::ChunkStoreExt;
 
 /// Chunks queued for the L1 write-back of a restore from L3.
 const WRITE_BACK_QUEUE: usize = 8;

@@ -27,6 +27,7 @@ use strata_format::ChunkId;
 use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore};
 
 use crate::shared::Shared;
+use strata_tiered::ChunkStoreExt;
 
 /// Longest wait for the peers' presence answers while a staging segment is
 /// held: past it the batch is skipped (it goes after the commit, from L1).

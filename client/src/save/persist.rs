@@ -19,6 +19,7 @@ use crate::par::par_map;
 use crate::save::snapshot::Plan;
 use crate::shared::Shared;
 use crate::stats::SaveStats;
+use strata_tiered::ChunkStoreExt;
 
 /// What `save` tells the worker as the snapshot proceeds.
 pub(crate) enum Snap {

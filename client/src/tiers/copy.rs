@@ -22,6 +22,7 @@ use strata_tiered::{ChunkPut, ChunkStore, StepInfo};
 
 use super::catalog::{load_shard, LoadedShard};
 use crate::error::{Error, Result};
+use strata_tiered::ChunkStoreExt;
 
 /// How processes that copy from sources holding the same chunks (ranks of
 /// one node, whose data-parallel tensors are identical) share the work of
@@ -140,7 +141,7 @@ pub async fn copy_step(
 /// (or would soon collect) meanwhile, then [`commit_copy`]. With
 /// `opts.siblings`, chunks another process claimed are left to it and
 /// waited for (sent here after all if its claim ends first, or after
-/// [`SIBLING_WAIT`]).
+/// `SIBLING_WAIT`).
 pub async fn copy_shard(
     src: &Arc<dyn ChunkStore>,
     dst: &dyn ChunkStore,

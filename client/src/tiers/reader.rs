@@ -16,6 +16,7 @@ use std::sync::Mutex;
 
 use strata_format::manifest::ChunkRef;
 use strata_format::{ChunkId, ShardManifest};
+use strata_tiered::ChunkStoreExt;
 use strata_tiered::StoreErrorKind as K;
 use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore, PutStats, StoreError};
 

@@ -37,8 +37,8 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use strata_format::{ChunkId, CommitRecord};
 use strata_tiered::{
-    AlignedBuf, ChunkData, ChunkInfo, ChunkPut, ChunkStore, Frame, PutStats, Result, StepInfo,
-    StoreError, StoreErrorKind,
+    ChunkData, ChunkInfo, ChunkPut, ChunkStore, Frame, PutOptions, PutStats, ReadOptions, Result,
+    StepInfo, StoreError, StoreErrorKind,
 };
 
 use super::{Member, PeerGroup};
@@ -168,11 +168,11 @@ impl PeerGroup {
                 break;
             }
             let want: Vec<ChunkId> = pending.iter().map(|&i| ids[i]).collect();
-            let got = if verified {
-                m.store.get_chunks(job, &want).await
-            } else {
-                m.store.get_chunks_unverified(job, &want).await
+            let opts = ReadOptions {
+                unverified: !verified,
+                ..ReadOptions::default()
             };
+            let got = m.store.get_chunks_opts(job, &want, opts).await;
             let mut still = Vec::new();
             let answered = got.len();
             for &i in pending.iter().skip(answered) {
@@ -278,15 +278,19 @@ impl ChunkStore for PeerGroup {
         &self.name
     }
 
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        self.write_r("put chunks", |m| m.store.put_chunks(job, chunks.clone()))
-            .await
-    }
-
-    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        // "Missing" was asked of the group (any member): each member
-        // checks for itself.
-        self.put_chunks(job, chunks).await
+    /// `known_missing` was asked of the group (the first R members): each
+    /// member checks for itself.
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        _opts: PutOptions,
+    ) -> Result<PutStats> {
+        self.write_r("put chunks", |m| {
+            m.store
+                .put_chunks_opts(job, chunks.clone(), PutOptions::default())
+        })
+        .await
     }
 
     async fn get_chunk(
@@ -299,22 +303,15 @@ impl ChunkStore for PeerGroup {
             .await
     }
 
-    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        self.read_chunks(job, ids, true).await
-    }
-
-    async fn get_chunks_reusing(
+    /// The spare buffers are not used: which member serves which chunk is
+    /// known only as the reads go.
+    async fn get_chunks_opts(
         &self,
         job: &str,
         ids: &[ChunkId],
-        spare: Vec<AlignedBuf>,
+        opts: ReadOptions,
     ) -> Vec<Result<ChunkData>> {
-        drop(spare);
-        self.read_chunks(job, ids, true).await
-    }
-
-    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        self.read_chunks(job, ids, false).await
+        self.read_chunks(job, ids, !opts.unverified).await
     }
 
     async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {

@@ -7,6 +7,7 @@ use strata_tiered::{
 };
 
 use super::{Member, PeerGroup};
+use strata_tiered::ChunkStoreExt;
 
 const JOB: &str = "job";
 

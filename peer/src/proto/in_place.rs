@@ -43,7 +43,7 @@ pub fn frame_in(msg: &[u8]) -> Option<&[u8]> {
 
 /// The bytes of a `PutChunk` message that come before its frame (length
 /// prefix, kind, id, frame length): a sender writes these, then the frame's
-/// pieces, and has sent the same message [`Request::encode`] would build,
+/// pieces, and has sent the same message [`super::Request::encode`] would build,
 /// without copying the chunk into it. `None` if the frame is too large for
 /// one message.
 pub fn put_chunk_envelope(id: &ChunkId, frame_len: usize) -> Option<[u8; 41]> {

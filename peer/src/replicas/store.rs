@@ -30,6 +30,7 @@ use strata_tiered::{
 };
 
 use super::Replicas;
+use strata_tiered::PutOptions;
 
 #[async_trait]
 impl ChunkStore for Replicas {
@@ -37,7 +38,13 @@ impl ChunkStore for Replicas {
         "peer replicas"
     }
 
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: PutOptions,
+    ) -> Result<PutStats> {
+        let _ = opts; // every put checks each id: nothing to skip.
         let (todo, mut stats) = strata_tiered::store::dedup_call(chunks)?;
         for c in todo {
             let len = c.data.len() as u64;

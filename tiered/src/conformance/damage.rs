@@ -19,6 +19,7 @@ use super::{chunk, ensure, err, Outcome, JOB};
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreErrorKind};
 use crate::store::ChunkStore;
+use crate::store::ChunkStoreExt;
 use crate::{L1Store, MemoryStore};
 
 /// Changes bytes stored inside one tier, for the damage checks.

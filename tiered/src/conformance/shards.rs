@@ -8,6 +8,7 @@ use strata_format::{ChunkId, CommitRecord, ShardManifest, ShardRef};
 use super::{chunk, ensure, err, futures_join_all, Outcome, JOB};
 use crate::error::StoreErrorKind;
 use crate::store::ChunkStore;
+use crate::store::ChunkStoreExt;
 
 /// A one-rank record naming the very manifest `bytes` (as a real save does).
 fn record_of(step: u64, world: u32, rank: u32, bytes: &[u8], ms: u64) -> CommitRecord {

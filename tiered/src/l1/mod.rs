@@ -39,6 +39,7 @@ use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
 use crate::fsutil::{create_dir_durably, fsync_dir, process_token, rename_noreplace};
 use crate::io::{open_engine, EngineChoice, IoEngine, ReadReq, WriteReq};
+use crate::store::{PutOptions, ReadOptions};
 #[cfg(test)]
 mod race_tests;
 mod steps;
@@ -512,10 +513,24 @@ impl ChunkStore for L1Store {
     fn name(&self) -> &str {
         "l1"
     }
-
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: PutOptions,
+    ) -> Result<PutStats> {
+        let _ = opts; // L1 checks each id as it writes: nothing to skip.
         let job = job.to_string();
         self.run(move |i| i.put_chunks(&job, chunks)).await
+    }
+    async fn get_chunks_opts(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        opts: ReadOptions,
+    ) -> Vec<Result<ChunkData>> {
+        self.read_chunks(job, ids, opts.spare, !opts.unverified)
+            .await
     }
 
     async fn get_chunk(
@@ -533,19 +548,6 @@ impl ChunkStore for L1Store {
             })
             .await?;
         slice_range(id, data, range)
-    }
-
-    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        self.get_chunks_reusing(job, ids, Vec::new()).await
-    }
-
-    async fn get_chunks_reusing(
-        &self,
-        job: &str,
-        ids: &[ChunkId],
-        spare: Vec<AlignedBuf>,
-    ) -> Vec<Result<ChunkData>> {
-        self.read_chunks(job, ids, spare, true).await
     }
 
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
@@ -605,10 +607,6 @@ impl ChunkStore for L1Store {
     async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
         let job = job.to_string();
         self.run(move |i| i.delete_shard(&job, step, rank)).await
-    }
-
-    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        self.read_chunks(job, ids, Vec::new(), false).await
     }
 
     async fn list_chunk_info(&self, job: &str) -> Result<Vec<ChunkInfo>> {

@@ -119,7 +119,7 @@ impl Frame {
         Ok(())
     }
 
-    /// The frame's buffer, for the next [`L3Store::get_frame`].
+    /// The frame's buffer, for the next [`crate::L3Store::get_frame`].
     pub fn into_buf(self) -> Vec<u8> {
         self.bytes
     }

@@ -62,6 +62,7 @@ use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
 use crate::store::{dedup_call, slice_range, ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+use crate::store::{PutOptions, ReadOptions};
 use crate::wrap::{MetricsStore, RetryStore};
 use frame::fill;
 pub use frame::Frame;
@@ -560,9 +561,37 @@ impl ChunkStore for L3Store {
     fn name(&self) -> &str {
         "l3"
     }
-
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        self.put(job, chunks, true).await
+    /// With `known_missing`, chunks the caller just found missing (with
+    /// [`ChunkStore::has_chunks`]) are uploaded without asking again for
+    /// each one: one request per chunk less. A chunk that appeared
+    /// meanwhile is rewritten with the same bytes (harmless).
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: PutOptions,
+    ) -> Result<PutStats> {
+        self.put(job, chunks, !opts.known_missing).await
+    }
+    /// Always verified (an object's bytes are checked as they are
+    /// decoded); the spare buffers receive the decoded chunks.
+    async fn get_chunks_opts(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        opts: ReadOptions,
+    ) -> Vec<Result<ChunkData>> {
+        if let Err(e) = validate_job_id(job) {
+            return ids.iter().map(|_| Err(e.clone().into())).collect();
+        }
+        let mut spare = opts.spare.into_iter();
+        let jobs: Vec<(ChunkId, Option<AlignedBuf>)> =
+            ids.iter().map(|id| (*id, spare.next())).collect();
+        futures::stream::iter(jobs)
+            .map(|(id, buf)| self.get_one_into(job, id, buf))
+            .buffered(self.opts.concurrency.max(1))
+            .collect()
+            .await
     }
 
     async fn get_chunk(
@@ -574,29 +603,6 @@ impl ChunkStore for L3Store {
         validate_job_id(job)?;
         let data = self.get_one_into(job, *id, None).await?;
         slice_range(id, data, range)
-    }
-
-    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        self.get_chunks_reusing(job, ids, Vec::new()).await
-    }
-
-    async fn get_chunks_reusing(
-        &self,
-        job: &str,
-        ids: &[ChunkId],
-        spare: Vec<AlignedBuf>,
-    ) -> Vec<Result<ChunkData>> {
-        if let Err(e) = validate_job_id(job) {
-            return ids.iter().map(|_| Err(e.clone().into())).collect();
-        }
-        let mut spare = spare.into_iter();
-        let jobs: Vec<(ChunkId, Option<AlignedBuf>)> =
-            ids.iter().map(|id| (*id, spare.next())).collect();
-        futures::stream::iter(jobs)
-            .map(|(id, buf)| self.get_one_into(job, id, buf))
-            .buffered(self.opts.concurrency.max(1))
-            .collect()
-            .await
     }
 
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
@@ -688,14 +694,6 @@ impl ChunkStore for L3Store {
         let prefix = self.key(&[job, "chunks"]);
         let dirs = [job, "chunks"];
         self.uploads.abort_before(&prefix, &dirs, cutoff).await
-    }
-
-    /// Uploads chunks the caller just found missing (with
-    /// [`ChunkStore::has_chunks`]) without asking again for each one, as
-    /// [`ChunkStore::put_chunks`] does: one request per chunk less. A chunk
-    /// that appeared meanwhile is rewritten with the same bytes (harmless).
-    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        self.put(job, chunks, false).await
     }
 
     async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {

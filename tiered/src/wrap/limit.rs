@@ -6,11 +6,11 @@ use async_trait::async_trait;
 use strata_format::{ChunkId, CommitRecord};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
 use crate::l3::Frame;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+use crate::store::{PutOptions, ReadOptions};
 
 /// Lets at most `limit` calls reach the inner store at once (as
 /// `object_store`'s `LimitStore`); the others wait their turn, first come
@@ -72,9 +72,26 @@ impl<S: ChunkStore> ChunkStore for LimitStore<S> {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: PutOptions,
+    ) -> Result<PutStats> {
         let _p = self.permit().await?;
-        self.inner.put_chunks(job, chunks).await
+        self.inner.put_chunks_opts(job, chunks, opts).await
+    }
+    async fn get_chunks_opts(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        opts: ReadOptions,
+    ) -> Vec<Result<ChunkData>> {
+        let _p = match self.batch_permit(ids.len()).await {
+            Ok(p) => p,
+            Err(errors) => return errors,
+        };
+        self.inner.get_chunks_opts(job, ids, opts).await
     }
     async fn get_chunk(
         &self,
@@ -84,25 +101,6 @@ impl<S: ChunkStore> ChunkStore for LimitStore<S> {
     ) -> Result<ChunkData> {
         let _p = self.permit().await?;
         self.inner.get_chunk(job, id, range).await
-    }
-    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        let _p = match self.batch_permit(ids.len()).await {
-            Ok(p) => p,
-            Err(errors) => return errors,
-        };
-        self.inner.get_chunks(job, ids).await
-    }
-    async fn get_chunks_reusing(
-        &self,
-        job: &str,
-        ids: &[ChunkId],
-        spare: Vec<AlignedBuf>,
-    ) -> Vec<Result<ChunkData>> {
-        let _p = match self.batch_permit(ids.len()).await {
-            Ok(p) => p,
-            Err(errors) => return errors,
-        };
-        self.inner.get_chunks_reusing(job, ids, spare).await
     }
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
         let _p = self.permit().await?;
@@ -139,17 +137,6 @@ impl<S: ChunkStore> ChunkStore for LimitStore<S> {
     async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
         let _p = self.permit().await?;
         self.inner.delete_shard(job, step, rank).await
-    }
-    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        let _p = self.permit().await?;
-        self.inner.put_missing_chunks(job, chunks).await
-    }
-    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        let _p = match self.batch_permit(ids.len()).await {
-            Ok(p) => p,
-            Err(errors) => return errors,
-        };
-        self.inner.get_chunks_unverified(job, ids).await
     }
     async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
         let _p = self.permit().await?;

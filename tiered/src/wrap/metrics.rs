@@ -8,11 +8,11 @@ use async_trait::async_trait;
 use strata_format::{ChunkId, CommitRecord};
 
 use super::metrics_snapshot::{kind_index, ErrorCounts, FamilyStats, MetricsSnapshot, OpFamily};
-use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreErrorKind};
 use crate::l3::Frame;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+use crate::store::{PutOptions, ReadOptions};
 
 #[derive(Debug, Default)]
 struct Family {
@@ -156,10 +156,25 @@ impl<S: ChunkStore> ChunkStore for MetricsStore<S> {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: PutOptions,
+    ) -> Result<PutStats> {
         let t0 = Instant::now();
-        let r = self.inner.put_chunks(job, chunks).await;
+        let r = self.inner.put_chunks_opts(job, chunks, opts).await;
         self.put_done(t0, r)
+    }
+    async fn get_chunks_opts(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        opts: ReadOptions,
+    ) -> Vec<Result<ChunkData>> {
+        let t0 = Instant::now();
+        let out = self.inner.get_chunks_opts(job, ids, opts).await;
+        self.batch_done(t0, out)
     }
     async fn get_chunk(
         &self,
@@ -170,21 +185,6 @@ impl<S: ChunkStore> ChunkStore for MetricsStore<S> {
         let t0 = Instant::now();
         let r = self.inner.get_chunk(job, id, range).await;
         self.read_done(t0, r)
-    }
-    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        let t0 = Instant::now();
-        let out = self.inner.get_chunks(job, ids).await;
-        self.batch_done(t0, out)
-    }
-    async fn get_chunks_reusing(
-        &self,
-        job: &str,
-        ids: &[ChunkId],
-        spare: Vec<AlignedBuf>,
-    ) -> Vec<Result<ChunkData>> {
-        let t0 = Instant::now();
-        let out = self.inner.get_chunks_reusing(job, ids, spare).await;
-        self.batch_done(t0, out)
     }
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
         let t0 = Instant::now();
@@ -230,16 +230,6 @@ impl<S: ChunkStore> ChunkStore for MetricsStore<S> {
         let t0 = Instant::now();
         let r = self.inner.delete_shard(job, step, rank).await;
         self.done(OpFamily::Delete, t0, r)
-    }
-    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        let t0 = Instant::now();
-        let r = self.inner.put_missing_chunks(job, chunks).await;
-        self.put_done(t0, r)
-    }
-    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        let t0 = Instant::now();
-        let out = self.inner.get_chunks_unverified(job, ids).await;
-        self.batch_done(t0, out)
     }
     async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
         let t0 = Instant::now();

@@ -10,12 +10,12 @@ use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 use strata_format::{ChunkId, CommitRecord};
 
-use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreErrorKind};
 use crate::l3::Frame;
 use crate::rng::SplitMix64;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+use crate::store::{PutOptions, ReadOptions};
 
 /// When and how often [`RetryStore`] tries again.
 #[derive(Clone, Debug, PartialEq)]
@@ -153,16 +153,13 @@ impl<S: ChunkStore> RetryStore<S> {
     /// `put_missing_chunks` (once per id; their stored size is their raw
     /// size, the tier's answer was lost with the error). When nothing was
     /// found, the retry is the call again, with the tier's own counts.
-    async fn put(&self, job: &str, mut todo: Vec<ChunkPut>, check: bool) -> Result<PutStats> {
+    async fn put(&self, job: &str, mut todo: Vec<ChunkPut>, opts: PutOptions) -> Result<PutStats> {
+        let check = !opts.known_missing;
         let mut landed = PutStats::default();
         let mut failed_at = None;
         let mut attempt = 1;
         loop {
-            let sent = if check {
-                self.inner.put_chunks(job, todo.clone()).await
-            } else {
-                self.inner.put_missing_chunks(job, todo.clone()).await
-            };
+            let sent = self.inner.put_chunks_opts(job, todo.clone(), opts).await;
             let e = match sent {
                 Ok(mut st) => {
                     st += landed;
@@ -287,11 +284,11 @@ impl<S: ChunkStore> RetryStore<S> {
             tokio::time::sleep(delay).await;
             attempt += 1;
             let again: Vec<ChunkId> = failed.iter().map(|&i| ids[i]).collect();
-            let got = if unverified {
-                self.inner.get_chunks_unverified(job, &again).await
-            } else {
-                self.inner.get_chunks(job, &again).await
+            let opts = ReadOptions {
+                unverified,
+                ..ReadOptions::default()
             };
+            let got = self.inner.get_chunks_opts(job, &again, opts).await;
             if got.len() != again.len() {
                 return results;
             }
@@ -308,9 +305,25 @@ impl<S: ChunkStore> ChunkStore for RetryStore<S> {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: PutOptions,
+    ) -> Result<PutStats> {
         // Cloning a ChunkPut shares its buffer: cheap per attempt.
-        self.put(job, chunks, true).await
+        self.put(job, chunks, opts).await
+    }
+    async fn get_chunks_opts(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        opts: ReadOptions,
+    ) -> Vec<Result<ChunkData>> {
+        // The spare buffers serve the first attempt; retries allocate.
+        let unverified = opts.unverified;
+        let first = self.inner.get_chunks_opts(job, ids, opts).await;
+        self.retry_entries(job, ids, first, unverified).await
     }
     async fn get_chunk(
         &self,
@@ -320,20 +333,6 @@ impl<S: ChunkStore> ChunkStore for RetryStore<S> {
     ) -> Result<ChunkData> {
         self.run(|| self.inner.get_chunk(job, id, range.clone()))
             .await
-    }
-    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        let first = self.inner.get_chunks(job, ids).await;
-        self.retry_entries(job, ids, first, false).await
-    }
-    async fn get_chunks_reusing(
-        &self,
-        job: &str,
-        ids: &[ChunkId],
-        spare: Vec<AlignedBuf>,
-    ) -> Vec<Result<ChunkData>> {
-        // The spare buffers serve the first attempt; retries allocate.
-        let first = self.inner.get_chunks_reusing(job, ids, spare).await;
-        self.retry_entries(job, ids, first, false).await
     }
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
         if ids.len() <= 1 {
@@ -369,13 +368,6 @@ impl<S: ChunkStore> ChunkStore for RetryStore<S> {
     }
     async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
         self.run(|| self.inner.delete_shard(job, step, rank)).await
-    }
-    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        self.put(job, chunks, false).await
-    }
-    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        let first = self.inner.get_chunks_unverified(job, ids).await;
-        self.retry_entries(job, ids, first, true).await
     }
     async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
         // The caller's buffer serves the first attempt; retries allocate.

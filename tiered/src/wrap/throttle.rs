@@ -8,11 +8,11 @@ use async_trait::async_trait;
 use strata_format::{ChunkId, CommitRecord};
 use tokio::time::Instant;
 
-use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::Result;
 use crate::l3::Frame;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+use crate::store::{PutOptions, ReadOptions};
 
 /// Caps of a [`ThrottleStore`], in bytes per second (0 = unlimited).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -123,10 +123,25 @@ impl<S: ChunkStore> ChunkStore for ThrottleStore<S> {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        let stats = self.inner.put_chunks(job, chunks).await?;
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: PutOptions,
+    ) -> Result<PutStats> {
+        let stats = self.inner.put_chunks_opts(job, chunks, opts).await?;
         self.write.pay(stats.bytes_written).await;
         Ok(stats)
+    }
+    async fn get_chunks_opts(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        opts: ReadOptions,
+    ) -> Vec<Result<ChunkData>> {
+        let out = self.inner.get_chunks_opts(job, ids, opts).await;
+        self.pay_reads(&out).await;
+        out
     }
     async fn get_chunk(
         &self,
@@ -137,21 +152,6 @@ impl<S: ChunkStore> ChunkStore for ThrottleStore<S> {
         let data = self.inner.get_chunk(job, id, range).await?;
         self.read.pay(data.len() as u64).await;
         Ok(data)
-    }
-    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        let out = self.inner.get_chunks(job, ids).await;
-        self.pay_reads(&out).await;
-        out
-    }
-    async fn get_chunks_reusing(
-        &self,
-        job: &str,
-        ids: &[ChunkId],
-        spare: Vec<AlignedBuf>,
-    ) -> Vec<Result<ChunkData>> {
-        let out = self.inner.get_chunks_reusing(job, ids, spare).await;
-        self.pay_reads(&out).await;
-        out
     }
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
         self.inner.has_chunks(job, ids).await
@@ -179,16 +179,6 @@ impl<S: ChunkStore> ChunkStore for ThrottleStore<S> {
     }
     async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
         self.inner.delete_shard(job, step, rank).await
-    }
-    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        let stats = self.inner.put_missing_chunks(job, chunks).await?;
-        self.write.pay(stats.bytes_written).await;
-        Ok(stats)
-    }
-    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        let out = self.inner.get_chunks_unverified(job, ids).await;
-        self.pay_reads(&out).await;
-        out
     }
     async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
         // A frame is what crossed the wire: pay for its stored size.

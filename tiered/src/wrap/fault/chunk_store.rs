@@ -9,11 +9,11 @@ use strata_format::{ChunkId, CommitRecord, FormatError};
 
 use super::plan::bump;
 use super::{Class, Damage, Fault, FaultStore};
-use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
 use crate::error::{Result, StoreError};
 use crate::l3::Frame;
 use crate::store::{ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
+use crate::store::{PutOptions, ReadOptions};
 
 fn unavailable(f: Fault) -> StoreError {
     let why = match f {
@@ -127,9 +127,26 @@ impl<S: ChunkStore> ChunkStore for FaultStore<S> {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    async fn put_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        self.call(Class::Write, self.inner.put_chunks(job, chunks))
+    async fn put_chunks_opts(
+        &self,
+        job: &str,
+        chunks: Vec<ChunkPut>,
+        opts: PutOptions,
+    ) -> Result<PutStats> {
+        self.call(Class::Write, self.inner.put_chunks_opts(job, chunks, opts))
             .await
+    }
+    async fn get_chunks_opts(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        opts: ReadOptions,
+    ) -> Vec<Result<ChunkData>> {
+        let verified = !opts.unverified;
+        self.batch(ids, verified, |pass| async move {
+            self.inner.get_chunks_opts(job, &pass, opts).await
+        })
+        .await
     }
     async fn get_chunk(
         &self,
@@ -142,23 +159,6 @@ impl<S: ChunkStore> ChunkStore for FaultStore<S> {
         let r = self.inner.get_chunk(job, id, range).await;
         self.close(&mut call, r.is_ok()).map_err(unavailable)?;
         self.verified(id, damage, r)
-    }
-    async fn get_chunks(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        self.batch(ids, true, |pass| async move {
-            self.inner.get_chunks(job, &pass).await
-        })
-        .await
-    }
-    async fn get_chunks_reusing(
-        &self,
-        job: &str,
-        ids: &[ChunkId],
-        spare: Vec<AlignedBuf>,
-    ) -> Vec<Result<ChunkData>> {
-        self.batch(ids, true, |pass| async move {
-            self.inner.get_chunks_reusing(job, &pass, spare).await
-        })
-        .await
     }
     async fn has_chunks(&self, job: &str, ids: &[ChunkId]) -> Result<Vec<bool>> {
         self.call(Class::Read, self.inner.has_chunks(job, ids))
@@ -195,16 +195,6 @@ impl<S: ChunkStore> ChunkStore for FaultStore<S> {
     async fn delete_shard(&self, job: &str, step: u64, rank: u32) -> Result<()> {
         self.call(Class::Write, self.inner.delete_shard(job, step, rank))
             .await
-    }
-    async fn put_missing_chunks(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {
-        self.call(Class::Write, self.inner.put_missing_chunks(job, chunks))
-            .await
-    }
-    async fn get_chunks_unverified(&self, job: &str, ids: &[ChunkId]) -> Vec<Result<ChunkData>> {
-        self.batch(ids, false, |pass| async move {
-            self.inner.get_chunks_unverified(job, &pass).await
-        })
-        .await
     }
     async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
         let mut call = self.gate(Class::Read).await.map_err(unavailable)?;

@@ -12,6 +12,7 @@ use strata_format::codec::ElemHint;
 use strata_format::ChunkId;
 
 use super::{FaultPlan, FaultStore};
+use crate::store::ChunkStoreExt;
 use crate::{ChunkData, ChunkPut, ChunkStore, MemoryStore, StoreErrorKind};
 
 const JOB: &str = "faults";
