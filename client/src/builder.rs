@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::health::Background;
 use crate::mirror;
 use crate::policy::UploadPolicy;
-use crate::save::persist::{persist, PersistJob};
+use crate::save::persist::PersistJob;
 use crate::shared::{OwnRuntime, Shared};
 use crate::staging::StagingPool;
 use crate::tier_states::UploadJob;
@@ -281,26 +281,7 @@ impl Checkpointer {
         let (tx, rx) = mpsc::channel::<PersistJob>();
         let s2 = shared.clone();
         let background = Arc::new(Background::new(shared.cfg.on_background_error));
-        let failures = background.clone();
-        let worker = std::thread::Builder::new()
-            .name("strata-persist".into())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    let (step, done) = (job.step, job.done.clone());
-                    let mut segments = Vec::new();
-                    let r = persist(&s2, job, &mut segments);
-                    for seg in segments {
-                        s2.pool.give_back(seg);
-                    }
-                    // Recorded before the handle completes: whoever the
-                    // completion wakes finds the failure.
-                    if let Err(e) = &r {
-                        failures.save_failed(step, e, &done);
-                    }
-                    done.finish(r);
-                }
-            })
-            .map_err(|e| Error::Config(format!("cannot start the persist worker: {e}")))?;
+        let worker = crate::save::persist::start_worker(s2, rx, background.clone())?;
         Ok(Checkpointer {
             shared,
             tx: Some(tx),

@@ -183,6 +183,22 @@ fn the_client_modules_import_each_other_one_way() {
             "{name} chooses replicas itself (use PeerGroup::targets or spread)"
         );
     }
+    // The save path calls the mirror (offers batches to the eager push,
+    // asks what L1 must keep), never the other way, and never reads the
+    // copiers' states itself.
+    assert!(
+        !graph["mirror"].contains("save"),
+        "mirror imports {:?}",
+        graph["mirror"]
+    );
+    for p in rust_files(&src.join("save")) {
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            !text.contains("s.uploads") && !text.contains("s.replication"),
+            "{} reads the copiers' states (use mirror::held_on_l1)",
+            p.display()
+        );
+    }
     // Only opening the stack orders the peers (the ring).
     for p in rust_files(&src) {
         let text = std::fs::read_to_string(&p).unwrap();

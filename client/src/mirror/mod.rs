@@ -1,6 +1,7 @@
 //! One background copier of committed steps, configured twice: to the
-//! peer group (L2 replication, `to_peers.rs`) and to object storage (L3
-//! tiering, `to_l3.rs`). Both hear of committed steps as subscribers of
+//! peer group (L2 replication, `to_peers.rs`, accelerated by the eager
+//! push of a save's new chunks beside its L1 write, `eager.rs`) and to
+//! object storage (L3 tiering, `to_l3.rs`). Both hear of committed steps as subscribers of
 //! the commit protocol's events, never from the save path, and copy from
 //! L1 with [`crate::tiers::copy`].
 //!
@@ -20,11 +21,20 @@ use crate::config::UploadBacklog;
 use crate::coord::commit::Committed;
 use crate::step_states::StepStates;
 
+pub(crate) mod eager;
 mod to_l3;
 mod to_peers;
 
 pub(crate) use to_l3::{enqueue as enqueue_upload, run as run_uploads, L3Lane};
 pub(crate) use to_peers::{run as run_replication, PeersLane};
+
+/// The steps the copiers still need on L1 (waiting for or in an upload or
+/// a push): L1 retention keeps them.
+pub(crate) fn held_on_l1(s: &crate::shared::Shared) -> std::collections::HashSet<u64> {
+    let mut hold = s.uploads.pinned();
+    hold.extend(s.replication.pinned());
+    hold
+}
 
 /// One configured copier, as the shared subscription sees it.
 pub(crate) trait Lane: Send + Sync + 'static {

@@ -6,7 +6,7 @@
 //! never fails for it); degraded steps still on L1 are pushed again once a later step replicates
 //! fully, and every `replication_retry_secs` while the worker is idle.
 //! Most of a step's chunks usually went already, beside the L1 write
-//! ([`crate::save::eager_push`]); this push completes it.
+//! ([`super::eager`]); this push completes it.
 //!
 //! A push sends only the chunk ids the peer lacks (one presence check for
 //! the shard), read back verified from L1 in bounded batches, then the
@@ -214,7 +214,7 @@ fn degraded_on_l1(s: &Shared, newer_than: u64) -> Vec<u64> {
 fn replicate(s: &Shared, step: u64) -> L2State {
     // What went beside the L1 write is not sent again: the push below
     // sends what each peer still lacks.
-    let early = crate::save::eager_push::finished(s, step);
+    let early = super::eager::finished(s, step);
     let spread = s.group.spread(|m| push(s, m, step));
     let mut sent = 0;
     let mut sent_early = 0;

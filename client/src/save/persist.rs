@@ -42,6 +42,35 @@ pub(crate) struct PersistJob {
     pub(crate) done: Arc<Completion>,
 }
 
+/// Starts the persist worker: it takes the queued saves one at a time,
+/// persists each ([`persist`]), gives its staging segments back to the
+/// pool, records a failure with `background` before the handle completes
+/// (whoever the completion wakes finds it), and completes the handle. It
+/// ends when the checkpointer drops its sender.
+pub(crate) fn start_worker(
+    s: Arc<Shared>,
+    rx: mpsc::Receiver<PersistJob>,
+    background: Arc<crate::health::Background>,
+) -> Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("strata-persist".into())
+        .spawn(move || {
+            while let Ok(job) = rx.recv() {
+                let (step, done) = (job.step, job.done.clone());
+                let mut segments = Vec::new();
+                let r = persist(&s, job, &mut segments);
+                for seg in segments {
+                    s.pool.give_back(seg);
+                }
+                if let Err(e) = &r {
+                    background.save_failed(step, e, &done);
+                }
+                done.finish(r);
+            }
+        })
+        .map_err(|e| Error::Config(format!("cannot start the persist worker: {e}")))
+}
+
 /// Hash → write chunks → manifest → barrier → commit record → retention.
 pub(crate) fn persist(
     s: &Shared,
@@ -161,7 +190,7 @@ fn hash_and_write(
     let cfg = &s.cfg;
     let mut ids: Vec<ChunkId> = Vec::with_capacity(plan.layout.chunks.len());
     // New chunks go to the peers beside the L1 write (ends when dropped).
-    let eager = crate::save::eager_push::EagerPush::start(s, step);
+    let eager = crate::mirror::eager::EagerPush::start(s, step);
     type Hashed = (usize, Vec<ChunkId>, Arc<AlignedBuf>);
     let (hash_time, stall) = std::thread::scope(|sc| -> Result<(Duration, Duration)> {
         // One batch of look-ahead: hashing runs at most a batch ahead of
@@ -287,8 +316,7 @@ fn retention(s: &Shared) -> Result<(u64, u64)> {
     let Some(policy) = cfg.retention_for(crate::tiers::TierKind::L1) else {
         return Ok((0, 0));
     };
-    let mut hold = s.uploads.pinned();
-    hold.extend(s.replication.pinned());
+    let hold = crate::mirror::held_on_l1(s);
     let opts = strata_gc::Options {
         scope: Some(strata_gc::Scope::Rank(cfg.rank)),
         hold: hold.into_iter().collect(),
