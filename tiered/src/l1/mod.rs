@@ -370,8 +370,10 @@ impl Inner {
                 buf: spare.next(),
             })
             .collect();
+        let mut got = self.engine.read_files(reqs);
+        self.read_again_if_aside(job, ids, &mut got);
         let read: Vec<(std::io::Result<crate::AlignedBuf>, &ChunkId)> =
-            self.engine.read_files(reqs).into_iter().zip(ids).collect();
+            got.into_iter().zip(ids).collect();
         // Verification (BLAKE3 of every byte) is the CPU-heavy part of a
         // restore: spread it over the cores.
         let threads = std::thread::available_parallelism()
@@ -397,6 +399,63 @@ impl Inner {
                 o.unwrap_or_else(|| Err(StoreError::Internal("verification thread failed".into())))
             })
             .collect()
+    }
+
+    /// Reads again the chunks found missing: a sweep (of this process or
+    /// another rank's) moves a chunk aside for an instant to check its age
+    /// and puts it back when it is young (`sweep.rs`), so a read in that
+    /// window finds no file although the chunk stays. Once at once (the
+    /// sweep may have put it back already), then, while some sweep holds a
+    /// chunk aside in this job, a few times more after a short pause. A
+    /// chunk really missing costs one more open and one directory listing.
+    fn read_again_if_aside(
+        &self,
+        job: &str,
+        ids: &[ChunkId],
+        got: &mut [std::io::Result<crate::AlignedBuf>],
+    ) {
+        const PAUSES_MS: [u64; 4] = [0, 1, 4, 16];
+        for (k, pause) in PAUSES_MS.iter().enumerate() {
+            let missing: Vec<usize> = got
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| {
+                    r.as_ref()
+                        .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+                })
+                .map(|(i, _)| i)
+                .collect();
+            if missing.is_empty() || (k > 0 && !self.sweep_in_progress(job)) {
+                return;
+            }
+            if k > 0 {
+                self.pause(sweep::Pause::ReadAgain);
+            }
+            if *pause > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(*pause));
+            }
+            let reqs = missing
+                .iter()
+                .map(|&i| ReadReq {
+                    path: self.chunk_path(job, &ids[i]),
+                    max_len: MAX_CHUNK_LEN as usize,
+                    buf: None,
+                })
+                .collect();
+            for (i, r) in missing.into_iter().zip(self.engine.read_files(reqs)) {
+                got[i] = r;
+            }
+        }
+    }
+
+    /// Whether a sweep holds some chunk of `job` aside now (its temporary
+    /// `...-doomed` file exists).
+    fn sweep_in_progress(&self, job: &str) -> bool {
+        let Ok(dir) = std::fs::read_dir(self.job_dir(job).join("tmp")) else {
+            return false;
+        };
+        dir.flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with("-doomed"))
     }
 
     fn check_read(

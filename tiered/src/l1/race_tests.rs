@@ -93,6 +93,7 @@ fn a_save_touching_a_chunk_the_sweep_moved_aside_writes_it_again() {
                 stages.wait(3);
             }
             Pause::DedupTouched => stages.reach(3),
+            Pause::SweepMovedAside | Pause::ReadAgain => {}
         }
     };
     *store.inner.pause.lock().unwrap() = Some(Arc::new(hook));
@@ -145,4 +146,78 @@ fn a_save_touching_before_the_sweep_moves_it_keeps_its_dedup() {
     assert_eq!(deleted, None, "touched within the grace: kept");
     let back = std::fs::read(store.chunk_path(JOB, &id)).unwrap();
     assert_eq!(back, data);
+}
+
+/// A read while a sweep holds a young chunk aside (moved, age not checked
+/// yet) finds no file at the chunk's name, yet the chunk stays: the read
+/// waits for the sweep and returns the bytes, never `NotFound`.
+#[test]
+fn a_read_while_the_sweep_holds_a_young_chunk_aside_gets_the_chunk() {
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 13 % 251) as u8).collect();
+    let id = ChunkId::of(&data);
+    let dir = tempfile::tempdir().unwrap();
+    let store = L1Store::open(dir.path(), EngineChoice::Psync).unwrap();
+    store.inner.put_chunks(JOB, vec![put(&data)]).unwrap();
+    let stages = Arc::new(Stages::default());
+    let hook = {
+        let stages = stages.clone();
+        move |at: Pause| match at {
+            // The sweep has it aside: let the reader look.
+            Pause::SweepMovedAside => {
+                stages.reach(1);
+                stages.wait(2);
+            }
+            // The reader found it missing and waits for the sweep.
+            Pause::ReadAgain => {
+                stages.reach(2);
+                stages.wait(3);
+            }
+            _ => {}
+        }
+    };
+    *store.inner.pause.lock().unwrap() = Some(Arc::new(hook));
+    // Young: the sweep puts it back.
+    let cutoff = SystemTime::now() - Duration::from_secs(600);
+    std::thread::scope(|sc| {
+        let sweep = sc.spawn(|| store.inner.delete_if_old(JOB, &id, cutoff));
+        let read = sc.spawn(|| {
+            stages.wait(1);
+            store.inner.get_chunks(JOB, &[id], Vec::new(), true)
+        });
+        assert_eq!(
+            sweep.join().unwrap().unwrap(),
+            None,
+            "a young chunk is kept"
+        );
+        stages.reach(3);
+        let got = read.join().unwrap();
+        assert_eq!(got[0].as_ref().unwrap().as_slice(), &data[..]);
+    });
+}
+
+/// A chunk really missing, with no sweep at work, is `NotFound` at once:
+/// no pause, no second look beyond one more open.
+#[test]
+fn a_missing_chunk_with_no_sweep_is_not_found_without_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = L1Store::open(dir.path(), EngineChoice::Psync).unwrap();
+    store.inner.put_chunks(JOB, vec![put(b"other")]).unwrap();
+    let waits = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let hook = {
+        let waits = waits.clone();
+        move |at: Pause| {
+            if at == Pause::ReadAgain {
+                waits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    };
+    *store.inner.pause.lock().unwrap() = Some(Arc::new(hook));
+    let got = store
+        .inner
+        .get_chunks(JOB, &[ChunkId::of(b"absent")], Vec::new(), true);
+    assert_eq!(
+        got[0].as_ref().err().map(|e| e.kind()),
+        Some(crate::StoreErrorKind::NotFound)
+    );
+    assert_eq!(waits.load(std::sync::atomic::Ordering::SeqCst), 0);
 }

@@ -30,11 +30,16 @@ pub(super) enum Pause {
     DedupTouched,
     /// A sweep moved a chunk aside and found it old.
     SweepChecked,
+    /// A sweep moved a chunk aside (before its age check).
+    SweepMovedAside,
+    /// A read found chunks missing while a sweep holds one aside, and is
+    /// about to read them again.
+    ReadAgain,
 }
 
 impl Inner {
     /// Runs the test's pause hook at `at` (nothing outside tests).
-    fn pause(&self, at: Pause) {
+    pub(super) fn pause(&self, at: Pause) {
         #[cfg(test)]
         {
             let hook = self.pause.lock().ok().and_then(|h| h.clone());
@@ -79,6 +84,7 @@ impl Inner {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StoreError::io("moving aside", &path, e)),
         }
+        self.pause(Pause::SweepMovedAside);
         let meta = std::fs::metadata(&aside).map_err(|e| StoreError::io("checking", &aside, e))?;
         if !is_old(meta.modified().ok(), cutoff) {
             // Touched meanwhile: back where it was (or a new copy is
