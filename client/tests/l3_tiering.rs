@@ -3,8 +3,7 @@
 //! local-directory object store and on a real S3 server (s3s-fs).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../../tiered/tests/support/servers.rs"]
-mod servers;
+use strata_testkit::servers;
 
 use strata::format::DType;
 use strata::{Checkpointer, Config, Entry, L3State, StepSelector};

@@ -5,7 +5,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use strata_format::{ChunkId, CommitRecord};
@@ -59,8 +59,10 @@ async fn retry_gives_up_after_the_policy_attempts_with_the_last_error() {
     assert_eq!(s.retries(), 6);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn retry_stops_at_the_deadline() {
+    // On the runtime's paused clock: the backoff and the deadline are
+    // measured on it, exactly, whatever the machine's load.
     let policy = RetryPolicy {
         max_attempts: 1000,
         initial_backoff: Duration::from_millis(20),
@@ -69,10 +71,16 @@ async fn retry_stops_at_the_deadline() {
         seed: 1,
     };
     let s = RetryStore::with_policy(always_failing(), policy);
-    let t0 = Instant::now();
+    let t0 = tokio::time::Instant::now();
     assert!(s.list_steps(JOB).await.is_err());
-    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
-    assert!((2..10).contains(&s.retries()), "{}", s.retries());
+    let spent = t0.elapsed();
+    // Every pause is 10 to 20 ms: it gives up once the next one would pass
+    // 100 ms, so after more than 80 ms and never past the deadline.
+    assert!(
+        spent > Duration::from_millis(80) && spent <= Duration::from_millis(100),
+        "{spent:?}"
+    );
+    assert!((5..=10).contains(&s.retries()), "{}", s.retries());
 }
 
 #[tokio::test]

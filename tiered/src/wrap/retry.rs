@@ -4,7 +4,11 @@ use std::future::Future;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The runtime's clock: the one `tokio::time::sleep` waits on, so a paused
+// test clock measures the deadline as it measures the backoff.
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};

@@ -6,8 +6,6 @@
 //! missing, a test says so and skips, unless `STRATA_REQUIRE_SERVERS=1`
 //! (set by the test command), where a missing server fails the test.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -15,15 +13,20 @@ use std::time::{Duration, Instant};
 
 use strata_tiered::{L3Options, L3Store};
 
-pub(crate) const ACCESS_KEY: &str = "strata-test-key";
-pub(crate) const SECRET_KEY: &str = "strata-test-secret";
-pub(crate) const BUCKET: &str = "strata-test";
+/// The access key every test server accepts.
+pub const ACCESS_KEY: &str = "strata-test-key";
+/// Its secret.
+pub const SECRET_KEY: &str = "strata-test-secret";
+/// The bucket each server is started with.
+pub const BUCKET: &str = "strata-test";
 
 /// A running server; killed on drop.
-pub(crate) struct Server {
+pub struct Server {
     child: Child,
-    pub(crate) port: u16,
-    pub(crate) kind: &'static str,
+    /// The loopback port it listens on.
+    pub port: u16,
+    /// "s3s-fs" or "moto".
+    pub kind: &'static str,
     _data: Option<tempfile::TempDir>,
 }
 
@@ -79,7 +82,7 @@ fn wait_ready(port: u16, child: &mut Child, what: &str) {
 }
 
 /// An s3s-fs server with one bucket, or None (skipped) if not installed.
-pub(crate) fn s3s_fs() -> Option<Server> {
+pub fn s3s_fs() -> Option<Server> {
     let Some(bin) = find("s3s-fs") else {
         return missing("s3s-fs");
     };
@@ -104,7 +107,7 @@ pub(crate) fn s3s_fs() -> Option<Server> {
 }
 
 /// A moto server with one bucket, or None (skipped) if not installed.
-pub(crate) fn moto() -> Option<Server> {
+pub fn moto() -> Option<Server> {
     let Some(bin) = find("moto_server") else {
         return missing("moto_server");
     };
@@ -140,7 +143,7 @@ pub(crate) fn moto() -> Option<Server> {
 
 impl Server {
     /// The S3 options for this server.
-    pub(crate) fn options(&self) -> Vec<(String, String)> {
+    pub fn options(&self) -> Vec<(String, String)> {
         [
             ("endpoint", format!("http://127.0.0.1:{}", self.port)),
             ("allow_http", "true".to_string()),
@@ -157,7 +160,7 @@ impl Server {
     /// The bucket itself, through a plain S3 client of its own: what the
     /// damage checks write to behind an L3 store's back (its keys under
     /// the store's prefix).
-    pub(crate) fn objects(&self) -> std::sync::Arc<dyn object_store::ObjectStore> {
+    pub fn objects(&self) -> std::sync::Arc<dyn object_store::ObjectStore> {
         let mut b = object_store::aws::AmazonS3Builder::new().with_bucket_name(BUCKET);
         for (k, v) in self.options() {
             b = b.with_config(k.parse().unwrap(), v);
@@ -166,12 +169,12 @@ impl Server {
     }
 
     /// An L3 store on this server under `prefix`.
-    pub(crate) fn store(&self, prefix: &str) -> L3Store {
+    pub fn store(&self, prefix: &str) -> L3Store {
         self.store_with(prefix, L3Options::default())
     }
 
     /// An L3 store on this server under `prefix`, with options.
-    pub(crate) fn store_with(&self, prefix: &str, opts: L3Options) -> L3Store {
+    pub fn store_with(&self, prefix: &str, opts: L3Options) -> L3Store {
         L3Store::from_url(&format!("s3://{BUCKET}/{prefix}"), &self.options(), opts).unwrap()
     }
 }
