@@ -194,7 +194,7 @@ fn the_client_modules_import_each_other_one_way() {
     for p in rust_files(&src.join("save")) {
         let text = std::fs::read_to_string(&p).unwrap();
         assert!(
-            !text.contains("s.uploads") && !text.contains("s.replication"),
+            !text.contains(".uploads") && !text.contains(".replication"),
             "{} reads the copiers' states (use mirror::held_on_l1)",
             p.display()
         );

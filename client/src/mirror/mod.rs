@@ -96,7 +96,7 @@ pub(crate) fn subscriber<L: Lane>(
                 tracing::warn!(
                     step = ev.step,
                     max,
-                    "{} still behind after {wait_limit:?}; queuing anyway",
+                    "the copies to {} are still behind after {wait_limit:?}; queuing anyway",
                     L::TO
                 );
             }
@@ -124,6 +124,11 @@ fn drop_oldest_beyond<L: Lane>(lane: &L, max: usize) {
     );
     for step in dropped {
         lane.count_dropped();
-        tracing::warn!(step, max, "{} behind: this step's copy was dropped", L::TO);
+        tracing::warn!(
+            step,
+            max,
+            "the copies to {} are behind: this step's copy was dropped",
+            L::TO
+        );
     }
 }

@@ -141,7 +141,7 @@ pub(crate) fn run(s: &Shared, rx: &mpsc::Receiver<u64>) {
         if dropped {
             continue;
         }
-        let st = replicate(s, step);
+        let st = replicate_caught(s, step);
         match &st {
             L2State::Replicated { peers, .. } => {
                 tracing::info!(step, ?peers, "step replicated");
@@ -175,7 +175,7 @@ pub(crate) fn run(s: &Shared, rx: &mpsc::Receiver<u64>) {
 /// Pushes a degraded step again and records the outcome.
 fn retry(s: &Shared, step: u64) {
     let _span = tracing::info_span!("re-replicate", step).entered();
-    let st = replicate(s, step);
+    let st = replicate_caught(s, step);
     if matches!(st, L2State::Replicated { .. }) {
         tracing::info!(step, "degraded step replicated again");
     }
@@ -206,6 +206,19 @@ fn degraded_on_l1(s: &Shared, newer_than: u64) -> Vec<u64> {
         }
         Err(_) => Vec::new(),
     }
+}
+
+/// [`replicate`], a panic in it reported as a degraded step: the step is
+/// never left pending (`wait_replication` would wait for it forever), and
+/// the worker goes on.
+fn replicate_caught(s: &Shared, step: u64) -> L2State {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| replicate(s, step))).unwrap_or_else(
+        |_| L2State::Degraded {
+            peers: Vec::new(),
+            wanted: s.cfg.replicas,
+            errors: vec!["the push panicked".into()],
+        },
+    )
 }
 
 /// Pushes `step` over the peer group: the group puts it on `replicas`

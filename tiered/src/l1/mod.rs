@@ -404,18 +404,23 @@ impl Inner {
     /// Reads again the chunks found missing: a sweep (of this process or
     /// another rank's) moves a chunk aside for an instant to check its age
     /// and puts it back when it is young (`sweep.rs`), so a read in that
-    /// window finds no file although the chunk stays. Once at once (the
-    /// sweep may have put it back already), then, while some sweep holds a
-    /// chunk aside in this job, a few times more after a short pause. A
-    /// chunk really missing costs one more open and one directory listing.
+    /// window finds no file although the chunk stays. Each round lists the
+    /// chunks held aside in this job (their ids are in the aside names),
+    /// then reads the missing ones again: a chunk put back before the
+    /// listing is found by the read after it, and one still aside is waited
+    /// for (1 to 64 ms between rounds, about 130 ms at most). A chunk is
+    /// missing once two rounds in a row found it neither at its name nor
+    /// aside; with no sweep at work that costs two listings and two opens.
     fn read_again_if_aside(
         &self,
         job: &str,
         ids: &[ChunkId],
         got: &mut [std::io::Result<crate::AlignedBuf>],
     ) {
-        const PAUSES_MS: [u64; 4] = [0, 1, 4, 16];
-        for (k, pause) in PAUSES_MS.iter().enumerate() {
+        const PAUSES_MS: [u64; 8] = [1, 1, 2, 4, 8, 16, 32, 64];
+        let mut calm = 0;
+        let mut waits = 0;
+        loop {
             let missing: Vec<usize> = got
                 .iter()
                 .enumerate()
@@ -425,14 +430,20 @@ impl Inner {
                 })
                 .map(|(i, _)| i)
                 .collect();
-            if missing.is_empty() || (k > 0 && !self.sweep_in_progress(job)) {
+            if missing.is_empty() || calm == 2 {
                 return;
             }
-            if k > 0 {
+            let aside = self.held_aside(job);
+            if missing.iter().any(|&i| aside.contains(&ids[i])) {
+                calm = 0;
+                let Some(ms) = PAUSES_MS.get(waits) else {
+                    return;
+                };
+                waits += 1;
                 self.pause(sweep::Pause::ReadAgain);
-            }
-            if *pause > 0 {
-                std::thread::sleep(std::time::Duration::from_millis(*pause));
+                std::thread::sleep(std::time::Duration::from_millis(*ms));
+            } else {
+                calm += 1;
             }
             let reqs = missing
                 .iter()
@@ -448,14 +459,20 @@ impl Inner {
         }
     }
 
-    /// Whether a sweep holds some chunk of `job` aside now (its temporary
-    /// `...-doomed` file exists).
-    fn sweep_in_progress(&self, job: &str) -> bool {
+    /// The chunks of `job` a sweep holds aside now (the ids in their
+    /// temporary `...-doomed-<id>` names).
+    fn held_aside(&self, job: &str) -> std::collections::HashSet<ChunkId> {
         let Ok(dir) = std::fs::read_dir(self.job_dir(job).join("tmp")) else {
-            return false;
+            return Default::default();
         };
         dir.flatten()
-            .any(|e| e.file_name().to_string_lossy().ends_with("-doomed"))
+            .filter_map(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                let (_, hex) = name.rsplit_once(sweep::ASIDE)?;
+                ChunkId::from_hex(hex).ok()
+            })
+            .collect()
     }
 
     fn check_read(

@@ -16,6 +16,11 @@ use super::Inner;
 use crate::error::{Result, StoreError};
 use crate::fsutil::{fsync_dir, rename_noreplace, still_named};
 
+/// What names a chunk a sweep holds aside: its temporary file is
+/// `<token>-<n>-doomed-<chunk id>`, so a reader that finds the chunk
+/// missing can tell it will be back.
+pub(super) const ASIDE: &str = "-doomed-";
+
 /// A test's hook, called at each [`Pause`] point.
 #[cfg(test)]
 pub(super) type PauseHook = Arc<dyn Fn(Pause) + Send + Sync>;
@@ -32,8 +37,8 @@ pub(super) enum Pause {
     SweepChecked,
     /// A sweep moved a chunk aside (before its age check).
     SweepMovedAside,
-    /// A read found chunks missing while a sweep holds one aside, and is
-    /// about to read them again.
+    /// A read found a missing chunk held aside by a sweep, and waits
+    /// before reading it again.
     ReadAgain,
 }
 
@@ -78,7 +83,7 @@ impl Inner {
         cutoff: std::time::SystemTime,
     ) -> Result<Option<u64>> {
         let path = self.chunk_path(job, id);
-        let aside = self.tmp_path(job, "doomed");
+        let aside = self.tmp_path(job, &format!("{}{}", &ASIDE[1..], id.to_hex()));
         match std::fs::rename(&path, &aside) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
