@@ -59,8 +59,37 @@ def run_and_kill(d, ranks, at_line):
     while logged(d) < at_line and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     assert p.poll() is None, "the run ended before it could be killed"
+    # torchrun's workers may sit in sessions of their own: every process
+    # under it dies with it, as on a node that loses power (a survivor
+    # would go on writing into the directory the next run resumes from).
+    tree = descendants(p.pid)
     os.killpg(p.pid, signal.SIGKILL)
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     p.wait()
+
+
+def descendants(pid):
+    """Every process below `pid`, from /proc."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
 
 
 def test_killed_at_random_moments_the_example_resumes_bit_for_bit(tmp_path):
