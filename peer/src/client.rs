@@ -503,14 +503,10 @@ impl ChunkStore for PeerStore {
         ids: &[ChunkId],
         opts: ReadOptions,
     ) -> Vec<Result<ChunkData>> {
-        let mut spare = opts.spare.into_iter();
-        let jobs: Vec<(ChunkId, Option<AlignedBuf>)> =
-            ids.iter().map(|id| (*id, spare.next())).collect();
-        futures::stream::iter(jobs)
-            .map(|(id, buf)| self.get_one(job, id, buf))
-            .buffered(self.opts.concurrency.max(1))
-            .collect()
-            .await
+        strata_tiered::store::read_each(ids, opts.spare, self.opts.concurrency, |id, buf| {
+            self.get_one(job, id, buf)
+        })
+        .await
     }
 
     async fn get_chunk(

@@ -465,6 +465,31 @@ pub fn commit_slot(record: &CommitRecord) -> Result<(u32, Vec<u8>)> {
     Ok((first, bytes))
 }
 
+/// A batch read for tiers that read each chunk with a request of its own
+/// (L3, the peers): `read(id, buffer)` for every id, up to `concurrency`
+/// at once, the `spare` buffers handed out in order; results in the order
+/// of `ids`.
+pub async fn read_each<'a, F, Fut>(
+    ids: &[ChunkId],
+    spare: Vec<AlignedBuf>,
+    concurrency: usize,
+    read: F,
+) -> Vec<Result<ChunkData>>
+where
+    F: Fn(ChunkId, Option<AlignedBuf>) -> Fut,
+    Fut: std::future::Future<Output = Result<ChunkData>> + 'a,
+{
+    use futures::StreamExt;
+    let mut spare = spare.into_iter();
+    let jobs: Vec<(ChunkId, Option<AlignedBuf>)> =
+        ids.iter().map(|id| (*id, spare.next())).collect();
+    futures::stream::iter(jobs)
+        .map(|(id, buf)| read(id, buf))
+        .buffered(concurrency.max(1))
+        .collect()
+        .await
+}
+
 /// The first step of a `put_chunks`: refuses a chunk above the frame
 /// limit, and keeps one of each id (repeats in the call count as
 /// deduplicated). Returns the chunks to store and the stats so far.

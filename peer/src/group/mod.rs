@@ -70,27 +70,6 @@ impl PeerGroup {
         }
     }
 
-    /// The group of node `me`: the other `nodes` in ring order
-    /// ([`crate::ring::placement`], rotated by `rotate`: a rank number to
-    /// spread a node's ranks over different peers, or 0), each opened by
-    /// `open`.
-    pub fn on_ring(
-        nodes: &[String],
-        me: &str,
-        rotate: u32,
-        replicas: usize,
-        mut open: impl FnMut(&str) -> Arc<dyn ChunkStore>,
-    ) -> Self {
-        let members = crate::ring::placement(nodes, me, rotate)
-            .into_iter()
-            .map(|node| Member {
-                store: open(&node),
-                node,
-            })
-            .collect();
-        PeerGroup::new(members, replicas)
-    }
-
     /// Every member, preferred first.
     pub fn members(&self) -> &[Member] {
         &self.members

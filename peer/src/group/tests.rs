@@ -171,15 +171,3 @@ fn spread_replaces_failed_members_and_reports_degraded() {
         s.errors
     );
 }
-
-#[test]
-fn on_ring_orders_members_by_the_ring() {
-    let nodes: Vec<String> = ["n0", "n1", "n2", "n3"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let g = PeerGroup::on_ring(&nodes, "n1", 0, 2, |_| Arc::new(MemoryStore::new()));
-    let names: Vec<&str> = g.members().iter().map(|m| m.node.as_str()).collect();
-    assert_eq!(names, vec!["n2", "n3", "n0"]);
-    assert_eq!(g.targets().len(), 2);
-}

@@ -584,14 +584,10 @@ impl ChunkStore for L3Store {
         if let Err(e) = validate_job_id(job) {
             return ids.iter().map(|_| Err(e.clone().into())).collect();
         }
-        let mut spare = opts.spare.into_iter();
-        let jobs: Vec<(ChunkId, Option<AlignedBuf>)> =
-            ids.iter().map(|id| (*id, spare.next())).collect();
-        futures::stream::iter(jobs)
-            .map(|(id, buf)| self.get_one_into(job, id, buf))
-            .buffered(self.opts.concurrency.max(1))
-            .collect()
-            .await
+        crate::store::read_each(ids, opts.spare, self.opts.concurrency, |id, buf| {
+            self.get_one_into(job, id, buf)
+        })
+        .await
     }
 
     async fn get_chunk(
