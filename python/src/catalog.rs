@@ -16,10 +16,11 @@ use crate::config::build;
 use crate::errors::{invalid, to_py, IntoPy};
 use crate::logs::drain;
 
-/// Readers kept open (one per shard read), and the chunk cache of each:
-/// at most 256 MiB of verified chunks per catalog.
-const READERS: usize = 8;
-const CACHE_BYTES: usize = 32 << 20;
+/// Readers kept open (one per shard read: a resharding load reads many
+/// ranks' shards), and the chunk cache of each: at most 256 MiB of
+/// verified chunks per catalog.
+const READERS: usize = 32;
+const CACHE_BYTES: usize = 8 << 20;
 
 /// The tiers of one job opened read-only, their listing, and readers of
 /// the shards read so far.
@@ -140,6 +141,23 @@ impl PyCatalog {
         Ok(self.listing()?.committed_steps().into_iter().collect())
     }
 
+    /// Steps some tier holds a commit record of: decided steps (every
+    /// rank voted them durable), whether or not every rank's record is
+    /// written yet.
+    fn decided_steps(&self) -> PyResult<Vec<u64>> {
+        Ok(self.listing()?.decided_steps().into_iter().collect())
+    }
+
+    /// The world size that saved `step`, as its commit records say (None
+    /// if no tier holds a record of it).
+    fn world_size(&self, step: u64) -> PyResult<Option<u32>> {
+        let cat = self.listing()?;
+        Ok(cat
+            .listings()
+            .iter()
+            .find_map(|l| cat.info(&l.tier, step).and_then(|i| i.world_size())))
+    }
+
     /// The ranks of `step` committed in some tier.
     fn ranks(&self, step: u64) -> PyResult<Vec<u32>> {
         Ok(self.listing()?.ranks(step).into_iter().collect())
@@ -246,13 +264,75 @@ impl PyCatalog {
         let got = py.detach(|| tiers.block_on(r.read_range(name, offset, len)));
         drain(py);
         let (bytes, stats) = got.py_err()?;
-        let d = PyDict::new(py);
-        d.set_item("chunks_read", stats.chunks_read)?;
-        d.set_item("fallbacks", stats.fallbacks)?;
-        d.set_item("repaired", stats.repaired)?;
-        d.set_item("cached", stats.cached)?;
-        let served: Vec<(String, u64)> = stats.served_by.into_iter().collect();
-        d.set_item("served_by", served)?;
-        Ok((PyBytes::new(py, &bytes), d))
+        Ok((PyBytes::new(py, &bytes), stats_dict(py, stats)?))
     }
+
+    /// Like `read`, into memory the caller owns: bytes
+    /// `offset..offset+length` of the entry go to the `length` bytes at
+    /// `address` (a live, writable host buffer the caller keeps alive
+    /// until this returns). The GIL is released for the read and the copy.
+    /// Returns the stats of `read`.
+    #[pyo3(signature = (step, rank, name, offset, address, length, repair=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn read_into<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        rank: u32,
+        name: &str,
+        offset: u64,
+        address: u64,
+        length: u64,
+        repair: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let ptr = usize::try_from(address).map_err(|_| invalid("address out of range"))?;
+        let len = usize::try_from(length)
+            .ok()
+            .filter(|&l| l <= isize::MAX as usize)
+            .ok_or_else(|| invalid("length out of range"))?;
+        if ptr == 0 && len > 0 {
+            return Err(invalid("null address"));
+        }
+        let r = self.reader(py, step, rank, repair)?;
+        let tiers = &self.tiers;
+        let got = py.detach(|| {
+            let (bytes, stats) = tiers.block_on(r.read_range(name, offset, length))?;
+            if bytes.len() != len {
+                return Err(strata::Error::Store(strata::tiered::StoreError::Invalid {
+                    what: "length",
+                    reason: format!(
+                        "entry {name:?}: {} bytes to read, {len} to fill",
+                        bytes.len()
+                    ),
+                }));
+            }
+            if len > 0 {
+                // SAFETY: the Python layer passes the address and length of
+                // a writable host buffer (a tensor it allocated or checked
+                // contiguous) that it keeps referenced until this returns;
+                // `bytes` is a fresh Vec, so the ranges do not overlap.
+                // Documented precondition: no other thread frees or resizes
+                // the buffer's storage during the call.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr as *mut u8, len) };
+            }
+            Ok(stats)
+        });
+        drain(py);
+        stats_dict(py, got.py_err()?)
+    }
+}
+
+/// What a read did, as a dict.
+fn stats_dict(
+    py: Python<'_>,
+    stats: strata::tiers::reader::RangeStats,
+) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("chunks_read", stats.chunks_read)?;
+    d.set_item("fallbacks", stats.fallbacks)?;
+    d.set_item("repaired", stats.repaired)?;
+    d.set_item("cached", stats.cached)?;
+    let served: Vec<(String, u64)> = stats.served_by.into_iter().collect();
+    d.set_item("served_by", served)?;
+    Ok(d)
 }

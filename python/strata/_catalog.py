@@ -51,6 +51,16 @@ class Catalog:
         """Steps committed in at least one tier, oldest first."""
         return list(self._native.steps())
 
+    def decided_steps(self) -> List[int]:
+        """Steps some tier holds a commit record of (every rank voted them
+        durable), whether or not every rank's record is written yet."""
+        return list(self._native.decided_steps())
+
+    def world_size(self, step: int) -> Optional[int]:
+        """The world size that saved ``step`` (None if no tier holds a
+        commit record of it)."""
+        return self._native.world_size(step)
+
     def ranks(self, step: int) -> List[int]:
         """The ranks of ``step`` committed in some tier."""
         return list(self._native.ranks(step))
@@ -89,6 +99,20 @@ class Catalog:
         self.last_read = dict(stats)
         self.last_read["served_by"] = dict(self.last_read.get("served_by", []))
         return data
+
+    def read_into(self, step: int, rank: int, name: str, offset: int, buffer: Any, repair: bool = False) -> None:
+        """Reads ``len(buffer)`` bytes of entry ``name`` from ``offset`` into
+        ``buffer`` (a contiguous CPU tensor, a numpy array or a
+        bytearray), verified, without a copy through Python bytes."""
+        from ._arrays import address
+
+        ptr, length = address(buffer)
+        try:
+            stats = self._native.read_into(step, rank, name, offset, ptr, length, repair)
+        finally:
+            _strata.drain_logs()
+        self.last_read = dict(stats)
+        self.last_read["served_by"] = dict(self.last_read.get("served_by", []))
 
     def read_array(self, step: int, rank: int, name: str, repair: bool = False) -> Any:
         """A tensor entry as a numpy array of its dtype and shape (bfloat16

@@ -1,0 +1,109 @@
+"""How a DCP checkpoint lies in a Strata step.
+
+* ``checkpoint_id`` is the step: an int, or a string holding one.
+* Each rank's write items are the entries of its shard: a tensor item is a
+  tensor entry holding exactly the item's chunk (C-contiguous), a bytes item
+  a blob entry. An item's ``storage_data`` is ``(rank, entry name)``: plain
+  builtins, so ``.metadata`` unpickles with nothing but DCP's own classes.
+* The coordinator's shard also holds DCP's ``.metadata`` (a pickled
+  ``Metadata``) as the blob :data:`METADATA_ENTRY`.
+* Every shard's manifest metadata says what it is: ``strata.dcp`` (this
+  layout's version), ``strata.dcp.coordinator`` (the rank holding
+  ``.metadata``) and :data:`LAYOUT_KEY`, a JSON object naming, for each
+  tensor entry, its FQN, the global shape and the chunk's offsets in it.
+  The native ``Checkpointer`` writes the same key for DTensors, so tools
+  (``strata show``) and the DCP reader know a shard's place in the global
+  tensor without unpickling anything.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .._errors import InvalidError
+
+DCP_KEY = "strata.dcp"
+DCP_VERSION = "1"
+COORDINATOR_KEY = "strata.dcp.coordinator"
+LAYOUT_KEY = "strata.layout"
+METADATA_ENTRY = "__dcp_metadata__"
+
+# One tensor entry's place: (fqn, global shape, offsets of its chunk).
+Place = Tuple[str, List[int], List[int]]
+
+
+def parse_step(checkpoint_id: Any) -> Optional[int]:
+    """The step a ``checkpoint_id`` names (None for None); an
+    ``InvalidError`` for anything else than a non-negative int or a string
+    of one."""
+    if checkpoint_id is None:
+        return None
+    if isinstance(checkpoint_id, bool):
+        raise InvalidError(f"checkpoint_id {checkpoint_id!r} is not a step")
+    if isinstance(checkpoint_id, int):
+        step = checkpoint_id
+    elif isinstance(checkpoint_id, str) and checkpoint_id.strip().isdigit():
+        step = int(checkpoint_id.strip())
+    else:
+        raise InvalidError(
+            f"checkpoint_id {checkpoint_id!r} is not a step: Strata names a DCP checkpoint by its "
+            "step, an int or a string of digits"
+        )
+    if step < 0 or step >= 1 << 64:
+        raise InvalidError(f"checkpoint_id {checkpoint_id!r} is out of range")
+    return step
+
+
+def is_step(checkpoint_id: Any) -> bool:
+    try:
+        return parse_step(checkpoint_id) is not None
+    except InvalidError:
+        return False
+
+
+class EntryNames:
+    """Entry names of one shard: the FQN (with ``@`` and the chunk's
+    offsets for a piece of a tensor), unique within the shard, valid Strata
+    names (1-4096 bytes, no control characters)."""
+
+    def __init__(self) -> None:
+        self.used = {METADATA_ENTRY}
+
+    def name(self, fqn: str, offsets: Optional[Sequence[int]] = None) -> str:
+        base = fqn
+        if offsets is not None and any(int(o) != 0 for o in offsets):
+            base = f"{fqn}@{','.join(str(int(o)) for o in offsets)}"
+        if not base or len(base.encode("utf-8", "surrogatepass")) > 4000 or any(
+            ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in base
+        ):
+            base = f"item.{len(self.used)}"
+        name, n = base, 0
+        while name in self.used:
+            n += 1
+            name = f"{base}#{n}"
+        self.used.add(name)
+        return name
+
+
+def layout_json(places: Dict[str, Place]) -> str:
+    return json.dumps({k: [f, list(s), list(o)] for k, (f, s, o) in places.items()}, separators=(",", ":"))
+
+
+def parse_layout(text: Optional[str]) -> Dict[str, Place]:
+    """The layout of a shard's metadata; an ``InvalidError`` if malformed."""
+    if not text:
+        return {}
+    try:
+        raw = json.loads(text)
+        out: Dict[str, Place] = {}
+        for k, v in raw.items():
+            fqn, shape, offsets = v
+            shape = [int(x) for x in shape]
+            offsets = [int(x) for x in offsets]
+            if not isinstance(fqn, str) or len(shape) != len(offsets):
+                raise ValueError(k)
+            out[str(k)] = (fqn, shape, offsets)
+        return out
+    except (ValueError, TypeError, AttributeError) as e:
+        raise InvalidError(f"the shard's {LAYOUT_KEY} is malformed: {e}") from None

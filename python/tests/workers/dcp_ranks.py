@@ -1,0 +1,157 @@
+"""Ranks of the DCP tests, run with torch.multiprocessing.spawn (gloo on
+CPU, one process per rank). Each function is ``fn(rank, world, port, args)``
+and writes what it found to ``args["out"]/<name>-<rank>.json`` (the test
+reads them; an exception in a rank fails spawn)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict
+
+
+def run_world(world: int, fn: Any, args: Dict[str, Any], timeout: float = 240.0) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.start_processes(fn, args=(world, port, args), nprocs=world, join=False, start_method="spawn")
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() >= deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"{fn.__name__} at world {world} did not finish in {timeout} s")
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["RANK"] = str(rank)
+    os.environ["WORLD_SIZE"] = str(world)
+    os.environ["LOCAL_RANK"] = str(rank)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _done(args: Dict[str, Any], name: str, rank: int, found: Any) -> None:
+    with open(os.path.join(args["out"], f"{name}-{rank}.json"), "w") as f:
+        json.dump(found, f)
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def global_tensors(seed: int = 7) -> Dict[str, Any]:
+    """The global values every test saves: shapes that split unevenly."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "emb": torch.randn(37, 24, generator=g),
+        "w": torch.randn(16, 10, generator=g).to(torch.bfloat16),
+        "b": torch.arange(41, dtype=torch.int64),
+        "rep": torch.randn(5, 3, generator=g),
+        "big": torch.randn(300_000, generator=g),  # ~1.2 MB: several chunks
+    }
+
+
+def _placements(kind: str) -> Any:
+    from torch.distributed.tensor import Replicate, Shard
+
+    return {"s0": [Shard(0)], "s1": [Shard(1)], "r": [Replicate()]}[kind]
+
+
+def sharded_state(world: int, layout: Dict[str, str], seed: int = 7, zero: bool = False) -> Dict[str, Any]:
+    """The state of one rank: each tensor a DTensor over a 1-D mesh of all
+    ranks with the placement ``layout`` names (``"plain"``: a plain
+    tensor), plus plain values."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    model: Dict[str, Any] = {}
+    for k, t in global_tensors(seed).items():
+        v = torch.zeros_like(t) if zero else t
+        kind = layout.get(k, "s0")
+        if kind == "s1" and v.dim() < 2:
+            kind = "s0"
+        model[k] = v.clone() if kind == "plain" else distribute_tensor(v, mesh, _placements(kind))
+    return {"model": model, "extra": {"step": -1 if zero else 11, "name": "" if zero else "run-a", "lr": [0.0] if zero else [0.1, 0.2]}}
+
+
+def full(v: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return v.full_tensor() if isinstance(v, DTensor) else v
+
+
+def compare(state: Dict[str, Any], seed: int = 7) -> Dict[str, Any]:
+    import torch
+
+    out: Dict[str, Any] = {}
+    for k, t in global_tensors(seed).items():
+        got = full(state["model"][k])
+        out[k] = bool(got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t))
+    out["extra"] = state["extra"] == {"step": 11, "name": "run-a", "lr": [0.1, 0.2]}
+    return out
+
+
+def save_rank(rank: int, world: int, port: int, args: Dict[str, Any]) -> None:
+    """Saves ``args["step"]`` with DCP (sync, or async with the executor
+    ``args["mode"]`` names) in layout ``args["layout"]``."""
+    _init(rank, world, port)
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from strata.dcp import StorageWriter
+
+    state = sharded_state(world, args.get("layout", {}), seed=args.get("seed", 7))
+    writer = StorageWriter(**args["settings"])
+    found: Dict[str, Any] = {}
+    mode = args.get("mode", "sync")
+    if mode == "sync":
+        dcp.save(state, checkpoint_id=args["step"], storage_writer=writer)
+    else:
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        kind = AsyncCheckpointerType.PROCESS if mode == "process" else AsyncCheckpointerType.THREAD
+        fut = dcp.async_save(state, checkpoint_id=args["step"], storage_writer=writer, async_checkpointer_type=kind)
+        # Changed right after async_save returned: must not reach the step.
+        with torch.no_grad():
+            for v in state["model"].values():
+                full_local = v.to_local() if hasattr(v, "to_local") else v
+                full_local.fill_(0) if full_local.dtype != torch.int64 else full_local.fill_(-5)
+        state["extra"]["step"] = 999
+        fut.result(timeout=180)
+    writer.close()
+    _done(args, "save", rank, found)
+
+
+def load_rank(rank: int, world: int, port: int, args: Dict[str, Any]) -> None:
+    """Loads (``args["step"]`` or the newest) into a zeroed state of layout
+    ``args["layout"]``; records what matched, or the error."""
+    _init(rank, world, port)
+    import torch.distributed.checkpoint as dcp
+
+    from strata.dcp import StorageReader
+
+    state = sharded_state(world, args.get("layout", {}), zero=True)
+    reader = StorageReader(checkpoint_id=args.get("step"), wait_s=args.get("wait_s", 30.0), **args["settings"])
+    found: Dict[str, Any] = {}
+    try:
+        dcp.load(state, storage_reader=reader)
+        found = compare(state, seed=args.get("seed", 7))
+        found["step"] = reader.checkpoint_id
+        found["last_read"] = reader.last_read
+    except Exception as e:  # noqa: BLE001 - the test checks the error
+        found = {"error": f"{type(e).__name__}: {e}"}
+    _done(args, "load", rank, found)
