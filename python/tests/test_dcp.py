@@ -15,6 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "workers"))
 
 import dcp_ranks  # noqa: E402
+from test_catalog import peer  # noqa: E402,F401 - the fixture: a peer service
 
 
 def results(out, name):
@@ -40,9 +41,12 @@ def settings(l1, job):
     return {"job": job, "l1_dir": l1, "chunk_size": 1 << 18}
 
 
-def save(world, out, settings, step, **kw):
+def save(world, out, settings, step, ok=True, **kw):
     dcp_ranks.run_world(world, dcp_ranks.save_rank, {"out": out, "settings": settings, "step": step, **kw})
-    return results(out, "save")
+    found = results(out, "save")
+    if ok:
+        all_equal(found, world)
+    return found
 
 
 def load(world, out, settings, step=None, **kw):
@@ -66,3 +70,81 @@ def test_save_with_2_ranks_loads_at_4_in_other_placements(tmp_path, settings):
     # Shard(0) -> Shard(1), replicated -> sharded, plain -> sharded.
     found = load(4, out, settings, step="3", layout={"emb": "s1", "w": "s0", "rep": "s0", "b": "r"})
     all_equal(found, 4)
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_async_save_keeps_the_state_as_it_was_when_it_returned(tmp_path, settings, mode):
+    # Each rank zeroes its tensors right after async_save returns: the step
+    # must hold the values from before (pytorch#144657 is DCP's own bug).
+    out = str(tmp_path)
+    save(2, out, settings, 7, mode=mode)
+    all_equal(load(2, out, settings, step=7), 2)
+    all_equal(load(1, out, settings, step=7), 1)
+
+
+def test_a_second_save_of_a_committed_step_is_refused_on_every_rank(tmp_path, settings):
+    out = str(tmp_path)
+    save(2, out, settings, 4)
+    found = save(2, out, settings, 4, ok=False, seed=99)
+    assert all("already committed" in f.get("error", "") for f in found.values()), found
+    all_equal(load(2, out, settings, step=4), 2)
+
+
+def damage_chunk(l1, job, step, rank):
+    """Flips a byte of one chunk that rank's entry 'big' lies in."""
+    import strata
+
+    cat = strata.Catalog(job=job, l1_dir=l1)
+    names = [e[0] for e in cat.entries(step, rank) if e[0].startswith("model.big")]
+    hexid, _ = cat.chunks(step, rank, names[0])[0]
+    hits = [p for p in glob.glob(os.path.join(l1, "**", "*"), recursive=True) if hexid in os.path.basename(p)]
+    assert hits, f"chunk {hexid} not found under {l1}"
+    with open(hits[0], "r+b") as f:
+        f.seek(os.path.getsize(hits[0]) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_a_damaged_chunk_with_no_other_copy_is_a_corrupt_error(tmp_path, settings, l1, job):
+    out = str(tmp_path)
+    save(2, out, settings, 5)
+    damage_chunk(l1, job, 5, 1)
+    found = load(2, out, settings, step=5)
+    assert all("CorruptError" in f.get("error", "") or "corrupt" in f.get("error", "").lower() for f in found.values()), found
+
+
+def test_a_rank_committed_nowhere_is_an_error_never_zeros(tmp_path, settings, l1, job):
+    out = str(tmp_path)
+    save(2, out, settings, 6)
+    # Rank 1's commit record of step 6 is lost (its node died before the
+    # record reached any tier): the step is decided but not complete.
+    rec = os.path.join(l1, job, "steps", f"{6:020d}", "c-1")
+    assert os.path.exists(rec)
+    os.remove(rec)
+    found = load(2, out, settings, step=6, wait_s=1.0)
+    assert all("ranks [1] of 2" in f.get("error", "") for f in found.values()), found
+
+
+def test_loads_from_the_peers_or_l3_alone_and_a_damaged_chunk_from_another_tier(tmp_path, l1, job, peer, monkeypatch):
+    peers, certs = peer
+    for var in ("STRATA_L1_DIR", "STRATA_L3_URL", "STRATA_PEERS", "STRATA_PEER_CERTS", "STRATA_JOB"):
+        monkeypatch.delenv(var, raising=False)
+    l3 = tmp_path / "l3"
+    l3.mkdir()
+    out = str(tmp_path)
+    every = dict(job=job, l1_dir=l1, peers=[peers], peer_certs=certs, node="node-a",
+                 l3_url=f"file://{l3}", chunk_size=1 << 18)
+    save(2, out, dict(every, upload_every=1, replicas=1), 8, flush=True)
+    missing = str(tmp_path / "no-l1")
+    only_l2 = dict(job=job, l1_dir=missing, peers=[peers], peer_certs=certs, node="node-a")
+    only_l3 = dict(job=job, l1_dir=missing, l3_url=f"file://{l3}")
+    for world, settings in ((3, only_l2), (1, only_l3)):
+        found = load(world, out, settings)
+        all_equal(found, world)
+        assert all(f["step"] == 8 for f in found.values())
+    # A chunk damaged on L1: read from the peer or L3 instead.
+    damage_chunk(l1, job, 8, 1)
+    found = load(2, out, every, step=8)
+    all_equal(found, 2)
+    assert sum(f["last_read"]["fallbacks"] for f in found.values()) >= 1, found

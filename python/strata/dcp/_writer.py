@@ -106,6 +106,14 @@ class StorageWriter(_DcpWriter, AsyncStager):
         self._step = state["step"]
         self._init_runtime()
 
+    @property
+    def checkpointer(self) -> Checkpointer:
+        """This process's :class:`strata.Checkpointer` for this writer's
+        configuration (shared by the writers made with it): ``flush`` waits
+        for the pushes to peers and uploads to L3, ``status`` says where a
+        step stands."""
+        return self._need()
+
     # -- identity ---------------------------------------------------------
 
     @property

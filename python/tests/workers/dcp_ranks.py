@@ -109,14 +109,26 @@ def save_rank(rank: int, world: int, port: int, args: Dict[str, Any]) -> None:
     """Saves ``args["step"]`` with DCP (sync, or async with the executor
     ``args["mode"]`` names) in layout ``args["layout"]``."""
     _init(rank, world, port)
-    import torch
-    import torch.distributed.checkpoint as dcp
-
     from strata.dcp import StorageWriter
 
     state = sharded_state(world, args.get("layout", {}), seed=args.get("seed", 7))
     writer = StorageWriter(**args["settings"])
     found: Dict[str, Any] = {}
+    try:
+        _save(state, writer, args)
+    except BaseException as e:  # noqa: BLE001 - the test checks the error (CheckpointException is a BaseException)
+        found = {"error": f"{type(e).__name__}: {e}"}
+    writer.close()
+    if args.get("flush"):
+        # Waits for the pushes to the peers and the uploads to L3.
+        writer.checkpointer.flush()
+    _done(args, "save", rank, found)
+
+
+def _save(state: Dict[str, Any], writer: Any, args: Dict[str, Any]) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
     mode = args.get("mode", "sync")
     if mode == "sync":
         dcp.save(state, checkpoint_id=args["step"], storage_writer=writer)
@@ -132,8 +144,6 @@ def save_rank(rank: int, world: int, port: int, args: Dict[str, Any]) -> None:
                 full_local.fill_(0) if full_local.dtype != torch.int64 else full_local.fill_(-5)
         state["extra"]["step"] = 999
         fut.result(timeout=180)
-    writer.close()
-    _done(args, "save", rank, found)
 
 
 def load_rank(rank: int, world: int, port: int, args: Dict[str, Any]) -> None:
@@ -152,6 +162,6 @@ def load_rank(rank: int, world: int, port: int, args: Dict[str, Any]) -> None:
         found = compare(state, seed=args.get("seed", 7))
         found["step"] = reader.checkpoint_id
         found["last_read"] = reader.last_read
-    except Exception as e:  # noqa: BLE001 - the test checks the error
+    except BaseException as e:  # noqa: BLE001 - the test checks the error (CheckpointException is a BaseException)
         found = {"error": f"{type(e).__name__}: {e}"}
     _done(args, "load", rank, found)
