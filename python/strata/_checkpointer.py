@@ -19,7 +19,8 @@ from ._arrays import (
 )
 from ._dist import open_rounds, torch_world
 from ._errors import InvalidError, NotFoundError, StrataError
-from ._tree import TREE_ENTRY, Leaf, entry_refs, flatten, parse, path_text, unflatten
+from ._layout import LAYOUT_KEY, layout_json, parse_layout
+from ._tree import TREE_ENTRY, Leaf, dtensor_type, entry_refs, flatten, is_stateful, parse, path_text, unflatten
 
 log = logging.getLogger("strata")
 
@@ -190,8 +191,8 @@ class Checkpointer:
 
     # -- save -------------------------------------------------------------
 
-    def _entries(self, state: Any, keep: List[Any]) -> List[tuple]:
-        tree, leaves = flatten(state)
+    def _entries(self, state: Any, keep: List[Any], layouts: Optional[Dict[str, Any]] = None) -> List[tuple]:
+        tree, leaves = flatten(state, layouts)
         entries = [self._entry(leaf, keep) for leaf in leaves]
         entries.append((TREE_ENTRY, None, None, tree))
         _sync_devices(entries)
@@ -208,15 +209,21 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, *, metadata: Optional[Dict[str, str]] = None) -> SaveHandle:
         """Snapshots ``state`` (a nested dict of tensors, numpy arrays and
-        plain values) as ``step`` and returns at once; the step becomes
+        plain values; a DTensor is stored as its local shard with its place
+        in the global tensor; an object with ``state_dict`` and
+        ``load_state_dict``, such as a module or an optimizer, as its
+        ``state_dict()``) as ``step`` and returns at once; the step becomes
         durable in the background (``SaveHandle.wait``). The state's tensors
         may be changed as soon as this returns. Raises ``ConflictError`` if
         this rank already committed ``step``; raises an earlier save's
         background failure that no handle reported (then nothing is saved:
         call it again)."""
         keep: List[Any] = []
-        entries = self._entries(state, keep)
+        layouts: Dict[str, Any] = {}
+        entries = self._entries(state, keep, layouts)
         md = {"strata.tree": "1"}
+        if layouts:
+            md[LAYOUT_KEY] = layout_json(layouts)
         if metadata:
             md.update({str(k): str(v) for k, v in metadata.items()})
         try:
@@ -303,6 +310,11 @@ class Checkpointer:
         # Every target is read through staging and copied only after the
         # whole read is verified: nothing is written into the caller's
         # memory before then (a read that fails half way changes nothing).
+        layouts = parse_layout(plan.metadata.get(LAYOUT_KEY))
+        dtensor = dtensor_type()
+        statefuls: List[Tuple[Any, Any]] = []  # (object, its state_dict, filled in place)
+        stateful_sds: Dict[int, Any] = {}  # id(object) -> its state_dict
+        covered: set = set()  # ids of targets filled (a DTensor, besides its local shard)
         copies: Dict[str, Any] = {}  # entry name -> (staging, target)
         aliases: List[Tuple[str, Any]] = []  # (entry name, another target)
         ops: List[Tuple[Any, Any, Any]] = []  # (container, key, value), applied last
@@ -317,15 +329,31 @@ class Checkpointer:
                 _, dtype, shape, _ = e
                 if saved.tag == "B" or not _is_array(target):
                     return saved
-                why = fillable(target, dtype, shape)
+                arr = target
+                if dtensor is not None and isinstance(target, dtensor):
+                    why = _same_place(target, layouts.get(saved.name), st)
+                    if why is not None:
+                        problems.append(f"{path_text(path)}: {why}")
+                        return target
+                    # Filled through its local shard (the same memory).
+                    arr = target.to_local()
+                    covered.add(id(target))
+                why = fillable(arr, dtype, shape)
                 if why is not None:
                     problems.append(f"{path_text(path)}: {why}")
                     return target
                 if saved.name in copies:
                     # The same entry again: copied from the staging after the read.
-                    aliases.append((saved.name, target))
+                    aliases.append((saved.name, arr))
                 else:
-                    copies[saved.name] = (_alloc(st, by_name, saved.name, saved.tag, like=target), target)
+                    copies[saved.name] = (_alloc(st, by_name, saved.name, saved.tag, like=arr), arr)
+                return target
+            if is_stateful(target) and isinstance(saved, dict):
+                # Filled through its state_dict(), then given back to it.
+                sd = target.state_dict()
+                statefuls.append((target, sd))
+                stateful_sds[id(target)] = sd
+                match(sd, saved, path)
                 return target
             if isinstance(target, dict) and isinstance(saved, dict):
                 for k, v in saved.items():
@@ -343,7 +371,7 @@ class Checkpointer:
 
         result = match(state, markers, ())
         if strict:
-            _check_covered(state, copies, aliases, problems)
+            _check_covered(state, copies, aliases, problems, covered, stateful_sds)
         if problems:
             raise InvalidError(f"step {st} does not fit the state: " + "; ".join(problems[:10]))
         # Entries the state had no array for (new values) are restored fresh.
@@ -370,6 +398,8 @@ class Checkpointer:
         for container, key, value in ops:
             container[key] = _replace_refs(value, fresh)
         _replace_refs(result, fresh)
+        for obj, sd in statefuls:
+            obj.load_state_dict(_replace_refs(sd, fresh))
         return st
 
     # -- inspection -------------------------------------------------------
@@ -462,6 +492,25 @@ def _sync_devices(entries: List[tuple]) -> None:
             torch.cuda.current_stream(d).synchronize()
 
 
+def _same_place(target: Any, place: Any, step: int) -> Optional[str]:
+    """Why DTensor ``target`` cannot take the stored shard in place (None
+    if it can): the stored shard must be the same piece of the same global
+    tensor."""
+    chunks = target.__create_chunk_list__()
+    offsets = [int(x) for x in chunks[0].offsets] if chunks else [0] * target.dim()
+    shape = [int(x) for x in target.shape]
+    if place is None:
+        return f"a DTensor where step {step} holds a plain tensor (load it with strata.dcp.StorageReader)"
+    _, gshape, goffsets = place
+    if list(gshape) != shape or list(goffsets) != offsets:
+        return (
+            f"this rank's shard is at {offsets} of {shape}, step {step} holds the one at {list(goffsets)} "
+            f"of {list(gshape)} here: it was saved by another world size or placement "
+            "(strata.dcp.StorageReader reshards it)"
+        )
+    return None
+
+
 class _Ref:
     __slots__ = ("tag", "name")
 
@@ -493,12 +542,17 @@ def _check_covered(
     copies: Dict[str, Any],
     aliases: List[Tuple[str, Any]],
     problems: List[str],
+    also: set,
+    stateful_sds: Dict[int, Any],
 ) -> None:
     covered = {id(t) for _, t in copies.values()}
     covered |= {id(t) for _, t in aliases}
+    covered |= also
 
     def walk(v: Any, path: Tuple[Any, ...]) -> None:
-        if _is_array(v):
+        if id(v) in stateful_sds:
+            walk(stateful_sds[id(v)], path)
+        elif _is_array(v):
             if id(v) not in covered:
                 problems.append(f"{path_text(path)}: the step holds no tensor here")
         elif isinstance(v, dict):

@@ -33,6 +33,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._errors import InvalidError
+from ._layout import Place
 
 TREE_ENTRY = "__strata_tree__"
 TREE_VERSION = 1
@@ -80,6 +81,8 @@ class _Flattener:
         self.seen: Dict[Any, str] = {}
         # Keeps every object whose id() is in `seen` alive, so ids stay unique.
         self.keep: List[Any] = []
+        # DTensor entries: their place in the global tensor.
+        self.layouts: Dict[str, Place] = {}
 
     def name_for(self, path: Tuple[Any, ...]) -> str:
         base = path_text(path)
@@ -116,6 +119,15 @@ class _Flattener:
             return v
         torch = _torch()
         np = _numpy()
+        dtensor = dtensor_type()
+        if dtensor is not None and isinstance(v, dtensor):
+            # The local shard, with its place in the global tensor (so a
+            # DCP reader of another world size can reshard it).
+            name = self.leaf("torch", v.to_local(), path)
+            chunks = v.__create_chunk_list__()
+            offsets = [int(x) for x in chunks[0].offsets] if chunks else [0] * v.dim()
+            self.layouts[name] = (path_text(path), [int(x) for x in v.shape], offsets)
+            return {"T": name}
         if torch is not None and isinstance(v, torch.Tensor):
             return {"T": self.leaf("torch", v, path)}
         if np is not None and isinstance(v, np.ndarray):
@@ -151,6 +163,9 @@ class _Flattener:
             return {"dt": str(v).replace("torch.", "")}
         if torch is not None and isinstance(v, torch.device):
             return {"dev": str(v)}
+        if is_stateful(v):
+            # A model, an optimizer, a dataloader: their state_dict().
+            return self.node(v.state_dict(), path)
         raise InvalidError(
             f"{path_text(path)}: cannot store a {type(v).__module__}.{type(v).__qualname__} "
             "(state holds tensors, numpy arrays, dicts, lists, tuples, sets, numbers, "
@@ -178,10 +193,36 @@ def _view_key(kind: str, v: Any) -> Any:
     return id(v)
 
 
-def flatten(state: Any) -> Tuple[bytes, List[Leaf]]:
-    """The tree (JSON bytes) and the leaves to store as entries, in order."""
+def dtensor_type() -> Any:
+    """torch's DTensor class, if torch is loaded and has one."""
+    import sys
+
+    mod = sys.modules.get("torch.distributed.tensor")
+    if mod is None and _torch() is not None:
+        try:
+            import torch.distributed.tensor as mod  # noqa: F811
+        except ImportError:
+            return None
+    return getattr(mod, "DTensor", None)
+
+
+def is_stateful(v: Any) -> bool:
+    """An object with ``state_dict`` and ``load_state_dict`` (torch's
+    ``Stateful``: modules, optimizers, schedulers, stateful dataloaders)
+    that is not itself a container or a tensor."""
+    torch = _torch()
+    if isinstance(v, (dict, list, tuple, str, bytes)) or (torch is not None and isinstance(v, torch.Tensor)):
+        return False
+    return callable(getattr(v, "state_dict", None)) and callable(getattr(v, "load_state_dict", None))
+
+
+def flatten(state: Any, layouts: Optional[Dict[str, Place]] = None) -> Tuple[bytes, List[Leaf]]:
+    """The tree (JSON bytes) and the leaves to store as entries, in order;
+    the places of DTensor shards go to ``layouts``."""
     f = _Flattener()
     root = f.node(state, ())
+    if layouts is not None:
+        layouts.update(f.layouts)
     doc = {"strata_tree": TREE_VERSION, "root": root}
     return json.dumps(doc, separators=(",", ":"), allow_nan=True).encode(), f.leaves
 

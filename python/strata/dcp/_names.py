@@ -18,19 +18,18 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence
 
 from .._errors import InvalidError
+from .._layout import LAYOUT_KEY, Place, layout_json, parse_layout
+
+__all__ = ["LAYOUT_KEY", "Place", "layout_json", "parse_layout"]
 
 DCP_KEY = "strata.dcp"
 DCP_VERSION = "1"
 COORDINATOR_KEY = "strata.dcp.coordinator"
-LAYOUT_KEY = "strata.layout"
 METADATA_ENTRY = "__dcp_metadata__"
 
-# One tensor entry's place: (fqn, global shape, offsets of its chunk).
-Place = Tuple[str, List[int], List[int]]
 
 
 def parse_step(checkpoint_id: Any) -> Optional[int]:
@@ -84,26 +83,3 @@ class EntryNames:
             name = f"{base}#{n}"
         self.used.add(name)
         return name
-
-
-def layout_json(places: Dict[str, Place]) -> str:
-    return json.dumps({k: [f, list(s), list(o)] for k, (f, s, o) in places.items()}, separators=(",", ":"))
-
-
-def parse_layout(text: Optional[str]) -> Dict[str, Place]:
-    """The layout of a shard's metadata; an ``InvalidError`` if malformed."""
-    if not text:
-        return {}
-    try:
-        raw = json.loads(text)
-        out: Dict[str, Place] = {}
-        for k, v in raw.items():
-            fqn, shape, offsets = v
-            shape = [int(x) for x in shape]
-            offsets = [int(x) for x in offsets]
-            if not isinstance(fqn, str) or len(shape) != len(offsets):
-                raise ValueError(k)
-            out[str(k)] = (fqn, shape, offsets)
-        return out
-    except (ValueError, TypeError, AttributeError) as e:
-        raise InvalidError(f"the shard's {LAYOUT_KEY} is malformed: {e}") from None
