@@ -207,10 +207,15 @@ impl Inner {
         fsync_dir(&dir)?;
         remove(&marker)?;
         // The step directory goes with its last shard; another rank
-        // writing into it meanwhile keeps it (ENOTEMPTY).
+        // writing into it meanwhile keeps it (ENOTEMPTY). Another rank of
+        // this node retiring its own shard of the step at the same time may
+        // remove the directory between the two calls: gone is done.
         match std::fs::remove_dir(&dir) {
             Ok(()) => fsync_dir(&self.job_dir(job).join("steps")),
-            Err(_) => fsync_dir(&dir),
+            Err(_) => match fsync_dir(&dir) {
+                Err(StoreError::NotFound { .. }) if !dir.exists() => Ok(()),
+                r => r,
+            },
         }
     }
 }
