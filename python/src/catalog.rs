@@ -296,26 +296,18 @@ impl PyCatalog {
         let r = self.reader(py, step, rank, repair)?;
         let tiers = &self.tiers;
         let got = py.detach(|| {
-            let (bytes, stats) = tiers.block_on(r.read_range(name, offset, length))?;
-            if bytes.len() != len {
-                return Err(strata::Error::Store(strata::tiered::StoreError::Invalid {
-                    what: "length",
-                    reason: format!(
-                        "entry {name:?}: {} bytes to read, {len} to fill",
-                        bytes.len()
-                    ),
-                }));
-            }
-            if len > 0 {
+            let dst: &mut [u8] = if len == 0 {
+                &mut []
+            } else {
                 // SAFETY: the Python layer passes the address and length of
                 // a writable host buffer (a tensor it allocated or checked
-                // contiguous) that it keeps referenced until this returns;
-                // `bytes` is a fresh Vec, so the ranges do not overlap.
+                // contiguous) that it keeps referenced until this returns,
+                // and no other slice of it exists during the call.
                 // Documented precondition: no other thread frees or resizes
                 // the buffer's storage during the call.
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr as *mut u8, len) };
-            }
-            Ok(stats)
+                unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
+            };
+            tiers.block_on(r.read_range_into(name, offset, dst))
         });
         drain(py);
         stats_dict(py, got.py_err()?)

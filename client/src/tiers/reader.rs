@@ -393,6 +393,43 @@ impl ShardReader {
         offset: u64,
         len: u64,
     ) -> crate::Result<(Vec<u8>, RangeStats)> {
+        let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+        let stats = self
+            .read_range_with(name, offset, len, |src| bytes.extend_from_slice(src))
+            .await?;
+        Ok((bytes, stats))
+    }
+
+    /// Like [`ShardReader::read_range`], into `dst` (its length is the
+    /// length read): each verified chunk's bytes are copied straight to
+    /// their place, with no intermediate buffer.
+    pub async fn read_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> crate::Result<RangeStats> {
+        let mut at = 0usize;
+        let len = dst.len() as u64;
+        self.read_range_with(name, offset, len, |src| {
+            // The parts cover exactly `len` bytes, in order (checked
+            // against the entry's length above), so this never overruns.
+            if let Some(to) = dst.get_mut(at..at + src.len()) {
+                to.copy_from_slice(src);
+            }
+            at += src.len();
+        })
+        .await
+    }
+
+    /// Reads the range, handing each verified piece to `sink` in order.
+    async fn read_range_with(
+        &self,
+        name: &str,
+        offset: u64,
+        len: u64,
+        mut sink: impl FnMut(&[u8]),
+    ) -> crate::Result<RangeStats> {
         let m = &self.manifest;
         let e = m.entry(name).ok_or_else(|| self.no_entry(name))?;
         let end = offset
@@ -432,7 +469,6 @@ impl ShardReader {
             parts.push((c, from as usize..to as usize));
         }
         let mut stats = RangeStats::default();
-        let mut bytes = Vec::with_capacity(usize::try_from(end - offset).unwrap_or(0));
         // In batches of about READ_BATCH_BYTES of chunks: a whole entry of
         // many GiB is never held twice (chunks and output) at once.
         let mut at = 0;
@@ -456,10 +492,10 @@ impl ShardReader {
                         m.chunks[*c].id
                     ))
                 })?;
-                bytes.extend_from_slice(src);
+                sink(src);
             }
         }
-        Ok((bytes, stats))
+        Ok(stats)
     }
 
     /// The chunks of `parts` (of entry `name`), from the cache or the
