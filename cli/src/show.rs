@@ -57,6 +57,52 @@ pub(crate) struct EntryRow {
     /// `new` (not in the previous step), `changed` (other chunks),
     /// `same`, or `null` when there is no previous step.
     pub(crate) change: Option<&'static str>,
+    /// Where the tensor lies in a global tensor (a DTensor's shard, a PyTorch
+    /// DCP write item), from the shard's `strata.layout` metadata; absent
+    /// for a tensor saved whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) global: Option<Place>,
+}
+
+/// A tensor entry's place in its global tensor.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Place {
+    /// The global tensor's fully qualified name (`model.layers.0.weight`).
+    pub(crate) fqn: String,
+    /// The global tensor's shape.
+    pub(crate) shape: Vec<u64>,
+    /// The offsets of this entry's piece in it.
+    pub(crate) offsets: Vec<u64>,
+}
+
+/// The metadata key holding each tensor entry's place (written by the
+/// Python package for DTensors and DCP checkpoints).
+pub(crate) const LAYOUT_KEY: &str = "strata.layout";
+
+/// The places named by a shard's `strata.layout` (`{entry: [fqn, shape,
+/// offsets]}`); anything malformed is ignored here (`show` is a viewer:
+/// the DCP reader is the one that refuses a bad layout).
+pub(crate) fn places(metadata: &BTreeMap<String, String>) -> BTreeMap<String, Place> {
+    type Raw = BTreeMap<String, (String, Vec<u64>, Vec<u64>)>;
+    metadata
+        .get(LAYOUT_KEY)
+        .and_then(|v| serde_json::from_str::<Raw>(v).ok())
+        .map(|raw| {
+            raw.into_iter()
+                .filter(|(_, (_, shape, offsets))| shape.len() == offsets.len())
+                .map(|(k, (fqn, shape, offsets))| {
+                    (
+                        k,
+                        Place {
+                            fqn,
+                            shape,
+                            offsets,
+                        },
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The shard.
@@ -111,6 +157,7 @@ pub(crate) fn run(a: &ShowArgs) -> Result<(), CliError> {
         });
     let before: Option<Pieces<'_>> = previous.as_ref().map(|(_, p)| segments(&p.manifest));
     let now = segments(m);
+    let layout = places(&m.metadata);
     let entries = m
         .entries
         .iter()
@@ -154,6 +201,7 @@ pub(crate) fn run(a: &ShowArgs) -> Result<(), CliError> {
                 stored_bytes: stored,
                 codec_ratio: stored.map(|s| ratio(e.len, s)),
                 change,
+                global: layout.get(&e.name).cloned(),
             }
         })
         .collect();
@@ -186,27 +234,46 @@ pub(crate) fn run(a: &ShowArgs) -> Result<(), CliError> {
             .previous_step
             .map_or(String::new(), |p| format!(", compared with step {p}"))
     );
+    let layout = places(&shown.metadata);
     for (k, v) in &shown.metadata {
-        say!("  metadata {k} = {v}");
+        if k == LAYOUT_KEY {
+            // Shown per entry below (FQN, GLOBAL, AT), not as raw JSON.
+            say!("  metadata {k} = ({} tensors placed)", layout.len());
+        } else {
+            say!("  metadata {k} = {v}");
+        }
     }
-    let mut table = Table::new(
-        [
-            "NAME", "DTYPE", "SHAPE", "BYTES", "CHUNKS", "STORED", "RATIO", "CHANGE",
-        ]
-        .map(String::from)
-        .to_vec(),
-    );
+    let placed = !layout.is_empty();
+    let mut head = vec!["NAME", "DTYPE", "SHAPE"];
+    if placed {
+        head.extend(["FQN", "GLOBAL", "AT"]);
+    }
+    head.extend(["BYTES", "CHUNKS", "STORED", "RATIO", "CHANGE"]);
+    let mut table = Table::new(head.into_iter().map(String::from).collect());
     for e in &shown.entries {
-        table.row(vec![
+        let mut row = vec![
             e.name.clone(),
             e.dtype.clone().unwrap_or_else(|| "blob".into()),
             e.shape.as_ref().map_or("-".into(), |s| format!("{s:?}")),
+        ];
+        if placed {
+            match &e.global {
+                Some(p) => row.extend([
+                    p.fqn.clone(),
+                    format!("{:?}", p.shape),
+                    format!("{:?}", p.offsets),
+                ]),
+                None => row.extend(["-".into(), "-".into(), "-".into()]),
+            }
+        }
+        row.extend([
             human(e.bytes),
             e.chunks.to_string(),
             e.stored_bytes.map_or("-".into(), human),
             e.codec_ratio.map_or("-".into(), |r| format!("{r:.2}")),
             e.change.unwrap_or("-").to_string(),
         ]);
+        table.row(row);
     }
     table.print();
     Ok(())

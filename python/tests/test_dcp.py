@@ -196,3 +196,25 @@ def test_fsdp2_model_and_adamw_state_round_trip_through_get_and_set_state_dict(t
 def fsdp(world, out, settings, **kw):
     dcp_ranks.run_world(world, dcp_ranks.fsdp_rank, {"out": out, "settings": settings, **kw})
     return results(out, "fsdp")
+
+
+def test_dcp_steps_are_ordinary_steps_for_the_cli(tmp_path, settings, l1, job):
+    import subprocess
+
+    from test_catalog import strata_bin
+
+    out = str(tmp_path)
+    save(2, out, settings, 9, layout={"w": "s1"})
+    exe = strata_bin()
+    base = ["--l1", l1, "--job", job]
+    v = subprocess.run([exe, "verify", "9", *base], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+    s = subprocess.run([exe, "show", "9", "--rank", "1", "--json", *base], capture_output=True, text=True)
+    assert s.returncode == 0, s.stdout + s.stderr
+    shown = json.loads(s.stdout)
+    places = {e["name"]: e.get("global") for e in shown["entries"]}
+    # w (16 x 10, Shard(1) over 2 ranks): rank 1 holds columns 5..10.
+    assert places["model.w@0,5"] == {"fqn": "model.w", "shape": [16, 10], "offsets": [0, 5]}, places
+    assert places["model.emb@19,0"] == {"fqn": "model.emb", "shape": [37, 24], "offsets": [19, 0]}, places
+    t = subprocess.run([exe, "show", "9", "--rank", "0", *base], capture_output=True, text=True)
+    assert t.returncode == 0 and "FQN" in t.stdout and "GLOBAL" in t.stdout and "__dcp_metadata__" in t.stdout, t.stdout
