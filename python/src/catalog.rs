@@ -158,6 +158,63 @@ impl PyCatalog {
             .find_map(|l| cat.info(&l.tier, step).and_then(|i| i.world_size())))
     }
 
+    /// Rolls rank `rank`'s shard of the decided `step` forward: in each
+    /// tier that holds its manifest without a commit record (the rank died
+    /// after its vote, before its record), checks the manifest and the
+    /// chunks it names and writes the record (`docs/commit-protocol.md`,
+    /// "Roll-forward"; what `strata verify --repair` does). Returns the
+    /// tiers where the shard was committed, and for each tier where it
+    /// could not be, why. Call `refresh` afterwards to see it.
+    fn roll_forward(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        rank: u32,
+    ) -> PyResult<Vec<(String, Option<String>)>> {
+        let cat = self.listing()?.clone();
+        let tiers = &self.tiers;
+        let out = py.detach(|| {
+            // The proof the step was decided: another rank's record, which
+            // also gives the world size.
+            let Some(world) = cat.listings().iter().find_map(|l| {
+                let rec = cat.info(&l.tier, step)?.records.values().next()?;
+                Some(rec.world_size)
+            }) else {
+                return Vec::new();
+            };
+            if rank >= world {
+                return Vec::new();
+            }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let mut out = Vec::new();
+            for l in cat.listings() {
+                let Some(info) = cat.info(&l.tier, step) else {
+                    continue;
+                };
+                if !info.manifests.contains(&rank)
+                    || info.committed_ranks().contains(&rank)
+                    || info.retiring.contains(&rank)
+                {
+                    continue;
+                }
+                let r = tiers.block_on(strata::roll_forward::commit_decided(
+                    l.tier.store.as_ref(),
+                    tiers.job(),
+                    step,
+                    rank,
+                    world,
+                    now,
+                ));
+                out.push((l.tier.name.clone(), r.err().map(|e| e.to_string())));
+            }
+            out
+        });
+        drain(py);
+        Ok(out)
+    }
+
     /// The ranks of `step` committed in some tier.
     fn ranks(&self, step: u64) -> PyResult<Vec<u32>> {
         Ok(self.listing()?.ranks(step).into_iter().collect())

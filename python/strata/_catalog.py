@@ -61,6 +61,16 @@ class Catalog:
         commit record of it)."""
         return self._native.world_size(step)
 
+    def roll_forward(self, step: int, rank: int) -> List[Tuple[str, Optional[str]]]:
+        """Commits rank ``rank``'s shard of the decided ``step`` in each
+        tier that holds its manifest without a commit record (the rank died
+        after its vote); returns ``[(tier, None or why it failed), ...]``.
+        ``refresh`` to see the result."""
+        try:
+            return [tuple(x) for x in self._native.roll_forward(step, rank)]
+        finally:
+            _strata.drain_logs()
+
     def ranks(self, step: int) -> List[int]:
         """The ranks of ``step`` committed in some tier."""
         return list(self._native.ranks(step))

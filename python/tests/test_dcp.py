@@ -114,14 +114,20 @@ def test_a_damaged_chunk_with_no_other_copy_is_a_corrupt_error(tmp_path, setting
     assert all("CorruptError" in f.get("error", "") or "corrupt" in f.get("error", "").lower() for f in found.values()), found
 
 
-def test_a_rank_committed_nowhere_is_an_error_never_zeros(tmp_path, settings, l1, job):
+def test_a_rank_that_died_after_its_vote_is_rolled_forward_and_one_lost_is_an_error(tmp_path, settings, l1, job):
     out = str(tmp_path)
     save(2, out, settings, 6)
-    # Rank 1's commit record of step 6 is lost (its node died before the
-    # record reached any tier): the step is decided but not complete.
-    rec = os.path.join(l1, job, "steps", f"{6:020d}", "c-1")
-    assert os.path.exists(rec)
-    os.remove(rec)
+    step_dir = os.path.join(l1, job, "steps", f"{6:020d}")
+    # Rank 1 died after its vote, before its commit record: the step is
+    # decided (rank 0's record), rank 1's manifest is on L1 without one.
+    os.remove(os.path.join(step_dir, "c-1"))
+    found = load(2, out, settings, wait_s=1.0)
+    all_equal(found, 2)
+    assert all(f["step"] == 6 for f in found.values()), found
+    assert os.path.exists(os.path.join(step_dir, "c-1")), "the reader rolled rank 1 forward"
+    # Rank 1's shard is gone from every tier: an error naming it, never zeros.
+    os.remove(os.path.join(step_dir, "c-1"))
+    os.remove(os.path.join(step_dir, "m-1"))
     found = load(2, out, settings, step=6, wait_s=1.0)
     assert all("ranks [1] of 2" in f.get("error", "") for f in found.values()), found
 

@@ -152,11 +152,24 @@ class StorageReader(_DcpReader):
         """Waits until every rank of ``step`` is committed in some tier;
         returns the world size."""
         deadline = time.monotonic() + self._wait_s
+        rolled: Dict[int, List[Any]] = {}
         while True:
             world = cat.world_size(step)
             ranks = set(cat.ranks(step))
             if world is not None and ranks >= set(range(world)):
                 return world
+            if world is not None and not rolled:
+                # The step is decided (a record names its world size): a
+                # rank that died after its vote holds its manifest without
+                # a record; roll it forward where a tier holds it (a rank
+                # still writing its record meanwhile is fine: the record
+                # is the same).
+                for r in sorted(set(range(world)) - ranks):
+                    rolled[r] = cat.roll_forward(step, r)
+                if any(err is None for got in rolled.values() for _, err in got):
+                    log.warning("step %s: rolled forward %s", step, {r: g for r, g in rolled.items() if g})
+                    cat.refresh()
+                    continue
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
@@ -169,10 +182,12 @@ class StorageReader(_DcpReader):
                 raise UnavailableError(f"step {step} is in no readable tier; could not list {', '.join(failed)}")
             raise NotFoundError(f"step {step} is not committed in any tier")
         missing = sorted(set(range(world)) - ranks)
+        why = "; ".join(f"rank {r} in {t}: {e}" for r, got in rolled.items() for t, e in got if e)
         raise UnavailableError(
             f"step {step}: ranks {missing} of {world} are committed in no tier after {self._wait_s:.0f} s "
-            "(a rank that died after the vote holds its shard without a commit record: "
-            "`strata verify --repair` on its node rolls it forward)"
+            "and no tier this reader opens holds their shard to roll forward (a rank that died after "
+            "the vote keeps it on its node's L1: `strata verify --repair` there rolls it forward)"
+            + (f"; roll-forward failed: {why}" if why else "")
         )
 
     # -- the read ---------------------------------------------------------
