@@ -224,3 +224,44 @@ def test_dcp_steps_are_ordinary_steps_for_the_cli(tmp_path, settings, l1, job):
     assert places["model.emb@19,0"] == {"fqn": "model.emb", "shape": [37, 24], "offsets": [19, 0]}, places
     t = subprocess.run([exe, "show", "9", "--rank", "0", *base], capture_output=True, text=True)
     assert t.returncode == 0 and "FQN" in t.stdout and "GLOBAL" in t.stdout and "__dcp_metadata__" in t.stdout, t.stdout
+
+
+def test_the_behaviours_pytorchs_dcp_tests_check_of_a_backend(tmp_path, settings):
+    dcp_ranks.run_world(2, dcp_ranks.behaviours_rank, {"out": str(tmp_path), "settings": settings})
+    all_equal(results(str(tmp_path), "behaviours"), 2)
+
+
+def test_no_dist_save_and_load_in_one_process(settings):
+    import torch.distributed.checkpoint as dcp
+
+    from strata.dcp import StorageReader, StorageWriter
+
+    state = {"a": torch.randn(5, 5), "b": {"c": torch.arange(7), "s": "text"}}
+    dcp.save(state, checkpoint_id="3", storage_writer=StorageWriter(**settings), no_dist=True)
+    back = {"a": torch.zeros(5, 5), "b": {"c": torch.zeros(7, dtype=torch.int64), "s": ""}}
+    dcp.load(back, storage_reader=StorageReader(**settings), no_dist=True)
+    assert torch.equal(back["a"], state["a"]) and torch.equal(back["b"]["c"], state["b"]["c"])
+    assert back["b"]["s"] == "text"
+    assert StorageWriter.validate_checkpoint_id(3) and StorageWriter.validate_checkpoint_id("3")
+    assert not StorageReader.validate_checkpoint_id("/some/path")
+    with pytest.raises(Exception, match="not a step"):
+        StorageWriter(checkpoint_id="/some/path", **settings)
+
+
+def test_dot_metadata_runs_no_code_when_unpickled():
+    import pickle
+
+    from strata import InvalidError
+    from strata.dcp._pickle import load_metadata
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned > /tmp/strata-pwned",))
+
+    with pytest.raises(InvalidError, match="never holds"):
+        load_metadata(pickle.dumps(Evil()))
+    assert not os.path.exists("/tmp/strata-pwned")
+    with pytest.raises(InvalidError, match="not DCP Metadata"):
+        load_metadata(pickle.dumps({"a": 1}))
+    with pytest.raises(InvalidError):
+        load_metadata(b"\x80\x05garbage")

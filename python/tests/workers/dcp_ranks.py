@@ -270,3 +270,51 @@ def fsdp_rank(rank: int, world: int, port: int, args: Dict[str, Any]) -> None:
     except BaseException as e:  # noqa: BLE001 - the test checks the error
         found = {"error": f"{type(e).__name__}: {e}"}
     _done(args, "fsdp", rank, found)
+
+
+def behaviours_rank(rank: int, world: int, port: int, args: Dict[str, Any]) -> None:
+    """What PyTorch's own DCP tests check of a storage backend, against
+    Strata's: a Stateful object at the top level (state_dict on save,
+    load_state_dict on load), an empty state, a load of some of the keys, a
+    load into a state with a key the step lacks (an error), and that a load
+    fills the caller's own tensors (no new objects)."""
+    _init(rank, world, port)
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from strata.dcp import StorageReader, StorageWriter
+
+    s = args["settings"]
+    found: Dict[str, Any] = {}
+    try:
+        app = Counter(100 + rank)
+        w = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (rank + 1)
+        dcp.save({"app": app, "w": w, "note": "x" * 10}, checkpoint_id=1, storage_writer=StorageWriter(**s))
+        # The coordinator's value of a key every rank saves wins (DCP
+        # dedups replicated items): rank 0's.
+        back = Counter(0)
+        dcp.load({"app": back}, storage_reader=StorageReader(checkpoint_id=1, **s))
+        found["stateful"] = back.n in (100, 100 + rank)
+        # Keys present, a subset: loaded in place.
+        target = torch.zeros(3, 4)
+        ref = target
+        dcp.load({"w": target}, storage_reader=StorageReader(checkpoint_id=1, **s))
+        found["in_place"] = target is ref and bool(target.sum() > 0)
+        # A key the step lacks: DCP's error, nothing loaded silently.
+        try:
+            dcp.load({"w": torch.zeros(3, 4), "nope": torch.zeros(2)}, storage_reader=StorageReader(checkpoint_id=1, **s))
+            found["missing_key_refused"] = False
+        except BaseException as e:  # noqa: BLE001 - CheckpointException
+            found["missing_key_refused"] = "nope" in str(e)
+        # An empty state round trips.
+        dcp.save({}, checkpoint_id=2, storage_writer=StorageWriter(**s))
+        empty: Dict[str, Any] = {}
+        dcp.load(empty, storage_reader=StorageReader(checkpoint_id=2, **s))
+        found["empty"] = empty == {}
+        # The newest step without an id.
+        r = StorageReader(**s)
+        dcp.load({}, storage_reader=r)
+        found["newest"] = r.checkpoint_id == 2
+    except BaseException as e:  # noqa: BLE001 - the test checks the error
+        found = {"error": f"{type(e).__name__}: {e}"}
+    _done(args, "behaviours", rank, found)
