@@ -12,13 +12,18 @@ changed right after it never reach the checkpoint.
 The buffers are reused: the next ``stage`` waits until the previous
 staged state was written into Strata's own staging (with the thread
 executor the writer says so; with the process executor, wait for the
-previous ``async_save`` future first, as with DCP's cached staging).
+previous ``async_save`` future first, as with DCP's cached staging). A
+save that failed before it wrote anything (a refused step, a rank that
+failed while planning) releases them too, once DCP lets go of its staged
+state: a failed save never blocks the next one.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import threading
+import weakref
 from typing import Any, Dict, List, Tuple
 
 from .._errors import WaitTimeoutError
@@ -33,6 +38,11 @@ def _dtensor_type() -> Any:
         return None
 
 
+class _Staged(dict):
+    """The staged state (a dict that can be watched: its buffers are free
+    again once DCP drops it, whatever became of its save)."""
+
+
 class Staging:
     """A pool of staging tensors, by position in the state and by (dtype,
     shape, pinned)."""
@@ -42,23 +52,38 @@ class Staging:
         self.released = threading.Event()
         self.released.set()
         self.lock = threading.Lock()
+        # Which staging the buffers hold: a late release of an older one
+        # never frees the current one.
+        self.generation = 0
 
     def wait_released(self, timeout: float) -> None:
+        if self.released.is_set():
+            return
+        # A failed save's staged state may be kept only by reference
+        # cycles (its exception's traceback): collect them first.
+        gc.collect()
         if not self.released.wait(timeout):
             raise WaitTimeoutError(
                 f"the previous async_save's staged state was not written within {timeout:.0f} s; "
                 "wait for its future before the next save"
             )
 
-    def release(self) -> None:
-        self.released.set()
+    def release(self, generation: int = -1) -> None:
+        """The buffers may be reused (``generation``: only if they still
+        hold that staging; -1: the current one)."""
+        with self.lock:
+            if generation in (-1, self.generation):
+                self.released.set()
 
     def stage(self, state: Any, timeout: float = 600.0) -> Any:
         """A copy of ``state`` whose tensors live in reused buffers."""
         import torch
 
         self.wait_released(timeout)
-        self.released.clear()
+        with self.lock:
+            self.released.clear()
+            self.generation += 1
+            generation = self.generation
         try:
             dt = _dtensor_type()
             used: List[Tuple[Any, ...]] = []
@@ -72,6 +97,9 @@ class Staging:
             for k in list(self.buffers):
                 if k not in keep:
                     del self.buffers[k]
+            if type(out) is dict:
+                out = _Staged(out)
+                weakref.finalize(out, self.release, generation)
             return out
         except BaseException:
             self.released.set()
