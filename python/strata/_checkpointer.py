@@ -140,6 +140,11 @@ class Checkpointer:
     # -- properties -------------------------------------------------------
 
     @property
+    def closed(self) -> bool:
+        """True once ``close`` was called."""
+        return getattr(self, "_closed", False)
+
+    @property
     def rank(self) -> int:
         return int(self.config["rank"])
 
@@ -441,6 +446,7 @@ class Checkpointer:
         raises an earlier save's background failure that no handle
         reported. Idempotent."""
         _OPEN.discard(self)
+        self._closed = True
         self._native.close()
 
     def __enter__(self) -> "Checkpointer":

@@ -121,15 +121,19 @@ def test_a_rank_that_died_after_its_vote_is_rolled_forward_and_one_lost_is_an_er
     # Rank 1 died after its vote, before its commit record: the step is
     # decided (rank 0's record), rank 1's manifest is on L1 without one.
     os.remove(os.path.join(step_dir, "c-1"))
-    found = load(2, out, settings, wait_s=1.0)
+    found = load(2, out, settings, wait_s=2.0, roll_after_s=0.5)
     all_equal(found, 2)
     assert all(f["step"] == 6 for f in found.values()), found
     assert os.path.exists(os.path.join(step_dir, "c-1")), "the reader rolled rank 1 forward"
     # Rank 1's shard is gone from every tier: an error naming it, never zeros.
     os.remove(os.path.join(step_dir, "c-1"))
     os.remove(os.path.join(step_dir, "m-1"))
-    found = load(2, out, settings, step=6, wait_s=1.0)
+    found = load(2, out, settings, step=6, wait_s=1.0, roll_after_s=0.5)
     assert all("ranks [1] of 2" in f.get("error", "") for f in found.values()), found
+    # Without a step: step 6 lacks a rank everywhere, so the newest
+    # complete one is read (none here: an error saying why, never zeros).
+    found = load(2, out, settings, wait_s=1.0, roll_after_s=0.5)
+    assert all("NotFoundError" in f.get("error", "") and "step 6: ranks [1]" in f["error"] for f in found.values()), found
 
 
 def test_loads_from_the_peers_or_l3_alone_and_a_damaged_chunk_from_another_tier(tmp_path, l1, job, peer, monkeypatch):

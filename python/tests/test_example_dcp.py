@@ -81,7 +81,10 @@ def test_fsdp2_loop_killed_resumes_bit_for_bit_at_4_ranks_and_reshards_to_2(tmp_
     assert m and 70 <= int(m.group(1)) <= 75 + 10, out
     got = curve(d)
     assert len(got) == STEPS and got[: int(m.group(1))] == want[: int(m.group(1))]
-    # Summed in another order by 2 ranks: equal up to float rounding.
+    # Summed in another order by 2 ranks: equal up to float rounding, for
+    # every step after the resume (they depend on the restored AdamW
+    # moments, step count and LR schedule, not only on the weights).
     first = int(m.group(1))
-    a, b = float.fromhex(got[first][1]), float.fromhex(want[first][1])
-    assert abs(a - b) <= 1e-4 * abs(b), (got[first], want[first])
+    for i in range(first, STEPS):
+        a, b = float.fromhex(got[i][1]), float.fromhex(want[i][1])
+        assert abs(a - b) <= 1e-3 * abs(b), (i + 1, got[i], want[i])

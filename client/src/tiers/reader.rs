@@ -411,15 +411,24 @@ impl ShardReader {
     ) -> crate::Result<RangeStats> {
         let mut at = 0usize;
         let len = dst.len() as u64;
-        self.read_range_with(name, offset, len, |src| {
-            // The parts cover exactly `len` bytes, in order (checked
-            // against the entry's length above), so this never overruns.
-            if let Some(to) = dst.get_mut(at..at + src.len()) {
-                to.copy_from_slice(src);
-            }
-            at += src.len();
-        })
-        .await
+        let stats = self
+            .read_range_with(name, offset, len, |src| {
+                // The parts cover exactly `len` bytes, in order (checked
+                // against the entry's length), so this never overruns.
+                if let Some(to) = dst.get_mut(at..at + src.len()) {
+                    to.copy_from_slice(src);
+                }
+                at += src.len();
+            })
+            .await?;
+        if at != dst.len() {
+            return Err(crate::Error::Manifest {
+                step: self.manifest.info.step,
+                rank: self.manifest.info.rank,
+                reason: format!("{name:?}: {at} bytes read for {} asked", dst.len()),
+            });
+        }
+        Ok(stats)
     }
 
     /// Reads the range, handing each verified piece to `sink` in order.

@@ -45,10 +45,15 @@ class StorageReader(_DcpReader):
     (its tensors, DTensor shards placed by their recorded layout).
 
     Every rank of the step must be committed: a rank whose commit record
-    is not (yet) in any tier is waited for up to ``wait_s`` seconds (the
-    records of a step follow its vote by milliseconds), then an
-    ``UnavailableError`` names it. A damaged chunk is read from another
-    tier, or is a ``CorruptError``; nothing is ever filled with zeros.
+    is not (yet) in any tier is waited for (the records of a step follow
+    its vote by milliseconds); after ``roll_forward_after_s`` it is rolled
+    forward where a tier holds its manifest (it died after its vote);
+    after ``wait_s`` an explicit step is an ``UnavailableError`` naming it,
+    and the newest step is passed over for the next older one. Without a
+    ``checkpoint_id`` each rank picks the newest step itself: while
+    another job is saving steps, pass the step. A damaged chunk is read
+    from another tier, or is a ``CorruptError``; nothing is ever filled
+    with zeros.
     """
 
     def __init__(
@@ -57,6 +62,7 @@ class StorageReader(_DcpReader):
         checkpoint_id: Any = None,
         *,
         wait_s: float = 30.0,
+        roll_forward_after_s: float = 10.0,
         threads: int = 8,
         **settings: Any,
     ) -> None:
@@ -65,6 +71,7 @@ class StorageReader(_DcpReader):
         self._settings = dict(settings)
         self._step = parse_step(checkpoint_id)
         self._wait_s = float(wait_s)
+        self._roll_after_s = min(float(roll_forward_after_s), self._wait_s)
         self._threads = max(1, int(threads))
         self._catalog: Optional[Catalog] = None
         self._storage: Dict[Any, Any] = {}
@@ -80,11 +87,19 @@ class StorageReader(_DcpReader):
             "settings": self._settings,
             "step": self._step,
             "wait_s": self._wait_s,
+            "roll_forward_after_s": self._roll_after_s,
             "threads": self._threads,
         }
 
     def __setstate__(self, s: Dict[str, Any]) -> None:
-        self.__init__(s["config"], s["step"], wait_s=s["wait_s"], threads=s["threads"], **s["settings"])
+        self.__init__(
+            s["config"],
+            s["step"],
+            wait_s=s["wait_s"],
+            roll_forward_after_s=s["roll_forward_after_s"],
+            threads=s["threads"],
+            **s["settings"],
+        )
 
     @property
     def checkpoint_id(self) -> Optional[int]:
@@ -110,10 +125,16 @@ class StorageReader(_DcpReader):
             self._catalog.refresh()
         return self._catalog
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+    # No **kwargs: DCP (2.15) would then retry a failed read_metadata as
+    # ``read_metadata(rank=...)`` on that rank alone and have it skip the
+    # collectives the others run (a hang); a failure here fails every rank.
+    def read_metadata(self, *args: Any) -> Metadata:
         cat = self._cat()
-        step = self._step if self._step is not None else self._newest(cat)
-        world = self._complete(cat, step)
+        self._entries = {}
+        if self._step is not None:
+            step, world = self._step, self._complete(cat, self._step, must=True)
+        else:
+            step, world = self._newest(cat)
         first = min(cat.ranks(step))
         meta = cat.metadata(step, first)
         if DCP_KEY in meta:
@@ -133,47 +154,62 @@ class StorageReader(_DcpReader):
         self._read_step = step
         return md
 
-    def _newest(self, cat: Catalog) -> int:
-        """The newest decided step a DCP reader can load."""
+    def _newest(self, cat: Catalog) -> Tuple[int, int]:
+        """The newest decided step a DCP reader can load, every rank of it
+        committed (or rolled forward); a step with a rank no tier holds is
+        passed over for the next older one, as a restore does."""
+        passed: List[str] = []
         for step in sorted(cat.decided_steps(), reverse=True):
             ranks = cat.ranks(step)
             if not ranks:
                 continue
             meta = cat.metadata(step, min(ranks))
-            if DCP_KEY in meta or LAYOUT_KEY in meta or "strata.tree" in meta:
-                return step
+            if not (DCP_KEY in meta or LAYOUT_KEY in meta or "strata.tree" in meta):
+                continue
+            world = self._complete(cat, step, must=False)
+            if world is not None:
+                if passed:
+                    log.warning("reading step %s: newer steps lack ranks (%s)", step, "; ".join(passed))
+                return step, world
+            passed.append(f"step {step}: ranks {sorted(set(range(cat.world_size(step) or 0)) - set(cat.ranks(step)))}")
         failed = [f"{n}: {err}" for n, _, err in cat.tiers() if err]
         hint = f" (tiers that could not be listed: {'; '.join(failed)})" if failed else ""
         if failed:
             raise UnavailableError(f"no checkpoint found, and some tiers could not be listed{hint}")
-        raise NotFoundError(f"no checkpoint of job {self._settings.get('job', '?')!r} in any tier")
+        more = f" (steps lacking ranks in every tier: {'; '.join(passed)})" if passed else ""
+        raise NotFoundError(f"no complete checkpoint of job {self._settings.get('job', '?')!r} in any tier{more}")
 
-    def _complete(self, cat: Catalog, step: int) -> int:
-        """Waits until every rank of ``step`` is committed in some tier;
-        returns the world size."""
-        deadline = time.monotonic() + self._wait_s
+    def _complete(self, cat: Catalog, step: int, must: bool) -> Optional[int]:
+        """Waits until every rank of ``step`` is committed in some tier and
+        returns the world size. A rank still missing after
+        ``roll_forward_after_s`` (its record trails the vote by
+        milliseconds: it died after voting) is rolled forward where a tier
+        holds its manifest. Still missing after ``wait_s``: an error
+        (``must``) or None."""
+        start = time.monotonic()
         rolled: Dict[int, List[Any]] = {}
         while True:
             world = cat.world_size(step)
             ranks = set(cat.ranks(step))
             if world is not None and ranks >= set(range(world)):
                 return world
-            if world is not None and not rolled:
-                # The step is decided (a record names its world size): a
-                # rank that died after its vote holds its manifest without
-                # a record; roll it forward where a tier holds it (a rank
-                # still writing its record meanwhile is fine: the record
-                # is the same).
+            waited = time.monotonic() - start
+            if world is not None and not rolled and waited >= self._roll_after_s:
+                # The step is decided (a record names its world size). Not
+                # sooner: a live commit writing its record meanwhile would
+                # find the reader's in its place.
                 for r in sorted(set(range(world)) - ranks):
                     rolled[r] = cat.roll_forward(step, r)
                 if any(err is None for got in rolled.values() for _, err in got):
                     log.warning("step %s: rolled forward %s", step, {r: g for r, g in rolled.items() if g})
                     cat.refresh()
                     continue
-            if time.monotonic() >= deadline:
+            if waited >= self._wait_s:
                 break
             time.sleep(0.05)
             cat.refresh()
+        if not must:
+            return None
         if world is None:
             if step in cat.steps() or step in cat.decided_steps():
                 raise InvalidError(f"step {step} has no commit record naming its world size")
@@ -260,6 +296,7 @@ class StorageReader(_DcpReader):
         # A range read straight into its destination: one tensor item
         # wanting the whole stored chunk, into contiguous CPU memory of the
         # same dtype.
+        direct_at = set()
         for r in ranges:
             if len(r.reqs) == 1 and r.reqs[0][1].type != LoadItemType.BYTE_IO:
                 req = r.reqs[0][1]
@@ -273,7 +310,11 @@ class StorageReader(_DcpReader):
                     and target.is_contiguous()
                     and STRATA_TO_TORCH.get(dtype) == str(target.dtype).replace("torch.", "")
                     and target.numel() * target.element_size() == length
+                    and (length == 0 or target.data_ptr() not in direct_at)
                 ):
+                    # (Tied weights: two targets over one memory are filled
+                    # by copy, never by two reads into the same bytes.)
+                    direct_at.add(target.data_ptr())
                     r.direct = target.view(-1).view(torch.uint8) if length else target
 
         with ThreadPoolExecutor(max_workers=min(self._threads, max(1, len(ranges)))) as pool:

@@ -9,24 +9,21 @@ previous save (pinned when the source is on a GPU), so a save blocks only
 for a warm copy. The copy is taken before ``async_save`` returns: tensors
 changed right after it never reach the checkpoint.
 
-The buffers are reused: the next ``stage`` waits until the previous
-staged state was written into Strata's own staging (with the thread
-executor the writer says so; with the process executor, wait for the
-previous ``async_save`` future first, as with DCP's cached staging). A
-save that failed before it wrote anything (a refused step, a rank that
-failed while planning) releases them too, once DCP lets go of its staged
-state: a failed save never blocks the next one.
+The buffers are reused once the previous staged state was written into
+Strata's own staging (with the thread executor the writer says so), or
+DCP dropped it (the process executor's save finished; a save that failed
+before it wrote anything and whose error is no longer referenced). While
+they are still held, the next ``stage`` copies into fresh buffers instead:
+it never waits, and never overwrites a state a save may still read.
 """
 
 from __future__ import annotations
 
 import copy
 import gc
-import threading
 import weakref
 from typing import Any, Dict, List, Tuple
 
-from .._errors import WaitTimeoutError
 
 
 def _dtensor_type() -> Any:
@@ -45,67 +42,50 @@ class _Staged(dict):
 
 class Staging:
     """A pool of staging tensors, by position in the state and by (dtype,
-    shape, pinned)."""
+    shape, pinned). Never blocks: when the previous staged state is still
+    held (its save has not copied it yet, or a failed save's error still
+    references it), this one goes to fresh buffers, which become the pool."""
 
     def __init__(self) -> None:
         self.buffers: Dict[Tuple[Any, ...], Any] = {}
-        self.released = threading.Event()
-        self.released.set()
-        self.lock = threading.Lock()
-        # Which staging the buffers hold: a late release of an older one
-        # never frees the current one.
+        # Which staging the pool's buffers hold, and whether it may be
+        # overwritten. Plain attributes (set under the GIL), no lock: the
+        # release may come from a finalizer run by the garbage collector
+        # on any thread, at any point.
         self.generation = 0
+        self.released = True
+        # Stagings not yet written, oldest first (the writer releases them
+        # in the order DCP writes them).
+        self.pending: List[int] = []
 
-    def wait_released(self, timeout: float) -> None:
-        if self.released.is_set():
-            return
-        # A failed save's staged state may be kept only by reference
-        # cycles (its exception's traceback): collect them first.
-        gc.collect()
-        if not self.released.wait(timeout):
-            raise WaitTimeoutError(
-                f"the previous async_save's staged state was not written within {timeout:.0f} s; "
-                "wait for its future before the next save"
-            )
+    def release(self, generation: int) -> None:
+        """Staging ``generation`` was written (or dropped)."""
+        if generation in self.pending:
+            self.pending.remove(generation)
+        if generation == self.generation:
+            self.released = True
 
-    def release(self, generation: int = -1) -> None:
-        """The buffers may be reused (``generation``: only if they still
-        hold that staging; -1: the current one)."""
-        with self.lock:
-            if generation in (-1, self.generation):
-                self.released.set()
+    def release_oldest(self) -> None:
+        """The oldest staging not yet written was written."""
+        if self.pending:
+            self.release(self.pending[0])
 
-    def stage(self, state: Any, timeout: float = 600.0) -> Any:
+    def stage(self, state: Any) -> Any:
         """A copy of ``state`` whose tensors live in reused buffers."""
         import torch
 
-        self.wait_released(timeout)
-        with self.lock:
-            self.released.clear()
-            self.generation += 1
-            generation = self.generation
-        try:
-            dt = _dtensor_type()
-            used: List[Tuple[Any, ...]] = []
-            out = self._copy(state, (), torch, dt, used)
-            # Copies to pinned memory were queued without blocking: wait
-            # for them before the caller may change the sources.
-            if any(k[-1] for k in used) and torch.cuda.is_available():
-                torch.cuda.synchronize()
-            # Buffers of tensors no longer in the state are freed.
-            keep = set(used)
-            for k in list(self.buffers):
-                if k not in keep:
-                    del self.buffers[k]
-            if type(out) is dict:
-                out = _Staged(out)
-                weakref.finalize(out, self.release, generation)
-            return out
-        except BaseException:
-            self.released.set()
-            raise
-
-    def _buffer(self, path: Tuple[Any, ...], t: Any, torch: Any, used: List[Tuple[Any, ...]]) -> Any:
+        if not self.released:
+            # A failed save's staged state may be kept only by reference
+            # cycles (its exception's traceback): collect them first.
+            gc.collect()
+        if not self.released:
+            # Still held: never overwritten, never waited for.
+            self.buffers = {}
+        self.generation += 1
+        generation = self.generation
+        self.released = False
+        self.pending.append(generation)
+        try:    def _buffer(self, path: Tuple[Any, ...], t: Any, torch: Any, used: List[Tuple[Any, ...]]) -> Any:
         pinned = t.device.type == "cuda"
         key = (path, t.dtype, tuple(t.shape), pinned)
         buf = self.buffers.get(key)

@@ -18,6 +18,7 @@ from torch.futures import Future
 
 from .._arrays import TORCH_TO_STRATA, torch_dtype_name, torch_entry
 from .._checkpointer import Checkpointer, SaveHandle, _sync_devices
+from .._dist import torch_world
 from .._errors import ConflictError, InvalidError, StrataError
 from ._names import (
     COORDINATOR_KEY,
@@ -44,10 +45,14 @@ _OPEN_LOCK = threading.Lock()
 
 
 def _checkpointer(config: Optional[str], settings: Dict[str, Any]) -> Checkpointer:
-    key = json.dumps([config, settings], sort_keys=True, default=str)
+    # The world it joins is part of the key: a world of one (no_dist)
+    # and the job's ranks are two checkpointers.
+    world = torch_world()
+    where = None if world is None else (world[0], world[1])
+    key = json.dumps([config, settings, where], sort_keys=True, default=str)
     with _OPEN_LOCK:
         c = _OPEN.get(key)
-        if c is None or getattr(c, "_closed", False):
+        if c is None or c.closed:
             c = Checkpointer(config, **settings)
             _OPEN[key] = c
         return c
@@ -235,7 +240,7 @@ class StorageWriter(_DcpWriter, AsyncStager):
                 del keep
         finally:
             if not self._coordinator:
-                self._staging.release()
+                self._staging.release_oldest()
         fut: Future = Future()
         fut.set_result(results)
         return fut
@@ -261,7 +266,7 @@ class StorageWriter(_DcpWriter, AsyncStager):
             del keep
         finally:
             self._deferred = None
-            self._staging.release()
+            self._staging.release_oldest()
         # The commit: every rank voted its shard durable on L1.
         handle.wait("l1")
 
