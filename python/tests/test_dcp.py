@@ -307,3 +307,51 @@ def test_a_failed_async_save_never_blocks_the_next_one(settings):
     back = {"a": torch.zeros(64, 64)}
     dcp.load(back, storage_reader=StorageReader(checkpoint_id=6, **settings), no_dist=True)
     assert torch.equal(back["a"], state["a"])
+
+
+def test_two_async_saves_back_to_back_each_keep_their_own_state(settings):
+    import torch.distributed.checkpoint as dcp
+
+    from strata.dcp import StorageReader, StorageWriter
+
+    writer = StorageWriter(**settings)
+    state = {"a": torch.randn(256, 256), "b": torch.arange(1000)}
+    first = {k: v.clone() for k, v in state.items()}
+    f1 = dcp.async_save(state, checkpoint_id=7, storage_writer=writer, no_dist=True)
+    # Not waiting for the first: its staged copy may still be unread, so
+    # the second must not reuse its buffers.
+    with torch.no_grad():
+        state["a"].mul_(-1)
+        state["b"].add_(5)
+    f2 = dcp.async_save(state, checkpoint_id=8, storage_writer=writer, no_dist=True)
+    f1.result(timeout=60)
+    f2.result(timeout=60)
+    for step, want in ((7, first), (8, state)):
+        back = {"a": torch.zeros(256, 256), "b": torch.zeros(1000, dtype=torch.int64)}
+        dcp.load(back, storage_reader=StorageReader(checkpoint_id=step, **settings), no_dist=True)
+        assert torch.equal(back["a"], want["a"]) and torch.equal(back["b"], want["b"]), step
+
+
+def test_staging_reuses_buffers_only_once_the_previous_state_is_released():
+    from strata.dcp._stager import Staging
+
+    s = Staging()
+    a = s.stage({"w": torch.ones(4)})
+    # Not released yet (no write, still referenced): fresh buffers.
+    b = s.stage({"w": torch.full((4,), 2.0)})
+    assert a["w"].data_ptr() != b["w"].data_ptr() and torch.equal(a["w"], torch.ones(4))
+    # A late release of the older staging frees nothing newer.
+    s.release(1)
+    c = s.stage({"w": torch.full((4,), 3.0)})
+    assert c["w"].data_ptr() not in (a["w"].data_ptr(), b["w"].data_ptr())
+    # Written (the writer releases in order): the next reuses the buffers.
+    s.release_oldest()
+    s.release_oldest()
+    ptr = c["w"].data_ptr()
+    d = s.stage({"w": torch.full((4,), 4.0)})
+    assert d["w"].data_ptr() == ptr and torch.equal(d["w"], torch.full((4,), 4.0))
+    # Dropped by DCP (a failed save): released too.
+    ptr = d["w"].data_ptr()
+    del a, b, c, d
+    e = s.stage({"w": torch.full((4,), 5.0)})
+    assert e["w"].data_ptr() == ptr

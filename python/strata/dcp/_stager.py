@@ -85,7 +85,28 @@ class Staging:
         generation = self.generation
         self.released = False
         self.pending.append(generation)
-        try:    def _buffer(self, path: Tuple[Any, ...], t: Any, torch: Any, used: List[Tuple[Any, ...]]) -> Any:
+        try:
+            dt = _dtensor_type()
+            used: List[Tuple[Any, ...]] = []
+            out = self._copy(state, (), torch, dt, used)
+            # Copies to pinned memory were queued without blocking: wait
+            # for them before the caller may change the sources.
+            if any(k[-1] for k in used) and torch.cuda.is_available():
+                torch.cuda.synchronize()
+            # Buffers of tensors no longer in the state are freed.
+            keep = set(used)
+            for k in list(self.buffers):
+                if k not in keep:
+                    del self.buffers[k]
+            if type(out) is dict:
+                out = _Staged(out)
+                weakref.finalize(out, self.release, generation)
+            return out
+        except BaseException:
+            self.release(generation)
+            raise
+
+    def _buffer(self, path: Tuple[Any, ...], t: Any, torch: Any, used: List[Tuple[Any, ...]]) -> Any:
         pinned = t.device.type == "cuda"
         key = (path, t.dtype, tuple(t.shape), pinned)
         buf = self.buffers.get(key)

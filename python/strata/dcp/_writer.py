@@ -94,11 +94,22 @@ class StorageWriter(_DcpWriter, AsyncStager):
 
     def _init_runtime(self) -> None:
         self._ckpt: Optional[Checkpointer] = None
-        self._coordinator = False
-        self._deferred: Optional[Tuple[List[tuple], List[Any], Dict[str, str]]] = None
+        # What one save knows (its step, whether this rank coordinates it,
+        # the coordinator's entries held for finish): per thread, because
+        # DCP runs each save, from its reset to its finish, on one thread,
+        # and two async saves through one writer run on two.
+        self._tls = threading.local()
         self._pending: Optional[SaveHandle] = None
         self._staging = Staging()
-        self._save_id = uuid.uuid4().hex
+
+    def _save(self) -> Any:
+        t = self._tls
+        if not hasattr(t, "step"):
+            t.step = self._step
+            t.coordinator = False
+            t.deferred = None
+            t.save_id = uuid.uuid4().hex
+        return t
 
     # The process executor pickles the writer into its daemon process,
     # which opens its own checkpointer there.
@@ -123,22 +134,23 @@ class StorageWriter(_DcpWriter, AsyncStager):
 
     @property
     def checkpoint_id(self) -> Optional[int]:
-        """The step this writer saves."""
-        return self._step
+        """The step this writer saves (on this thread)."""
+        return self._save().step
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return is_step(checkpoint_id)
 
     def reset(self, checkpoint_id: Any = None) -> None:
-        if checkpoint_id is not None:
-            self._step = parse_step(checkpoint_id)
-        self._deferred = None
-        self._save_id = uuid.uuid4().hex
+        t = self._save()
+        t.step = parse_step(checkpoint_id) if checkpoint_id is not None else self._step
+        t.deferred = None
+        t.save_id = uuid.uuid4().hex
 
     def storage_meta(self) -> Optional[StorageMeta]:
         job = self._settings.get("job", "")
-        return StorageMeta(checkpoint_id=f"strata:{job}/{self._step}", save_id=self._save_id)
+        t = self._save()
+        return StorageMeta(checkpoint_id=f"strata:{job}/{t.step}", save_id=t.save_id)
 
     # -- staging ----------------------------------------------------------
 
@@ -158,7 +170,7 @@ class StorageWriter(_DcpWriter, AsyncStager):
     # -- the save ---------------------------------------------------------
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        self._coordinator = bool(is_coordinator)
+        self._save().coordinator = bool(is_coordinator)
         self._settle()
         if self._ckpt is None:
             self._ckpt = _checkpointer(self._config, self._settings)
@@ -177,11 +189,12 @@ class StorageWriter(_DcpWriter, AsyncStager):
         # Everything that could make a rank refuse is checked here, while
         # planning, before any rank has started a save (a save that started
         # waits at the commit barrier for every rank).
-        if self._step is None:
+        step = self._save().step
+        if step is None:
             raise InvalidError("no step to save: pass checkpoint_id (the step) to dcp.save")
         ckpt = self._need()
-        if self._step in ckpt.steps():
-            raise ConflictError(f"step {self._step} is already committed by rank {ckpt.rank}")
+        if step in ckpt.steps():
+            raise ConflictError(f"step {step} is already committed by rank {ckpt.rank}")
         for item in plan.items:
             if item.type != WriteItemType.BYTE_IO and item.tensor_data is not None:
                 dt = torch_dtype_name(item.tensor_data.properties.dtype)
@@ -195,7 +208,8 @@ class StorageWriter(_DcpWriter, AsyncStager):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         ckpt = self._need()
-        step = self._step
+        t = self._save()
+        step = t.step
         if step is None:
             raise InvalidError("no step to save: pass checkpoint_id (the step) to dcp.save")
         try:
@@ -229,17 +243,17 @@ class StorageWriter(_DcpWriter, AsyncStager):
                 COORDINATOR_KEY: str(int(coordinator)),
                 LAYOUT_KEY: layout_json(places),
             }
-            if self._coordinator:
+            if t.coordinator:
                 # The coordinator's shard also holds .metadata, known only
                 # at finish: its save waits until then (its data is stable:
                 # dcp.save has not returned, async_save saves a staged copy).
-                self._deferred = (entries, keep, md)
+                t.deferred = (entries, keep, md)
             else:
                 _sync_devices(entries)
                 self._pending = SaveHandle(ckpt._native.save(int(step), entries, md))
                 del keep
         finally:
-            if not self._coordinator:
+            if not t.coordinator:
                 self._staging.release_oldest()
         fut: Future = Future()
         fut.set_result(results)
@@ -247,7 +261,8 @@ class StorageWriter(_DcpWriter, AsyncStager):
 
     def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
         ckpt = self._need()
-        step = self._step
+        t = self._save()
+        step = t.step
         try:
             storage: Dict[Any, Any] = {}
             for rank_results in results:
@@ -257,7 +272,7 @@ class StorageWriter(_DcpWriter, AsyncStager):
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = self.storage_meta()
             blob = dump_metadata(metadata)
-            entries, keep, md = self._deferred or ([], [], {DCP_KEY: DCP_VERSION, LAYOUT_KEY: "{}"})
+            entries, keep, md = t.deferred or ([], [], {DCP_KEY: DCP_VERSION, LAYOUT_KEY: "{}"})
             md = dict(md)
             md[COORDINATOR_KEY] = str(ckpt.rank)
             entries = entries + [(METADATA_ENTRY, None, None, blob)]
@@ -265,7 +280,7 @@ class StorageWriter(_DcpWriter, AsyncStager):
             handle = SaveHandle(ckpt._native.save(int(step), entries, md))
             del keep
         finally:
-            self._deferred = None
+            t.deferred = None
             self._staging.release_oldest()
         # The commit: every rank voted its shard durable on L1.
         handle.wait("l1")
@@ -276,4 +291,4 @@ class StorageWriter(_DcpWriter, AsyncStager):
         return self._ckpt
 
     def __repr__(self) -> str:
-        return f"strata.dcp.StorageWriter(step={self._step}, settings={self._settings!r})"
+        return f"strata.dcp.StorageWriter(step={self._save().step}, settings={self._settings!r})"
