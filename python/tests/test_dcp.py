@@ -133,7 +133,7 @@ def test_a_rank_that_died_after_its_vote_is_rolled_forward_and_one_lost_is_an_er
     # Without a step: step 6 lacks a rank everywhere, so the newest
     # complete one is read (none here: an error saying why, never zeros).
     found = load(2, out, settings, wait_s=1.0, roll_after_s=0.5)
-    assert all("NotFoundError" in f.get("error", "") and "step 6: ranks [1]" in f["error"] for f in found.values()), found
+    assert all("no complete checkpoint" in f.get("error", "") and "step 6: ranks [1]" in f["error"] for f in found.values()), found
 
 
 def test_loads_from_the_peers_or_l3_alone_and_a_damaged_chunk_from_another_tier(tmp_path, l1, job, peer, monkeypatch):
@@ -191,13 +191,17 @@ def test_fsdp2_model_and_adamw_state_round_trip_through_get_and_set_state_dict(t
     found = fsdp(2, out, settings, save=True, step=30)
     all_equal(found, 2)
     want = found[0]
-    for world in (2, 4):
+    for world in (2, 4, 1):
         found = fsdp(world, out, settings, step=30)
         all_equal(found, world)
+        # The whole model and AdamW state, gathered, equals what was saved.
+        assert all(f["state_equal"] for f in found.values()), found
         for f in found.values():
             assert f["loss"] == want["loss"], (world, f, want)
             if world == 2:
                 assert f["next_loss"] == want["next_loss"], (world, f, want)
+            elif world == 1:
+                continue
             else:
                 # Gradients reduced over 4 ranks round differently.
                 assert abs(f["next_loss"] - want["next_loss"]) <= 1e-5 * abs(want["next_loss"]), (world, f, want)

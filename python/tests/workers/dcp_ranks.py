@@ -223,6 +223,17 @@ def native_rank(rank: int, world: int, port: int, args: Dict[str, Any]) -> None:
     _done(args, "native", rank, found)
 
 
+def _gathered(msd: Dict[str, Any], osd: Dict[str, Any]) -> Dict[str, Any]:
+    """Every tensor of a model and optimizer state dict, whole."""
+    out: Dict[str, Any] = {}
+    for k, v in msd.items():
+        out["model." + k] = full(v)
+    for p, st in osd["state"].items():
+        for k, v in st.items():
+            out[f"optim.{p}.{k}"] = full(v)
+    return out
+
+
 def fsdp_rank(rank: int, world: int, port: int, args: Dict[str, Any]) -> None:
     """A small model under FSDP2 with AdamW: trains 3 steps and saves
     (``args["save"]``), or loads; either way records the loss on a fixed
@@ -260,12 +271,22 @@ def fsdp_rank(rank: int, world: int, port: int, args: Dict[str, Any]) -> None:
             for _ in range(3):
                 step()
             msd, osd = get_state_dict(model, opt)
+            if rank == 0:
+                torch.save(_gathered(msd, osd), os.path.join(args["out"], "fsdp-state.pt"))
+            else:
+                _gathered(msd, osd)  # (a collective: every rank takes part)
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=args["step"], storage_writer=StorageWriter(**args["settings"]))
         else:
+            # A first step creates AdamW's state (as a resumed loop would).
+            step()
             msd, osd = get_state_dict(model, opt)
             sd = {"model": msd, "optim": osd}
             dcp.load(sd, storage_reader=StorageReader(checkpoint_id=args["step"], **args["settings"]))
             set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+            msd, osd = get_state_dict(model, opt)
+            now = _gathered(msd, osd)
+            saved = torch.load(os.path.join(args["out"], "fsdp-state.pt"))
+            found["state_equal"] = sorted(now) == sorted(saved) and all(torch.equal(now[k], saved[k]) for k in saved)
         with torch.no_grad():
             found["loss"] = float(torch.nn.functional.mse_loss(model(x), y))
         # One more AdamW step uses the optimizer's restored moments.
