@@ -27,6 +27,8 @@ import tempfile
 import time
 from typing import Any, Dict
 
+from python_bench import evict  # the same eviction as the other Python bench
+
 
 def parse_size(s: str) -> int:
     s = s.strip().lower()
@@ -78,21 +80,6 @@ def _timed(fn: Any) -> float:
     t0 = time.perf_counter()
     fn()
     return _slowest(time.perf_counter() - t0)
-
-
-def evict(path: str) -> None:
-    """Drops ``path``'s files from the page cache (fsync first)."""
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                fd = os.open(os.path.join(root, f), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
-            except OSError:
-                pass
 
 
 def _bump(state: Dict[str, Any]) -> None:

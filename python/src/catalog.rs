@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use strata::format::EntryKind;
 use strata::tiers::{Catalog, Held, ShardReader, Tiers};
 
+use crate::checkpointer::host_range;
 use crate::config::build;
 use crate::errors::{invalid, to_py, IntoPy};
 use crate::logs::drain;
@@ -151,11 +152,7 @@ impl PyCatalog {
     /// The world size that saved `step`, as its commit records say (None
     /// if no tier holds a record of it).
     fn world_size(&self, step: u64) -> PyResult<Option<u32>> {
-        let cat = self.listing()?;
-        Ok(cat
-            .listings()
-            .iter()
-            .find_map(|l| cat.info(&l.tier, step).and_then(|i| i.world_size())))
+        Ok(self.listing()?.world_size(step))
     }
 
     /// Rolls rank `rank`'s shard of the decided `step` forward: in each
@@ -173,46 +170,12 @@ impl PyCatalog {
     ) -> PyResult<Vec<(String, Option<String>)>> {
         let cat = self.listing()?.clone();
         let tiers = &self.tiers;
-        let out = py.detach(|| {
-            // The proof the step was decided: another rank's record, which
-            // also gives the world size.
-            let Some(world) = cat.listings().iter().find_map(|l| {
-                let rec = cat.info(&l.tier, step)?.records.values().next()?;
-                Some(rec.world_size)
-            }) else {
-                return Vec::new();
-            };
-            if rank >= world {
-                return Vec::new();
-            }
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
-            let mut out = Vec::new();
-            for l in cat.listings() {
-                let Some(info) = cat.info(&l.tier, step) else {
-                    continue;
-                };
-                if !info.manifests.contains(&rank)
-                    || info.committed_ranks().contains(&rank)
-                    || info.retiring.contains(&rank)
-                {
-                    continue;
-                }
-                let r = tiers.block_on(strata::roll_forward::commit_decided(
-                    l.tier.store.as_ref(),
-                    tiers.job(),
-                    step,
-                    rank,
-                    world,
-                    now,
-                ));
-                out.push((l.tier.name.clone(), r.err().map(|e| e.to_string())));
-            }
-            out
-        });
+        let out = py.detach(|| tiers.roll_forward(&cat, step, rank));
         drain(py);
-        Ok(out)
+        Ok(out
+            .into_iter()
+            .map(|(t, r)| (t, r.err().map(|e| e.to_string())))
+            .collect())
     }
 
     /// The ranks of `step` committed in some tier.
@@ -342,14 +305,7 @@ impl PyCatalog {
         length: u64,
         repair: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let ptr = usize::try_from(address).map_err(|_| invalid("address out of range"))?;
-        let len = usize::try_from(length)
-            .ok()
-            .filter(|&l| l <= isize::MAX as usize)
-            .ok_or_else(|| invalid("length out of range"))?;
-        if ptr == 0 && len > 0 {
-            return Err(invalid("null address"));
-        }
+        let (ptr, len) = host_range(name, address, length)?;
         let r = self.reader(py, step, rank, repair)?;
         let tiers = &self.tiers;
         let got = py.detach(|| {

@@ -34,7 +34,7 @@ struct Parsed<'py> {
 
 /// Host memory named from Python: an address and length that fit this
 /// machine, at most `isize::MAX` long, and not null unless empty.
-fn host_range(name: &str, ptr: u64, len: u64) -> PyResult<(usize, usize)> {
+pub(crate) fn host_range(name: &str, ptr: u64, len: u64) -> PyResult<(usize, usize)> {
     let ptr = usize::try_from(ptr).map_err(|_| invalid("address out of range"))?;
     let len = usize::try_from(len)
         .ok()

@@ -114,7 +114,9 @@ class Catalog:
         """Reads ``len(buffer)`` bytes of entry ``name`` from ``offset`` into
         ``buffer`` (a contiguous CPU tensor, a numpy array or a
         bytearray), verified, without a copy through Python bytes."""
-        ptr, length, pin = _writable(buffer)
+        from ._arrays import writable_host
+
+        ptr, length, pin = writable_host(buffer)
         try:
             stats = self._native.read_into(step, rank, name, offset, ptr, length, repair)
         finally:
@@ -142,37 +144,3 @@ class Catalog:
         return np.frombuffer(data, dtype=np.dtype(np_dtype).newbyteorder("<")).reshape(shape)
 
 
-
-def _writable(buffer: Any) -> Tuple[int, int, Any]:
-    """(address, length, an object to keep until the write is done) of a
-    writable, C-contiguous host buffer whose memory is all its own; an
-    ``InvalidError`` for anything else (a GPU tensor, a broadcast or
-    expanded view, a read-only array)."""
-    from ._errors import InvalidError
-
-    if isinstance(buffer, bytearray):
-        # The exported view keeps the bytearray from being resized.
-        view = memoryview(buffer)
-        if not buffer:
-            return 0, 0, view
-        import ctypes
-
-        c = (ctypes.c_char * len(buffer)).from_buffer(buffer)
-        return ctypes.addressof(c), len(buffer), (view, c)
-    if hasattr(buffer, "data_ptr"):
-        if buffer.device.type != "cpu":
-            raise InvalidError(f"read_into a {buffer.device} tensor: host memory only")
-        if not buffer.is_contiguous() or any(s == 0 for s, n in zip(buffer.stride(), buffer.shape) if n > 1):
-            raise InvalidError("read_into a non-contiguous (or expanded) tensor")
-        n = buffer.numel() * buffer.element_size()
-        end = buffer.storage_offset() * buffer.element_size() + n
-        if end > buffer.untyped_storage().nbytes():
-            raise InvalidError("read_into a tensor larger than its storage")
-        return int(buffer.data_ptr()), n, buffer
-    flags = getattr(buffer, "flags", None)
-    if flags is not None:
-        # (A broadcast view is read-only: refused here too.)
-        if not (flags["C_CONTIGUOUS"] and flags["WRITEABLE"]):
-            raise InvalidError("read_into a read-only or non-contiguous array")
-        return int(buffer.__array_interface__["data"][0]), int(buffer.nbytes), buffer
-    raise InvalidError(f"read_into a {type(buffer).__name__}: a CPU tensor, numpy array or bytearray")

@@ -71,28 +71,21 @@ class Leaf:
         self.path = path
 
 
-class _Flattener:
-    def __init__(self) -> None:
-        self.leaves: List[Leaf] = []
-        self.names: Dict[str, int] = {TREE_ENTRY: 1}
-        # One entry per distinct view: the same tensor object, or another
-        # object over the same memory with the same dtype, shape and strides
-        # (tied weights in a state_dict()).
-        self.seen: Dict[Any, str] = {}
-        # Keeps every object whose id() is in `seen` alive, so ids stay unique.
-        self.keep: List[Any] = []
-        # DTensor entries: their place in the global tensor.
-        self.layouts: Dict[str, Place] = {}
+class EntryNames:
+    """Entry names of one shard: valid Strata names (1-4096 bytes, no
+    control characters; anything else gets ``fallback``), unique (a name
+    taken already gets ``#1``, ``#2``, ...)."""
 
-    def name_for(self, path: Tuple[Any, ...]) -> str:
-        base = path_text(path)
-        # Entry names are 1-4096 bytes without control characters; a key
-        # that makes another name gets a generated one (the tree keeps the
-        # real path either way).
+    def __init__(self, reserved: Any = ()) -> None:
+        self.names: Dict[str, int] = {n: 1 for n in reserved}
+
+    def name(self, base: str, fallback: str) -> str:
+        # A key that makes another name gets a generated one (the caller
+        # keeps the real path or FQN either way).
         if not base or len(base.encode("utf-8", "surrogatepass")) > 4000 or any(
             ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in base
         ):
-            base = f"entry.{len(self.leaves)}"
+            base = fallback
         n = self.names.get(base, 0)
         self.names[base] = n + 1
         if n == 0:
@@ -103,6 +96,23 @@ class _Flattener:
             name = f"{base}#{n}"
         self.names[name] = 1
         return name
+
+
+class _Flattener:
+    def __init__(self) -> None:
+        self.leaves: List[Leaf] = []
+        self.entry_names = EntryNames({TREE_ENTRY})
+        # One entry per distinct view: the same tensor object, or another
+        # object over the same memory with the same dtype, shape and strides
+        # (tied weights in a state_dict()).
+        self.seen: Dict[Any, str] = {}
+        # Keeps every object whose id() is in `seen` alive, so ids stay unique.
+        self.keep: List[Any] = []
+        # DTensor entries: their place in the global tensor.
+        self.layouts: Dict[str, Place] = {}
+
+    def name_for(self, path: Tuple[Any, ...]) -> str:
+        return self.entry_names.name(path_text(path), f"entry.{len(self.leaves)}")
 
     def leaf(self, kind: str, value: Any, path: Tuple[Any, ...]) -> str:
         key = _view_key(kind, value)

@@ -59,9 +59,14 @@ def run_and_kill(d, ranks, at_line):
     while logged(d) < at_line and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     assert p.poll() is None, "the run ended before it could be killed"
-    # torchrun's workers may sit in sessions of their own: every process
-    # under it dies with it, as on a node that loses power (a survivor
-    # would go on writing into the directory the next run resumes from).
+    kill_all(p)
+
+
+def kill_all(p):
+    """SIGKILLs `p` (started with start_new_session) and every process
+    under it: torchrun's workers may sit in sessions of their own, and all
+    die as on a node that loses power (a survivor would go on writing into
+    the directory the next run resumes from)."""
     tree = descendants(p.pid)
     os.killpg(p.pid, signal.SIGKILL)
     for pid in tree:

@@ -8,12 +8,11 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
-from test_example import descendants, free_port
+from test_example import free_port, kill_all
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "train_fsdp_dcp.py")
 STEPS = 100
@@ -51,14 +50,7 @@ def run_and_kill(d, ranks, at_line):
     while logged(d) < at_line and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     assert p.poll() is None, "the run ended before it could be killed"
-    tree = descendants(p.pid)
-    os.killpg(p.pid, signal.SIGKILL)
-    for pid in tree:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    p.wait()
+    kill_all(p)
 
 
 def test_fsdp2_loop_killed_resumes_bit_for_bit_at_4_ranks_and_reshards_to_2(tmp_path):

@@ -135,6 +135,15 @@ impl Catalog {
             .collect()
     }
 
+    /// The world size that saved `step`, as the first readable commit
+    /// record of it says (None: no tier holds a record of it).
+    pub fn world_size(&self, step: u64) -> Option<u32> {
+        self.readable()
+            .flat_map(|(_, s)| s.iter())
+            .filter(|i| i.step == step)
+            .find_map(|i| i.world_size())
+    }
+
     /// `tier`'s listing of `step`.
     pub fn info(&self, tier: &Tier, step: u64) -> Option<&StepInfo> {
         self.steps_of(tier).iter().find(|i| i.step == step)

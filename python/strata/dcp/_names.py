@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 
 from .._errors import InvalidError
 from .._layout import LAYOUT_KEY, Place, layout_json, parse_layout
+from .._tree import EntryNames as _Names
 
 __all__ = ["LAYOUT_KEY", "Place", "layout_json", "parse_layout"]
 
@@ -62,24 +63,15 @@ def is_step(checkpoint_id: Any) -> bool:
 
 
 class EntryNames:
-    """Entry names of one shard: the FQN (with ``@`` and the chunk's
-    offsets for a piece of a tensor), unique within the shard, valid Strata
-    names (1-4096 bytes, no control characters)."""
+    """Entry names of one shard of a DCP checkpoint: the FQN, with ``@``
+    and the chunk's offsets for a piece of a tensor, made valid and unique
+    as every entry name is (``strata._tree.EntryNames``)."""
 
     def __init__(self) -> None:
-        self.used = {METADATA_ENTRY}
+        self.names = _Names({METADATA_ENTRY})
 
     def name(self, fqn: str, offsets: Optional[Sequence[int]] = None) -> str:
         base = fqn
         if offsets is not None and any(int(o) != 0 for o in offsets):
             base = f"{fqn}@{','.join(str(int(o)) for o in offsets)}"
-        if not base or len(base.encode("utf-8", "surrogatepass")) > 4000 or any(
-            ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in base
-        ):
-            base = f"item.{len(self.used)}"
-        name, n = base, 0
-        while name in self.used:
-            n += 1
-            name = f"{base}#{n}"
-        self.used.add(name)
-        return name
+        return self.names.name(base, f"item.{len(self.names.names)}")

@@ -365,11 +365,13 @@ class _Range:
         self.target: Any = None
 
 
-_SIZES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
-
-
 def _itemsize(dtype: str) -> int:
-    return _SIZES.get(dtype, 1)
+    """Bytes per element of a stored dtype (torch's own itemsize)."""
+    tn = STRATA_TO_TORCH.get(dtype)
+    td = getattr(torch, tn, None) if tn else None
+    if td is None:
+        raise InvalidError(f"stored dtype {dtype} has no torch dtype in this torch")
+    return int(td.itemsize)
 
 
 def _strides(shape: List[int]) -> List[int]:

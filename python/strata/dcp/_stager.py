@@ -20,7 +20,6 @@ it never waits, and never overwrites a state a save may still read.
 from __future__ import annotations
 
 import copy
-import gc
 import weakref
 from typing import Any, Dict, List, Tuple
 
@@ -75,11 +74,9 @@ class Staging:
         import torch
 
         if not self.released:
-            # A failed save's staged state may be kept only by reference
-            # cycles (its exception's traceback): collect them first.
-            gc.collect()
-        if not self.released:
-            # Still held: never overwritten, never waited for.
+            # Still held (its save has not copied it, or a failed save's
+            # error still references it): never overwritten, never waited
+            # for, and no garbage collection on the training loop's time.
             self.buffers = {}
         self.generation += 1
         generation = self.generation
