@@ -14,7 +14,7 @@ use strata_tiered::ChunkStore;
 use crate::coord::commit::{self, Committed, Decision};
 use crate::error::{Error, Result};
 use crate::shared::Shared;
-use crate::tiers::LoadedShard;
+use crate::tiers::{Catalog, LoadedShard, Tiers};
 
 /// Commits rank `rank`'s shard of a decided `step` in `tier`, where the
 /// tier holds its manifest without a record: checks the manifest (decodes,
@@ -158,4 +158,46 @@ pub(crate) fn settle_decided_before(
             tier: format!("by rank {by}; settling this rank's shard failed: {e}"),
         },
     }
+}
+
+/// Rolls rank `rank`'s shard of the decided `step` forward in every tier of
+/// `cat` that holds its manifest without a commit record (the rank died
+/// after its vote): [`commit_decided`] there, with the world size another
+/// rank's record gives. Returns, per tier tried, the outcome; nothing when
+/// the step is not decided. Used by readers that find a rank missing from
+/// a step every other rank committed (the DCP reader).
+pub fn roll_forward_rank(
+    tiers: &Tiers,
+    cat: &Catalog,
+    step: u64,
+    rank: u32,
+) -> Vec<(String, Result<()>)> {
+    let Some(world) = cat.world_size(step).filter(|&w| rank < w) else {
+        return Vec::new();
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut out = Vec::new();
+    for l in cat.listings() {
+        let Some(info) = cat.info(&l.tier, step) else {
+            continue;
+        };
+        if !info.manifests.contains(&rank)
+            || info.committed_ranks().contains(&rank)
+            || info.retiring.contains(&rank)
+        {
+            continue;
+        }
+        let r = tiers.block_on(commit_decided(
+            l.tier.store.as_ref(),
+            tiers.job(),
+            step,
+            rank,
+            world,
+            now,
+        ));
+        out.push((l.tier.name.clone(), r.map(|_| ())));
+    }
+    out
 }

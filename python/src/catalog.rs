@@ -170,7 +170,7 @@ impl PyCatalog {
     ) -> PyResult<Vec<(String, Option<String>)>> {
         let cat = self.listing()?.clone();
         let tiers = &self.tiers;
-        let out = py.detach(|| tiers.roll_forward(&cat, step, rank));
+        let out = py.detach(|| strata::roll_forward::roll_forward_rank(tiers, &cat, step, rank));
         drain(py);
         Ok(out
             .into_iter()

@@ -227,42 +227,6 @@ impl Tiers {
             .collect())
     }
 
-    /// Rolls rank `rank`'s shard of the decided `step` forward in every
-    /// tier of `cat` that holds its manifest without a commit record (the
-    /// rank died after its vote): [`crate::roll_forward::commit_decided`]
-    /// there, with the world size another rank's record gives. Returns,
-    /// per tier tried, the outcome; nothing when the step is not decided.
-    pub fn roll_forward(&self, cat: &Catalog, step: u64, rank: u32) -> Vec<(String, Result<()>)> {
-        let Some(world) = cat.world_size(step).filter(|&w| rank < w) else {
-            return Vec::new();
-        };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let mut out = Vec::new();
-        for l in cat.listings() {
-            let Some(info) = cat.info(&l.tier, step) else {
-                continue;
-            };
-            if !info.manifests.contains(&rank)
-                || info.committed_ranks().contains(&rank)
-                || info.retiring.contains(&rank)
-            {
-                continue;
-            }
-            let r = self.rt.block_on(crate::roll_forward::commit_decided(
-                l.tier.store.as_ref(),
-                &self.cfg.job,
-                step,
-                rank,
-                world,
-                now,
-            ));
-            out.push((l.tier.name.clone(), r.map(|_| ())));
-        }
-        out
-    }
-
     /// A reader of rank `rank`'s shard of `step`: the manifest from the
     /// fastest tier of `cat` with a good copy, each chunk from that tier,
     /// else from the next tier of `cat` that could be listed (fastest
