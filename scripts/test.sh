@@ -66,6 +66,16 @@ if [ "$(id -u)" = 0 ] && ip netns list >/dev/null 2>&1; then
   export STRATA_REQUIRE_NETNS=1
 fi
 
+log "fuse3 (the strata mount tests mount real FUSE file systems)"
+if ! command -v fusermount3 >/dev/null 2>&1; then
+  (apt-get install -y -qq fuse3 || (apt-get update -qq && apt-get install -y -qq fuse3)) >/dev/null \
+    || echo "fuse3 unavailable: the mount tests will say SKIPPED"
+fi
+# As root with /dev/fuse and fusermount3 the mount tests must run, not skip.
+if [ "$(id -u)" = 0 ] && [ -c /dev/fuse ] && command -v fusermount3 >/dev/null 2>&1; then
+  export STRATA_REQUIRE_FUSE=1
+fi
+
 log "python: a venv with torch (CPU use of the PyPI build), numpy, pytest; the strata package"
 # torch is ~5 GB: the venv lives outside the repo and is reused when present.
 VENV="${STRATA_VENV:-$HOME/.cache/strata/venv}"

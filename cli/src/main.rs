@@ -11,6 +11,7 @@ mod demo_cluster;
 mod diff;
 mod gc;
 mod ls;
+mod mount;
 mod out;
 mod peer;
 mod progress;
@@ -84,6 +85,15 @@ enum Command {
     Export(safetensors_io::ExportArgs),
     /// Make a checkpoint step from a safetensors file.
     Import(safetensors_io::ImportArgs),
+    /// Every step in every tier as a read-only file system (FUSE): each
+    /// rank's shard as a safetensors file and its entries as files, DCP
+    /// steps' whole tensors as model.safetensors.
+    Mount(mount::MountArgs),
+    /// Unmount a `strata mount`.
+    Umount(mount::UmountArgs),
+    /// (Internal) unmount a `strata mount` once its process is gone.
+    #[command(hide = true)]
+    UnmountWhenGone(mount::WatchArgs),
     /// The L2 peer service and its certificates.
     #[command(subcommand)]
     Peer(peer::PeerCmd),
@@ -193,6 +203,9 @@ fn main() -> ExitCode {
         Command::Unpin(a) => gc::run_pin(&a, false),
         Command::Export(a) => safetensors_io::export(&a),
         Command::Import(a) => safetensors_io::import(&a),
+        Command::Mount(a) => mount::run(&a),
+        Command::Umount(a) => mount::umount(&a),
+        Command::UnmountWhenGone(a) => mount::watch(&a),
         Command::Peer(cmd) => peer::run(&cmd),
         Command::Rank(a) => rank::run(&a),
     };

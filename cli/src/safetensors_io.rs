@@ -13,7 +13,7 @@ use strata::tiered::ChunkData;
 use strata::tiers::Tier;
 use strata::{Checkpointer, Entry};
 use strata_format::safetensors::{decode_header, encode_header, prefix_len, MAX_HEADER_LEN};
-use strata_format::{DType, EntryKind};
+use strata_format::{DType, EntryKind, ShardManifest};
 
 use crate::catalog::read_with_fallback;
 use crate::out::say;
@@ -119,32 +119,12 @@ pub(crate) fn export(a: &ExportArgs) -> Result<(), CliError> {
     crate::catalog::pick(&cat, Some(a.step))?;
     let (_, shard, _) = crate::catalog::shard(&cat, &t, a.step, a.rank)?;
     let m = &shard.manifest;
-    let mut metadata = m.metadata.clone();
-    let blobs: Vec<&str> = m
+    let (prefix, _) = shard_file(m)?;
+    let blobs = m
         .entries
         .iter()
         .filter(|e| matches!(e.kind, EntryKind::Blob))
-        .map(|e| e.name.as_str())
-        .collect();
-    if !blobs.is_empty() {
-        let list = serde_json::to_string(&blobs).map_err(|e| CliError::Arg(e.to_string()))?;
-        metadata.insert(BLOBS_KEY.into(), list);
-    }
-    let shapes: Vec<(DType, Vec<u64>)> = m
-        .entries
-        .iter()
-        .map(|e| match &e.kind {
-            EntryKind::Tensor { dtype, shape } => (*dtype, shape.clone()),
-            EntryKind::Blob => (DType::U8, vec![e.len]),
-        })
-        .collect();
-    let tensors: Vec<(&str, DType, &[u64])> = m
-        .entries
-        .iter()
-        .zip(&shapes)
-        .map(|(e, (d, s))| (e.name.as_str(), *d, s.as_slice()))
-        .collect();
-    let (prefix, _) = encode_header(&tensors, &metadata)?;
+        .count();
 
     let tmp = temp_path(&a.output);
     let result = (|| -> Result<BTreeMap<String, u64>, CliError> {
@@ -254,8 +234,8 @@ pub(crate) fn export(a: &ExportArgs) -> Result<(), CliError> {
         step: a.step,
         rank: a.rank,
         file: a.output.display().to_string(),
-        tensors: m.entries.len() - blobs.len(),
-        blobs: blobs.len(),
+        tensors: m.entries.len() - blobs,
+        blobs,
         bytes: m.logical_bytes(),
         file_bytes: prefix.len() as u64 + m.logical_bytes(),
         sources,
@@ -283,6 +263,42 @@ pub(crate) fn export(a: &ExportArgs) -> Result<(), CliError> {
         from.join(", ")
     );
     Ok(())
+}
+
+/// The safetensors file of a shard: its prefix (length and JSON header:
+/// every entry in manifest order, blobs as `U8` tensors named in the
+/// `__metadata__` key `strata.blobs`, the shard's metadata beside it) and
+/// each entry's `(begin, end)` in the data section. What `strata export`
+/// writes and what `strata mount` serves as `rank-N.safetensors`.
+pub(crate) fn shard_file(
+    m: &ShardManifest,
+) -> Result<strata_format::safetensors::EncodedHeader, CliError> {
+    let mut metadata = m.metadata.clone();
+    let blobs: Vec<&str> = m
+        .entries
+        .iter()
+        .filter(|e| matches!(e.kind, EntryKind::Blob))
+        .map(|e| e.name.as_str())
+        .collect();
+    if !blobs.is_empty() {
+        let list = serde_json::to_string(&blobs).map_err(|e| CliError::Arg(e.to_string()))?;
+        metadata.insert(BLOBS_KEY.into(), list);
+    }
+    let shapes: Vec<(DType, Vec<u64>)> = m
+        .entries
+        .iter()
+        .map(|e| match &e.kind {
+            EntryKind::Tensor { dtype, shape } => (*dtype, shape.clone()),
+            EntryKind::Blob => (DType::U8, vec![e.len]),
+        })
+        .collect();
+    let tensors: Vec<(&str, DType, &[u64])> = m
+        .entries
+        .iter()
+        .zip(&shapes)
+        .map(|(e, (d, s))| (e.name.as_str(), *d, s.as_slice()))
+        .collect();
+    Ok(encode_header(&tensors, &metadata)?)
 }
 
 fn temp_path(out: &Path) -> PathBuf {

@@ -22,7 +22,7 @@ use strata_tiered::ChunkStore;
 
 pub use catalog::{Catalog, Held, LoadedShard, ShardFound};
 pub use open::Tiers;
-pub use reader::{ReadTier, ShardReader, TieredReader};
+pub use reader::{RangeStats, ReadTier, ShardReader, SharedChunkCache, TieredReader};
 
 /// Which kind of tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]

@@ -12,7 +12,7 @@
 //! package's catalog and the resharding reads of DCP read this way).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use strata_format::manifest::ChunkRef;
 use strata_format::{ChunkId, ShardManifest};
@@ -286,7 +286,30 @@ pub struct RangeStats {
     pub served_by: std::collections::BTreeMap<String, u64>,
 }
 
-/// A bounded cache of verified chunks, evicting the oldest first.
+/// A bounded cache of verified chunks, evicting the oldest first, that
+/// several [`ShardReader`]s may share ([`ShardReader::share_cache`]):
+/// chunks are content-addressed, so one read by any shard's reader serves
+/// every other shard (and step) that holds the same chunk.
+#[derive(Clone)]
+pub struct SharedChunkCache(Arc<Mutex<ChunkCache>>);
+
+impl SharedChunkCache {
+    /// A cache of at most `bytes` of chunks (0: none).
+    pub fn new(bytes: usize) -> Self {
+        SharedChunkCache(Arc::new(Mutex::new(ChunkCache {
+            limit: bytes,
+            held: 0,
+            map: HashMap::new(),
+            order: VecDeque::new(),
+        })))
+    }
+
+    /// Bytes of chunks held now.
+    pub fn held(&self) -> usize {
+        self.0.lock().map_or(0, |c| c.held)
+    }
+}
+
 struct ChunkCache {
     limit: usize,
     held: usize,
@@ -327,7 +350,7 @@ pub struct ShardReader {
     manifest: ShardManifest,
     tiers: Vec<(super::Tier, bool)>,
     write_back: Option<super::Tier>,
-    cache: Mutex<ChunkCache>,
+    cache: SharedChunkCache,
 }
 
 impl ShardReader {
@@ -344,13 +367,15 @@ impl ShardReader {
             manifest,
             tiers: tiers.into_iter().map(|t| (t, false)).collect(),
             write_back: None,
-            cache: Mutex::new(ChunkCache {
-                limit: cache_bytes,
-                held: 0,
-                map: HashMap::new(),
-                order: VecDeque::new(),
-            }),
+            cache: SharedChunkCache::new(cache_bytes),
         }
+    }
+
+    /// Keep chunks in `cache` (shared with other readers) instead of a
+    /// cache of this reader's own.
+    pub fn share_cache(mut self, cache: &SharedChunkCache) -> Self {
+        self.cache = cache.clone();
+        self
     }
 
     /// Rewrite a missing or damaged copy in the tiers `which` picks from
@@ -521,6 +546,7 @@ impl ShardReader {
         {
             let cache = self
                 .cache
+                .0
                 .lock()
                 .map_err(|_| crate::Error::Pipeline("chunk cache poisoned".into()))?;
             for (c, _) in parts {
@@ -554,6 +580,7 @@ impl ShardReader {
         stats.repaired += out.repaired();
         let mut cache = self
             .cache
+            .0
             .lock()
             .map_err(|_| crate::Error::Pipeline("chunk cache poisoned".into()))?;
         for (&c, r) in missing.iter().zip(out.chunks) {
