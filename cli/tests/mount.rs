@@ -200,12 +200,23 @@ impl Mounted {
     /// SIGTERM, then the exit status; the mount point is a plain directory
     /// again.
     fn stop(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().unwrap();
+        self.term();
+        self.wait_exit()
+    }
+
+    fn term(&self) {
+        let child = self.child.as_ref().unwrap();
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    }
+
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let child = self.child.as_mut().unwrap();
         let t0 = Instant::now();
         loop {
+            // (Left in place until it exits: a failing test's drop kills it.)
             if let Some(s) = child.try_wait().unwrap() {
+                self.child = None;
                 return s;
             }
             assert!(
@@ -746,6 +757,22 @@ fn strata_umount_ends_a_background_mount_and_bad_mounts_fail_clearly() {
         .output()
         .unwrap();
     assert_eq!(um.status.code(), Some(4));
+    // A mount killed outright leaves no dead mount behind (its watcher
+    // unmounts it).
+    let mut m = mount(&l1_args(&l1), &at, &[]);
+    let mut child = m.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t0 = Instant::now();
+    while mounted(&at) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "a dead mount stayed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(names(&at).is_empty());
+    drop(m);
     // A store with no tier: a clear error, nothing mounted.
     let none = Command::new(STRATA)
         .args(["mount", "--job", JOB, "--l1"])

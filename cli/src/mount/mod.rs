@@ -135,20 +135,53 @@ pub(crate) fn run(a: &MountArgs) -> Result<(), CliError> {
     }
     if session.guard.is_finished() {
         // Unmounted from outside (strata umount, fusermount3 -u).
-        return match session.guard.join() {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(CliError::Store(format!("the mount ended: {e}"))),
-            Err(_) => Err(CliError::Store("the mount's thread failed".into())),
-        };
+        tracing::info!(mountpoint = %mountpoint.display(), "unmounted from outside");
+        forget(session);
+        return Ok(());
     }
     // Unmounted here (fuser's own unmount can find the mount still there
     // after this and fail on it): then the request threads end.
-    unmount(&mountpoint)?;
-    session
-        .join()
-        .map_err(|e| CliError::Store(format!("the mount ended: {e}")))?;
+    if let Err(e) = unmount(&mountpoint) {
+        // Busy (a file open, a tensor mapped): detach it now and keep
+        // serving what is open until it is closed, or a second signal.
+        tracing::warn!("{e}");
+        let _ = std::process::Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&mountpoint)
+            .output();
+        if is_mounted(&mountpoint) {
+            unmount_lazily(&mountpoint)?;
+        }
+        say!(
+            "{} detached; files still open there are served until closed (Ctrl-C again to stop now)",
+            mountpoint.display()
+        );
+        stop.store(false, Ordering::Relaxed);
+        watch_signals(stop.clone())?;
+        while !stop.load(Ordering::Relaxed) && !session.guard.is_finished() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Exiting at a second signal: what is still open gets ENOTCONN.
+        forget(session);
+        return Ok(());
+    }
+    // The request threads end once the kernel has let go of the mount.
+    let t0 = Instant::now();
+    while !session.guard.is_finished() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    forget(session);
     say!("unmounted {}", mountpoint.display());
     Ok(())
+}
+
+/// Lets the session go without dropping it. fuser's unmount on drop
+/// decides the mount is still there from its device's poll (which says so
+/// after an unmount too) and then unmounts by path: whatever is mounted on
+/// that directory by then, a new mount included. Every exit unmounts
+/// itself first (or was unmounted from outside), so nothing is left.
+fn forget(session: fuser::BackgroundSession) {
+    std::mem::forget(session);
 }
 
 /// Runs `strata umount`: `fusermount3 -u`, else `umount` (as root).
@@ -180,6 +213,15 @@ pub(crate) fn watch(a: &WatchArgs) -> Result<(), CliError> {
         }
         // Gone, or the pid now names another process.
         if start.is_none() || start_time(a.pid) != start {
+            // Only a dead mount is unmounted: its process is gone, so the
+            // kernel answers ENOTCONN. A new mount on the same directory
+            // (mount ids are reused) answers, and is left alone.
+            let dead = std::fs::metadata(&a.mountpoint)
+                .err()
+                .is_some_and(|e| e.raw_os_error() == Some(libc::ENOTCONN));
+            if !dead {
+                return Ok(());
+            }
             // A lazy unmount: readers still in it get errors, not a hang.
             let _ = std::process::Command::new("fusermount3")
                 .args(["-u", "-z"])
@@ -227,6 +269,26 @@ fn spawn_watcher(mountpoint: &Path) {
         tracing::warn!(
             "no watcher for the mount (a killed mount would stay until strata umount): {e}"
         );
+    }
+}
+
+/// Detaches `path` (`umount -l`), for a busy mount.
+fn unmount_lazily(path: &Path) -> Result<(), CliError> {
+    match std::process::Command::new("umount")
+        .arg("-l")
+        .arg(path)
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(CliError::Store(format!(
+            "could not detach {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))),
+        Err(e) => Err(CliError::Store(format!(
+            "could not detach {}: {e}",
+            path.display()
+        ))),
     }
 }
 
