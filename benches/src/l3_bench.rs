@@ -14,9 +14,7 @@
 //! - stored size of real bf16 weights (`benches/fetch-weights.sh`) vs raw.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,56 +25,12 @@ use strata::format::{DType, EntrySpec};
 use strata::par::default_threads;
 use strata::{synthetic, Checkpointer, Config, Entry, L3State, StepSelector};
 use strata_benches::cpu::Cpu;
+use strata_benches::s3::{options, raw_store, start_s3s_fs, BUCKET};
 use strata_tiered::ChunkStoreExt;
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, L3Store};
 
-const KEY: &str = "bench-key";
-const SECRET: &str = "bench-secret";
-const BUCKET: &str = "bench";
 const OBJECT: usize = 16 << 20;
 const CONCURRENCY: usize = 16;
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_s3s_fs(data: &Path) -> Result<(Server, u16), String> {
-    let bin = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default()
-        .into_iter()
-        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/bin")])
-        .map(|d| d.join("s3s-fs"))
-        .find(|p| p.is_file())
-        .ok_or("s3s-fs not found (benches/l3-bench.sh installs it)")?;
-    std::fs::create_dir_all(data.join(BUCKET)).map_err(|e| e.to_string())?;
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
-    let child = Command::new(bin)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--access-key", KEY, "--secret-key", SECRET])
-        .arg(data)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            return Err("s3s-fs did not start".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok((server, port))
-}
 
 /// Extra `--l3-option K=V` settings (Strata's own L3 options, e.g.
 /// `concurrency=32`, `range_size=4194304`), applied to Strata's side only.
@@ -86,34 +40,6 @@ fn strata_options(port: u16) -> Vec<(String, String)> {
     let mut o = options(port);
     o.extend(EXTRA.get().cloned().unwrap_or_default());
     o
-}
-
-fn options(port: u16) -> Vec<(String, String)> {
-    [
-        ("endpoint", format!("http://127.0.0.1:{port}")),
-        ("allow_http", "true".into()),
-        ("region", "us-east-1".into()),
-        ("access_key_id", KEY.into()),
-        ("secret_access_key", SECRET.into()),
-        ("virtual_hosted_style_request", "false".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
-}
-
-fn raw_store(port: u16) -> Result<Arc<dyn ObjectStore>, String> {
-    let store = object_store::aws::AmazonS3Builder::new()
-        .with_bucket_name(BUCKET)
-        .with_endpoint(format!("http://127.0.0.1:{port}"))
-        .with_allow_http(true)
-        .with_region("us-east-1")
-        .with_access_key_id(KEY)
-        .with_secret_access_key(SECRET)
-        .with_virtual_hosted_style_request(false)
-        .build()
-        .map_err(|e| e.to_string())?;
-    Ok(Arc::new(store))
 }
 
 fn gb(bytes: u64, d: Duration) -> f64 {
@@ -205,7 +131,7 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(dir);
     let (server, port) = start_s3s_fs(&dir.join("s3"))?;
     let cpu = Cpu {
-        server: server.0.id().to_string(),
+        server: server.pid().to_string(),
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let state = State::new(size);

@@ -2,3 +2,4 @@
 
 pub mod cpu;
 pub mod quic;
+pub mod s3;

@@ -14,6 +14,7 @@
 //! tier holding a verified copy, chunk by chunk fallback, one bounded
 //! cache of chunks shared by every open file.
 
+mod counters;
 mod fs;
 mod layout;
 mod names;

@@ -5,7 +5,7 @@
 //! by every reader.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,12 +13,21 @@ use serde::Serialize;
 use strata::tiers::{Catalog, RangeStats, ShardReader, SharedChunkCache, Tiers};
 use strata_format::EntryKind;
 
+use super::counters::Counters;
 use super::layout::{has_places, ModelFile, Part, ShardFile};
 use super::names::escape;
 use crate::show::{places, Place};
 
 /// Shards whose manifests and readers are kept at once.
 const SHARDS_KEPT: usize = 1024;
+
+/// How far ahead of a sequential reader chunks are fetched, within the
+/// entry it reads (never into the next tensor: reading one tensor fetches
+/// that tensor's chunks only).
+const READAHEAD: u64 = 64 << 20;
+
+/// Readahead fetches in flight at once.
+const READAHEAD_TASKS: usize = 4;
 
 /// A node of the tree. Inode numbers are handed out per node on first
 /// sight and never reused while mounted.
@@ -68,32 +77,6 @@ struct StepFiles {
     model: Option<ModelFile>,
 }
 
-/// The mount's counters (`.stats.json`).
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) reads: AtomicU64,
-    pub(crate) bytes: AtomicU64,
-    pub(crate) chunks_fetched: AtomicU64,
-    pub(crate) chunks_cached: AtomicU64,
-    pub(crate) fallbacks: AtomicU64,
-    pub(crate) read_errors: AtomicU64,
-    pub(crate) served_by: Mutex<BTreeMap<String, u64>>,
-    pub(crate) refreshes: AtomicU64,
-}
-
-#[derive(Serialize)]
-struct CountersOut {
-    reads: u64,
-    bytes: u64,
-    chunks_fetched: u64,
-    chunks_cached: u64,
-    fallbacks: u64,
-    read_errors: u64,
-    chunks_by_tier: BTreeMap<String, u64>,
-    cache_bytes: usize,
-    refreshes: u64,
-}
-
 /// The shards kept, by (step, rank), and their order of loading (the
 /// oldest is dropped first).
 type Shards = (HashMap<(u64, u32), Arc<Shard>>, VecDeque<(u64, u32)>);
@@ -106,8 +89,12 @@ pub(crate) struct View {
     shards: Mutex<Shards>,
     steps: Mutex<HashMap<u64, Arc<StepFiles>>>,
     cache: SharedChunkCache,
-    pub(crate) counters: Counters,
+    pub(crate) counters: Arc<Counters>,
     inodes: Mutex<(HashMap<Node, u64>, Vec<Node>)>,
+    /// Per file: where its last read ended, and how far its readahead
+    /// has reached.
+    sequential: Mutex<HashMap<Node, (u64, u64)>>,
+    prefetching: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl View {
@@ -122,11 +109,13 @@ impl View {
             shards: Mutex::new((HashMap::new(), VecDeque::new())),
             steps: Mutex::new(HashMap::new()),
             cache: SharedChunkCache::new(cache_bytes),
-            counters: Counters::default(),
+            counters: Arc::new(Counters::default()),
             inodes: Mutex::new((
                 HashMap::from([(Node::Root, 1)]),
                 vec![Node::Root, Node::Root],
             )),
+            sequential: Mutex::new(HashMap::new()),
+            prefetching: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         }
     }
 
@@ -483,21 +472,7 @@ impl View {
 
     /// `.stats.json`.
     pub(crate) fn stats_json(&self) -> Vec<u8> {
-        let c = &self.counters;
-        let out = CountersOut {
-            reads: c.reads.load(Ordering::Relaxed),
-            bytes: c.bytes.load(Ordering::Relaxed),
-            chunks_fetched: c.chunks_fetched.load(Ordering::Relaxed),
-            chunks_cached: c.chunks_cached.load(Ordering::Relaxed),
-            fallbacks: c.fallbacks.load(Ordering::Relaxed),
-            read_errors: c.read_errors.load(Ordering::Relaxed),
-            chunks_by_tier: c.served_by.lock().map(|m| m.clone()).unwrap_or_default(),
-            cache_bytes: self.cache.held(),
-            refreshes: c.refreshes.load(Ordering::Relaxed),
-        };
-        let mut v = serde_json::to_vec_pretty(&out).unwrap_or_default();
-        v.push(b'\n');
-        v
+        self.counters.json(self.cache.held())
     }
 
     /// Up to `size` bytes of file `node` from `off` (fewer only at its end).
@@ -549,6 +524,14 @@ impl View {
         };
         let mut buf = vec![0u8; total as usize];
         let mut filled = 0usize;
+        let last_entry = match node {
+            Node::RankFile(..) | Node::Entry(..) => parts
+                .iter()
+                .rev()
+                .find(|p| matches!(p, Part::Entry { .. }))
+                .cloned(),
+            _ => None,
+        };
         for p in parts {
             match p {
                 Part::Header { dst, from, len } => {
@@ -586,24 +569,90 @@ impl View {
         if filled != buf.len() {
             return Err(Fail::Io(format!("{filled} of {} bytes planned", buf.len())));
         }
+        if let Some(Part::Entry {
+            rank,
+            entry,
+            at,
+            len,
+            ..
+        }) = last_entry
+        {
+            self.read_ahead(node, step, rank, &entry, off, total, at + len as u64);
+        }
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         self.counters.bytes.fetch_add(total, Ordering::Relaxed);
         Ok(buf)
     }
 
-    fn count(&self, st: &RangeStats) {
-        let c = &self.counters;
-        c.chunks_fetched
-            .fetch_add(st.chunks_read, Ordering::Relaxed);
-        c.chunks_cached.fetch_add(st.cached, Ordering::Relaxed);
-        c.fallbacks.fetch_add(st.fallbacks, Ordering::Relaxed);
-        if !st.served_by.is_empty() {
-            if let Ok(mut m) = c.served_by.lock() {
-                for (k, v) in &st.served_by {
-                    *m.entry(k.clone()).or_default() += v;
-                }
+    /// After a read of `len` bytes at `off` of `node` that ended at byte
+    /// `end` of `entry`: when the file is read sequentially, fetch the
+    /// entry's next chunks (up to [`READAHEAD`] ahead) into the cache in
+    /// the background.
+    #[allow(clippy::too_many_arguments)]
+    fn read_ahead(
+        &self,
+        node: Node,
+        step: u64,
+        rank: u32,
+        entry: &str,
+        off: u64,
+        len: u64,
+        end: u64,
+    ) {
+        let from = {
+            let Ok(mut seq) = self.sequential.lock() else {
+                return;
+            };
+            let (last, reached) = seq.get(&node).copied().unwrap_or((u64::MAX, 0));
+            let sequential = last == off;
+            let reached = if sequential { reached.max(end) } else { end };
+            seq.insert(node, (off + len, reached));
+            if seq.len() > 4096 {
+                seq.clear(); // a bound, not a cache: losing it costs one readahead
+            }
+            // Fetch again once the reader is within half a window of
+            // what was fetched.
+            if !sequential || reached > end + READAHEAD / 2 {
+                return;
+            }
+            reached
+        };
+        let Ok(shard) = self.shard(step, rank) else {
+            return;
+        };
+        let Some(e) = shard.reader.manifest().entry(entry) else {
+            return;
+        };
+        let to = e.len.min(end + READAHEAD);
+        if to <= from {
+            return;
+        }
+        if self.prefetching.fetch_add(1, Ordering::SeqCst) >= READAHEAD_TASKS {
+            self.prefetching.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
+        if let Ok(mut seq) = self.sequential.lock() {
+            if let Some(s) = seq.get_mut(&node) {
+                s.1 = to;
             }
         }
+        let (entry, busy, counters) = (
+            entry.to_string(),
+            self.prefetching.clone(),
+            self.counters.clone(),
+        );
+        self.tiers.handle().spawn(async move {
+            match shard.reader.prefetch(&entry, from, to - from).await {
+                Ok(st) => counters.add(&st),
+                // The read itself will fetch again, and say what failed.
+                Err(e) => tracing::debug!("readahead of {entry:?}: {e}"),
+            }
+            busy.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+
+    fn count(&self, st: &RangeStats) {
+        self.counters.add(st);
     }
 }
 

@@ -180,6 +180,12 @@ impl Tiers {
         &self.stack
     }
 
+    /// The runtime the tiers run on, to spawn work beside the callers of
+    /// [`Tiers::block_on`] (readahead, for one).
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.rt.handle().clone()
+    }
+
     /// Runs a future on the tiers' runtime.
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)

@@ -456,6 +456,14 @@ impl ShardReader {
         Ok(stats)
     }
 
+    /// Fetches the chunks of `len` bytes of entry `name` from `offset`
+    /// into the cache, verified, copying nothing out: readahead for a
+    /// reader that will ask for them next. Only useful with a cache that
+    /// holds them (see [`ShardReader::share_cache`]).
+    pub async fn prefetch(&self, name: &str, offset: u64, len: u64) -> crate::Result<RangeStats> {
+        self.read_range_with(name, offset, len, |_| {}).await
+    }
+
     /// Reads the range, handing each verified piece to `sink` in order.
     async fn read_range_with(
         &self,
