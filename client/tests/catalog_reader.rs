@@ -289,3 +289,72 @@ fn run(peers: &Peers, l1: &Path, l3: &Path) {
         "the first chunk was evicted by the second"
     );
 }
+
+/// Readers sharing one cache read each chunk once, however many read it
+/// at the same time (the others wait for that read); a prefetch fills
+/// the cache for the read that follows it.
+#[test]
+fn readers_sharing_a_cache_read_each_chunk_once_and_prefetch_fills_it() {
+    let peers = Peers::start();
+    let l1 = tempfile::tempdir().unwrap();
+    let l3 = tempfile::tempdir().unwrap();
+    save_world(l1.path(), l3.path(), &peers);
+    let mut c = base(l1.path(), l3.path(), &peers);
+    c.l3_url = None;
+    c.peers = Vec::new();
+    let t = Tiers::open(c, false).unwrap();
+    let all: Vec<_> = t.tiers().iter().collect();
+    let cat = t.catalog(&all);
+    let cache = strata::tiers::SharedChunkCache::new(64 * MIB);
+    let want = state(1)[0].1.clone();
+    let chunks = {
+        let r = t.shard_reader(&cat, 7, 1, false, 0).unwrap();
+        let mut ids: Vec<u32> = r
+            .manifest()
+            .entry("w")
+            .unwrap()
+            .segments
+            .iter()
+            .map(|s| s.chunk)
+            .collect();
+        ids.dedup();
+        ids.len() as u64
+    };
+    assert!(chunks >= 3);
+    let readers: Vec<_> = (0..8)
+        .map(|_| {
+            t.shard_reader(&cat, 7, 1, false, 0)
+                .unwrap()
+                .share_cache(&cache)
+        })
+        .collect();
+    let read: u64 = std::thread::scope(|sc| {
+        let handles: Vec<_> = readers
+            .iter()
+            .map(|r| {
+                let (t, want) = (&t, &want);
+                sc.spawn(move || {
+                    let (got, s) = t.block_on(r.read_entry("w")).unwrap();
+                    assert!(got == *want, "w differs");
+                    assert_eq!(s.chunks_read + s.cached, chunks, "{s:?}");
+                    s.chunks_read
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert_eq!(read, chunks, "every chunk read once across eight readers");
+    assert!(cache.held() > 0);
+
+    // A prefetch, then the read: everything from the cache.
+    let cache = strata::tiers::SharedChunkCache::new(64 * MIB);
+    let r = t
+        .shard_reader(&cat, 7, 1, false, 0)
+        .unwrap()
+        .share_cache(&cache);
+    let p = t.block_on(r.prefetch("w", 0, want.len() as u64)).unwrap();
+    assert_eq!(p.chunks_read, chunks);
+    let (got, s) = t.block_on(r.read_entry("w")).unwrap();
+    assert!(got == want);
+    assert_eq!((s.chunks_read, s.cached), (0, chunks), "{s:?}");
+}

@@ -94,11 +94,11 @@ fn errno(f: &Fail, node: Node) -> Errno {
 
 impl Filesystem for StrataFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // The kernel's usual readahead: reading one tensor (a header read,
-        // then its pages) touches little beyond it. Sequential readers
-        // still read ahead by whole chunks: a chunk is fetched whole and
-        // stays in the cache for the next requests.
-        let _ = config.set_max_readahead(128 << 10);
+        // Requests of up to 1 MiB (the kernel sizes them by the larger of
+        // these two), so a sequential reader takes few round trips; the
+        // mount reads ahead itself, by chunks (view.rs).
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
         Ok(())
     }
 

@@ -77,6 +77,16 @@ struct StepFiles {
     model: Option<ModelFile>,
 }
 
+/// How a file is being read: where its last read ended, how far its
+/// readahead reached, how many entry boundaries it streamed through, and
+/// the entry its last read ended in.
+struct Sequential {
+    last_end: u64,
+    reached: u64,
+    crossings: u32,
+    entry: String,
+}
+
 /// The shards kept, by (step, rank), and their order of loading (the
 /// oldest is dropped first).
 type Shards = (HashMap<(u64, u32), Arc<Shard>>, VecDeque<(u64, u32)>);
@@ -93,7 +103,7 @@ pub(crate) struct View {
     inodes: Mutex<(HashMap<Node, u64>, Vec<Node>)>,
     /// Per file: where its last read ended, and how far its readahead
     /// has reached.
-    sequential: Mutex<HashMap<Node, (u64, u64)>>,
+    sequential: Mutex<HashMap<Node, Sequential>>,
     prefetching: Arc<std::sync::atomic::AtomicUsize>,
 }
 
@@ -584,10 +594,13 @@ impl View {
         Ok(buf)
     }
 
-    /// After a read of `len` bytes at `off` of `node` that ended at byte
-    /// `end` of `entry`: when the file is read sequentially, fetch the
-    /// entry's next chunks (up to [`READAHEAD`] ahead) into the cache in
-    /// the background.
+    /// After a read of `len` bytes at `off` of `node` whose last bytes
+    /// came from `entry`, up to its byte `end`: when the file is read
+    /// sequentially, fetch what follows into the cache in the background,
+    /// up to [`READAHEAD`] ahead. Within the entry only, until the reader
+    /// has streamed through two entry boundaries (`cp` of a whole file):
+    /// reading one tensor fetches that tensor's chunks, not its
+    /// neighbours'.
     #[allow(clippy::too_many_arguments)]
     fn read_ahead(
         &self,
@@ -599,53 +612,89 @@ impl View {
         len: u64,
         end: u64,
     ) {
-        let from = {
-            let Ok(mut seq) = self.sequential.lock() else {
-                return;
-            };
-            let (last, reached) = seq.get(&node).copied().unwrap_or((u64::MAX, 0));
-            let sequential = last == off;
-            let reached = if sequential { reached.max(end) } else { end };
-            seq.insert(node, (off + len, reached));
-            if seq.len() > 4096 {
-                seq.clear(); // a bound, not a cache: losing it costs one readahead
-            }
-            // Fetch again once the reader is within half a window of
-            // what was fetched.
-            if !sequential || reached > end + READAHEAD / 2 {
-                return;
-            }
-            reached
-        };
         let Ok(shard) = self.shard(step, rank) else {
             return;
         };
         let Some(e) = shard.reader.manifest().entry(entry) else {
             return;
         };
-        let to = e.len.min(end + READAHEAD);
-        if to <= from {
-            return;
-        }
-        if self.prefetching.fetch_add(1, Ordering::SeqCst) >= READAHEAD_TASKS {
-            self.prefetching.fetch_sub(1, Ordering::SeqCst);
-            return;
-        }
+        let here = off + len; // the file offset after the read
+        let entry_end = here + e.len.saturating_sub(end); // in the file
+        let (from, to) = {
+            let Ok(mut seq) = self.sequential.lock() else {
+                return;
+            };
+            let s = seq.entry(node).or_insert_with(|| Sequential {
+                last_end: u64::MAX,
+                reached: 0,
+                crossings: 0,
+                entry: String::new(),
+            });
+            let sequential = s.last_end == off;
+            if !sequential {
+                s.crossings = 0;
+                s.reached = here;
+            } else if s.entry != entry {
+                s.crossings += 1;
+            }
+            s.last_end = here;
+            s.entry = entry.to_string();
+            let streaming = s.crossings >= 2;
+            let limit = if streaming { u64::MAX } else { entry_end };
+            let file_len = match node {
+                Node::RankFile(..) => shard.file.size(),
+                _ => e.len,
+            };
+            let to = (here + READAHEAD).min(limit).min(file_len);
+            let from = s.reached.max(here);
+            // Fetch again once the reader is within half a window of what
+            // was fetched.
+            if !sequential || from > here + READAHEAD / 2 || to <= from {
+                return;
+            }
+            if self.prefetching.fetch_add(1, Ordering::SeqCst) >= READAHEAD_TASKS {
+                self.prefetching.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+            s.reached = to;
+            (from, to)
+        };
         if let Ok(mut seq) = self.sequential.lock() {
-            if let Some(s) = seq.get_mut(&node) {
-                s.1 = to;
+            if seq.len() > 4096 {
+                seq.clear(); // a bound, not a cache: losing it costs one readahead
             }
         }
-        let (entry, busy, counters) = (
-            entry.to_string(),
-            self.prefetching.clone(),
-            self.counters.clone(),
-        );
+        let parts: Vec<(String, u64, u64)> = match node {
+            Node::RankFile(..) => shard
+                .file
+                .plan(from, to - from)
+                .into_iter()
+                .filter_map(|p| match p {
+                    Part::Entry { entry, at, len, .. } => Some((entry, at, len as u64)),
+                    Part::Header { .. } => None,
+                })
+                .collect(),
+            _ => vec![(entry.to_string(), from, to - from)],
+        };
+        let (busy, counters) = (self.prefetching.clone(), self.counters.clone());
+        let handle = self.tiers.handle();
         self.tiers.handle().spawn(async move {
-            match shard.reader.prefetch(&entry, from, to - from).await {
-                Ok(st) => counters.add(&st),
-                // The read itself will fetch again, and say what failed.
-                Err(e) => tracing::debug!("readahead of {entry:?}: {e}"),
+            let tasks: Vec<_> = parts
+                .into_iter()
+                .map(|(entry, at, len)| {
+                    let (shard, counters) = (shard.clone(), counters.clone());
+                    handle.spawn(async move {
+                        match shard.reader.prefetch(&entry, at, len).await {
+                            Ok(st) => counters.add(&st),
+                            // The read itself will fetch again, and say
+                            // what failed.
+                            Err(e) => tracing::debug!("readahead of {entry:?}: {e}"),
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                let _ = t.await;
             }
             busy.fetch_sub(1, Ordering::SeqCst);
         });

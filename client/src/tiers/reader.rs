@@ -301,6 +301,7 @@ impl SharedChunkCache {
             held: 0,
             map: HashMap::new(),
             order: VecDeque::new(),
+            inflight: HashMap::new(),
         })))
     }
 
@@ -315,6 +316,10 @@ struct ChunkCache {
     held: usize,
     map: HashMap<ChunkId, ChunkData>,
     order: VecDeque<ChunkId>,
+    /// Chunks being read from the tiers now, by any reader of this cache:
+    /// another reader that needs one waits for that read instead of
+    /// reading it again (readahead and the read it runs ahead of).
+    inflight: HashMap<ChunkId, Arc<tokio::sync::Notify>>,
 }
 
 impl ChunkCache {
@@ -337,6 +342,27 @@ impl ChunkCache {
         self.held += data.len();
         self.order.push_back(id);
         self.map.insert(id, data);
+    }
+}
+
+/// Unmarks chunks in flight in a cache and wakes their waiters, on drop.
+struct Unmark<'a> {
+    cache: &'a SharedChunkCache,
+    ids: Vec<ChunkId>,
+}
+
+impl Drop for Unmark<'_> {
+    fn drop(&mut self) {
+        if self.ids.is_empty() {
+            return;
+        }
+        if let Ok(mut c) = self.cache.0.lock() {
+            for id in &self.ids {
+                if let Some(n) = c.inflight.remove(id) {
+                    n.notify_waiters();
+                }
+            }
+        }
     }
 }
 
@@ -548,31 +574,96 @@ impl ShardReader {
         parts: &[(usize, std::ops::Range<usize>)],
         stats: &mut RangeStats,
     ) -> crate::Result<HashMap<usize, ChunkData>> {
-        let m = &self.manifest;
         let mut have: HashMap<usize, ChunkData> = HashMap::new();
+        let waited = self
+            .fetch_round(name, parts, stats, &mut have, true)
+            .await?;
+        if !waited.is_empty() {
+            // Read by another reader meanwhile: from the cache now, else
+            // (it failed, or was evicted already) read here.
+            let again: Vec<(usize, std::ops::Range<usize>)> = parts
+                .iter()
+                .filter(|(c, _)| waited.contains(c))
+                .cloned()
+                .collect();
+            self.fetch_round(name, &again, stats, &mut have, false)
+                .await?;
+        }
+        Ok(have)
+    }
+
+    /// One round of [`ShardReader::fetch`]: chunks from the cache into
+    /// `have`; those another reader is reading now waited for (when
+    /// `join`) and returned, to be looked up again; the others read from
+    /// the tiers, marked in flight while they are.
+    async fn fetch_round(
+        &self,
+        name: &str,
+        parts: &[(usize, std::ops::Range<usize>)],
+        stats: &mut RangeStats,
+        have: &mut HashMap<usize, ChunkData>,
+        join: bool,
+    ) -> crate::Result<Vec<usize>> {
+        let m = &self.manifest;
         let mut missing: Vec<usize> = Vec::new();
+        let mut waits: Vec<(usize, Arc<tokio::sync::Notify>)> = Vec::new();
         {
-            let cache = self
+            let mut cache = self
                 .cache
                 .0
                 .lock()
                 .map_err(|_| crate::Error::Pipeline("chunk cache poisoned".into()))?;
             for (c, _) in parts {
-                if have.contains_key(c) || missing.contains(c) {
+                if have.contains_key(c) || missing.contains(c) || waits.iter().any(|w| w.0 == *c) {
                     continue;
                 }
-                match cache.get(&m.chunks[*c].id) {
-                    Some(d) => {
-                        stats.cached += 1;
-                        have.insert(*c, d);
-                    }
-                    None => missing.push(*c),
+                let id = m.chunks[*c].id;
+                if let Some(d) = cache.get(&id) {
+                    stats.cached += 1;
+                    have.insert(*c, d);
+                } else if let Some(n) = cache.inflight.get(&id).filter(|_| join) {
+                    waits.push((*c, n.clone()));
+                } else {
+                    cache
+                        .inflight
+                        .entry(id)
+                        .or_insert_with(|| Arc::new(tokio::sync::Notify::new()));
+                    missing.push(*c);
                 }
             }
         }
-        if missing.is_empty() {
-            return Ok(have);
+        // Whatever happens below, the chunks marked in flight here are
+        // unmarked and their waiters woken.
+        let unmark = Unmark {
+            cache: &self.cache,
+            ids: missing.iter().map(|&c| m.chunks[c].id).collect(),
+        };
+        // Registered before the fetches below: a read that finishes first
+        // still wakes these.
+        let mut notified: Vec<_> = waits.iter().map(|(_, n)| Box::pin(n.notified())).collect();
+        for n in &mut notified {
+            n.as_mut().enable();
         }
+        if !missing.is_empty() {
+            self.read_missing(name, &missing, stats, have).await?;
+        }
+        drop(unmark);
+        for n in notified {
+            n.await;
+        }
+        Ok(waits.into_iter().map(|(c, _)| c).collect())
+    }
+
+    /// Reads chunks `missing` from the tiers (verified, repaired where
+    /// marked), caches them and puts them in `have`.
+    async fn read_missing(
+        &self,
+        name: &str,
+        missing: &[usize],
+        stats: &mut RangeStats,
+        have: &mut HashMap<usize, ChunkData>,
+    ) -> crate::Result<()> {
+        let m = &self.manifest;
         let refs: Vec<ChunkRef> = missing.iter().map(|&c| m.chunks[c]).collect();
         let tiers = self
             .tiers
@@ -609,7 +700,7 @@ impl ShardReader {
             cache.put(m.chunks[c].id, data.clone());
             have.insert(c, data);
         }
-        Ok(have)
+        Ok(())
     }
 
     fn no_entry(&self, name: &str) -> crate::Error {
