@@ -90,12 +90,19 @@ fn gbs(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64().max(1e-9) / 1e9
 }
 
+/// `cp FROM TO` (coreutils, as people run it), then fsync of TO.
 fn copy_synced(from: &Path, to: &Path) -> Result<u64, String> {
-    let n = std::fs::copy(from, to).map_err(|e| format!("cp {}: {e}", from.display()))?;
-    std::fs::File::open(to)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| e.to_string())?;
-    Ok(n)
+    let st = Command::new("cp")
+        .arg(from)
+        .arg(to)
+        .status()
+        .map_err(|e| format!("cp: {e}"))?;
+    if !st.success() {
+        return Err(format!("cp {} failed: {st}", from.display()));
+    }
+    let f = std::fs::File::open(to).map_err(|e| e.to_string())?;
+    f.sync_all().map_err(|e| e.to_string())?;
+    Ok(f.metadata().map_err(|e| e.to_string())?.len())
 }
 
 fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
@@ -145,7 +152,7 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
         l1.display().to_string(),
     ];
     let mnt = dir.join("mnt");
-    let (mut export_s, mut cp_s) = (f64::MAX, f64::MAX);
+    let (mut export_s, mut cp_s, mut read_s) = (f64::MAX, f64::MAX, f64::MAX);
     let mut file_bytes = 0;
     for _ in 0..reps {
         let out = dir.join("export.safetensors");
@@ -167,6 +174,19 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
         file_bytes = copy_synced(&m.1.join("latest/rank-0.safetensors"), &copy)?;
         cp_s = cp_s.min(t0.elapsed().as_secs_f64());
         drop(m);
+        // Reading alone (no file written): what the mount itself costs.
+        let m = mount(&strata, &store, &mnt, &[])?;
+        let t0 = Instant::now();
+        let st = Command::new("cat")
+            .arg(m.1.join("latest/rank-0.safetensors"))
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !st.success() {
+            return Err("cat of the mount's file failed".into());
+        }
+        read_s = read_s.min(t0.elapsed().as_secs_f64());
+        drop(m);
         if std::fs::read(&copy).map_err(|e| e.to_string())?
             != std::fs::read(&out).map_err(|e| e.to_string())?
         {
@@ -182,6 +202,11 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
         export_s,
         gbs(file_bytes, Duration::from_secs_f64(export_s)),
         export_s / cp_s
+    );
+    println!(
+        "  reading alone  cat from the mount to /dev/null {:.3} s ({:.2} GB/s)",
+        read_s,
+        gbs(file_bytes, Duration::from_secs_f64(read_s))
     );
 
     // One tensor from L3 alone.

@@ -630,7 +630,9 @@ impl View {
                 crossings: 0,
                 entry: String::new(),
             });
-            let sequential = s.last_end == off;
+            // A raw entry file read from its start is read in order (what
+            // `cat`, `cp` and numpy's fromfile do): read ahead at once.
+            let sequential = s.last_end == off || (off == 0 && matches!(node, Node::Entry(..)));
             if !sequential {
                 s.crossings = 0;
                 s.reached = here;
