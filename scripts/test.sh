@@ -85,6 +85,8 @@ if ! "$VENV/bin/python" -c 'import torch, numpy, pytest' 2>/dev/null; then
   "$VENV/bin/pip" install --quiet 'torch==2.15.*' 'numpy<3' 'pytest>=7' 'maturin>=1.9,<2'
 fi
 "$VENV/bin/python" -c 'import torch; print("torch", torch.__version__, "gloo", torch.distributed.is_gloo_available())'
+# The mount's DCP test reads model.safetensors with the reference package.
+"$VENV/bin/python" -c 'import safetensors' 2>/dev/null || "$VENV/bin/pip" install --quiet 'safetensors>=0.4'
 # What a user runs: pip builds the extension (maturin, release) and installs it.
 "$VENV/bin/pip" install --quiet ./python
 export STRATA_PYTHON="$VENV/bin/python" STRATA_REQUIRE_TORCH=1

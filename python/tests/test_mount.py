@@ -18,7 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint")
-safetensors_torch = pytest.importorskip("safetensors.torch")
+if os.environ.get("STRATA_REQUIRE_FUSE") == "1":
+    import safetensors.torch as safetensors_torch  # the test command installs it
+else:
+    safetensors_torch = pytest.importorskip("safetensors.torch")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "workers"))
