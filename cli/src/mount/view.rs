@@ -26,8 +26,11 @@ const SHARDS_KEPT: usize = 1024;
 /// that tensor's chunks only).
 const READAHEAD: u64 = 64 << 20;
 
-/// Readahead fetches in flight at once.
+/// Readahead windows in flight at once.
 const READAHEAD_TASKS: usize = 4;
+
+/// Readahead fetches a window in pieces of this size (a default chunk).
+const PIECE: u64 = 16 << 20;
 
 /// A node of the tree. Inode numbers are handed out per node on first
 /// sight and never reused while mounted.
@@ -678,6 +681,17 @@ impl View {
                 .collect(),
             _ => vec![(entry.to_string(), from, to - from)],
         };
+        // In pieces of about a chunk, fetched at once: a reader waiting for
+        // one chunk gets it when that chunk is in, not when the window is.
+        let parts: Vec<(String, u64, u64)> = parts
+            .into_iter()
+            .flat_map(|(entry, at, len)| {
+                (0..len.div_ceil(PIECE)).map(move |i| {
+                    let a = at + i * PIECE;
+                    (entry.clone(), a, PIECE.min(at + len - a))
+                })
+            })
+            .collect();
         let (busy, counters) = (self.prefetching.clone(), self.counters.clone());
         let handle = self.tiers.handle();
         self.tiers.handle().spawn(async move {

@@ -337,11 +337,47 @@ impl ChunkCache {
             };
             if let Some(d) = self.map.remove(&old) {
                 self.held -= d.len();
+                give_back(d);
             }
         }
         self.held += data.len();
         self.order.push_back(id);
         self.map.insert(id, data);
+    }
+}
+
+/// Bytes of spare read buffers kept for reuse, process-wide.
+const SPARE_BYTES: usize = 256 << 20;
+
+/// Read buffers no longer used, kept for the next reads: a buffer that is
+/// reused is not faulted in and zeroed again (a fresh one costs about as
+/// much CPU as the read). Bounded by [`SPARE_BYTES`].
+static SPARE: Mutex<(Vec<AlignedBuf>, usize)> = Mutex::new((Vec::new(), 0));
+
+/// Up to `n` spare buffers, the largest first.
+fn take_spare(n: usize) -> Vec<AlignedBuf> {
+    let Ok(mut p) = SPARE.lock() else {
+        return Vec::new();
+    };
+    let k = n.min(p.0.len());
+    let at = p.0.len() - k;
+    let out: Vec<AlignedBuf> = p.0.split_off(at);
+    p.1 -= out.iter().map(AlignedBuf::capacity).sum::<usize>();
+    out
+}
+
+/// Keeps `data`'s buffer for reuse when nothing else holds it.
+fn give_back(data: ChunkData) {
+    let Some(b) = data.into_buf() else { return };
+    // Foreign memory (pinned, a caller's) is never pooled.
+    if b.is_foreign() {
+        return;
+    }
+    if let Ok(mut p) = SPARE.lock() {
+        if p.1 + b.capacity() <= SPARE_BYTES {
+            p.1 += b.capacity();
+            p.0.push(b);
+        }
     }
 }
 
@@ -562,6 +598,8 @@ impl ShardReader {
                 })?;
                 sink(src);
             }
+            // Buffers neither cached nor held elsewhere serve the next reads.
+            have.into_values().for_each(give_back);
         }
         Ok(stats)
     }
@@ -675,7 +713,7 @@ impl ShardReader {
             .collect();
         let reader = TieredReader::new(&self.job, tiers)
             .write_back(self.write_back.as_ref().map(|t| &*t.store));
-        let out = reader.read(&refs, Vec::new()).await;
+        let out = reader.read(&refs, take_spare(refs.len())).await;
         stats.repaired += out.repaired();
         let mut cache = self
             .cache
