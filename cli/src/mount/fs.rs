@@ -3,7 +3,10 @@
 //! the tree is refused with EROFS (the mount is read-only as well, so the
 //! kernel refuses most of it before asking).
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -15,12 +18,18 @@ use fuser::{
 
 use super::view::{Fail, Kind, Node, View};
 
+/// A directory's entries: inode, type, name.
+type Listing = Arc<Vec<(u64, FileType, String)>>;
+
 /// The mount: a [`View`] and who owns its files.
 pub(crate) struct StrataFs {
     pub(crate) view: View,
     uid: u32,
     gid: u32,
     started: SystemTime,
+    /// Directory listings taken at `opendir`, by handle.
+    dirs: Mutex<HashMap<u64, Listing>>,
+    next_fh: AtomicU64,
     /// How long the kernel may keep a name or attributes: the refresh
     /// interval, so a retired step's names go when the listing does (a
     /// step's bytes never change; the kernel keeps its pages across opens).
@@ -36,6 +45,8 @@ impl StrataFs {
             uid,
             gid,
             started: SystemTime::now(),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
             refresh,
         }
     }
@@ -74,6 +85,29 @@ impl StrataFs {
             blksize: 1 << 20,
         };
         Ok((attr, ttl))
+    }
+
+    /// Directory `ino`'s entries, `.` and `..` first.
+    fn listing(&self, ino: INodeNo) -> Result<Listing, Errno> {
+        let node = self.node(ino)?;
+        let children = self.view.children(node).map_err(|e| errno(&e, node))?;
+        let parent = match node {
+            Node::RankDir(s, _) => Node::Step(s),
+            _ => Node::Root,
+        };
+        let mut all: Vec<(u64, FileType, String)> = vec![
+            (self.view.ino(node), FileType::Directory, ".".into()),
+            (self.view.ino(parent), FileType::Directory, "..".into()),
+        ];
+        for (name, child) in children {
+            let ty = match child {
+                Node::Latest => FileType::Symlink,
+                Node::Step(_) | Node::RankDir(..) => FileType::Directory,
+                _ => FileType::RegularFile,
+            };
+            all.push((self.view.ino(child), ty, name));
+        }
+        Ok(Arc::new(all))
     }
 
     fn node(&self, ino: INodeNo) -> Result<Node, Errno> {
@@ -142,6 +176,11 @@ impl Filesystem for StrataFs {
             // A step's files never change: the kernel may keep their pages
             // across opens. The counters change at every read.
             Ok((Node::Stats, _)) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
+            // manifest.json and model.safetensors of a step not yet whole
+            // in any tier are made again: their pages are not kept.
+            Ok((Node::Manifest(_) | Node::Model(_), _)) => {
+                reply.opened(FileHandle(0), FopenFlags::empty())
+            }
             Ok((_, (a, _))) if a.kind == FileType::RegularFile => {
                 reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
             }
@@ -163,7 +202,8 @@ impl Filesystem for StrataFs {
     ) {
         let node = match self.node(ino) {
             Ok(n) => n,
-            Err(e) => return reply.error(e),
+            // An open file of a step retired since: EIO, as for its chunks.
+            Err(_) => return reply.error(Errno::EIO),
         };
         match self.view.read(node, offset, size) {
             Ok(bytes) => reply.data(&bytes),
@@ -173,45 +213,55 @@ impl Filesystem for StrataFs {
         }
     }
 
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // The listing is taken once per open: a refresh between two
+        // readdir calls of one `ls` never skips or repeats a name.
+        match self.listing(ino) {
+            Ok(list) => {
+                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut d) = self.dirs.lock() {
+                    d.insert(fh, list);
+                }
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn readdir(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.node(ino).and_then(|n| {
-            self.view
-                .children(n)
-                .map(|c| (n, c))
-                .map_err(|e| errno(&e, n))
-        });
-        let (node, children) = match r {
-            Ok(x) => x,
-            Err(e) => return reply.error(e),
+        let held = self.dirs.lock().ok().and_then(|d| d.get(&fh.0).cloned());
+        let all = match held {
+            Some(l) => l,
+            None => match self.listing(ino) {
+                Ok(l) => l,
+                Err(e) => return reply.error(e),
+            },
         };
-        let parent = match node {
-            Node::Step(_) => Node::Root,
-            Node::RankDir(s, _) => Node::Step(s),
-            _ => Node::Root,
-        };
-        let mut all: Vec<(u64, FileType, String)> = vec![
-            (self.view.ino(node), FileType::Directory, ".".into()),
-            (self.view.ino(parent), FileType::Directory, "..".into()),
-        ];
-        for (name, child) in children {
-            let ty = match child {
-                Node::Latest => FileType::Symlink,
-                Node::Step(_) | Node::RankDir(..) => FileType::Directory,
-                _ => FileType::RegularFile,
-            };
-            all.push((self.view.ino(child), ty, name));
-        }
-        for (i, (ino, ty, name)) in all.into_iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(ino), (i + 1) as u64, ty, name) {
+        for (i, (ino, ty, name)) in all.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), (i + 1) as u64, *ty, name) {
                 break;
             }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        if let Ok(mut d) = self.dirs.lock() {
+            d.remove(&fh.0);
         }
         reply.ok();
     }

@@ -182,7 +182,15 @@ impl ModelFile {
                     bad: None,
                 });
                 let isz = dtype.size() as u64;
-                let fits = shape.len() == place.shape.len()
+                // The global tensor's bytes must fit in u64: then every
+                // offset and length below does too.
+                let sized = place
+                    .shape
+                    .iter()
+                    .try_fold(isz, |acc, &d| acc.checked_mul(d))
+                    .is_some();
+                let fits = sized
+                    && shape.len() == place.shape.len()
                     && place
                         .offsets
                         .iter()

@@ -129,29 +129,45 @@ pub(crate) fn run(a: &MountArgs) -> Result<(), CliError> {
     // (fuser's AutoUnmount relies on fusermount3's auto_unmount, whose
     // watcher did not outlive the mount call on the machines we test on.)
     spawn_watcher(&mountpoint);
+    // This mount's device: an unmount by path below is done only while it
+    // is still this mount there (after a lazy unmount from outside, the
+    // directory may hold a new mount that must be left alone).
+    let dev = device(&mountpoint);
+    let result = serve(&session, &mountpoint, dev);
+    forget(session);
+    result
+}
+
+/// Serves until unmounted from outside or told to stop, then unmounts
+/// (detaching, and serving what is still open, when busy).
+fn serve(
+    session: &fuser::BackgroundSession,
+    mountpoint: &Path,
+    dev: Option<u64>,
+) -> Result<(), CliError> {
+    let ours = || dev.is_some() && device(mountpoint) == dev;
     let stop = Arc::new(AtomicBool::new(false));
     watch_signals(stop.clone())?;
     while !stop.load(Ordering::Relaxed) && !session.guard.is_finished() {
         std::thread::sleep(Duration::from_millis(100));
     }
-    if session.guard.is_finished() {
+    if session.guard.is_finished() || !ours() {
         // Unmounted from outside (strata umount, fusermount3 -u).
         tracing::info!(mountpoint = %mountpoint.display(), "unmounted from outside");
-        forget(session);
         return Ok(());
     }
-    // Unmounted here (fuser's own unmount can find the mount still there
-    // after this and fail on it): then the request threads end.
-    if let Err(e) = unmount(&mountpoint) {
+    if let Err(e) = unmount(mountpoint) {
         // Busy (a file open, a tensor mapped): detach it now and keep
         // serving what is open until it is closed, or a second signal.
         tracing::warn!("{e}");
-        let _ = std::process::Command::new("fusermount3")
-            .args(["-u", "-z"])
-            .arg(&mountpoint)
-            .output();
-        if is_mounted(&mountpoint) {
-            unmount_lazily(&mountpoint)?;
+        if ours() {
+            let _ = std::process::Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(mountpoint)
+                .output();
+        }
+        if ours() {
+            unmount_lazily(mountpoint)?;
         }
         say!(
             "{} detached; files still open there are served until closed (Ctrl-C again to stop now)",
@@ -163,7 +179,6 @@ pub(crate) fn run(a: &MountArgs) -> Result<(), CliError> {
             std::thread::sleep(Duration::from_millis(100));
         }
         // Exiting at a second signal: what is still open gets ENOTCONN.
-        forget(session);
         return Ok(());
     }
     // The request threads end once the kernel has let go of the mount.
@@ -171,9 +186,14 @@ pub(crate) fn run(a: &MountArgs) -> Result<(), CliError> {
     while !session.guard.is_finished() && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    forget(session);
     say!("unmounted {}", mountpoint.display());
     Ok(())
+}
+
+/// The device of what is mounted at `path` (a FUSE mount's own).
+fn device(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.dev())
 }
 
 /// Lets the session go without dropping it. fuser's unmount on drop
@@ -217,7 +237,9 @@ pub(crate) fn watch(a: &WatchArgs) -> Result<(), CliError> {
             // Only a dead mount is unmounted: its process is gone, so the
             // kernel answers ENOTCONN. A new mount on the same directory
             // (mount ids are reused) answers, and is left alone.
-            let dead = std::fs::metadata(&a.mountpoint)
+            // (Listing it asks the daemon itself; `stat` may be answered
+            // from the kernel's attribute cache for a while.)
+            let dead = std::fs::read_dir(&a.mountpoint)
                 .err()
                 .is_some_and(|e| e.raw_os_error() == Some(libc::ENOTCONN));
             if !dead {
@@ -412,8 +434,16 @@ fn background(mountpoint: &Path) -> Result<(), CliError> {
         std::env::current_exe().map_err(|e| CliError::Store(format!("finding strata: {e}")))?;
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     args.push("--foreground".into());
-    let log = std::env::temp_dir().join(format!("strata-mount-{}.log", std::process::id()));
-    let err = std::fs::File::create(&log)
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    let log = dir.join(format!("strata-mount-{}.log", std::process::id()));
+    // Created new (never through a link someone left at that name).
+    let err = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&log)
         .map_err(|e| CliError::Store(format!("creating {}: {e}", log.display())))?;
     let mut child = std::process::Command::new(exe)
         .args(&args)

@@ -50,6 +50,28 @@ pub(crate) enum Node {
     Entry(u64, u32, u32),
 }
 
+impl Node {
+    /// The step the node belongs to, if any.
+    pub(crate) fn step(&self) -> Option<u64> {
+        match *self {
+            Node::Root | Node::Latest | Node::Stats => None,
+            Node::Step(s)
+            | Node::Manifest(s)
+            | Node::Model(s)
+            | Node::RankFile(s, _)
+            | Node::RankDir(s, _)
+            | Node::Entry(s, _, _) => Some(s),
+        }
+    }
+}
+
+/// The inode tables.
+struct Inodes {
+    by_node: HashMap<Node, u64>,
+    by_ino: HashMap<u64, Node>,
+    next: u64,
+}
+
 /// What a node is, for `stat`.
 pub(crate) enum Kind {
     Dir,
@@ -103,7 +125,7 @@ pub(crate) struct View {
     steps: Mutex<HashMap<u64, Arc<StepFiles>>>,
     cache: SharedChunkCache,
     pub(crate) counters: Arc<Counters>,
-    inodes: Mutex<(HashMap<Node, u64>, Vec<Node>)>,
+    inodes: Mutex<Inodes>,
     /// Per file: where its last read ended, and how far its readahead
     /// has reached.
     sequential: Mutex<HashMap<Node, Sequential>>,
@@ -123,10 +145,11 @@ impl View {
             steps: Mutex::new(HashMap::new()),
             cache: SharedChunkCache::new(cache_bytes),
             counters: Arc::new(Counters::default()),
-            inodes: Mutex::new((
-                HashMap::from([(Node::Root, 1)]),
-                vec![Node::Root, Node::Root],
-            )),
+            inodes: Mutex::new(Inodes {
+                by_node: HashMap::from([(Node::Root, 1)]),
+                by_ino: HashMap::from([(1, Node::Root)]),
+                next: 2,
+            }),
             sequential: Mutex::new(HashMap::new()),
             prefetching: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         }
@@ -173,33 +196,40 @@ impl View {
             let kept: std::collections::HashSet<(u64, u32)> = m.0.keys().copied().collect();
             m.1.retain(|k| kept.contains(k));
         }
+        // The nodes of retired steps: their inodes answer ENOENT from now
+        // on (and are never handed out again), so the tables stay as large
+        // as the steps that exist.
+        if let Ok(mut t) = self.inodes.lock() {
+            let live = |n: &Node| n.step().is_none_or(|s| steps.contains(&s));
+            t.by_node.retain(|n, _| live(n));
+            t.by_ino.retain(|_, n| live(n));
+        }
+        if let Ok(mut q) = self.sequential.lock() {
+            q.retain(|n, _| n.step().is_none_or(|s| steps.contains(&s)));
+        }
         *c = (Instant::now(), fresh.clone());
         fresh
     }
 
-    /// The inode of `node`.
+    /// The inode of `node`: handed out on first sight, never reused.
     pub(crate) fn ino(&self, node: Node) -> u64 {
-        let Ok(mut t) = self.inodes.lock() else {
-            return 1;
-        };
-        if let Some(&i) = t.0.get(&node) {
+        let mut t = self
+            .inodes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(&i) = t.by_node.get(&node) {
             return i;
         }
-        let i = t.1.len() as u64;
-        t.1.push(node);
-        t.0.insert(node, i);
+        let i = t.next;
+        t.next += 1;
+        t.by_node.insert(node, i);
+        t.by_ino.insert(i, node);
         i
     }
 
-    /// The node of inode `ino`.
+    /// The node of inode `ino` (None once its step is gone).
     pub(crate) fn node(&self, ino: u64) -> Option<Node> {
-        self.inodes
-            .lock()
-            .ok()?
-            .1
-            .get(ino as usize)
-            .copied()
-            .filter(|_| ino > 0)
+        self.inodes.lock().ok()?.by_ino.get(&ino).copied()
     }
 
     /// The steps shown: committed in some tier.
@@ -319,7 +349,11 @@ impl View {
                 .iter()
                 .map(|(r, s)| (*r, s.reader.manifest()))
                 .collect();
-            let model = ModelFile::new(&ms).map_err(|e| Fail::Io(format!("step {step}: {e}")))?;
+            // A model that cannot be laid out leaves manifest.json alone.
+            let model = ModelFile::new(&ms).unwrap_or_else(|e| {
+                tracing::warn!(step, "no model.safetensors: {e}");
+                None
+            });
             if let Some(m) = &model {
                 for (fqn, why) in &m.skipped {
                     tracing::warn!(step, fqn = %fqn, "left out of model.safetensors: {why}");
@@ -333,8 +367,14 @@ impl View {
             manifest_json,
             model,
         });
-        if let Ok(mut m) = self.steps.lock() {
-            m.insert(step, files.clone());
+        // Kept only once every rank is there: a step committed in a tier
+        // that holds some ranks (one rank's upload ahead of the others')
+        // is built again at the next look, until it is whole.
+        let whole = world.is_some_and(|w| shards.len() as u64 == u64::from(w));
+        if whole {
+            if let Ok(mut m) = self.steps.lock() {
+                m.insert(step, files.clone());
+            }
         }
         Ok(files)
     }

@@ -307,7 +307,16 @@ impl SharedChunkCache {
 
     /// Bytes of chunks held now.
     pub fn held(&self) -> usize {
-        self.0.lock().map_or(0, |c| c.held)
+        self.lock().held
+    }
+
+    /// The cache, locked. A panic elsewhere while it was held leaves it
+    /// consistent (every change is a few map operations), so a poisoned
+    /// lock is taken as it is: waiters must always be woken.
+    fn lock(&self) -> std::sync::MutexGuard<'_, ChunkCache> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -346,15 +355,16 @@ impl ChunkCache {
     }
 }
 
-/// Bytes of spare read buffers kept for reuse, process-wide.
-const SPARE_BYTES: usize = 256 << 20;
+/// Bytes of spare read buffers kept for reuse, process-wide (four
+/// default chunks: what one reader's next batch needs, not a second cache).
+const SPARE_BYTES: usize = 64 << 20;
 
 /// Read buffers no longer used, kept for the next reads: a buffer that is
 /// reused is not faulted in and zeroed again (a fresh one costs about as
 /// much CPU as the read). Bounded by [`SPARE_BYTES`].
 static SPARE: Mutex<(Vec<AlignedBuf>, usize)> = Mutex::new((Vec::new(), 0));
 
-/// Up to `n` spare buffers, the largest first.
+/// Up to `n` spare buffers (the most recently returned).
 fn take_spare(n: usize) -> Vec<AlignedBuf> {
     let Ok(mut p) = SPARE.lock() else {
         return Vec::new();
@@ -381,23 +391,25 @@ fn give_back(data: ChunkData) {
     }
 }
 
-/// Unmarks chunks in flight in a cache and wakes their waiters, on drop.
+/// Unmarks chunks in flight in a cache and wakes their waiters, on drop:
+/// only the marks this reader made (in a second round, another reader may
+/// have marked the same chunk since).
 struct Unmark<'a> {
     cache: &'a SharedChunkCache,
-    ids: Vec<ChunkId>,
+    marks: Vec<(ChunkId, Arc<tokio::sync::Notify>)>,
 }
 
 impl Drop for Unmark<'_> {
     fn drop(&mut self) {
-        if self.ids.is_empty() {
+        if self.marks.is_empty() {
             return;
         }
-        if let Ok(mut c) = self.cache.0.lock() {
-            for id in &self.ids {
-                if let Some(n) = c.inflight.remove(id) {
-                    n.notify_waiters();
-                }
+        let mut c = self.cache.lock();
+        for (id, n) in &self.marks {
+            if c.inflight.get(id).is_some_and(|m| Arc::ptr_eq(m, n)) {
+                c.inflight.remove(id);
             }
+            n.notify_waiters();
         }
     }
 }
@@ -644,13 +656,16 @@ impl ShardReader {
     ) -> crate::Result<Vec<usize>> {
         let m = &self.manifest;
         let mut missing: Vec<usize> = Vec::new();
-        let mut waits: Vec<(usize, Arc<tokio::sync::Notify>)> = Vec::new();
+        // Each wait registered under the cache lock: the reader in flight
+        // unmarks (and wakes) under that lock too, so no wakeup falls
+        // between seeing the mark and waiting for it.
+        let mut waits: Vec<(
+            usize,
+            std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>>,
+        )> = Vec::new();
+        let mut mine: Vec<(ChunkId, Arc<tokio::sync::Notify>)> = Vec::new();
         {
-            let mut cache = self
-                .cache
-                .0
-                .lock()
-                .map_err(|_| crate::Error::Pipeline("chunk cache poisoned".into()))?;
+            let mut cache = self.cache.lock();
             for (c, _) in parts {
                 if have.contains_key(c) || missing.contains(c) || waits.iter().any(|w| w.0 == *c) {
                     continue;
@@ -660,12 +675,16 @@ impl ShardReader {
                     stats.cached += 1;
                     have.insert(*c, d);
                 } else if let Some(n) = cache.inflight.get(&id).filter(|_| join) {
-                    waits.push((*c, n.clone()));
+                    let mut w = Box::pin(n.clone().notified_owned());
+                    w.as_mut().enable();
+                    waits.push((*c, w));
                 } else {
-                    cache
+                    let n = cache
                         .inflight
                         .entry(id)
-                        .or_insert_with(|| Arc::new(tokio::sync::Notify::new()));
+                        .or_insert_with(|| Arc::new(tokio::sync::Notify::new()))
+                        .clone();
+                    mine.push((id, n));
                     missing.push(*c);
                 }
             }
@@ -674,22 +693,18 @@ impl ShardReader {
         // unmarked and their waiters woken.
         let unmark = Unmark {
             cache: &self.cache,
-            ids: missing.iter().map(|&c| m.chunks[c].id).collect(),
+            marks: mine,
         };
-        // Registered before the fetches below: a read that finishes first
-        // still wakes these.
-        let mut notified: Vec<_> = waits.iter().map(|(_, n)| Box::pin(n.notified())).collect();
-        for n in &mut notified {
-            n.as_mut().enable();
-        }
         if !missing.is_empty() {
             self.read_missing(name, &missing, stats, have).await?;
         }
         drop(unmark);
-        for n in notified {
-            n.await;
+        let mut waited = Vec::with_capacity(waits.len());
+        for (c, w) in waits {
+            w.await;
+            waited.push(c);
         }
-        Ok(waits.into_iter().map(|(c, _)| c).collect())
+        Ok(waited)
     }
 
     /// Reads chunks `missing` from the tiers (verified, repaired where
@@ -715,11 +730,7 @@ impl ShardReader {
             .write_back(self.write_back.as_ref().map(|t| &*t.store));
         let out = reader.read(&refs, take_spare(refs.len())).await;
         stats.repaired += out.repaired();
-        let mut cache = self
-            .cache
-            .0
-            .lock()
-            .map_err(|_| crate::Error::Pipeline("chunk cache poisoned".into()))?;
+        let mut cache = self.cache.lock();
         for (&c, r) in missing.iter().zip(out.chunks) {
             stats.chunks_read += 1;
             if let Some(t) = r.from {
