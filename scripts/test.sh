@@ -72,8 +72,14 @@ if ! command -v fusermount3 >/dev/null 2>&1; then
     || echo "fuse3 unavailable: the mount tests will say SKIPPED"
 fi
 # As root with /dev/fuse and fusermount3 the mount tests must run, not skip.
-if [ "$(id -u)" = 0 ] && [ -c /dev/fuse ] && command -v fusermount3 >/dev/null 2>&1; then
+if [ "$(id -u)" = 0 ] && [ -c /dev/fuse ] && (exec 3<>/dev/fuse) 2>/dev/null \
+  && command -v fusermount3 >/dev/null 2>&1; then
   export STRATA_REQUIRE_FUSE=1
+fi
+if [ "${STRATA_REQUIRE_FUSE:-}" = 1 ]; then
+  echo "mount tests: required"
+else
+  echo "mount tests: may skip (no root, /dev/fuse or fusermount3)"
 fi
 
 log "python: a venv with torch (CPU use of the PyPI build), numpy, pytest; the strata package"
