@@ -75,6 +75,19 @@ pub(crate) struct Place {
     pub(crate) offsets: Vec<u64>,
 }
 
+/// An entry's kind (`tensor` or `blob`), dtype and shape, as `show --json`
+/// and the mount's `manifest.json` give them.
+pub(crate) fn kind_dtype_shape(k: &EntryKind) -> (&'static str, Option<String>, Option<Vec<u64>>) {
+    match k {
+        EntryKind::Tensor { dtype, shape } => (
+            "tensor",
+            Some(dtype.name().to_string()),
+            Some(shape.clone()),
+        ),
+        EntryKind::Blob => ("blob", None, None),
+    }
+}
+
 /// The metadata key holding each tensor entry's place (written by the
 /// Python package for DTensors and DCP checkpoints).
 pub(crate) const LAYOUT_KEY: &str = "strata.layout";
@@ -175,14 +188,7 @@ pub(crate) fn run(a: &ShowArgs) -> Result<(), CliError> {
                     })
                     .sum::<u64>()
             });
-            let (kind, dtype, shape) = match &e.kind {
-                EntryKind::Tensor { dtype, shape } => (
-                    "tensor",
-                    Some(dtype.name().to_string()),
-                    Some(shape.clone()),
-                ),
-                EntryKind::Blob => ("blob", None, None),
-            };
+            let (kind, dtype, shape) = kind_dtype_shape(&e.kind);
             let change = before.as_ref().map(|b| match b.get(e.name.as_str()) {
                 None => "new",
                 Some(old) if Some(old) == now.get(e.name.as_str()) => "same",

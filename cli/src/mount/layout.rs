@@ -12,6 +12,7 @@
 //! shard's reader (verified chunks, tier fallback).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use strata_format::safetensors::encode_header;
 use strata_format::{DType, EntryKind, ShardManifest};
@@ -37,7 +38,13 @@ pub(crate) enum Part {
 
 /// The bytes `[off, off + len)` of a file made of `prefix` then `pieces`
 /// (each `(begin, end, rank, entry)` in file order, back to back).
-fn plan_pieces(prefix_len: u64, pieces: &[(u64, u64, u32, &str)], off: u64, len: u64) -> Vec<Part> {
+fn plan_pieces(
+    prefix_len: u64,
+    rank: u32,
+    pieces: &[(u64, u64, String)],
+    off: u64,
+    len: u64,
+) -> Vec<Part> {
     let end = off.saturating_add(len);
     let mut out = Vec::new();
     if off < prefix_len {
@@ -50,7 +57,8 @@ fn plan_pieces(prefix_len: u64, pieces: &[(u64, u64, u32, &str)], off: u64, len:
     }
     // The first piece ending after `off` (pieces are sorted by begin).
     let first = pieces.partition_point(|p| p.1 <= off);
-    for &(b, e, rank, entry) in &pieces[first..] {
+    for (b, e, entry) in &pieces[first..] {
+        let (b, e) = (*b, *e);
         if b >= end {
             break;
         }
@@ -70,7 +78,7 @@ fn plan_pieces(prefix_len: u64, pieces: &[(u64, u64, u32, &str)], off: u64, len:
 
 /// `rank-N.safetensors`: a shard as a safetensors file.
 pub(crate) struct ShardFile {
-    prefix: Vec<u8>,
+    prefix: Arc<[u8]>,
     rank: u32,
     /// `(begin, end, entry)` in file offsets, in file order.
     pieces: Vec<(u64, u64, String)>,
@@ -89,7 +97,7 @@ impl ShardFile {
             .collect();
         let size = pieces.last().map_or(base, |p| p.1);
         Ok(ShardFile {
-            prefix,
+            prefix: prefix.into(),
             rank,
             pieces,
             size,
@@ -101,19 +109,15 @@ impl ShardFile {
         self.size
     }
 
-    /// The header bytes.
-    pub(crate) fn header(&self) -> &[u8] {
-        &self.prefix
+    /// The header bytes (shared: every read of the header is served
+    /// from this one copy).
+    pub(crate) fn header(&self) -> Arc<[u8]> {
+        self.prefix.clone()
     }
 
     /// Where the bytes `[off, off + len)` come from.
     pub(crate) fn plan(&self, off: u64, len: u64) -> Vec<Part> {
-        let pieces: Vec<(u64, u64, u32, &str)> = self
-            .pieces
-            .iter()
-            .map(|(b, e, n)| (*b, *e, self.rank, n.as_str()))
-            .collect();
-        plan_pieces(self.prefix.len() as u64, &pieces, off, len)
+        plan_pieces(self.prefix.len() as u64, self.rank, &self.pieces, off, len)
     }
 }
 
@@ -145,7 +149,7 @@ struct ModelTensor {
 /// `model.safetensors`: the global tensors of a step by FQN, assembled
 /// from every rank's pieces.
 pub(crate) struct ModelFile {
-    prefix: Vec<u8>,
+    prefix: Arc<[u8]>,
     tensors: Vec<ModelTensor>,
     size: u64,
     /// FQNs left out, and why (pieces that do not tile the tensor).
@@ -280,7 +284,7 @@ impl ModelFile {
             .collect();
         let size = tensors.last().map_or(base, |t| t.begin + t.len);
         Ok(Some(ModelFile {
-            prefix,
+            prefix: prefix.into(),
             tensors,
             size,
             skipped,
@@ -292,9 +296,10 @@ impl ModelFile {
         self.size
     }
 
-    /// The header bytes.
-    pub(crate) fn header(&self) -> &[u8] {
-        &self.prefix
+    /// The header bytes (shared: every read of the header is served
+    /// from this one copy).
+    pub(crate) fn header(&self) -> Arc<[u8]> {
+        self.prefix.clone()
     }
 
     /// Where the bytes `[off, off + len)` come from: runs of pieces,
@@ -495,7 +500,7 @@ mod tests {
             };
             assert_eq!(tiling_error(&[4, 6], isz, &t.pieces), None, "{name}");
             let f = ModelFile {
-                prefix: Vec::new(),
+                prefix: Arc::from(Vec::new()),
                 tensors: vec![t],
                 size: 96,
                 skipped: Vec::new(),
@@ -550,7 +555,7 @@ mod tests {
 
     #[test]
     fn header_then_pieces_in_order() {
-        let parts = plan_pieces(8, &[(8, 12, 0, "a"), (12, 20, 0, "b")], 6, 10);
+        let parts = plan_pieces(8, 0, &[(8, 12, "a".into()), (12, 20, "b".into())], 6, 10);
         assert_eq!(
             parts,
             vec![
@@ -575,6 +580,6 @@ mod tests {
                 },
             ]
         );
-        assert!(plan_pieces(8, &[(8, 12, 0, "a")], 12, 4).is_empty());
+        assert!(plan_pieces(8, 0, &[(8, 12, "a".into())], 12, 4).is_empty());
     }
 }

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use strata::tiers::{Catalog, RangeStats, ShardReader, SharedChunkCache, Tiers};
-use strata_format::EntryKind;
 
 mod readahead;
 
@@ -20,7 +19,7 @@ use readahead::Sequential;
 use super::counters::Counters;
 use super::layout::{has_places, ModelFile, Part, ShardFile};
 use super::names::escape;
-use crate::show::{places, Place};
+use crate::show::{kind_dtype_shape, places, Place};
 
 /// Shards whose manifests and readers are kept at once.
 const SHARDS_KEPT: usize = 1024;
@@ -301,14 +300,7 @@ impl View {
                             .iter()
                             .zip(&s.names)
                             .map(|(e, path)| {
-                                let (kind, dtype, shape) = match &e.kind {
-                                    EntryKind::Tensor { dtype, shape } => (
-                                        "tensor",
-                                        Some(dtype.name().to_string()),
-                                        Some(shape.clone()),
-                                    ),
-                                    EntryKind::Blob => ("blob", None, None),
-                                };
+                                let (kind, dtype, shape) = kind_dtype_shape(&e.kind);
                                 EntryJson {
                                     name: e.name.clone(),
                                     path: format!("rank-{r}/{path}"),
@@ -519,13 +511,13 @@ impl View {
             let to = from.saturating_add(size as usize).min(bytes.len());
             bytes[from..to].to_vec()
         };
-        let (total, header, parts, step): (u64, Vec<u8>, Vec<Part>, u64) = match node {
+        let (total, header, parts, step): (u64, Arc<[u8]>, Vec<Part>, u64) = match node {
             Node::Stats => return Ok(in_memory(&self.stats_json())),
             Node::Manifest(s) => return Ok(in_memory(&self.step_files(s)?.manifest_json)),
             Node::RankFile(s, r) => {
                 let sh = self.shard(s, r)?;
                 let len = clamp(off, size, sh.file.size());
-                (len, sh.file.header().to_vec(), sh.file.plan(off, len), s)
+                (len, sh.file.header(), sh.file.plan(off, len), s)
             }
             Node::Entry(s, r, i) => {
                 let sh = self.shard(s, r)?;
@@ -545,7 +537,7 @@ impl View {
                 };
                 (
                     len,
-                    Vec::new(),
+                    Arc::from(Vec::new()),
                     if len > 0 { vec![part] } else { Vec::new() },
                     s,
                 )
@@ -554,7 +546,7 @@ impl View {
                 let files = self.step_files(s)?;
                 let m = files.model.as_ref().ok_or(Fail::Gone)?;
                 let len = clamp(off, size, m.size());
-                (len, m.header().to_vec(), m.plan(off, len), s)
+                (len, m.header(), m.plan(off, len), s)
             }
             _ => return Err(Fail::Io("not a file".into())),
         };
