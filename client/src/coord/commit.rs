@@ -26,6 +26,7 @@ use strata_tiered::StepInfo;
 
 use crate::config::Config;
 use crate::coord::coordinator::Coordinator;
+use crate::coord::verdict;
 use crate::error::{Error, Result};
 
 /// One rank's vote at a step's commit barrier.
@@ -89,22 +90,57 @@ pub(crate) struct Decision {
     pub(crate) decided_before: Option<u32>,
 }
 
-/// The barrier: exchanges this rank's vote with every rank and checks the
-/// result. Every rank votes, failed or not, so nobody waits for a rank that
-/// gave up.
+/// The barrier: sends this rank's vote, and gets back the decision one
+/// rank made from every vote ([`check_votes`], through
+/// [`Coordinator::all_reduce`]): the same on every rank. Every rank
+/// votes, failed or not, so nobody waits for a rank that gave up.
 pub(crate) fn barrier(
     coord: &dyn Coordinator,
     cfg: &Config,
     step: u64,
     vote: Vote,
 ) -> Result<Decision> {
-    let votes = coord.all_gather(
+    let key = format!("commit/{}/{step}", cfg.job);
+    let world = cfg.world_size;
+    let decided = coord.all_reduce(
         cfg.rank,
-        &format!("commit/{}/{step}", cfg.job),
+        &key,
         vote.encode(),
         Duration::from_secs(cfg.coordination_timeout_secs),
+        &move |votes| verdict::encode(check_votes(step, world, votes).map(Decision::encode)),
     )?;
-    check_votes(step, cfg.world_size, &votes)
+    Decision::decode(verdict::decode(&key, &decided)?).ok_or_else(|| {
+        Error::Coordination(format!(
+            "{key}: the coordinator returned a malformed decision"
+        ))
+    })
+}
+
+impl Decision {
+    fn encode(self) -> Vec<u8> {
+        let mut out = vec![u8::from(self.upload)];
+        if let Some(r) = self.decided_before {
+            out.extend_from_slice(&r.to_le_bytes());
+        }
+        out
+    }
+
+    fn decode(b: &[u8]) -> Option<Decision> {
+        let upload = match b.first()? {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
+        let decided_before = match b.len() {
+            1 => None,
+            5 => Some(u32::from_le_bytes(b[1..5].try_into().ok()?)),
+            _ => return None,
+        };
+        Some(Decision {
+            upload,
+            decided_before,
+        })
+    }
 }
 
 /// Checks a barrier's votes: exactly `world` of them (the coordinator
@@ -203,39 +239,28 @@ pub(crate) fn restorable(cfg: &Config, steps: &[StepInfo]) -> BTreeSet<u64> {
 }
 
 /// Whether every rank could use the step it was asked to restore: each
-/// rank says yes or no, and the step is used only if all say yes.
+/// rank says yes or no, and the step is used only if all say yes (one
+/// rank decides, every rank gets the same answer).
 pub(crate) fn all_ready(
     coord: &dyn Coordinator,
     cfg: &Config,
     key: &str,
     ok: bool,
 ) -> Result<bool> {
-    let all = gather_world(coord, cfg, key, vec![u8::from(ok)])?;
-    Ok(all.iter().all(|v| v.as_slice() == [1]))
-}
-
-/// One round of the restore protocol: exchanges `value` with every rank
-/// under `key` and checks the coordinator returned one answer per rank.
-pub(crate) fn gather_world(
-    coord: &dyn Coordinator,
-    cfg: &Config,
-    key: &str,
-    value: Vec<u8>,
-) -> Result<Vec<Vec<u8>>> {
-    let all = coord.all_gather(
+    let decided = coord.all_reduce(
         cfg.rank,
         key,
-        value,
+        vec![u8::from(ok)],
         Duration::from_secs(cfg.coordination_timeout_secs),
+        &|all| vec![u8::from(all.iter().all(|v| v.as_slice() == [1]))],
     )?;
-    if all.len() != cfg.world_size as usize {
-        return Err(Error::Coordination(format!(
-            "{key}: the coordinator returned {} answers for a world of {}",
-            all.len(),
-            cfg.world_size
-        )));
+    match decided.as_slice() {
+        [0] => Ok(false),
+        [1] => Ok(true),
+        _ => Err(Error::Coordination(format!(
+            "{key}: the coordinator returned a malformed decision"
+        ))),
     }
-    Ok(all)
 }
 
 /// The steps this rank knows committed in some tier: what a listing of

@@ -24,7 +24,36 @@ pub trait Coordinator: Send + Sync {
         value: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>>;
+
+    /// Every rank contributes `value`; `reduce` combines all of them (by
+    /// rank) into one decision, and every rank returns that same decision.
+    /// The commit barrier and the restore rounds use this: a coordinator
+    /// for large worlds (etcd) runs `reduce` once, on one rank, and sends
+    /// only the decision back, so a round costs O(world) in total instead
+    /// of every rank reading every value. `reduce` must be deterministic;
+    /// this default gathers every value on every rank and runs it there.
+    fn all_reduce(
+        &self,
+        rank: u32,
+        key: &str,
+        value: Vec<u8>,
+        timeout: Duration,
+        reduce: &Reduce<'_>,
+    ) -> Result<Vec<u8>> {
+        let all = self.all_gather(rank, key, value, timeout)?;
+        if all.len() != self.world_size() as usize {
+            return Err(Error::Coordination(format!(
+                "{key}: the coordinator returned {} answers for a world of {}",
+                all.len(),
+                self.world_size()
+            )));
+        }
+        Ok(reduce(&all))
+    }
 }
+
+/// What [`Coordinator::all_reduce`] runs on every rank's value (by rank).
+pub type Reduce<'a> = dyn Fn(&[Vec<u8>]) -> Vec<u8> + Send + Sync + 'a;
 
 /// A world of one: nothing to agree on.
 #[derive(Debug, Default)]

@@ -18,12 +18,22 @@ use strata_tiered::StepInfo;
 
 use crate::config::Config;
 use crate::coord::coordinator::Coordinator;
+use crate::coord::verdict;
 use crate::error::{Error, Result};
 
 /// Tag of the current payload. An older build sends a bare list of
 /// little-endian `u64` steps (a multiple of 8 bytes); this one's length is
 /// padded to 1 modulo 8, so the two never read as each other.
 const TAG: u8 = 0xA1;
+/// Tag of a payload that carries only the newest steps
+/// ([`Holdings::compact`]): older steps the rank may hold are not in it.
+const TAG_COMPACT: u8 = 0xA2;
+/// Steps of each kind a compact payload carries (the newest): a round's
+/// size no longer grows with the job's history.
+pub(crate) const WINDOW: usize = 64;
+/// Tiers some rank could not list that a decision names (the first of
+/// those whose L1 is empty, and the first of the others).
+const MAX_BLIND: usize = 32;
 /// Longest tier description carried (a tier's error message is cut).
 const MAX_NOTE: usize = 512;
 
@@ -42,9 +52,31 @@ pub(crate) struct Holdings {
     /// hold its newest one (L1 is written first, and its retention keeps
     /// the newest steps; only a lost or replaced disk lacks them).
     pub(crate) l1_empty: bool,
+    /// Only the newest steps are listed ([`Holdings::compact`]).
+    pub(crate) compact: bool,
 }
 
 impl Holdings {
+    /// The holdings as a restore round carries them: the newest
+    /// [`WINDOW`] committed and partial steps, and `wanted` where held.
+    /// Unchanged (and not marked compact) when nothing is left out.
+    pub(crate) fn compact(&self, wanted: Option<u64>) -> Holdings {
+        if self.committed.len() <= WINDOW && self.partial.len() <= WINDOW {
+            return self.clone();
+        }
+        let newest = |set: &BTreeSet<u64>| -> BTreeSet<u64> {
+            let mut kept: BTreeSet<u64> = set.iter().rev().take(WINDOW).copied().collect();
+            kept.extend(wanted.filter(|w| set.contains(w)));
+            kept
+        };
+        Holdings {
+            committed: newest(&self.committed),
+            partial: newest(&self.partial),
+            compact: true,
+            ..self.clone()
+        }
+    }
+
     /// Adds what a tier's listing shows: this rank's committed steps, and
     /// the newest step committed by another world size. `partial_too`
     /// (L1): this rank's manifests without a record, not being retired.
@@ -76,7 +108,7 @@ impl Holdings {
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = vec![TAG];
+        let mut out = vec![if self.compact { TAG_COMPACT } else { TAG }];
         for set in [&self.committed, &self.partial] {
             out.extend_from_slice(&(set.len() as u32).to_le_bytes());
             for s in set {
@@ -118,9 +150,11 @@ impl Holdings {
             return None;
         }
         let mut r = Reader(b);
-        if r.take(1)? != [TAG] {
-            return None;
-        }
+        let compact = match r.take(1)? {
+            [TAG] => false,
+            [TAG_COMPACT] => true,
+            _ => return None,
+        };
         let mut sets = [BTreeSet::new(), BTreeSet::new()];
         for set in &mut sets {
             let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
@@ -157,6 +191,7 @@ impl Holdings {
             foreign,
             unreadable: (!note.is_empty()).then(|| String::from_utf8_lossy(note).into_owned()),
             l1_empty,
+            compact,
         })
     }
 }
@@ -195,6 +230,9 @@ pub(crate) struct Agreement {
     /// Tiers some rank could not list: (rank, `"tier: why"`, its L1 held
     /// no committed step).
     pub(crate) blind: Vec<(u32, String, bool)>,
+    /// No step is common and some rank sent only its newest steps: the
+    /// ranks must exchange everything they hold ([`agree`] does).
+    pub(crate) widen: bool,
 }
 
 impl Agreement {
@@ -223,11 +261,104 @@ impl Agreement {
             });
         }
         let foreign = all.iter().filter_map(|h| h.foreign).max();
+        let common = common.unwrap_or_default();
         Ok(Agreement {
-            common: common.unwrap_or_default(),
+            widen: common.is_empty() && all.iter().any(|h| h.compact),
+            common,
             decided,
             foreign,
             blind,
+        })
+    }
+
+    /// The decision as the reducing rank sends it: bounded whatever the
+    /// world (the newest [`WINDOW`] decided steps, at most 2 × [`MAX_BLIND`]
+    /// blind tiers, keeping the first one [`Agreement::check_blind`] can
+    /// pick).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = vec![u8::from(self.widen)];
+        let steps = |out: &mut Vec<u8>, set: &BTreeSet<u64>| {
+            let kept: Vec<u64> = set.iter().rev().take(WINDOW).copied().collect();
+            out.extend_from_slice(&(kept.len() as u32).to_le_bytes());
+            for s in kept.iter().rev() {
+                out.extend_from_slice(&s.to_le_bytes());
+            }
+        };
+        steps(&mut out, &self.common);
+        steps(&mut out, &self.decided);
+        match self.foreign {
+            Some((step, world)) => {
+                out.push(1);
+                out.extend_from_slice(&step.to_le_bytes());
+                out.extend_from_slice(&world.to_le_bytes());
+            }
+            None => out.push(0),
+        }
+        let empty = self.blind.iter().filter(|b| b.2).take(MAX_BLIND);
+        let other = self.blind.iter().filter(|b| !b.2).take(MAX_BLIND);
+        let mut blind: Vec<&(u32, String, bool)> = empty.chain(other).collect();
+        blind.sort_by_key(|b| b.0);
+        out.extend_from_slice(&(blind.len() as u32).to_le_bytes());
+        for (rank, text, l1_empty) in blind {
+            let note = &text.as_bytes()[..floor_char_boundary(text, MAX_NOTE)];
+            out.extend_from_slice(&rank.to_le_bytes());
+            out.push(u8::from(*l1_empty));
+            out.extend_from_slice(&(note.len() as u16).to_le_bytes());
+            out.extend_from_slice(note);
+        }
+        out
+    }
+
+    /// Decodes a decision; `None` when malformed (never allocating past
+    /// the payload's length).
+    pub(crate) fn decode(b: &[u8]) -> Option<Agreement> {
+        let mut r = Reader(b);
+        let flag = |v: &[u8]| match v {
+            [0] => Some(false),
+            [1] => Some(true),
+            _ => None,
+        };
+        let widen = flag(r.take(1)?)?;
+        let mut sets = [BTreeSet::new(), BTreeSet::new()];
+        for set in &mut sets {
+            let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
+            if n > r.0.len() / 8 {
+                return None;
+            }
+            for _ in 0..n {
+                set.insert(u64::from_le_bytes(r.take(8)?.try_into().ok()?));
+            }
+        }
+        let foreign = match r.take(1)? {
+            [0] => None,
+            [1] => Some((
+                u64::from_le_bytes(r.take(8)?.try_into().ok()?),
+                u32::from_le_bytes(r.take(4)?.try_into().ok()?),
+            )),
+            _ => return None,
+        };
+        let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
+        if n > r.0.len() / 7 {
+            return None;
+        }
+        let mut blind = Vec::with_capacity(n);
+        for _ in 0..n {
+            let rank = u32::from_le_bytes(r.take(4)?.try_into().ok()?);
+            let l1_empty = flag(r.take(1)?)?;
+            let len = u16::from_le_bytes(r.take(2)?.try_into().ok()?) as usize;
+            let note = String::from_utf8_lossy(r.take(len)?).into_owned();
+            blind.push((rank, note, l1_empty));
+        }
+        if !r.0.is_empty() {
+            return None;
+        }
+        let [common, decided] = sets;
+        Some(Agreement {
+            common,
+            decided,
+            foreign,
+            blind,
+            widen,
         })
     }
 
@@ -281,25 +412,51 @@ impl Agreement {
     }
 }
 
-/// Step agreement: exchanges this rank's holdings with every rank (`key`
-/// names the round) and combines them ([`Agreement::of`]).
+/// Step agreement: sends this rank's holdings (the newest steps only,
+/// [`Holdings::compact`]) and gets back what one rank decided from every
+/// rank's ([`Agreement::of`]), the same on every rank (`key` names the
+/// round). When no step is common among the newest ones, a second round
+/// exchanges everything each rank holds.
 pub(crate) fn agree(
     coord: &dyn Coordinator,
     cfg: &Config,
     key: &str,
     mine: &Holdings,
+    wanted: Option<u64>,
 ) -> Result<Agreement> {
-    let all = crate::coord::commit::gather_world(coord, cfg, key, mine.encode())?;
-    let decoded = all
-        .iter()
-        .enumerate()
-        .map(|(r, v)| {
-            Holdings::decode(v).ok_or_else(|| {
-                Error::Coordination(format!("{key}: rank {r} sent a malformed step list"))
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Agreement::of(&decoded)
+    let first = round(coord, cfg, key, &mine.compact(wanted))?;
+    if !first.widen {
+        return Ok(first);
+    }
+    round(coord, cfg, &format!("{key}/all"), mine)
+}
+
+fn round(coord: &dyn Coordinator, cfg: &Config, key: &str, mine: &Holdings) -> Result<Agreement> {
+    let name = key.to_string();
+    let decided = coord.all_reduce(
+        cfg.rank,
+        key,
+        mine.encode(),
+        std::time::Duration::from_secs(cfg.coordination_timeout_secs),
+        &move |all| {
+            let combined = all
+                .iter()
+                .enumerate()
+                .map(|(r, v)| {
+                    Holdings::decode(v).ok_or_else(|| {
+                        Error::Coordination(format!("{name}: rank {r} sent a malformed step list"))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()
+                .and_then(|all| Agreement::of(&all));
+            verdict::encode(combined.map(|a| a.encode()))
+        },
+    )?;
+    Agreement::decode(verdict::decode(key, &decided)?).ok_or_else(|| {
+        Error::Coordination(format!(
+            "{key}: the coordinator returned a malformed agreement"
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -318,6 +475,7 @@ mod tests {
             foreign: Some((40, 8)),
             unreadable: Some("L3: connection refused".into()),
             l1_empty: true,
+            compact: false,
         };
         let b = h.encode();
         assert_eq!(b.len() % 8, 1);
@@ -339,6 +497,65 @@ mod tests {
         let mut trailing = Holdings::default().encode();
         trailing[8] = 7;
         assert_eq!(Holdings::decode(&trailing), None);
+    }
+
+    #[test]
+    fn a_round_carries_the_newest_steps_and_widens_when_none_is_common() {
+        // A long history: only the newest WINDOW steps travel (and the one
+        // asked for), so a round's size does not grow with the job's age.
+        let long = Holdings {
+            committed: (1..=1000).collect(),
+            partial: set(&[1001]),
+            ..Holdings::default()
+        };
+        let c = long.compact(Some(5));
+        assert!(c.compact);
+        assert_eq!(c.committed.len(), WINDOW + 1);
+        assert!(c.committed.contains(&5) && c.committed.contains(&1000));
+        assert!(!c.committed.contains(&6));
+        assert_eq!(c.partial, set(&[1001]));
+        assert_eq!(Holdings::decode(&c.encode()), Some(c.clone()));
+        assert!(c.encode().len() < 700, "{}", c.encode().len());
+        // A short history travels whole and is not marked compact.
+        let short = Holdings {
+            committed: set(&[3, 4]),
+            ..Holdings::default()
+        };
+        assert_eq!(short.compact(None), short);
+        // A rank that lost its newer steps shares only step 10 with one
+        // whose newest 64 are 937..1000: nothing common among the newest,
+        // so the ranks widen (and then find 10).
+        let behind = Holdings {
+            committed: set(&[10]),
+            ..Holdings::default()
+        };
+        let ahead: Holdings = Holdings {
+            committed: (1..=1000).collect(),
+            ..Holdings::default()
+        };
+        let ag = Agreement::of(&[ahead.compact(None), behind.clone()]).unwrap();
+        assert!(ag.common.is_empty() && ag.widen);
+        let ag = Agreement::of(&[ahead, behind.clone()]).unwrap();
+        assert_eq!((ag.common.clone(), ag.widen), (set(&[10]), false));
+        // A decision round-trips, and a malformed one is refused.
+        let mut ag = ag;
+        ag.foreign = Some((9, 4));
+        ag.blind = (0..100)
+            .map(|r| (r, format!("L3: down {r}"), r % 3 == 0))
+            .collect();
+        let b = ag.encode();
+        let back = Agreement::decode(&b).unwrap();
+        assert_eq!(back.common, ag.common);
+        assert_eq!(back.foreign, ag.foreign);
+        assert_eq!(back.blind.len(), 2 * MAX_BLIND);
+        assert_eq!(back.blind[0], ag.blind[0], "the first blind tier is kept");
+        assert!(back.blind.iter().filter(|b| b.2).count() == MAX_BLIND);
+        for cut in 0..b.len() {
+            assert!(Agreement::decode(&b[..cut]).is_none(), "cut {cut}");
+        }
+        let mut huge = b.clone();
+        huge[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Agreement::decode(&huge).is_none());
     }
 
     #[test]
@@ -419,6 +636,7 @@ mod tests {
             decided: set(&[3]),
             foreign: Some((7, 2)),
             blind: Vec::new(),
+            widen: false,
         };
         let e = ag.check_world(&cfg, None).unwrap_err();
         assert!(e.to_string().contains("world of 2"), "{e}");

@@ -300,16 +300,17 @@ impl Checkpointer {
         // steps is refused without listing the tiers again.
         s.committed.fill(holdings.committed.clone());
         let n = s.restores.fetch_add(1, Ordering::Relaxed);
+        let wanted = match which {
+            StepSelector::Latest => None,
+            StepSelector::Step(st) => Some(st),
+        };
         let agreement = crate::restore::agreement::agree(
             &*s.coord,
             cfg,
             &format!("restore/{}/{n}", cfg.job),
             holdings,
+            wanted,
         )?;
-        let wanted = match which {
-            StepSelector::Latest => None,
-            StepSelector::Step(st) => Some(st),
-        };
         agreement.check_blind(wanted)?;
         agreement.check_world(cfg, wanted)?;
         let mut common = agreement.common;

@@ -33,6 +33,8 @@ pub(crate) struct EtcdApi {
     token: std::sync::Mutex<Option<String>>,
     user: Option<(String, String)>,
     timeout: Duration,
+    /// Requests sent (each counted once, whichever endpoint answered).
+    requests: std::sync::atomic::AtomicU64,
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -71,16 +73,25 @@ fn kvs(v: &Value) -> Result<Vec<Kv>> {
     let Some(list) = v.get("kvs").and_then(Value::as_array) else {
         return Ok(Vec::new());
     };
-    list.iter()
-        .map(|kv| {
-            Ok(Kv {
-                key: bytes(&kv["key"])?,
-                value: bytes(&kv["value"])?,
-                create_revision: num(&kv["create_revision"]),
-                mod_revision: num(&kv["mod_revision"]),
-            })
-        })
-        .collect()
+    list.iter().map(kv_of).collect()
+}
+
+fn kv_of(kv: &Value) -> Result<Kv> {
+    Ok(Kv {
+        key: bytes(&kv["key"])?,
+        value: bytes(&kv["value"])?,
+        create_revision: num(&kv["create_revision"]),
+        mod_revision: num(&kv["mod_revision"]),
+    })
+}
+
+/// A change a watch reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A key was put (with its new value).
+    Put(Kv),
+    /// A key was deleted (or its lease expired).
+    Delete(Vec<u8>),
 }
 
 /// TLS and authentication of the connection.
@@ -179,9 +190,15 @@ impl EtcdApi {
             token: std::sync::Mutex::new(None),
             user: sec.user.clone(),
             timeout,
+            requests: std::sync::atomic::AtomicU64::new(0),
         };
         api.authenticate().await?;
         Ok(api)
+    }
+
+    /// Requests sent so far (keep-alives and watches included).
+    pub(crate) fn requests(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Gets a token for the user, if one is configured.
@@ -222,6 +239,8 @@ impl EtcdApi {
         timeout: Duration,
         token: Option<&str>,
     ) -> Result<reqwest::Response> {
+        self.requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut errors = Vec::new();
         for ep in &self.endpoints {
             let mut req = self
@@ -335,19 +354,21 @@ impl EtcdApi {
         .map(drop)
     }
 
-    /// Puts `key` (attached to `lease` unless 0).
+    /// Puts `key` (attached to `lease` unless 0); returns the revision of
+    /// the put.
     pub(crate) async fn put(
         &self,
         key: &[u8],
         value: &[u8],
         lease: i64,
         t: Duration,
-    ) -> Result<()> {
+    ) -> Result<i64> {
         let mut body = json!({"key": B64.encode(key), "value": B64.encode(value)});
         if lease != 0 {
             body["lease"] = Value::String(lease.to_string());
         }
-        self.call("/v3/kv/put", &body, t).await.map(drop)
+        let v = self.call("/v3/kv/put", &body, t).await?;
+        Ok(num(&v["header"]["revision"]))
     }
 
     /// Puts `key` only if it does not exist (returns the revision of the
@@ -392,6 +413,110 @@ impl EtcdApi {
         });
         let v = self.call("/v3/kv/range", &body, t).await?;
         Ok((kvs(&v)?, num(&v["header"]["revision"])))
+    }
+
+    /// The keys in `[from, to)`, and the store's revision.
+    pub(crate) async fn range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        t: Duration,
+    ) -> Result<(Vec<Kv>, i64)> {
+        let body = json!({"key": B64.encode(from), "range_end": B64.encode(to)});
+        let v = self.call("/v3/kv/range", &body, t).await?;
+        Ok((kvs(&v)?, num(&v["header"]["revision"])))
+    }
+
+    /// Several ranges read at one revision (`to` empty: the one key
+    /// `from`), and that revision.
+    pub(crate) async fn ranges(
+        &self,
+        ranges: &[(&[u8], &[u8])],
+        t: Duration,
+    ) -> Result<(Vec<Vec<Kv>>, i64)> {
+        let ops: Vec<Value> = ranges
+            .iter()
+            .map(|(from, to)| {
+                let mut r = json!({"key": B64.encode(from)});
+                if !to.is_empty() {
+                    r["range_end"] = Value::String(B64.encode(to));
+                }
+                json!({ "request_range": r })
+            })
+            .collect();
+        let v = self
+            .call("/v3/kv/txn", &json!({"compare": [], "success": ops}), t)
+            .await?;
+        let got = (0..ranges.len())
+            .map(|i| kvs(&v["responses"][i]["response_range"]))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((got, num(&v["header"]["revision"])))
+    }
+
+    /// Puts `key` and reads the key `get`, at one revision: returns that
+    /// revision and what `get` held.
+    pub(crate) async fn put_and_get(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+        get: &[u8],
+        t: Duration,
+    ) -> Result<(i64, Option<Kv>)> {
+        let mut put = json!({"key": B64.encode(key), "value": B64.encode(value)});
+        if lease != 0 {
+            put["lease"] = Value::String(lease.to_string());
+        }
+        let body = json!({"compare": [], "success": [
+            {"request_put": put},
+            {"request_range": {"key": B64.encode(get)}},
+        ]});
+        let v = self.call("/v3/kv/txn", &body, t).await?;
+        let got = kvs(&v["responses"][1]["response_range"])?;
+        Ok((num(&v["header"]["revision"]), got.into_iter().next()))
+    }
+
+    /// Creates `key` (it must not exist) while each key of `unchanged`
+    /// still has its `mod_revision`, and deletes the keys in `[from, to)`
+    /// in the same transaction. Returns the revision of the put, or what
+    /// `key` holds when a condition failed (`None`: it is absent, so one
+    /// of `unchanged` changed).
+    pub(crate) async fn create_and_clear(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+        unchanged: &[(Vec<u8>, i64)],
+        clear: Option<(&[u8], &[u8])>,
+        t: Duration,
+    ) -> Result<std::result::Result<i64, Option<Kv>>> {
+        let k = B64.encode(key);
+        let mut compare = vec![json!({"key": k, "target": "CREATE", "create_revision": "0"})];
+        for (key, rev) in unchanged {
+            compare.push(
+                json!({"key": B64.encode(key), "target": "MOD", "mod_revision": rev.to_string()}),
+            );
+        }
+        let mut put = json!({"key": k, "value": B64.encode(value)});
+        if lease != 0 {
+            put["lease"] = Value::String(lease.to_string());
+        }
+        let mut success = vec![json!({ "request_put": put })];
+        if let Some((from, to)) = clear {
+            success.push(json!({"request_delete_range": {"key": B64.encode(from), "range_end": B64.encode(to)}}));
+        }
+        let body = json!({
+            "compare": compare,
+            "success": success,
+            "failure": [{"request_range": {"key": k}}],
+        });
+        let v = self.call("/v3/kv/txn", &body, t).await?;
+        if v["succeeded"].as_bool() == Some(true) {
+            return Ok(Ok(num(&v["header"]["revision"])));
+        }
+        Ok(Err(kvs(&v["responses"][0]["response_range"])?
+            .into_iter()
+            .next()))
     }
 
     /// Every key under each of two prefixes, read at one revision (a
@@ -470,6 +595,20 @@ impl EtcdApi {
         revision: i64,
         wait: Duration,
     ) -> Result<bool> {
+        self.watch(prefix, revision, wait, |_| true).await
+    }
+
+    /// Hands each change under `prefix` after `revision` to `seen` until it
+    /// returns true (then returns true), or `wait` passes (false). A watch
+    /// etcd cancels (its revision was compacted) returns true: the caller
+    /// reads again. One request, however many changes it reports.
+    pub(crate) async fn watch(
+        &self,
+        prefix: &[u8],
+        revision: i64,
+        wait: Duration,
+        mut seen: impl FnMut(Event) -> bool + Send,
+    ) -> Result<bool> {
         let body = json!({"create_request": {
             "key": B64.encode(prefix),
             "range_end": B64.encode(prefix_end(prefix)),
@@ -502,11 +641,23 @@ impl EtcdApi {
                     if let Some(e) = v.get("error") {
                         return Err(err("watch", e));
                     }
+                    if v["result"]["canceled"].as_bool() == Some(true) {
+                        return Ok(true);
+                    }
                     let events = v["result"]["events"]
                         .as_array()
-                        .is_some_and(|e| !e.is_empty());
-                    if events || v["result"]["canceled"].as_bool() == Some(true) {
-                        return Ok(true);
+                        .cloned()
+                        .unwrap_or_default();
+                    for ev in &events {
+                        let kv = kv_of(&ev["kv"])?;
+                        let event = if ev["type"].as_str() == Some("DELETE") {
+                            Event::Delete(kv.key)
+                        } else {
+                            Event::Put(kv)
+                        };
+                        if seen(event) {
+                            return Ok(true);
+                        }
                     }
                 }
             }

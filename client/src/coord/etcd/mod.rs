@@ -20,16 +20,24 @@
 //!   value of a round once the next round is complete.
 
 mod api;
+mod claims;
+mod decide;
+mod gather;
+mod node;
+
+pub use node::EtcdRank;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::config::Config;
-use crate::coord::coordinator::Coordinator;
+use crate::coord::coordinator::{Coordinator, Reduce};
 use crate::error::{Error, Result};
 use api::{EtcdApi, Security};
+use claims::{claim_rank, keep_alive, ClaimOf, Holder};
 
 /// How to reach etcd and how long a dead rank may go unnoticed. Its
 /// `Debug` shows the user, never the password.
@@ -170,16 +178,23 @@ struct State {
     /// saved again after a failed commit) is a new round, never mixed with
     /// the failed one's values.
     attempts: std::collections::HashMap<String, u32>,
+    /// This process decides (holds rank 0): the prefix of its last
+    /// decided round, cleared with the next decision.
+    last_decided: Option<String>,
 }
 
 /// Ranks in many processes agreeing through etcd. One per process; it
-/// claims its rank on connect and holds it until dropped.
+/// claims its rank (or, [`EtcdCoordinator::connect_node`], the ranks of a
+/// node it runs) on connect and holds them until dropped.
 pub struct EtcdCoordinator {
     rt: Option<tokio::runtime::Runtime>,
     api: Arc<EtcdApi>,
     opts: EtcdOptions,
     root: String,
+    /// The first rank this process holds.
     rank: u32,
+    /// How many ranks it holds (`rank..rank + count`).
+    count: u32,
     world: u32,
     /// The claim's lease (short: a dead process is seen within it).
     lease: i64,
@@ -187,45 +202,17 @@ pub struct EtcdCoordinator {
     rounds_lease: i64,
     instance: String,
     me: String,
-    /// The revision at which this process claimed its rank: a claim that
-    /// exited before it belongs to an earlier incarnation of the job.
+    /// The revision at which this process claimed its first rank: a claim
+    /// that exited before it belongs to an earlier incarnation of the job.
     claimed_at: i64,
+    /// The revision of each of its claims (by rank from `rank`).
+    claims: Vec<i64>,
     /// This start of the job, as its claim names it.
     start: Option<String>,
     state: Arc<Mutex<State>>,
-}
-
-/// A rank's claim as read from etcd.
-struct Claim {
-    instance: String,
-    /// The start of the job that made it (`EtcdOptions::incarnation`).
-    start: Option<String>,
-    exited: bool,
-    /// When it was last written (for an exited claim: when it ended).
-    mod_revision: i64,
-}
-
-fn parse_claim(value: &[u8], mod_revision: i64) -> Claim {
-    let text = String::from_utf8_lossy(value);
-    Claim {
-        mod_revision,
-        instance: text
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("instance="))
-            .unwrap_or("")
-            .to_string(),
-        exited: text.split_whitespace().any(|w| w == "exited"),
-        start: text
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("start="))
-            .map(str::to_string),
-    }
-}
-
-/// The rank number at the start of `rest` (`00000003` or `00000003/...`).
-fn rank_in(rest: &[u8]) -> Option<u32> {
-    let end = rest.iter().position(|&b| b == b'/').unwrap_or(rest.len());
-    std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+    /// The ranks of this process waiting in a reducing round
+    /// ([`EtcdRank`]).
+    local: node::Local,
 }
 
 /// How long the rounds' lease lives at least: a slow rank must still find
@@ -258,19 +245,45 @@ impl EtcdCoordinator {
     /// A rank another live process holds is [`Error::RankClaimed`] (and
     /// that process's next call fails the same way).
     pub fn connect(opts: EtcdOptions, job: &str, rank: u32, world: u32) -> Result<Self> {
+        Self::connect_ranks(opts, job, rank..rank.saturating_add(1), world)
+    }
+
+    /// Connects for a process that runs the ranks `ranks` of `job` (one
+    /// node's, each on a thread or task): it claims them all on one lease,
+    /// and each rank takes part through its [`EtcdRank`]
+    /// ([`EtcdCoordinator::rank_handle`]). A reducing round then costs
+    /// etcd a few requests per process, not per rank, and its keep-alives
+    /// four per lease period for the whole node.
+    pub fn connect_node(
+        opts: EtcdOptions,
+        job: &str,
+        ranks: Range<u32>,
+        world: u32,
+    ) -> Result<Arc<Self>> {
+        Self::connect_ranks(opts, job, ranks, world).map(Arc::new)
+    }
+
+    fn connect_ranks(opts: EtcdOptions, job: &str, ranks: Range<u32>, world: u32) -> Result<Self> {
         // On a thread of its own: the caller may be inside an async
         // runtime, where blocking on (or dropping) ours would panic.
         std::thread::scope(|sc| {
-            sc.spawn(|| Self::connect_here(opts, job, rank, world))
+            sc.spawn(|| Self::connect_here(opts, job, ranks, world))
                 .join()
                 .unwrap_or_else(|_| Err(Error::Coordination("etcd connect panicked".into())))
         })
     }
 
-    fn connect_here(opts: EtcdOptions, job: &str, rank: u32, world: u32) -> Result<Self> {
+    fn connect_here(opts: EtcdOptions, job: &str, ranks: Range<u32>, world: u32) -> Result<Self> {
         strata_format::names::validate_job_id(job).map_err(|e| Error::Config(e.to_string()))?;
-        if world == 0 || rank >= world {
-            return Err(Error::Config(format!("rank {rank} of world size {world}")));
+        if world == 0 || ranks.is_empty() || ranks.end > world {
+            return Err(Error::Config(format!(
+                "rank {} of world size {world}",
+                if ranks.is_empty() {
+                    ranks.start
+                } else {
+                    ranks.end - 1
+                }
+            )));
         }
         if opts.lease_ttl < Duration::from_secs(1) {
             return Err(Error::Config("etcd lease_ttl must be at least 1 s".into()));
@@ -307,87 +320,70 @@ impl EtcdCoordinator {
                 .map_or(String::new(), |s| format!(" start={s}")),
         );
         let rounds_lease = rt.block_on(api.grant(ROUNDS_TTL.max(opts.lease_ttl * 3), t))?;
-        let claim = format!("{root}/ranks/{rank:08}");
         let state = Arc::new(Mutex::new(State::default()));
-        // A live holder is waited for up to two lease TTLs (plus a
-        // margin): a predecessor that died is gone by then, even where
-        // etcd runs late on a loaded machine.
-        let deadline = Instant::now() + opts.lease_ttl * 2 + Duration::from_secs(2);
-        let claimed_at = loop {
-            let held = match rt.block_on(api.create(claim.as_bytes(), me.as_bytes(), lease, t)) {
-                Ok(Ok(rev)) => break rev,
-                Ok(Err(held)) => held,
-                // Gone between the compare and the read: try again.
-                Err(Error::Coordination(m)) if m.contains("contended") => continue,
-                Err(e) => return Err(e),
-            };
-            if parse_claim(&held.value, held.mod_revision).exited {
-                // The previous holder ended cleanly: take the rank over.
-                match rt.block_on(api.replace(
-                    claim.as_bytes(),
-                    me.as_bytes(),
-                    lease,
-                    held.mod_revision,
-                    t,
-                ))? {
-                    Some(rev) => break rev,
-                    None => continue,
+        let mut claims = Vec::with_capacity(ranks.len());
+        for rank in ranks.clone() {
+            let claimed = rt.block_on(claim_rank(
+                &api,
+                &opts,
+                ClaimOf {
+                    root: &root,
+                    job,
+                    rank,
+                    me: &me,
+                    instance: &instance,
+                    leases: [lease, rounds_lease],
+                },
+            ));
+            match claimed {
+                Ok(rev) => claims.push(rev),
+                Err(e) => {
+                    let _ = rt.block_on(api.revoke(lease, t));
+                    let _ = rt.block_on(api.revoke(rounds_lease, t));
+                    return Err(e);
                 }
             }
-            if Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(200));
-                // This process's own lease must outlive the wait.
-                rt.block_on(api.keepalive(lease, t))?;
-                continue;
-            }
-            // Tell the holder on a short lease of its own, then fail.
-            let short = rt.block_on(api.grant(opts.lease_ttl * 3, t))?;
-            let key = format!("{root}/claims/{rank:08}/{instance}");
-            let told = rt.block_on(api.put(key.as_bytes(), me.as_bytes(), short, t));
-            let _ = rt.block_on(api.revoke(lease, t));
-            let _ = rt.block_on(api.revoke(rounds_lease, t));
-            if let Err(e) = told {
-                tracing::warn!(error = %e, "could not tell the holder of the rank");
-            }
-            return Err(Error::RankClaimed {
-                job: job.to_string(),
-                rank,
-                other: format!(
-                    "held by {}; this process is {me}",
-                    String::from_utf8_lossy(&held.value)
-                ),
-            });
-        };
+        }
+        let claimed_at = claims.first().copied().unwrap_or_default();
         rt.spawn(keep_alive(
             api.clone(),
             state.clone(),
             opts.clone(),
             Holder {
                 leases: [lease, rounds_lease],
-                claim: claim.clone(),
-                claims: format!("{root}/claims/{rank:08}/"),
+                root: root.clone(),
+                ranks: ranks.clone(),
                 instance: instance.clone(),
                 claimed_at,
                 job: job.to_string(),
-                rank,
             },
         ));
-        tracing::info!(rank, world, %me, "claimed the rank in etcd");
+        tracing::info!(first = ranks.start, ranks = ranks.len(), world, %me, "claimed the ranks in etcd");
         Ok(EtcdCoordinator {
             rt: Some(rt),
             api,
             opts,
             root,
-            rank,
+            rank: ranks.start,
+            count: ranks.end - ranks.start,
             world,
             lease,
             rounds_lease,
             instance,
             me,
             claimed_at,
+            claims,
             start,
             state,
+            local: node::Local::default(),
         })
+    }
+
+    /// Requests this process has sent to etcd so far (keep-alives and
+    /// watches included): what a round costs etcd, for benchmarks and
+    /// operators.
+    pub fn requests(&self) -> u64 {
+        self.api.requests()
     }
 
     /// Every key this job has in etcd (for operators and tests): claims,
@@ -446,267 +442,6 @@ impl EtcdCoordinator {
             None => Ok(()),
         }
     }
-
-    async fn gather(&self, key: &str, value: Vec<u8>, timeout: Duration) -> Result<Vec<Vec<u8>>> {
-        let t = self.opts.request_timeout;
-        let attempt = {
-            let mut st = self.state.lock().map_err(poisoned)?;
-            let n = st.attempts.entry(key.to_string()).or_insert(0);
-            *n += 1;
-            *n
-        };
-        let round = match &self.opts.incarnation {
-            Some(i) => format!(
-                "{}/rounds/{}/{}@{attempt}/",
-                self.root,
-                escape(i),
-                escape(key)
-            ),
-            None => format!("{}/rounds/{}@{attempt}/", self.root, escape(key)),
-        };
-        let mine = format!("{round}{:08}/{}", self.rank, self.instance).into_bytes();
-        if let Err(e) = self.api.put(&mine, &value, self.rounds_lease, t).await {
-            // The put may have reached etcd though this client saw an
-            // error: take the value back, so no rank counts a vote this
-            // rank reports as failed.
-            if let Err(d) = self.api.delete(&mine, t).await {
-                tracing::warn!(error = %d, "could not take back a round's value after a failed put");
-            }
-            return Err(e);
-        }
-        let r = self.gather_round(key, &round, &mine, timeout).await;
-        if r.is_err() {
-            // A failed round's value goes at once: no late rank counts it.
-            let _ = self.api.delete(&mine, t).await;
-        }
-        r
-    }
-
-    async fn gather_round(
-        &self,
-        key: &str,
-        round: &str,
-        mine: &[u8],
-        timeout: Duration,
-    ) -> Result<Vec<Vec<u8>>> {
-        let t = self.opts.request_timeout;
-        let members = format!("{}/ranks/", self.root);
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.check_lost()?;
-            // The round and the claims at one revision (a transient etcd
-            // error is retried until the deadline).
-            let (values, claims, rev) = match self
-                .api
-                .range_two(round.as_bytes(), members.as_bytes(), t)
-                .await
-            {
-                Ok(v) => v,
-                Err(e) if Instant::now() < deadline => {
-                    tracing::warn!(error = %e, "etcd read failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let mut holder: BTreeMap<u32, Claim> = BTreeMap::new();
-            for kv in &claims {
-                if let Some(r) = kv.key.strip_prefix(members.as_bytes()).and_then(rank_in) {
-                    let c = parse_claim(&kv.value, kv.mod_revision);
-                    // An exited claim older than this process is an earlier
-                    // incarnation's: as if the rank had not come yet. So is
-                    // a live claim of another start of the job (a process
-                    // of the previous start that was killed holds its claim
-                    // until its lease expires): its disappearing is not
-                    // this start's rank dying.
-                    let older = c.exited && c.mod_revision < self.claimed_at;
-                    let other_start = self.opts.incarnation.is_some() && c.start != self.start;
-                    if !older && !other_start {
-                        holder.insert(r, c);
-                    }
-                }
-            }
-            // Fencing: only the current holder of this rank completes a
-            // round. A process whose lease lapsed (a partition, SIGSTOP)
-            // and whose rank another process took would otherwise count
-            // its replacement's value as its own and go on to commit.
-            let held = holder
-                .get(&self.rank)
-                .is_some_and(|c| c.instance == self.instance && c.mod_revision == self.claimed_at);
-            if !held {
-                let e = Error::RankClaimed {
-                    job: self.root.rsplit('/').next().unwrap_or_default().to_string(),
-                    rank: self.rank,
-                    other: format!(
-                        "this process no longer holds its claim (its lease lapsed or another process took the rank): {}",
-                        holder
-                            .get(&self.rank)
-                            .map_or("nobody holds it now".to_string(), |c| format!("held by instance {}", c.instance))
-                    ),
-                };
-                if let Ok(mut st) = self.state.lock() {
-                    st.lost.get_or_insert(e.clone());
-                }
-                return Err(e);
-            }
-            let mut got: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
-            for kv in values {
-                let Some(rest) = kv.key.strip_prefix(round.as_bytes()) else {
-                    continue;
-                };
-                let Some(r) = rank_in(rest) else { continue };
-                if r >= self.world {
-                    return Err(Error::Coordination(format!(
-                        "{key}: a value of rank {r} in a world of {} (another job with the same id and another world size?)",
-                        self.world
-                    )));
-                }
-                let instance = rest.rsplit(|&b| b == b'/').next().unwrap_or_default();
-                // Only the holder's value counts (not an earlier
-                // incarnation's under the same key).
-                if holder
-                    .get(&r)
-                    .is_some_and(|h| h.instance.as_bytes() == instance)
-                {
-                    got.insert(r, kv.value);
-                }
-            }
-            if got.len() == self.world as usize {
-                let last = {
-                    let mut st = self.state.lock().map_err(poisoned)?;
-                    st.last_round.replace(mine.to_vec())
-                };
-                // Every rank has put this round, so every rank is done
-                // reading the previous one: this rank's value of it goes.
-                if let Some(old) = last.filter(|o| o.as_slice() != mine) {
-                    if let Err(e) = self.api.delete(&old, t).await {
-                        tracing::warn!(error = %e, "could not delete an old round's key");
-                    }
-                }
-                return Ok(got.into_values().collect());
-            }
-            let missing: Vec<u32> = (0..self.world).filter(|r| !got.contains_key(r)).collect();
-            {
-                // A rank whose live claim was seen and is gone has died; one
-                // that exited without a value here will never give one.
-                let mut st = self.state.lock().map_err(poisoned)?;
-                st.seen
-                    .extend(holder.iter().filter(|(_, c)| !c.exited).map(|(r, _)| *r));
-                let dead: Vec<u32> = missing
-                    .iter()
-                    .copied()
-                    .filter(|r| match holder.get(r) {
-                        None => st.seen.contains(r),
-                        Some(c) => c.exited,
-                    })
-                    .collect();
-                if !dead.is_empty() {
-                    return Err(Error::Coordination(format!(
-                        "{key}: rank{} {dead:?} left (the process ended or its lease expired: it or its node died); {} of {} ranks reported",
-                        if dead.len() == 1 { "" } else { "s" },
-                        got.len(),
-                        self.world
-                    )));
-                }
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                let never: Vec<u32> = missing
-                    .iter()
-                    .copied()
-                    .filter(|r| !holder.contains_key(r))
-                    .collect();
-                return Err(Error::Coordination(format!(
-                    "{key}: only {} of {} ranks reported within {timeout:?}; missing {missing:?} (of which never connected or gone: {never:?})",
-                    got.len(),
-                    self.world
-                )));
-            }
-            // Wait for the round to change (or re-check the claims).
-            let wait = (deadline - now).min(self.opts.lease_ttl / 2);
-            if let Err(e) = self.api.watch_prefix(round.as_bytes(), rev, wait).await {
-                tracing::warn!(error = %e, "etcd watch failed; reading again");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
-}
-
-/// What the keep-alive task needs to know about this process's claim.
-struct Holder {
-    leases: [i64; 2],
-    claim: String,
-    claims: String,
-    instance: String,
-    claimed_at: i64,
-    job: String,
-    rank: u32,
-}
-
-/// Keeps the claim's lease alive every third of its TTL (first, before
-/// anything else), the rounds' lease too, and checks that the claim is
-/// still this process's and that no newer process tried to take the rank;
-/// records why the rank was lost, then stops.
-async fn keep_alive(api: Arc<EtcdApi>, state: Arc<Mutex<State>>, opts: EtcdOptions, h: Holder) {
-    let every = opts.lease_ttl / 3;
-    // A renewal must not outlast its own period.
-    let t = every.max(Duration::from_millis(500));
-    let mut next = tokio::time::Instant::now() + every;
-    loop {
-        tokio::time::sleep_until(next).await;
-        next += every;
-        let lost = match api.keepalive(h.leases[0], t).await {
-            Ok(0) => Some(Error::Coordination(format!(
-                "rank {}: this process's etcd lease expired (unreachable for over {:?}); its rank may be taken by another process",
-                h.rank, opts.lease_ttl
-            ))),
-            Ok(_) => {
-                let _ = api.keepalive(h.leases[1], t).await;
-                check_claim(&api, &h, t).await
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "etcd keep-alive failed; retrying");
-                None
-            }
-        };
-        if let Some(e) = lost {
-            tracing::error!(error = %e, "lost the rank");
-            if let Ok(mut st) = state.lock() {
-                st.lost = Some(e);
-            }
-            return;
-        }
-    }
-}
-
-/// Whether the claim is still this process's, and no process tried to
-/// take the rank since it was claimed (an older attempt's marker, from
-/// before this claim, is not about this process).
-async fn check_claim(api: &EtcdApi, h: &Holder, t: Duration) -> Option<Error> {
-    let (held, _) = api.range_prefix(h.claim.as_bytes(), t).await.ok()?;
-    let mine = held
-        .iter()
-        .find(|kv| kv.key == h.claim.as_bytes())
-        .is_some_and(|kv| parse_claim(&kv.value, kv.mod_revision).instance == h.instance);
-    if !mine {
-        return Some(Error::RankClaimed {
-            job: h.job.clone(),
-            rank: h.rank,
-            other: "another process holds it now (this process's claim was lost)".into(),
-        });
-    }
-    let (tried, _) = api.range_prefix(h.claims.as_bytes(), t).await.ok()?;
-    tried
-        .into_iter()
-        .find(|kv| kv.create_revision > h.claimed_at)
-        .map(|kv| Error::RankClaimed {
-            job: h.job.clone(),
-            rank: h.rank,
-            other: format!(
-                "another process tried to claim it: {}",
-                String::from_utf8_lossy(&kv.value)
-            ),
-        })
 }
 
 impl Coordinator for EtcdCoordinator {
@@ -721,14 +456,30 @@ impl Coordinator for EtcdCoordinator {
         value: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>> {
-        if rank != self.rank {
+        if rank != self.rank || self.count != 1 {
             return Err(Error::Config(format!(
-                "this coordinator holds rank {}, not {rank}",
-                self.rank
+                "this coordinator holds rank {}, not {rank}{}",
+                self.rank,
+                if self.count == 1 {
+                    ""
+                } else {
+                    " (a process of several ranks gathers through EtcdCoordinator::rank_handle)"
+                }
             )));
         }
         self.check_lost()?;
         self.on_own_thread(self.gather(key, value, timeout))
+    }
+
+    fn all_reduce(
+        &self,
+        rank: u32,
+        key: &str,
+        value: Vec<u8>,
+        timeout: Duration,
+        reduce: &Reduce<'_>,
+    ) -> Result<Vec<u8>> {
+        self.reduce_locally(rank, key, value, timeout, reduce)
     }
 }
 
@@ -748,16 +499,21 @@ impl Drop for EtcdCoordinator {
                 self.api.clone(),
                 self.opts.request_timeout.min(Duration::from_secs(2)),
             );
-            let key = format!("{}/ranks/{:08}", self.root, self.rank);
+            let keys: Vec<String> = self
+                .ranks()
+                .map(|r| format!("{}/ranks/{r:08}", self.root))
+                .collect();
             let value = format!("{} exited", self.me);
             let (lease, rounds) = (self.lease, self.rounds_lease);
             let _ = std::thread::spawn(move || {
                 rt.block_on(async {
-                    // Only while the claim is still on this process's
-                    // lease (another process may hold the rank by now).
-                    let _ = api
-                        .put_if_lease(key.as_bytes(), value.as_bytes(), rounds, lease, t)
-                        .await;
+                    // Only while a claim is still on this process's lease
+                    // (another process may hold the rank by now).
+                    for key in keys {
+                        let _ = api
+                            .put_if_lease(key.as_bytes(), value.as_bytes(), rounds, lease, t)
+                            .await;
+                    }
                     let _ = api.revoke(lease, t).await;
                 });
                 rt.shutdown_background();

@@ -1,0 +1,231 @@
+//! Claims of ranks: how a claim reads, and the task that keeps a
+//! process's claims alive and notices when they are lost.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::api::EtcdApi;
+use super::{EtcdOptions, State};
+use crate::error::Error;
+
+/// A rank's claim as read from etcd.
+pub(super) struct Claim {
+    pub(super) instance: String,
+    /// The start of the job that made it (`EtcdOptions::incarnation`).
+    pub(super) start: Option<String>,
+    pub(super) exited: bool,
+    /// When it was last written (for an exited claim: when it ended).
+    pub(super) mod_revision: i64,
+}
+
+pub(super) fn parse_claim(value: &[u8], mod_revision: i64) -> Claim {
+    let text = String::from_utf8_lossy(value);
+    Claim {
+        mod_revision,
+        instance: text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("instance="))
+            .unwrap_or("")
+            .to_string(),
+        exited: text.split_whitespace().any(|w| w == "exited"),
+        start: text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("start="))
+            .map(str::to_string),
+    }
+}
+
+/// The rank number at the start of `rest` (`00000003` or `00000003/...`).
+pub(super) fn rank_in(rest: &[u8]) -> Option<u32> {
+    let end = rest.iter().position(|&b| b == b'/').unwrap_or(rest.len());
+    std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+}
+
+/// What the keep-alive task needs to know about this process's claims
+/// (of ranks `ranks`, each at `{root}/ranks/{rank:08}`).
+pub(super) struct Holder {
+    pub(super) leases: [i64; 2],
+    pub(super) root: String,
+    pub(super) ranks: std::ops::Range<u32>,
+    pub(super) instance: String,
+    /// The revision of this process's first claim (its claims are made
+    /// in rank order): a second claim made later is about this process.
+    pub(super) claimed_at: i64,
+    pub(super) job: String,
+}
+
+/// The key range `[{dir}/{first:08}{tail}, {dir}/{end:08}{tail})`: the keys
+/// of ranks `first..end` under `dir`.
+pub(super) fn rank_range(
+    dir: &str,
+    ranks: &std::ops::Range<u32>,
+    tail: &str,
+) -> (Vec<u8>, Vec<u8>) {
+    (
+        format!("{dir}/{:08}{tail}", ranks.start).into_bytes(),
+        format!("{dir}/{:08}{tail}", ranks.end).into_bytes(),
+    )
+}
+
+/// Keeps the claims' lease alive every third of its TTL (first, before
+/// anything else), the rounds' lease too, and checks that the claims are
+/// still this process's and that no newer process tried to take one of
+/// its ranks; records why a rank was lost, then stops. Four requests per
+/// period, however many ranks the process holds.
+pub(super) async fn keep_alive(
+    api: Arc<EtcdApi>,
+    state: Arc<Mutex<State>>,
+    opts: EtcdOptions,
+    h: Holder,
+) {
+    let every = opts.lease_ttl / 3;
+    // A renewal must not outlast its own period.
+    let t = every.max(Duration::from_millis(500));
+    let mut next = tokio::time::Instant::now() + every;
+    loop {
+        tokio::time::sleep_until(next).await;
+        next += every;
+        let lost = match api.keepalive(h.leases[0], t).await {
+            Ok(0) => Some(Error::Coordination(format!(
+                "rank {}: this process's etcd lease expired (unreachable for over {:?}); its rank may be taken by another process",
+                h.ranks.start, opts.lease_ttl
+            ))),
+            Ok(_) => {
+                let _ = api.keepalive(h.leases[1], t).await;
+                check_claims(&api, &h, t).await
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "etcd keep-alive failed; retrying");
+                None
+            }
+        };
+        if let Some(e) = lost {
+            tracing::error!(error = %e, "lost the rank");
+            if let Ok(mut st) = state.lock() {
+                st.lost = Some(e);
+            }
+            return;
+        }
+    }
+}
+
+/// Whether the claims are still this process's, and no process tried to
+/// take one of its ranks since it claimed them (an older attempt's marker,
+/// from before these claims, is not about this process).
+async fn check_claims(api: &EtcdApi, h: &Holder, t: Duration) -> Option<Error> {
+    let dir = format!("{}/ranks", h.root);
+    let (from, to) = rank_range(&dir, &h.ranks, "");
+    let (held, _) = api.range(&from, &to, t).await.ok()?;
+    for rank in h.ranks.clone() {
+        let key = format!("{dir}/{rank:08}");
+        let mine = held
+            .iter()
+            .find(|kv| kv.key == key.as_bytes())
+            .is_some_and(|kv| parse_claim(&kv.value, kv.mod_revision).instance == h.instance);
+        if !mine {
+            return Some(Error::RankClaimed {
+                job: h.job.clone(),
+                rank,
+                other: "another process holds it now (this process's claim was lost)".into(),
+            });
+        }
+    }
+    let dir = format!("{}/claims", h.root);
+    let (from, to) = rank_range(&dir, &h.ranks, "/");
+    let (tried, _) = api.range(&from, &to, t).await.ok()?;
+    tried
+        .into_iter()
+        .find(|kv| kv.create_revision > h.claimed_at)
+        .map(|kv| Error::RankClaimed {
+            job: h.job.clone(),
+            rank: kv
+                .key
+                .strip_prefix(format!("{dir}/").as_bytes())
+                .and_then(rank_in)
+                .unwrap_or(h.ranks.start),
+            other: format!(
+                "another process tried to claim it: {}",
+                String::from_utf8_lossy(&kv.value)
+            ),
+        })
+}
+
+/// Which rank a process claims, and as whom.
+pub(super) struct ClaimOf<'a> {
+    pub(super) root: &'a str,
+    pub(super) job: &'a str,
+    pub(super) rank: u32,
+    /// The claim's value (host, pid, instance, start).
+    pub(super) me: &'a str,
+    pub(super) instance: &'a str,
+    /// The claim's lease, and the rounds' lease.
+    pub(super) leases: [i64; 2],
+}
+
+/// Claims one rank: creates its key, or takes over the claim of a process
+/// that exited cleanly, or waits up to two lease TTLs for a live holder's
+/// lease to lapse (a predecessor that died); then tells the holder (a
+/// marker on a short lease of its own) and fails with
+/// [`Error::RankClaimed`]. Returns the revision of the claim.
+pub(super) async fn claim_rank(
+    api: &EtcdApi,
+    opts: &EtcdOptions,
+    c: ClaimOf<'_>,
+) -> crate::error::Result<i64> {
+    let t = opts.request_timeout;
+    let claim = format!("{}/ranks/{:08}", c.root, c.rank);
+    let lease = c.leases[0];
+    // A live holder is waited for up to two lease TTLs (plus a margin): a
+    // predecessor that died is gone by then, even where etcd runs late on
+    // a loaded machine.
+    let deadline = std::time::Instant::now() + opts.lease_ttl * 2 + Duration::from_secs(2);
+    loop {
+        let held = match api
+            .create(claim.as_bytes(), c.me.as_bytes(), lease, t)
+            .await
+        {
+            Ok(Ok(rev)) => return Ok(rev),
+            Ok(Err(held)) => held,
+            // Gone between the compare and the read: try again.
+            Err(Error::Coordination(m)) if m.contains("contended") => continue,
+            Err(e) => return Err(e),
+        };
+        if parse_claim(&held.value, held.mod_revision).exited {
+            // The previous holder ended cleanly: take the rank over.
+            match api
+                .replace(
+                    claim.as_bytes(),
+                    c.me.as_bytes(),
+                    lease,
+                    held.mod_revision,
+                    t,
+                )
+                .await?
+            {
+                Some(rev) => return Ok(rev),
+                None => continue,
+            }
+        }
+        if std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            // This process's own lease must outlive the wait.
+            api.keepalive(lease, t).await?;
+            continue;
+        }
+        // Tell the holder on a short lease of its own, then fail.
+        let short = api.grant(opts.lease_ttl * 3, t).await?;
+        let key = format!("{}/claims/{:08}/{}", c.root, c.rank, c.instance);
+        if let Err(e) = api.put(key.as_bytes(), c.me.as_bytes(), short, t).await {
+            tracing::warn!(error = %e, "could not tell the holder of the rank");
+        }
+        return Err(Error::RankClaimed {
+            job: c.job.to_string(),
+            rank: c.rank,
+            other: format!(
+                "held by {}; this process is {}",
+                String::from_utf8_lossy(&held.value),
+                c.me
+            ),
+        });
+    }
+}

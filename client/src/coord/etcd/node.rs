@@ -1,0 +1,245 @@
+//! The ranks of one process in a reducing round together: the last of
+//! them to arrive runs the round in etcd for all of them (one value, one
+//! decision to read), the others wait for it. A process that holds one
+//! rank runs its round at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{poisoned, EtcdCoordinator};
+use crate::coord::coordinator::{Coordinator, Reduce};
+use crate::error::{Error, Result};
+
+/// The rounds this process's ranks are in.
+#[derive(Default)]
+pub(super) struct Local {
+    rounds: Mutex<HashMap<String, LocalRound>>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct LocalRound {
+    /// The values of the ranks that arrived (until one runs the round).
+    values: BTreeMap<u32, Vec<u8>>,
+    /// A rank is running the round in etcd.
+    running: bool,
+    /// The round's outcome, for every rank of the process.
+    result: Option<Result<Vec<u8>>>,
+    /// Ranks that took the outcome (the round goes when all did).
+    taken: u32,
+}
+
+/// One rank of a process that runs several ([`EtcdCoordinator::connect_node`]):
+/// the coordinator its `Checkpointer` uses. Cheap to clone.
+#[derive(Clone)]
+pub struct EtcdRank {
+    node: Arc<EtcdCoordinator>,
+    rank: u32,
+}
+
+impl std::fmt::Debug for EtcdRank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EtcdRank({} of {:?})", self.rank, self.node)
+    }
+}
+
+impl EtcdCoordinator {
+    /// The coordinator of `rank`, one of the ranks this process holds.
+    pub fn rank_handle(self: &Arc<Self>, rank: u32) -> Result<EtcdRank> {
+        if !self.ranks().contains(&rank) {
+            return Err(Error::Config(format!(
+                "this coordinator holds ranks {:?}, not {rank}",
+                self.ranks()
+            )));
+        }
+        Ok(EtcdRank {
+            node: self.clone(),
+            rank,
+        })
+    }
+
+    /// The ranks this process holds.
+    pub fn ranks(&self) -> Range<u32> {
+        self.rank..self.rank + self.count
+    }
+
+    /// A reducing round for `rank`: with the process's other ranks, then
+    /// in etcd ([`EtcdCoordinator::decide`]) by whichever arrives last.
+    pub(super) fn reduce_locally(
+        &self,
+        rank: u32,
+        key: &str,
+        value: Vec<u8>,
+        timeout: Duration,
+        reduce: &Reduce<'_>,
+    ) -> Result<Vec<u8>> {
+        if !self.ranks().contains(&rank) {
+            return Err(Error::Config(format!(
+                "this coordinator holds rank {}, not {rank}",
+                if self.count == 1 {
+                    self.rank.to_string()
+                } else {
+                    format!("s {:?}", self.ranks())
+                }
+            )));
+        }
+        self.check_lost()?;
+        if self.count == 1 {
+            return self.on_own_thread(self.decide(key, vec![(rank, value)], timeout, reduce));
+        }
+        let deadline = Instant::now() + timeout;
+        let local = &self.local;
+        let mut rounds = local.rounds.lock().map_err(poisoned)?;
+        // A round of the same key that is still handing out its outcome
+        // is not this one: wait for it to go.
+        loop {
+            let r = rounds.entry(key.to_string()).or_default();
+            if r.result.is_none() && !r.running && !r.values.contains_key(&rank) {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Coordination(format!(
+                    "{key}: an earlier round of the same key never finished on this process"
+                )));
+            }
+            rounds = local
+                .changed
+                .wait_timeout(rounds, deadline - now)
+                .map_err(poisoned)?
+                .0;
+        }
+        let round = rounds.entry(key.to_string()).or_default();
+        round.values.insert(rank, value);
+        if round.values.len() == self.count as usize {
+            round.running = true;
+            let values: Vec<(u32, Vec<u8>)> =
+                std::mem::take(&mut round.values).into_iter().collect();
+            drop(rounds);
+            let left = deadline.saturating_duration_since(Instant::now());
+            let outcome = self.on_own_thread(self.decide(key, values, left, reduce));
+            rounds = local.rounds.lock().map_err(poisoned)?;
+            if let Some(r) = rounds.get_mut(key) {
+                r.running = false;
+                r.result = Some(outcome);
+            }
+            local.changed.notify_all();
+        }
+        loop {
+            let Some(round) = rounds.get_mut(key) else {
+                return Err(Error::Coordination(format!("{key}: the round vanished")));
+            };
+            if let Some(out) = round.result.clone() {
+                round.taken += 1;
+                if round.taken == self.count {
+                    rounds.remove(key);
+                    local.changed.notify_all();
+                }
+                return out;
+            }
+            let now = Instant::now();
+            if now >= deadline && !round.running {
+                round.values.remove(&rank);
+                let have = round.values.len() + 1;
+                local.changed.notify_all();
+                return Err(Error::Coordination(format!(
+                    "{key}: only {have} of this process's {} ranks reported within {timeout:?}",
+                    self.count
+                )));
+            }
+            // The rank running the round ends it by its own deadline.
+            let wait = deadline
+                .saturating_duration_since(now)
+                .max(Duration::from_millis(50));
+            rounds = local
+                .changed
+                .wait_timeout(rounds, wait)
+                .map_err(poisoned)?
+                .0;
+        }
+    }
+}
+
+/// Every rank's value, one after another with its length: the outcome of
+/// an all-gather made of a reducing round.
+fn concat(all: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(all.iter().map(|v| v.len() + 4).sum());
+    for v in all {
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        out.extend_from_slice(v);
+    }
+    out
+}
+
+fn split(key: &str, world: u32, mut b: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let bad = || Error::Coordination(format!("{key}: a malformed all-gather outcome"));
+    let mut out = Vec::with_capacity((world as usize).min(b.len() / 4));
+    while !b.is_empty() {
+        let (len, rest) = b.split_first_chunk::<4>().ok_or_else(bad)?;
+        let len = u32::from_le_bytes(*len) as usize;
+        if rest.len() < len {
+            return Err(bad());
+        }
+        out.push(rest[..len].to_vec());
+        b = &rest[len..];
+    }
+    if out.len() != world as usize {
+        return Err(bad());
+    }
+    Ok(out)
+}
+
+impl Coordinator for EtcdRank {
+    fn world_size(&self) -> u32 {
+        self.node.world
+    }
+
+    /// An all-gather made of a reducing round whose outcome is every
+    /// value (every rank reads all of them: O(world) each).
+    fn all_gather(
+        &self,
+        rank: u32,
+        key: &str,
+        value: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>> {
+        let all = self.all_reduce(rank, key, value, timeout, &concat)?;
+        split(key, self.node.world, &all)
+    }
+
+    fn all_reduce(
+        &self,
+        rank: u32,
+        key: &str,
+        value: Vec<u8>,
+        timeout: Duration,
+        reduce: &Reduce<'_>,
+    ) -> Result<Vec<u8>> {
+        if rank != self.rank {
+            return Err(Error::Config(format!(
+                "this coordinator holds rank {}, not {rank}",
+                self.rank
+            )));
+        }
+        self.node.reduce_locally(rank, key, value, timeout, reduce)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gathered_values_split_back_and_bad_ones_are_errors() {
+        let all = vec![vec![1, 2], vec![], vec![3]];
+        assert_eq!(split("k", 3, &concat(&all)).unwrap(), all);
+        assert!(split("k", 2, &concat(&all)).is_err());
+        let b = concat(&all);
+        for cut in 1..b.len() {
+            assert!(split("k", 3, &b[..cut]).is_err(), "cut {cut}");
+        }
+        assert!(split("k", 1, &[255, 255, 255, 255]).is_err());
+    }
+}
