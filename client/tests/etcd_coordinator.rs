@@ -5,8 +5,7 @@
 //! etcd's authentication is used when configured.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "support/etcd.rs"]
-mod etcd;
+use strata_testkit::etcd;
 
 use std::time::{Duration, Instant};
 
@@ -334,37 +333,6 @@ fn rounds_of_different_starts_of_the_job_never_meet() {
     drop(old1);
 }
 
-/// One JSON request to etcd's HTTP gateway (plain HTTP/1.1 on loopback).
-fn etcd_call(url: &str, path: &str, body: &serde_json::Value) -> serde_json::Value {
-    use std::io::{Read, Write};
-    let host = url.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(host).unwrap();
-    let body = body.to_string();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let json = out.split("\r\n\r\n").nth(1).unwrap_or_default();
-    // A chunked answer: the JSON object is the one line that starts with '{'.
-    let line = json.lines().find(|l| l.starts_with('{')).unwrap_or(json);
-    serde_json::from_str(line).unwrap()
-}
-
-/// Revokes the lease holding rank `rank`'s claim of `job` (as a partition
-/// or a SIGSTOP longer than the lease would let it lapse).
-fn revoke_claim(url: &str, job: &str, rank: u32) {
-    use base64::Engine as _;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let key = b64.encode(format!("/strata/{job}/ranks/{rank:08}"));
-    let got = etcd_call(url, "/v3/kv/range", &serde_json::json!({ "key": key }));
-    let lease = got["kvs"][0]["lease"].as_str().unwrap().to_string();
-    etcd_call(url, "/v3/lease/revoke", &serde_json::json!({ "ID": lease }));
-}
-
 #[test]
 fn a_process_whose_claim_lapsed_while_waiting_never_completes_the_round() {
     let Some(etcd) = etcd::Etcd::start() else {
@@ -382,7 +350,7 @@ fn a_process_whose_claim_lapsed_while_waiting_never_completes_the_round() {
         let waiting = s.spawn(|| a.all_gather(0, "commit/fence/7", b"stale".to_vec(), LONG));
         std::thread::sleep(Duration::from_millis(500));
         // Rank 0's claim lapses; a new process takes rank 0 and votes.
-        revoke_claim(&etcd.url, "fence", 0);
+        etcd.revoke_claim("fence", 0);
         let a2 = EtcdCoordinator::connect(opts(&etcd.url), "fence", 0, 2).unwrap();
         let h2 = s.spawn(move || {
             let got = a2.all_gather(0, "commit/fence/7", b"new".to_vec(), LONG);

@@ -5,8 +5,7 @@
 //! the job), restores the same step with the bytes it saved, and goes on.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "support/etcd.rs"]
-mod etcd;
+use strata_testkit::etcd;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

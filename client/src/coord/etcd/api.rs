@@ -453,27 +453,35 @@ impl EtcdApi {
         Ok((got, num(&v["header"]["revision"])))
     }
 
-    /// Puts `key` and reads the key `get`, at one revision: returns that
-    /// revision and what `get` held.
+    /// Puts `key` and reads the keys `get`, at one revision: returns that
+    /// revision and what each of `get` held.
     pub(crate) async fn put_and_get(
         &self,
         key: &[u8],
         value: &[u8],
         lease: i64,
-        get: &[u8],
+        get: &[&[u8]],
         t: Duration,
-    ) -> Result<(i64, Option<Kv>)> {
+    ) -> Result<(i64, Vec<Option<Kv>>)> {
         let mut put = json!({"key": B64.encode(key), "value": B64.encode(value)});
         if lease != 0 {
             put["lease"] = Value::String(lease.to_string());
         }
-        let body = json!({"compare": [], "success": [
-            {"request_put": put},
-            {"request_range": {"key": B64.encode(get)}},
-        ]});
+        let mut ops = vec![json!({ "request_put": put })];
+        ops.extend(
+            get.iter()
+                .map(|k| json!({"request_range": {"key": B64.encode(k)}})),
+        );
+        let body = json!({"compare": [], "success": ops});
         let v = self.call("/v3/kv/txn", &body, t).await?;
-        let got = kvs(&v["responses"][1]["response_range"])?;
-        Ok((num(&v["header"]["revision"]), got.into_iter().next()))
+        let got = (0..get.len())
+            .map(|i| {
+                Ok(kvs(&v["responses"][i + 1]["response_range"])?
+                    .into_iter()
+                    .next())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((num(&v["header"]["revision"]), got))
     }
 
     /// Creates `key` (it must not exist) while each key of `unchanged`

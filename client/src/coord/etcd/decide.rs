@@ -16,7 +16,7 @@
 //!
 //! [`Coordinator::all_reduce`]: crate::coord::coordinator::Coordinator::all_reduce
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::api::{prefix_end, Event, Kv};
@@ -52,6 +52,47 @@ fn decode_values(mut b: &[u8]) -> Option<Vec<(u32, Vec<u8>)>> {
     }
     take(0)?;
     b.is_empty().then_some(out)
+}
+
+/// Adds the values of a process (`kv`, under `vdir`) that count: those of
+/// ranks its instance holds (not an earlier incarnation's under the same
+/// key). Returns false when the value is malformed.
+fn count_values(
+    holder: &BTreeMap<u32, Claim>,
+    vdir: &[u8],
+    kv: &Kv,
+    by_rank: &mut BTreeMap<u32, Vec<u8>>,
+) -> bool {
+    let Some(rest) = kv.key.strip_prefix(vdir) else {
+        return true;
+    };
+    let instance = rest.rsplit(|&b| b == b'/').next().unwrap_or_default();
+    let Some(values) = decode_values(&kv.value) else {
+        return false;
+    };
+    for (r, v) in values {
+        if holder
+            .get(&r)
+            .is_some_and(|h| h.instance.as_bytes() == instance)
+        {
+            by_rank.insert(r, v);
+        }
+    }
+    true
+}
+
+/// What a process other than the decider waits on.
+struct Waiting<'a> {
+    /// The decision's key.
+    dkey: &'a [u8],
+    /// The decider's claim.
+    decider: &'a [u8],
+    /// The revision of this process's values.
+    put_rev: i64,
+    /// The decision, if it was there already.
+    found: Option<Kv>,
+    /// The decider was seen holding its claim.
+    decider_seen: bool,
 }
 
 impl EtcdCoordinator {
@@ -150,11 +191,21 @@ impl EtcdCoordinator {
         let deadline = Instant::now() + timeout;
         let mine = format!("{round}v/{:08}/{}", self.rank, self.instance).into_bytes();
         let dkey = format!("{round}decision").into_bytes();
+        let decider = format!("{}/ranks/{:08}", self.root, 0).into_bytes();
+        // The decision (the round may have failed already) and the
+        // decider's claim (a decider that dies while this process waits is
+        // then seen go), with the put.
         let put = self
             .api
-            .put_and_get(&mine, &encode_values(&values), self.rounds_lease, &dkey, t)
+            .put_and_get(
+                &mine,
+                &encode_values(&values),
+                self.rounds_lease,
+                &[&dkey, &decider],
+                t,
+            )
             .await;
-        let (put_rev, mut found) = match put {
+        let (put_rev, found) = match put {
             Ok(v) => v,
             Err(e) => {
                 // It may have reached etcd though this client saw an error.
@@ -162,8 +213,23 @@ impl EtcdCoordinator {
                 return Err(e);
             }
         };
+        let mut found = found.into_iter();
+        let (decision, decider_claim) = (found.next().flatten(), found.next().flatten());
+        let decider_seen =
+            decider_claim.is_some_and(|kv| !parse_claim(&kv.value, kv.mod_revision).exited);
         let r = self
-            .read_decision(key, &mine, &dkey, put_rev, found.take(), deadline, timeout)
+            .read_decision(
+                key,
+                Waiting {
+                    dkey: &dkey,
+                    decider: &decider,
+                    put_rev,
+                    found: decision,
+                    decider_seen,
+                },
+                deadline,
+                timeout,
+            )
             .await;
         if r.is_err() {
             // A failed round's value goes at once: no late decider counts it.
@@ -172,22 +238,23 @@ impl EtcdCoordinator {
         r
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn read_decision(
         &self,
         key: &str,
-        mine: &[u8],
-        dkey: &[u8],
-        put_rev: i64,
-        mut found: Option<Kv>,
+        w: Waiting<'_>,
         deadline: Instant,
         timeout: Duration,
     ) -> Result<Vec<u8>> {
         let t = self.opts.request_timeout;
         let (own_from, own_to) = rank_range(&format!("{}/ranks", self.root), &self.ranks(), "");
-        let decider = format!("{}/ranks/{:08}", self.root, 0).into_bytes();
+        let Waiting {
+            dkey,
+            decider,
+            put_rev,
+            mut found,
+            mut decider_seen,
+        } = w;
         let mut rev = put_rev;
-        let mut decider_seen = false;
         loop {
             self.check_lost()?;
             if found.is_none() {
@@ -205,7 +272,7 @@ impl EtcdCoordinator {
             }
             // The decision, this process's claims and the decider's, at
             // one revision.
-            let ranges: [(&[u8], &[u8]); 3] = [(dkey, &[]), (&own_from, &own_to), (&decider, &[])];
+            let ranges: [(&[u8], &[u8]); 3] = [(dkey, &[]), (&own_from, &own_to), (decider, &[])];
             let (got, at) = match self.api.ranges(&ranges, t).await {
                 Ok(v) => v,
                 Err(e) if Instant::now() < deadline => {
@@ -229,7 +296,6 @@ impl EtcdCoordinator {
                         "{key}: the round was decided before this process's values arrived"
                     )));
                 }
-                let _ = mine;
                 return Ok(out.to_vec());
             }
             match decider_claim.first().map(|kv| parse_claim(&kv.value, kv.mod_revision)) {
@@ -293,24 +359,8 @@ impl EtcdCoordinator {
             let mut by_rank: BTreeMap<u32, Vec<u8>> = own.clone();
             let mut malformed = None;
             for kv in &vals {
-                let Some(rest) = kv.key.strip_prefix(vdir.as_slice()) else {
-                    continue;
-                };
-                let instance = rest.rsplit(|&b| b == b'/').next().unwrap_or_default();
-                let Some(vs) = decode_values(&kv.value) else {
-                    malformed = Some(String::from_utf8_lossy(rest).into_owned());
-                    continue;
-                };
-                for (r, v) in vs {
-                    // Only the holder's value counts (not an earlier
-                    // incarnation's under the same key).
-                    if r < self.world
-                        && holder
-                            .get(&r)
-                            .is_some_and(|h| h.instance.as_bytes() == instance)
-                    {
-                        by_rank.insert(r, v);
-                    }
+                if !count_values(&holder, &vdir, kv, &mut by_rank) {
+                    malformed = Some(String::from_utf8_lossy(&kv.key).into_owned());
                 }
             }
             if let Some(m) = malformed {
@@ -361,27 +411,32 @@ impl EtcdCoordinator {
                     self.world
                 )));
             }
-            // Follow the values as they come (one request), until every
-            // rank may be there, a value is taken back, or it is time to
-            // look at the claims again.
-            let mut have: BTreeSet<u32> = by_rank.into_keys().collect();
+            // Follow the values as they come (one request), counting
+            // those of the holders just read, until every rank's is there
+            // (decided without reading again), a value is taken back, or
+            // it is time to look at the claims again.
             let world = self.world as usize;
             let wait = (deadline - now).min(self.opts.lease_ttl / 2);
             let followed = self
                 .api
                 .watch(&vdir, rev, wait, |ev| match ev {
                     Event::Put(kv) => {
-                        if let Some(vs) = decode_values(&kv.value) {
-                            have.extend(vs.into_iter().map(|(r, _)| r));
-                        }
-                        have.len() >= world
+                        // A malformed value is named by the next read.
+                        !count_values(&holder, &vdir, &kv, &mut by_rank) || by_rank.len() >= world
                     }
                     Event::Delete(_) => true,
                 })
                 .await;
-            if let Err(e) = followed {
-                tracing::warn!(error = %e, "etcd watch failed; reading again");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            match followed {
+                Ok(true) if by_rank.len() == world => {
+                    let all: Vec<Vec<u8>> = by_rank.into_values().collect();
+                    break Ok(reduce(&all));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "etcd watch failed; reading again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
             }
         };
         self.publish(key, round, outcome).await

@@ -1,15 +1,20 @@
-//! A real etcd server for tests: Debian's `etcd` on free loopback ports in
-//! a temporary directory, stopped (killed) when dropped. Without the binary
-//! the caller skips, unless `STRATA_REQUIRE_ETCD=1` (CI), which fails.
-#![allow(dead_code)]
+//! A real etcd server for tests and benchmarks: Debian's `etcd` on free
+//! loopback ports in a temporary directory, stopped (killed) when dropped.
+//! Without the binary the caller skips, unless `STRATA_REQUIRE_ETCD=1`
+//! (CI), which fails.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub(crate) struct Etcd {
-    pub(crate) url: String,
+pub struct Etcd {
+    /// The client URL (`http://127.0.0.1:PORT`, or `https://…`).
+    pub url: String,
     child: Child,
+    /// How it was started (to start it again on the same data).
+    cmd: Vec<std::ffi::OsString>,
+    client: u16,
+    metrics: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -23,13 +28,13 @@ fn free_port() -> u16 {
 impl Etcd {
     /// Starts etcd, or returns None (test skipped) when it is not
     /// installed and not required.
-    pub(crate) fn start() -> Option<Etcd> {
+    pub fn start() -> Option<Etcd> {
         Self::start_with(None, None)
     }
 
     /// etcd serving https with this certificate and key (PEM files), and
     /// with `client_ca`, requiring client certificates it signed.
-    pub(crate) fn start_tls(
+    pub fn start_tls(
         cert: &std::path::Path,
         key: &std::path::Path,
         client_ca: Option<&std::path::Path>,
@@ -59,41 +64,65 @@ impl Etcd {
         let (client, peer, metrics) = (free_port(), free_port(), free_port());
         let scheme = if tls.is_some() { "https" } else { "http" };
         let url = format!("{scheme}://127.0.0.1:{client}");
-        let mut cmd = Command::new("etcd");
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
         if let Some((cert, key)) = tls {
-            cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
+            args.extend([
+                "--cert-file".into(),
+                cert.into(),
+                "--key-file".into(),
+                key.into(),
+            ]);
         }
         if let Some(ca) = client_ca {
-            cmd.arg("--client-cert-auth")
-                .arg("--trusted-ca-file")
-                .arg(ca);
+            args.extend([
+                "--client-cert-auth".into(),
+                "--trusted-ca-file".into(),
+                ca.into(),
+            ]);
         }
-        let child = cmd
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args([
-                "--listen-client-urls",
-                &url,
-                "--advertise-client-urls",
-                &url,
-            ])
-            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        args.extend(["--data-dir".into(), dir.path().join("data").into()]);
+        for a in [
+            "--listen-client-urls",
+            &url,
+            "--advertise-client-urls",
+            &url,
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{peer}"),
             // Plain HTTP `/health` beside the client URLs, whatever their
             // scheme: how a test sees that etcd serves.
-            .args([
-                "--listen-metrics-urls",
-                &format!("http://127.0.0.1:{metrics}"),
-            ])
-            .args(["--log-level", "error"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcd starts");
+            "--listen-metrics-urls",
+            &format!("http://127.0.0.1:{metrics}"),
+            "--log-level",
+            "error",
+        ] {
+            args.push(a.into());
+        }
+        let child = spawn(&args);
         let e = Etcd {
             url,
             child,
+            cmd: args,
+            client,
+            metrics,
             _dir: dir,
         };
+        e.wait_serving(tls.is_some());
+        Some(e)
+    }
+
+    /// Kills etcd and starts it again on the same data and ports (what an
+    /// etcd restart looks like to its clients: refused connections, then
+    /// the same keys and leases).
+    pub fn restart(&mut self, down: Duration) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        self.child = spawn(&self.cmd);
+        self.wait_serving(self.url.starts_with("https"));
+    }
+
+    fn wait_serving(&self, tls: bool) {
+        let (e, client, metrics) = (self, self.client, self.metrics);
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
             assert!(Instant::now() < deadline, "etcd did not start");
@@ -105,19 +134,18 @@ impl Etcd {
             assert!(Instant::now() < deadline, "etcd never reported healthy");
             std::thread::sleep(Duration::from_millis(50));
         }
-        if tls.is_some() {
-            return Some(e);
+        if tls {
+            return;
         }
         while e.post("/v3/kv/range", r#"{"key":"AA=="}"#).is_none() {
             assert!(Instant::now() < deadline, "etcd did not answer");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Some(e)
     }
 
     /// A JSON request to the gateway over plain HTTP/1.1; the body, if the
     /// status was 200.
-    pub(crate) fn post(&self, path: &str, body: &str) -> Option<String> {
+    pub fn post(&self, path: &str, body: &str) -> Option<String> {
         use std::io::{Read, Write};
         let addr = self.url.trim_start_matches("http://");
         let mut s = std::net::TcpStream::connect(addr).ok()?;
@@ -136,6 +164,50 @@ impl Etcd {
         }
         Some(rest.to_string())
     }
+}
+
+impl Etcd {
+    /// One JSON request to the gateway (plain HTTP/1.1 on loopback); its
+    /// JSON answer.
+    pub fn call(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        use std::io::{Read, Write};
+        let host = self.url.trim_start_matches("http://");
+        let mut s = std::net::TcpStream::connect(host).unwrap();
+        let body = body.to_string();
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let json = out.split("\r\n\r\n").nth(1).unwrap_or_default();
+        // A chunked answer: the JSON object is the one line that starts with '{'.
+        let line = json.lines().find(|l| l.starts_with('{')).unwrap_or(json);
+        serde_json::from_str(line).unwrap()
+    }
+
+    /// Revokes the lease holding rank `rank`'s claim of `job` under the
+    /// default prefix (as a partition or a SIGSTOP longer than the lease
+    /// would let it lapse).
+    pub fn revoke_claim(&self, job: &str, rank: u32) {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let key = b64.encode(format!("/strata/{job}/ranks/{rank:08}"));
+        let got = self.call("/v3/kv/range", &serde_json::json!({ "key": key }));
+        let lease = got["kvs"][0]["lease"].as_str().unwrap().to_string();
+        self.call("/v3/lease/revoke", &serde_json::json!({ "ID": lease }));
+    }
+}
+
+fn spawn(args: &[std::ffi::OsString]) -> Child {
+    Command::new("etcd")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcd starts")
 }
 
 /// Whether etcd's `/health` on its plain-HTTP metrics port says it

@@ -1,0 +1,182 @@
+//! The reducing round over a real etcd: one process (rank 0's) decides,
+//! every rank gets the same decision for about three requests per process;
+//! the ranks of one process share a round; a rank that leaves, or a decider
+//! that dies, fails the round on every rank; a process whose claim lapsed
+//! never takes a decision.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata::{Coordinator, Error, ErrorKind, EtcdCoordinator, EtcdOptions};
+use strata_testkit::etcd;
+
+fn opts(url: &str, lease: u64) -> EtcdOptions {
+    EtcdOptions {
+        endpoints: vec![url.to_string()],
+        lease_ttl: Duration::from_secs(lease),
+        ..EtcdOptions::default()
+    }
+}
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// The sum of every rank's one-byte value, and how many values there were.
+fn sum(all: &[Vec<u8>]) -> Vec<u8> {
+    let s: u32 = all.iter().map(|v| u32::from(v[0])).sum();
+    let mut out = s.to_le_bytes().to_vec();
+    out.push(all.len() as u8);
+    out
+}
+
+#[test]
+fn the_ranks_of_two_nodes_reduce_once_for_about_three_requests_per_node() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let world = 6;
+    // Long leases: no keep-alive falls inside the rounds counted.
+    let nodes: Vec<Arc<EtcdCoordinator>> = [0..3, 3..6]
+        .into_iter()
+        .map(|r| EtcdCoordinator::connect_node(opts(&etcd.url, 60), "node", r, world).unwrap())
+        .collect();
+    assert_eq!(nodes[0].members().unwrap().len(), 6, "a claim per rank");
+    let requests = || nodes.iter().map(|n| n.requests()).sum::<u64>();
+    let rounds = 10u8;
+    let before = requests();
+    std::thread::scope(|s| {
+        for node in &nodes {
+            for rank in node.ranks() {
+                let h = node.rank_handle(rank).unwrap();
+                s.spawn(move || {
+                    for round in 0..rounds {
+                        let got = h
+                            .all_reduce(
+                                rank,
+                                &format!("r/{round}"),
+                                vec![rank as u8 + round],
+                                LONG,
+                                &sum,
+                            )
+                            .unwrap();
+                        let want = (0..6u32).map(|r| r + u32::from(round)).sum::<u32>();
+                        assert_eq!(got[..4], want.to_le_bytes(), "round {round}");
+                        assert_eq!(got[4], 6);
+                    }
+                    // An all-gather made of a round: every value, by rank.
+                    let all = h.all_gather(rank, "g", vec![rank as u8; 2], LONG).unwrap();
+                    assert_eq!(all, (0..6u8).map(|r| vec![r; 2]).collect::<Vec<_>>());
+                });
+            }
+        }
+    });
+    let per_round = (requests() - before) as f64 / f64::from(rounds + 1);
+    eprintln!("etcd requests per round, 2 nodes of 3 ranks: {per_round:.1}");
+    assert!(per_round <= 3.0 * 2.0, "{per_round} requests per round");
+    // Only the last round's keys are left: the decider clears a round
+    // with its next decision.
+    let keys = nodes[0].keys().unwrap();
+    let decided: Vec<&String> = keys.iter().filter(|k| k.contains("/decide/")).collect();
+    assert!(
+        decided.iter().all(|k| k.contains("/decide/g@1/")),
+        "{decided:?}"
+    );
+    assert_eq!(decided.len(), 2, "one value and the decision: {decided:?}");
+    // A rank handle serves only its rank, and a node's coordinator is not
+    // a single rank's.
+    let h = nodes[1].rank_handle(4).unwrap();
+    let e = h.all_reduce(3, "x", vec![], LONG, &sum).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    assert!(nodes[1].rank_handle(0).is_err());
+    let e = nodes[1].all_gather(3, "x", vec![], LONG).unwrap_err();
+    assert!(e.to_string().contains("rank_handle"), "{e}");
+}
+
+#[test]
+fn a_rank_that_left_fails_the_round_on_every_rank_naming_it() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let world = 3;
+    let coords: Vec<EtcdCoordinator> = (0..world)
+        .map(|r| EtcdCoordinator::connect(opts(&etcd.url, 2), "left", r, world).unwrap())
+        .collect();
+    std::thread::scope(|s| {
+        for (r, c) in coords.iter().enumerate() {
+            s.spawn(move || {
+                c.all_reduce(r as u32, "first", vec![1], LONG, &sum)
+                    .unwrap()
+            });
+        }
+    });
+    let mut coords = coords;
+    // Rank 2 ends (its claim is marked exited) without taking part again.
+    drop(coords.pop());
+    let t = Instant::now();
+    let errors: Vec<Error> = std::thread::scope(|s| {
+        let hs: Vec<_> = coords
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                s.spawn(move || {
+                    c.all_reduce(r as u32, "second", vec![1], LONG, &sum)
+                        .unwrap_err()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in &errors {
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("rank [2] left"), "{msg}");
+    }
+    assert_eq!(errors[0].to_string(), errors[1].to_string(), "one decision");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+#[test]
+fn when_the_decider_dies_the_others_fail_within_its_lease() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let _decider = EtcdCoordinator::connect(opts(&etcd.url, 2), "orphan", 0, 2).unwrap();
+    let other = EtcdCoordinator::connect(opts(&etcd.url, 2), "orphan", 1, 2).unwrap();
+    let t = Instant::now();
+    let e = std::thread::scope(|s| {
+        let waiting = s.spawn(|| other.all_reduce(1, "r", vec![1], LONG, &sum));
+        std::thread::sleep(Duration::from_millis(500));
+        // Rank 0's process dies (its lease is gone, as after SIGKILL).
+        etcd.revoke_claim("orphan", 0);
+        waiting.join().unwrap().unwrap_err()
+    });
+    assert!(e.to_string().contains("rank [0] left"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+#[test]
+fn a_process_whose_claim_lapsed_while_waiting_never_takes_the_decision() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let decider = EtcdCoordinator::connect(opts(&etcd.url, 2), "fenced", 0, 2).unwrap();
+    // A long lease: its keep-alive does not notice the loss during the
+    // test; only the round's own read of its claims can.
+    let stale = EtcdCoordinator::connect(opts(&etcd.url, 60), "fenced", 1, 2).unwrap();
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| stale.all_reduce(1, "commit/7", vec![9], LONG, &sum));
+        std::thread::sleep(Duration::from_millis(500));
+        etcd.revoke_claim("fenced", 1);
+        let fresh = EtcdCoordinator::connect(opts(&etcd.url, 2), "fenced", 1, 2).unwrap();
+        let h = s.spawn(move || (fresh.all_reduce(1, "commit/7", vec![2], LONG, &sum), fresh));
+        let got = decider
+            .all_reduce(0, "commit/7", vec![1], LONG, &sum)
+            .unwrap();
+        // The replacement's value counted, not the stale process's.
+        assert_eq!(got[..4], 3u32.to_le_bytes());
+        let (fresh_got, _fresh) = h.join().unwrap();
+        assert_eq!(fresh_got.unwrap(), got);
+        let e = waiting.join().unwrap().unwrap_err();
+        assert!(matches!(e, Error::RankClaimed { rank: 1, .. }), "{e}");
+    });
+}
