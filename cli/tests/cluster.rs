@@ -113,15 +113,20 @@ fn etcd_range(c: &Cluster, prefix: &str) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// The ranks whose vote on `step`'s commit barrier is in etcd now.
+/// The ranks whose vote on `step`'s commit barrier is in etcd now (each
+/// process puts its ranks' votes under its first rank; rank 0's process
+/// decides and puts none).
 fn voted(c: &Cluster, step: u64) -> Vec<u32> {
     let round = format!("commit%2F{JOB}%2F{step}@");
-    etcd_range(c, &format!("/strata/{JOB}/rounds/"))
+    etcd_range(c, &format!("/strata/{JOB}/decide/"))
         .into_iter()
         .filter_map(|(k, _)| {
             let rest = &k[k.find(&round)? + round.len()..];
-            let rank = rest.split('/').nth(1)?;
-            rank.parse().ok()
+            let mut parts = rest.split('/').skip(1);
+            if parts.next()? != "v" {
+                return None;
+            }
+            parts.next()?.parse().ok()
         })
         .collect()
 }

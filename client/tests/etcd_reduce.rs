@@ -70,9 +70,16 @@ fn the_ranks_of_two_nodes_reduce_once_for_about_three_requests_per_node() {
             }
         }
     });
+    assert_eq!(
+        nodes[0].members().unwrap().len(),
+        6,
+        "the rounds leave the claims alone"
+    );
     let per_round = (requests() - before) as f64 / f64::from(rounds + 1);
     eprintln!("etcd requests per round, 2 nodes of 3 ranks: {per_round:.1}");
-    assert!(per_round <= 3.0 * 2.0, "{per_round} requests per round");
+    // Three per process; the decider reads again only when a value
+    // arrives that its first read could not place.
+    assert!(per_round <= 3.0 * 2.0 + 1.0, "{per_round} requests per round");
     // Only the last round's keys are left: the decider clears a round
     // with its next decision.
     let keys = nodes[0].keys().unwrap();

@@ -7,6 +7,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A running etcd server (killed when dropped).
 pub struct Etcd {
     /// The client URL (`http://127.0.0.1:PORT`, or `https://…`).
     pub url: String,

@@ -85,6 +85,15 @@ fn kv_of(kv: &Value) -> Result<Kv> {
     })
 }
 
+/// A range read in a transaction (`to` empty: the one key `from`).
+fn range_op(from: &[u8], to: &[u8]) -> Value {
+    let mut r = json!({"key": B64.encode(from)});
+    if !to.is_empty() {
+        r["range_end"] = Value::String(B64.encode(to));
+    }
+    json!({ "request_range": r })
+}
+
 /// A change a watch reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Event {
@@ -434,16 +443,7 @@ impl EtcdApi {
         ranges: &[(&[u8], &[u8])],
         t: Duration,
     ) -> Result<(Vec<Vec<Kv>>, i64)> {
-        let ops: Vec<Value> = ranges
-            .iter()
-            .map(|(from, to)| {
-                let mut r = json!({"key": B64.encode(from)});
-                if !to.is_empty() {
-                    r["range_end"] = Value::String(B64.encode(to));
-                }
-                json!({ "request_range": r })
-            })
-            .collect();
+        let ops: Vec<Value> = ranges.iter().map(|(from, to)| range_op(from, to)).collect();
         let v = self
             .call("/v3/kv/txn", &json!({"compare": [], "success": ops}), t)
             .await?;
@@ -453,33 +453,26 @@ impl EtcdApi {
         Ok((got, num(&v["header"]["revision"])))
     }
 
-    /// Puts `key` and reads the keys `get`, at one revision: returns that
-    /// revision and what each of `get` held.
+    /// Puts `key` and reads the ranges `get` (`to` empty: the one key
+    /// `from`), at one revision: returns that revision and each range.
     pub(crate) async fn put_and_get(
         &self,
         key: &[u8],
         value: &[u8],
         lease: i64,
-        get: &[&[u8]],
+        get: &[(&[u8], &[u8])],
         t: Duration,
-    ) -> Result<(i64, Vec<Option<Kv>>)> {
+    ) -> Result<(i64, Vec<Vec<Kv>>)> {
         let mut put = json!({"key": B64.encode(key), "value": B64.encode(value)});
         if lease != 0 {
             put["lease"] = Value::String(lease.to_string());
         }
         let mut ops = vec![json!({ "request_put": put })];
-        ops.extend(
-            get.iter()
-                .map(|k| json!({"request_range": {"key": B64.encode(k)}})),
-        );
+        ops.extend(get.iter().map(|(from, to)| range_op(from, to)));
         let body = json!({"compare": [], "success": ops});
         let v = self.call("/v3/kv/txn", &body, t).await?;
         let got = (0..get.len())
-            .map(|i| {
-                Ok(kvs(&v["responses"][i + 1]["response_range"])?
-                    .into_iter()
-                    .next())
-            })
+            .map(|i| kvs(&v["responses"][i + 1]["response_range"]))
             .collect::<Result<Vec<_>>>()?;
         Ok((num(&v["header"]["revision"]), got))
     }

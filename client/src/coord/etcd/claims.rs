@@ -52,6 +52,8 @@ pub(super) struct Holder {
     /// in rank order): a second claim made later is about this process.
     pub(super) claimed_at: i64,
     pub(super) job: String,
+    /// Requests the task sent (the rounds' cost is the rest).
+    pub(super) sent: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The key range `[{dir}/{first:08}{tail}, {dir}/{end:08}{tail})`: the keys
@@ -85,6 +87,7 @@ pub(super) async fn keep_alive(
     loop {
         tokio::time::sleep_until(next).await;
         next += every;
+        let before = api.requests();
         let lost = match api.keepalive(h.leases[0], t).await {
             Ok(0) => Some(Error::Coordination(format!(
                 "rank {}: this process's etcd lease expired (unreachable for over {:?}); its rank may be taken by another process",
@@ -99,6 +102,10 @@ pub(super) async fn keep_alive(
                 None
             }
         };
+        h.sent.fetch_add(
+            api.requests().saturating_sub(before),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         if let Some(e) = lost {
             tracing::error!(error = %e, "lost the rank");
             if let Ok(mut st) = state.lock() {

@@ -54,6 +54,15 @@ fn decode_values(mut b: &[u8]) -> Option<Vec<(u32, Vec<u8>)>> {
     b.is_empty().then_some(out)
 }
 
+/// The newest revision a read showed (where a watch starts after).
+fn got_rev(a: &[Kv], b: &[Kv]) -> i64 {
+    a.iter()
+        .chain(b)
+        .map(|kv| kv.mod_revision)
+        .max()
+        .unwrap_or(0)
+}
+
 /// Adds the values of a process (`kv`, under `vdir`) that count: those of
 /// ranks its instance holds (not an earlier incarnation's under the same
 /// key). Returns false when the value is malformed.
@@ -83,16 +92,21 @@ fn count_values(
 
 /// What a process other than the decider waits on.
 struct Waiting<'a> {
-    /// The decision's key.
-    dkey: &'a [u8],
+    /// The decisions' prefix (`{round}decision/`; each under the
+    /// instance of the process that decided).
+    dprefix: &'a [u8],
     /// The decider's claim.
     decider: &'a [u8],
     /// The revision of this process's values.
     put_rev: i64,
-    /// The decision, if it was there already.
-    found: Option<Kv>,
-    /// The decider was seen holding its claim.
-    decider_seen: bool,
+}
+
+/// What a read shows of the decider and its decision.
+enum Decider {
+    /// Not there, or a claim of an earlier start or incarnation.
+    Absent,
+    /// Held (or held until it exited, in this incarnation) by `instance`.
+    Held { instance: String, exited: bool },
 }
 
 impl EtcdCoordinator {
@@ -177,9 +191,29 @@ impl EtcdCoordinator {
         holder
     }
 
+    /// The decider as its claim shows it: an exited claim older than this
+    /// process, or one of another start of the job, is an earlier
+    /// incarnation's (its decisions are not this round's).
+    fn decider_of(&self, claim: Option<&Kv>) -> Decider {
+        let Some(kv) = claim else {
+            return Decider::Absent;
+        };
+        let c = parse_claim(&kv.value, kv.mod_revision);
+        let older = c.exited && c.mod_revision < self.claimed_at;
+        let other_start = self.opts.incarnation.is_some() && c.start != self.start;
+        if older || other_start {
+            return Decider::Absent;
+        }
+        Decider::Held {
+            instance: c.instance,
+            exited: c.exited,
+        }
+    }
+
     /// A process other than the decider: put the values (reading the
-    /// decision in the same request, in case the round already failed),
-    /// wait for the decision key, then read it with this process's claims.
+    /// decisions and the decider's claim in the same request: the round
+    /// may have failed already), wait for the decision of the process that
+    /// holds rank 0, then read it with this process's claims.
     async fn await_decision(
         &self,
         key: &str,
@@ -190,22 +224,25 @@ impl EtcdCoordinator {
         let t = self.opts.request_timeout;
         let deadline = Instant::now() + timeout;
         let mine = format!("{round}v/{:08}/{}", self.rank, self.instance).into_bytes();
-        let dkey = format!("{round}decision").into_bytes();
+        let dprefix = format!("{round}decision/").into_bytes();
         let decider = format!("{}/ranks/{:08}", self.root, 0).into_bytes();
-        // The decision (the round may have failed already) and the
-        // decider's claim (a decider that dies while this process waits is
-        // then seen go), with the put.
+        let w = Waiting {
+            dprefix: &dprefix,
+            decider: &decider,
+            put_rev: 0,
+        };
+        let dend = prefix_end(&dprefix);
         let put = self
             .api
             .put_and_get(
                 &mine,
                 &encode_values(&values),
                 self.rounds_lease,
-                &[&dkey, &decider],
+                &[(&dprefix, &dend), (&decider, &[])],
                 t,
             )
             .await;
-        let (put_rev, found) = match put {
+        let (put_rev, got) = match put {
             Ok(v) => v,
             Err(e) => {
                 // It may have reached etcd though this client saw an error.
@@ -213,24 +250,8 @@ impl EtcdCoordinator {
                 return Err(e);
             }
         };
-        let mut found = found.into_iter();
-        let (decision, decider_claim) = (found.next().flatten(), found.next().flatten());
-        let decider_seen =
-            decider_claim.is_some_and(|kv| !parse_claim(&kv.value, kv.mod_revision).exited);
-        let r = self
-            .read_decision(
-                key,
-                Waiting {
-                    dkey: &dkey,
-                    decider: &decider,
-                    put_rev,
-                    found: decision,
-                    decider_seen,
-                },
-                deadline,
-                timeout,
-            )
-            .await;
+        let w = Waiting { put_rev, ..w };
+        let r = self.read_decision(key, &w, got, deadline, timeout).await;
         if r.is_err() {
             // A failed round's value goes at once: no late decider counts it.
             let _ = self.api.delete(&mine, t).await;
@@ -238,79 +259,64 @@ impl EtcdCoordinator {
         r
     }
 
+    /// Looks at a read of the decisions and the decider's claim (`got`),
+    /// waits for a change, reads again (with this process's claims), until
+    /// the decider's decision is there, the decider is gone, or the time
+    /// is up.
     async fn read_decision(
         &self,
         key: &str,
-        w: Waiting<'_>,
+        w: &Waiting<'_>,
+        mut got: Vec<Vec<Kv>>,
         deadline: Instant,
         timeout: Duration,
     ) -> Result<Vec<u8>> {
         let t = self.opts.request_timeout;
         let (own_from, own_to) = rank_range(&format!("{}/ranks", self.root), &self.ranks(), "");
-        let Waiting {
-            dkey,
-            decider,
-            put_rev,
-            mut found,
-            mut decider_seen,
-        } = w;
-        let mut rev = put_rev;
+        let dend = prefix_end(w.dprefix);
+        // Seen in an earlier round counts too: a decider that died between
+        // rounds is gone, not late.
+        let mut decider_seen = self.state.lock().map_err(poisoned)?.seen.contains(&0);
+        let mut fenced = false;
         loop {
             self.check_lost()?;
-            if found.is_none() {
-                let wait = deadline
-                    .saturating_duration_since(Instant::now())
-                    .min(self.opts.lease_ttl / 2);
-                if let Err(e) = self
-                    .api
-                    .watch(dkey, rev, wait, |ev| matches!(ev, Event::Put(_)))
-                    .await
-                {
-                    tracing::warn!(error = %e, "etcd watch failed; reading again");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut parts = got.into_iter();
+            let (decisions, claim) = (
+                parts.next().unwrap_or_default(),
+                parts.next().unwrap_or_default(),
+            );
+            let decider = self.decider_of(claim.first());
+            if let Decider::Held { instance, exited } = &decider {
+                let dkey = [w.dprefix, instance.as_bytes()].concat();
+                if let Some(kv) = decisions.iter().find(|kv| kv.key == dkey) {
+                    if !fenced {
+                        // This process's claims must still be its own.
+                        let (own, _) = self.api.range(&own_from, &own_to, t).await?;
+                        self.fence(&own)?;
+                    }
+                    let out = verdict::decode(key, &kv.value)?;
+                    if kv.mod_revision < w.put_rev {
+                        // Decided before this process's values were
+                        // there: it counted a predecessor's, not these.
+                        return Err(Error::Coordination(format!(
+                            "{key}: the round was decided before this process's values arrived"
+                        )));
+                    }
+                    return Ok(out.to_vec());
                 }
-            }
-            // The decision, this process's claims and the decider's, at
-            // one revision.
-            let ranges: [(&[u8], &[u8]); 3] = [(dkey, &[]), (&own_from, &own_to), (decider, &[])];
-            let (got, at) = match self.api.ranges(&ranges, t).await {
-                Ok(v) => v,
-                Err(e) if Instant::now() < deadline => {
-                    tracing::warn!(error = %e, "etcd read failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            rev = at;
-            let [decision, own, decider_claim]: [Vec<Kv>; 3] = got
-                .try_into()
-                .map_err(|_| Error::Coordination("etcd: a short transaction answer".into()))?;
-            self.fence(&own)?;
-            if let Some(kv) = decision.into_iter().next().or(found.take()) {
-                let out = verdict::decode(key, &kv.value)?;
-                if kv.mod_revision < put_rev {
-                    // Decided before this process's values were there: it
-                    // counted a predecessor's, not these.
-                    return Err(Error::Coordination(format!(
-                        "{key}: the round was decided before this process's values arrived"
-                    )));
-                }
-                return Ok(out.to_vec());
-            }
-            match decider_claim.first().map(|kv| parse_claim(&kv.value, kv.mod_revision)) {
-                Some(c) if c.exited && c.mod_revision >= self.claimed_at => {
+                if *exited {
                     return Err(Error::Coordination(format!(
                         "{key}: rank [0] left (it decides the round; its process ended)"
-                    )))
+                    )));
                 }
-                Some(c) if !c.exited => decider_seen = true,
-                None if decider_seen => {
-                    return Err(Error::Coordination(format!(
-                        "{key}: rank [0] left (it decides the round; its process ended or its lease expired: it or its node died)"
-                    )))
+                if !decider_seen {
+                    self.state.lock().map_err(poisoned)?.seen.insert(0);
+                    decider_seen = true;
                 }
-                _ => {}
+            } else if decider_seen {
+                return Err(Error::Coordination(format!(
+                    "{key}: rank [0] left (it decides the round; its process ended or its lease expired: it or its node died)"
+                )));
             }
             if Instant::now() >= deadline {
                 return Err(Error::Coordination(format!(
@@ -318,6 +324,37 @@ impl EtcdCoordinator {
                     if decider_seen { "" } else { "; rank 0 never connected" }
                 )));
             }
+            // Wait for a decision (or for the decider's claim to be looked
+            // at again), then read the decisions, this process's claims
+            // and the decider's, at one revision.
+            let rev = got_rev(&decisions, &claim).max(w.put_rev);
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .min(self.opts.lease_ttl / 2);
+            if let Err(e) = self
+                .api
+                .watch(w.dprefix, rev, wait, |ev| matches!(ev, Event::Put(_)))
+                .await
+            {
+                tracing::warn!(error = %e, "etcd watch failed; reading again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let ranges: [(&[u8], &[u8]); 3] =
+                [(w.dprefix, &dend), (w.decider, &[]), (&own_from, &own_to)];
+            let (mut read, _) = match self.api.ranges(&ranges, t).await {
+                Ok(v) => v,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "etcd read failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    got = vec![decisions, claim];
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let own = read.pop().unwrap_or_default();
+            self.fence(&own)?;
+            fenced = true;
+            got = read;
         }
     }
 
@@ -446,7 +483,7 @@ impl EtcdCoordinator {
     /// the previous round, and returns the outcome.
     async fn publish(&self, key: &str, round: &str, outcome: Result<Vec<u8>>) -> Result<Vec<u8>> {
         let t = self.opts.request_timeout;
-        let dkey = format!("{round}decision").into_bytes();
+        let dkey = format!("{round}decision/{}", self.instance).into_bytes();
         let bytes = verdict::encode(outcome.clone());
         let unchanged: Vec<(Vec<u8>, i64)> = self
             .ranks()

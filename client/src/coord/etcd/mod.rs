@@ -213,6 +213,8 @@ pub struct EtcdCoordinator {
     /// The ranks of this process waiting in a reducing round
     /// ([`EtcdRank`]).
     local: node::Local,
+    /// Requests the keep-alive task sent.
+    kept_alive: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// How long the rounds' lease lives at least: a slow rank must still find
@@ -345,6 +347,7 @@ impl EtcdCoordinator {
             }
         }
         let claimed_at = claims.first().copied().unwrap_or_default();
+        let kept_alive = Arc::new(std::sync::atomic::AtomicU64::new(0));
         rt.spawn(keep_alive(
             api.clone(),
             state.clone(),
@@ -356,6 +359,7 @@ impl EtcdCoordinator {
                 instance: instance.clone(),
                 claimed_at,
                 job: job.to_string(),
+                sent: kept_alive.clone(),
             },
         ));
         tracing::info!(first = ranks.start, ranks = ranks.len(), world, %me, "claimed the ranks in etcd");
@@ -376,6 +380,7 @@ impl EtcdCoordinator {
             start,
             state,
             local: node::Local::default(),
+            kept_alive,
         })
     }
 
@@ -384,6 +389,13 @@ impl EtcdCoordinator {
     /// operators.
     pub fn requests(&self) -> u64 {
         self.api.requests()
+    }
+
+    /// Of [`EtcdCoordinator::requests`], those the keep-alive task sent
+    /// (four per third of the lease, however many ranks the process
+    /// holds): the rest are the rounds'.
+    pub fn keepalive_requests(&self) -> u64 {
+        self.kept_alive.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Every key this job has in etcd (for operators and tests): claims,
