@@ -79,7 +79,10 @@ fn the_ranks_of_two_nodes_reduce_once_for_about_three_requests_per_node() {
     eprintln!("etcd requests per round, 2 nodes of 3 ranks: {per_round:.1}");
     // Three per process; the decider reads again only when a value
     // arrives that its first read could not place.
-    assert!(per_round <= 3.0 * 2.0 + 1.0, "{per_round} requests per round");
+    assert!(
+        per_round <= 3.0 * 2.0 + 1.0,
+        "{per_round} requests per round"
+    );
     // Only the last round's keys are left: the decider clears a round
     // with its next decision.
     let keys = nodes[0].keys().unwrap();

@@ -51,16 +51,17 @@ pub fn plan(seed: u64, steps: u64, nodes: u32, count: usize, etcd: bool) -> Vec<
     let mut tries = 0;
     while out.len() < count && steps >= 2 && tries < 10_000 {
         tries += 1;
-        let step = 2 + rng.up_to(steps - 1);
+        // `up_to(n)` draws from 0..=n.
+        let step = 2 + rng.up_to(steps - 2);
         if out.iter().any(|f| f.step == step) {
             continue;
         }
-        let node = rng.up_to(u64::from(nodes)) as u32;
-        let fault = match rng.up_to(kinds) {
+        let node = rng.up_to(u64::from(nodes.max(1) - 1)) as u32;
+        let fault = match rng.up_to(kinds - 1) {
             0 => Fault::DiesBeforeVote,
             1 => Fault::DiesAfterVote,
             2 => Fault::DiesInRestore,
-            3 => Fault::Slow(50 + rng.up_to(450)),
+            3 => Fault::Slow(50 + rng.up_to(449)),
             _ => Fault::EtcdRestart,
         };
         out.push(Injected { step, node, fault });

@@ -12,3 +12,8 @@
 //! rank's bytes intact. A run is replayable from its seed.
 
 pub mod faults;
+mod job;
+pub mod report;
+
+pub use job::{run, state, Coord, Plan};
+pub use report::Report;

@@ -1,0 +1,516 @@
+//! The simulated job: every rank a real [`Checkpointer`] on a thread of
+//! its own, with an in-memory disk that outlives its process; one shared
+//! in-memory L3. The job runs in epochs: each starts every rank afresh,
+//! restores, then saves steps until a node dies (then the job restarts)
+//! or the last step. After every phase the outcomes are checked: a step
+//! commits or fails on all live ranks alike, and a restore picks the
+//! newest decided step on every rank, with its bytes intact.
+
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use strata::format::DType;
+use strata::tiered::wrap::OpFamily;
+use strata::tiered::{ChunkStore, MemoryStore, MetricsStore};
+use strata::{
+    Checkpointer, Config, Coordinator, Entry, Error, EtcdCoordinator, EtcdOptions,
+    InProcessCoordinator, StepSelector,
+};
+use strata_testkit::etcd::Etcd;
+
+use crate::faults::{self, Fault, Script, Scripted};
+use crate::report::Report;
+
+/// How ranks agree in the simulation.
+pub enum Coord<'a> {
+    /// One [`InProcessCoordinator`] for every rank.
+    InProcess,
+    /// A real etcd; each node's ranks share one [`EtcdCoordinator`]
+    /// ([`EtcdCoordinator::connect_node`]). The simulation restarts it
+    /// when a fault says so.
+    Etcd(&'a mut Etcd),
+}
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Ranks.
+    pub ranks: u32,
+    /// Ranks per node (the last node may have fewer).
+    pub per_node: u32,
+    /// Steps to save (1..=steps).
+    pub steps: u64,
+    /// Seed of the faults: a run is replayed from it.
+    pub seed: u64,
+    /// Faults to inject ([`faults::plan`]).
+    pub faults: usize,
+    /// Coordination timeout (what a round waits for a rank that never
+    /// comes: the in-process coordinator sees no death sooner).
+    pub timeout_secs: u64,
+    /// etcd lease of each node (a dead node is seen within it).
+    pub lease_secs: u64,
+    /// Bytes each rank saves per step.
+    pub bytes: usize,
+    /// Upload every step to the shared L3 (and list it at restore).
+    pub upload: bool,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            ranks: 64,
+            per_node: 8,
+            steps: 10,
+            seed: 1,
+            faults: 0,
+            timeout_secs: 30,
+            lease_secs: 5,
+            bytes: 4096,
+            upload: true,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Cmd {
+    Restore,
+    Save(u64),
+    End,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Outcome {
+    Pending,
+    Restored(u64),
+    Nothing,
+    Saved,
+    Failed(String),
+}
+
+struct Shared {
+    phase: Barrier,
+    cmd: Mutex<Cmd>,
+    outcomes: Mutex<Vec<Outcome>>,
+    bytes: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Rank `rank`'s bytes at `step`: every restore is checked against them.
+pub fn state(rank: u32, step: u64, bytes: usize) -> Vec<u8> {
+    let seed = (u64::from(rank) << 32) ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..bytes)
+        .map(|i| (seed.rotate_left((i % 64) as u32) as u8) ^ (i as u8))
+        .collect()
+}
+
+/// One rank's life in an epoch: follows the phases until `End`.
+fn rank_main(sh: &Shared, rank: u32, ck: strata::Result<Checkpointer>) {
+    let shape = [sh.bytes as u64];
+    loop {
+        sh.phase.wait();
+        let cmd = *lock(&sh.cmd);
+        let outcome = match (cmd, &ck) {
+            (Cmd::End, _) => break,
+            (_, Err(e)) => Outcome::Failed(format!("could not start: {e}")),
+            (Cmd::Restore, Ok(ck)) => match ck.restore(StepSelector::Latest) {
+                Ok(st) => {
+                    let want = state(rank, st.step, sh.bytes);
+                    if st.get("w").map(|e| &e.bytes) == Some(&want) {
+                        Outcome::Restored(st.step)
+                    } else {
+                        Outcome::Failed(format!("step {} restored with wrong bytes", st.step))
+                    }
+                }
+                Err(Error::NothingToRestore(_)) => Outcome::Nothing,
+                Err(e) => Outcome::Failed(e.to_string()),
+            },
+            (Cmd::Save(step), Ok(ck)) => {
+                let data = state(rank, step, sh.bytes);
+                let entries = [Entry::tensor("w", DType::U8, &shape, &data)];
+                match ck.save(step, &entries).and_then(|h| h.wait()) {
+                    Ok(_) => Outcome::Saved,
+                    Err(e) => Outcome::Failed(e.to_string()),
+                }
+            }
+        };
+        lock(&sh.outcomes)[rank as usize] = outcome;
+        sh.phase.wait();
+    }
+}
+
+/// One phase: every rank runs `cmd`; returns the outcomes by rank and
+/// how long the slowest took.
+fn phase(sh: &Shared, cmd: Cmd) -> (Vec<Outcome>, Duration) {
+    *lock(&sh.cmd) = cmd;
+    lock(&sh.outcomes).fill(Outcome::Pending);
+    let t0 = Instant::now();
+    sh.phase.wait();
+    if matches!(cmd, Cmd::End) {
+        return (Vec::new(), Duration::ZERO);
+    }
+    sh.phase.wait();
+    (lock(&sh.outcomes).clone(), t0.elapsed())
+}
+
+/// The ranks of `node`.
+fn node_ranks(plan: &Plan, node: u32) -> std::ops::Range<u32> {
+    let first = node * plan.per_node;
+    first..(first + plan.per_node).min(plan.ranks)
+}
+
+/// Runs the simulation; an error says which check failed (a split
+/// commit, a disagreeing restore, wrong bytes, no progress).
+pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
+    if plan.ranks == 0 || plan.per_node == 0 || plan.steps == 0 {
+        return Err("ranks, per_node and steps must be positive".into());
+    }
+    let nodes = plan.ranks.div_ceil(plan.per_node);
+    let node_of = |r: u32| r / plan.per_node;
+    let etcd = matches!(coord, Coord::Etcd(_));
+    let job = format!("sim-{}-{}", plan.ranks, plan.seed);
+    let dir = std::env::temp_dir().join(format!("strata-sim-{}", std::process::id()));
+    let disks: Vec<Arc<MemoryStore>> = (0..plan.ranks).map(|_| Arc::default()).collect();
+    let l3 = Arc::new(MetricsStore::new(MemoryStore::new()));
+    let lists = || l3.snapshot().family(OpFamily::List).ops;
+    let injected = faults::plan(plan.seed, plan.steps, nodes, plan.faults, etcd);
+    let mut used = vec![false; injected.len()];
+    let mut report = Report {
+        ranks: plan.ranks,
+        nodes,
+        faults: injected.clone(),
+        ..Report::default()
+    };
+    let mut decided: Option<u64> = None;
+    let mut restore_fault: Option<u32> = None;
+    let mut keepalives = 0u64;
+    let started = Instant::now();
+    loop {
+        report.epochs += 1;
+        if u64::from(report.epochs) > 2 * plan.steps + 10 {
+            return Err(format!(
+                "no progress after {} starts of the job",
+                report.epochs
+            ));
+        }
+        let scripts: Vec<Arc<Script>> = (0..nodes).map(|_| Arc::default()).collect();
+        let (inner, node_coords) = coordinators(plan, &coord, &job, nodes)?;
+        let coords: Vec<Arc<dyn Coordinator>> = (0..plan.ranks)
+            .map(|r| {
+                Arc::new(Scripted {
+                    inner: inner[r as usize].clone(),
+                    script: scripts[node_of(r) as usize].clone(),
+                }) as Arc<dyn Coordinator>
+            })
+            .collect();
+        let requests = || {
+            node_coords
+                .iter()
+                .map(|c| c.requests() - c.keepalive_requests())
+                .sum::<u64>()
+        };
+        let sh = Shared {
+            phase: Barrier::new(plan.ranks as usize + 1),
+            cmd: Mutex::new(Cmd::Restore),
+            outcomes: Mutex::new(vec![Outcome::Pending; plan.ranks as usize]),
+            bytes: plan.bytes,
+        };
+        let l3_store: Arc<dyn ChunkStore> = l3.clone();
+        let mut done = false;
+        let epoch: Result<(), String> = std::thread::scope(|s| {
+            for r in 0..plan.ranks {
+                let (sh, coord, disk, l3) = (
+                    &sh,
+                    coords[r as usize].clone(),
+                    disks[r as usize].clone(),
+                    l3_store.clone(),
+                );
+                let cfg = Config::builder()
+                    .job(job.as_str())
+                    .rank(r, plan.ranks)
+                    .l1_dir(&dir)
+                    .keep_last(3)
+                    .coordination_timeout_secs(plan.timeout_secs)
+                    .upload_every(u64::from(plan.upload));
+                let upload = plan.upload;
+                std::thread::Builder::new()
+                    .name(format!("rank-{r}"))
+                    .spawn_scoped(s, move || {
+                        let ck = Checkpointer::builder(cfg)
+                            .coordinator(coord)
+                            .local(disk)
+                            .remote(upload.then_some(l3))
+                            .build();
+                        rank_main(sh, r, ck);
+                    })
+                    .map_err(|e| format!("cannot start rank {r}: {e}"))?;
+            }
+            let r = run_epoch(
+                plan,
+                &sh,
+                &mut coord,
+                &scripts,
+                &job,
+                EpochState {
+                    decided: &mut decided,
+                    restore_fault: &mut restore_fault,
+                    injected: &injected,
+                    used: &mut used,
+                    report: &mut report,
+                    done: &mut done,
+                    requests: &requests,
+                    lists: &lists,
+                },
+            );
+            phase(&sh, Cmd::End);
+            r
+        });
+        keepalives += node_coords
+            .iter()
+            .map(|c| c.keepalive_requests())
+            .sum::<u64>();
+        drop(coords);
+        drop(inner);
+        drop(node_coords);
+        epoch?;
+        if done {
+            break;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    report.keepalives_per_node_s =
+        keepalives as f64 / f64::from(nodes) / started.elapsed().as_secs_f64().max(1e-9);
+    Ok(report)
+}
+
+type Coordinators = (Vec<Arc<dyn Coordinator>>, Vec<Arc<EtcdCoordinator>>);
+
+/// The real coordinators of one epoch, by rank (and the node ones).
+fn coordinators(
+    plan: &Plan,
+    coord: &Coord<'_>,
+    job: &str,
+    nodes: u32,
+) -> Result<Coordinators, String> {
+    match coord {
+        Coord::InProcess => {
+            let c = InProcessCoordinator::new(plan.ranks);
+            Ok((
+                (0..plan.ranks)
+                    .map(|_| Arc::new(c.clone()) as Arc<dyn Coordinator>)
+                    .collect(),
+                Vec::new(),
+            ))
+        }
+        Coord::Etcd(e) => {
+            let opts = EtcdOptions {
+                endpoints: vec![e.url.clone()],
+                lease_ttl: Duration::from_secs(plan.lease_secs),
+                ..EtcdOptions::default()
+            };
+            // Nodes connect in parallel, as they would.
+            let node_list: Vec<u32> = (0..nodes).collect();
+            let mut conns: Vec<Arc<EtcdCoordinator>> = Vec::with_capacity(nodes as usize);
+            for chunk in node_list.chunks(64) {
+                let got: Vec<strata::Result<Arc<EtcdCoordinator>>> = std::thread::scope(|s| {
+                    let hs: Vec<_> = chunk
+                        .iter()
+                        .map(|&n| {
+                            let opts = opts.clone();
+                            s.spawn(move || {
+                                EtcdCoordinator::connect_node(
+                                    opts,
+                                    job,
+                                    node_ranks(plan, n),
+                                    plan.ranks,
+                                )
+                            })
+                        })
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                Err(Error::Coordination("connect panicked".into()))
+                            })
+                        })
+                        .collect()
+                });
+                for c in got {
+                    conns.push(c.map_err(|e| format!("a node could not connect: {e}"))?);
+                }
+            }
+            let mut ranks: Vec<Arc<dyn Coordinator>> = Vec::with_capacity(plan.ranks as usize);
+            for c in &conns {
+                for r in c.ranks() {
+                    ranks.push(Arc::new(c.rank_handle(r).map_err(|e| e.to_string())?));
+                }
+            }
+            Ok((ranks, conns))
+        }
+    }
+}
+
+/// What an epoch reads and updates of the run.
+struct EpochState<'a> {
+    decided: &'a mut Option<u64>,
+    restore_fault: &'a mut Option<u32>,
+    injected: &'a [faults::Injected],
+    used: &'a mut [bool],
+    report: &'a mut Report,
+    done: &'a mut bool,
+    requests: &'a dyn Fn() -> u64,
+    lists: &'a dyn Fn() -> u64,
+}
+
+/// The phases of one epoch, checked as they end.
+fn run_epoch(
+    plan: &Plan,
+    sh: &Shared,
+    coord: &mut Coord<'_>,
+    scripts: &[Arc<Script>],
+    job: &str,
+    st: EpochState<'_>,
+) -> Result<(), String> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let node_of = |r: u32| (r / plan.per_node) as usize;
+    let dead = |r: u32| scripts[node_of(r)].dead.load(SeqCst);
+    let kill = |coord: &mut Coord<'_>, node: u32| {
+        // The node's process dies: its lease goes with it (at once, as
+        // if the lease had run out).
+        if let Coord::Etcd(e) = coord {
+            e.revoke_claim(job, node * plan.per_node);
+        }
+    };
+    // Restore.
+    if let Some(node) = st.restore_fault.take() {
+        scripts[node as usize].die_in_restore.store(true, SeqCst);
+        kill(coord, node);
+    }
+    let lists0 = (st.lists)();
+    let (outs, took) = phase(sh, Cmd::Restore);
+    let lists = (st.lists)() - lists0;
+    let live: Vec<(u32, &Outcome)> = (0..plan.ranks)
+        .filter(|&r| !dead(r))
+        .map(|r| (r, &outs[r as usize]))
+        .collect();
+    if live.len() < plan.ranks as usize {
+        // A node died in the agreement: no rank may restore.
+        if let Some((r, o)) = live.iter().find(|(_, o)| !matches!(o, Outcome::Failed(_))) {
+            return Err(format!(
+                "a node died in the restore agreement, yet rank {r} went on: {o:?}"
+            ));
+        }
+        return Ok(());
+    }
+    let want = match *st.decided {
+        Some(s) => Outcome::Restored(s),
+        None => Outcome::Nothing,
+    };
+    if let Some((r, o)) = live.iter().find(|(_, o)| **o != want) {
+        return Err(format!(
+            "restore: rank {r} got {o:?}, every rank must get {want:?} (the newest decided step)"
+        ));
+    }
+    st.report.restore_ms.push(took.as_secs_f64() * 1e3);
+    st.report.restore_lists.push(lists);
+    let first = st.decided.map_or(1, |s| s + 1);
+    if first > plan.steps {
+        *st.done = true;
+        return Ok(());
+    }
+    for step in first..=plan.steps {
+        let mut fault = None;
+        for (i, f) in st.injected.iter().enumerate() {
+            if f.step == step && !st.used[i] {
+                st.used[i] = true;
+                fault = Some(*f);
+            }
+        }
+        let script = fault.map(|f| scripts[f.node as usize].clone());
+        match (fault.map(|f| f.fault), &script) {
+            (Some(Fault::DiesBeforeVote), Some(s)) => {
+                s.die_before_vote.store(true, SeqCst);
+                if let Some(f) = fault {
+                    kill(coord, f.node);
+                }
+            }
+            (Some(Fault::DiesAfterVote), Some(s)) => s.die_after_vote.store(true, SeqCst),
+            (Some(Fault::Slow(ms)), Some(s)) => s.slow_ms.store(ms, SeqCst),
+            (Some(Fault::EtcdRestart), _) => {
+                if let Coord::Etcd(e) = coord {
+                    e.restart(Duration::from_millis(300));
+                }
+            }
+            _ => {}
+        }
+        let r0 = (st.requests)();
+        let (outs, took) = phase(sh, Cmd::Save(step));
+        let requests = (st.requests)() - r0;
+        if let Some(s) = &script {
+            s.slow_ms.store(0, SeqCst);
+        }
+        let live: Vec<(u32, &Outcome)> = (0..plan.ranks)
+            .filter(|&r| !dead(r))
+            .map(|r| (r, &outs[r as usize]))
+            .collect();
+        let saved = live.iter().filter(|(_, o)| **o == Outcome::Saved).count();
+        if saved != 0 && saved != live.len() {
+            let (r, o) = live
+                .iter()
+                .find(|(_, o)| **o != Outcome::Saved)
+                .map(|(r, o)| (*r, (*o).clone()))
+                .unwrap_or((0, Outcome::Pending));
+            return Err(format!(
+                "step {step} split: {saved} of {} live ranks committed, rank {r} did not: {o:?}",
+                live.len()
+            ));
+        }
+        let died = live.len() < plan.ranks as usize;
+        match fault.map(|f| f.fault) {
+            Some(Fault::DiesBeforeVote) if saved != 0 => {
+                return Err(format!(
+                    "step {step} committed without the votes of a node that died before voting"
+                ));
+            }
+            Some(Fault::DiesAfterVote) if saved == 0 => {
+                return Err(format!(
+                    "step {step}: every rank voted yes, yet it failed: {:?}",
+                    live.first()
+                ));
+            }
+            _ => {}
+        }
+        if saved > 0 {
+            *st.decided = Some(step);
+            st.report.committed += 1;
+            if fault.is_none() {
+                st.report.step_ms.push(took.as_secs_f64() * 1e3);
+                st.report.round_requests.push(requests as f64);
+            }
+        } else {
+            st.report.failed += 1;
+            if fault.is_none() {
+                st.report.failed_unfaulted += 1;
+                eprintln!(
+                    "step {step} failed with no fault injected: {:?}",
+                    live.first()
+                );
+            }
+        }
+        if let Some(f) = fault.filter(|f| f.fault == Fault::DiesAfterVote) {
+            kill(coord, f.node);
+        }
+        if died {
+            return Ok(());
+        }
+        if let Some(f) = fault.filter(|f| f.fault == Fault::DiesInRestore) {
+            // Preempted after this step; the next start loses a node in
+            // its restore.
+            *st.restore_fault = Some(f.node);
+            return Ok(());
+        }
+    }
+    Ok(())
+}
