@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use strata::format::DType;
 use strata::tiered::wrap::OpFamily;
-use strata::tiered::{ChunkStore, MemoryStore, MetricsStore};
+use strata::tiered::{ChunkStore, MemoryStore, MetricsStore, SharedListing};
 use strata::{
     Checkpointer, Config, Coordinator, Entry, Error, EtcdCoordinator, EtcdOptions,
     InProcessCoordinator, StepSelector,
@@ -196,7 +196,9 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
             ));
         }
         let scripts: Vec<Arc<Script>> = (0..nodes).map(|_| Arc::default()).collect();
+        let t_c = Instant::now();
         let (inner, node_coords) = coordinators(plan, &coord, &job, nodes)?;
+        eprintln!("TIMING connect {:?}", t_c.elapsed());
         let coords: Vec<Arc<dyn Coordinator>> = (0..plan.ranks)
             .map(|r| {
                 Arc::new(Scripted {
@@ -217,7 +219,17 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
             outcomes: Mutex::new(vec![Outcome::Pending; plan.ranks as usize]),
             bytes: plan.bytes,
         };
+        // Each node lists L3 once for all its ranks (a listing is shared
+        // for a few seconds, never across a step written through it).
         let l3_store: Arc<dyn ChunkStore> = l3.clone();
+        let node_l3: Vec<Arc<dyn ChunkStore>> = (0..nodes)
+            .map(|_| {
+                Arc::new(SharedListing::new(
+                    l3_store.clone(),
+                    Duration::from_secs(10),
+                )) as Arc<dyn ChunkStore>
+            })
+            .collect();
         let mut done = false;
         let epoch: Result<(), String> = std::thread::scope(|s| {
             for r in 0..plan.ranks {
@@ -225,7 +237,7 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                     &sh,
                     coords[r as usize].clone(),
                     disks[r as usize].clone(),
-                    l3_store.clone(),
+                    node_l3[node_of(r) as usize].clone(),
                 );
                 let cfg = Config::builder()
                     .job(job.as_str())
@@ -384,12 +396,25 @@ fn run_epoch(
         }
     };
     // Restore.
-    if let Some(node) = st.restore_fault.take() {
+    let dying = st.restore_fault.take();
+    if let Some(node) = dying {
         scripts[node as usize].die_in_restore.store(true, SeqCst);
-        kill(coord, node);
     }
     let lists0 = (st.lists)();
-    let (outs, took) = phase(sh, Cmd::Restore);
+    let (outs, took) = std::thread::scope(|s| {
+        if let (Some(node), Coord::Etcd(e)) = (dying, &*coord) {
+            // The node's lease goes a moment after the others saw it
+            // (one that died before anyone saw it is waited for until
+            // the timeout: it may still be starting).
+            let e: &Etcd = e;
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(1000));
+                e.revoke_claim(job, node * plan.per_node);
+            });
+        }
+        phase(sh, Cmd::Restore)
+    });
+    eprintln!("TIMING restore {took:?}");
     let lists = (st.lists)() - lists0;
     let live: Vec<(u32, &Outcome)> = (0..plan.ranks)
         .filter(|&r| !dead(r))
@@ -447,6 +472,7 @@ fn run_epoch(
         }
         let r0 = (st.requests)();
         let (outs, took) = phase(sh, Cmd::Save(step));
+        eprintln!("TIMING step {step} {took:?} {fault:?}");
         let requests = (st.requests)() - r0;
         if let Some(s) = &script {
             s.slow_ms.store(0, SeqCst);

@@ -33,7 +33,7 @@ fn in_process_ranks_with_seeded_faults_never_split() {
         seed: seed(),
         faults: 4,
         // A dead rank is seen only at the timeout in process.
-        timeout_secs: 2,
+        timeout_secs: 10,
         ..Plan::default()
     };
     let r = run(&plan, Coord::InProcess).unwrap_or_else(|e| panic!("seed {}: {e}", plan.seed));
