@@ -41,7 +41,7 @@ fn the_ranks_of_two_nodes_reduce_once_for_about_three_requests_per_node() {
         .map(|r| EtcdCoordinator::connect_node(opts(&etcd.url, 60), "node", r, world).unwrap())
         .collect();
     assert_eq!(nodes[0].members().unwrap().len(), 6, "a claim per rank");
-    let requests = || nodes.iter().map(|n| n.requests()).sum::<u64>();
+    let requests = || nodes.iter().map(|n| n.round_requests()).sum::<u64>();
     let rounds = 10u8;
     let before = requests();
     std::thread::scope(|s| {

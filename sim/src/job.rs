@@ -53,6 +53,8 @@ pub struct Plan {
     pub bytes: usize,
     /// Upload every step to the shared L3 (and list it at restore).
     pub upload: bool,
+    /// Print each phase and its time on stderr.
+    pub verbose: bool,
 }
 
 impl Default for Plan {
@@ -67,6 +69,7 @@ impl Default for Plan {
             lease_secs: 5,
             bytes: 4096,
             upload: true,
+            verbose: false,
         }
     }
 }
@@ -155,6 +158,12 @@ fn phase(sh: &Shared, cmd: Cmd) -> (Vec<Outcome>, Duration) {
     (lock(&sh.outcomes).clone(), t0.elapsed())
 }
 
+fn say(plan: &Plan, what: std::fmt::Arguments<'_>) {
+    if plan.verbose {
+        eprintln!("{what}");
+    }
+}
+
 /// The ranks of `node`.
 fn node_ranks(plan: &Plan, node: u32) -> std::ops::Range<u32> {
     let first = node * plan.per_node;
@@ -198,7 +207,15 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
         let scripts: Vec<Arc<Script>> = (0..nodes).map(|_| Arc::default()).collect();
         let t_c = Instant::now();
         let (inner, node_coords) = coordinators(plan, &coord, &job, nodes)?;
-        eprintln!("TIMING connect {:?}", t_c.elapsed());
+        say(
+            plan,
+            format_args!(
+                "start {}: {} nodes connected in {:?}",
+                report.epochs,
+                node_coords.len(),
+                t_c.elapsed()
+            ),
+        );
         let coords: Vec<Arc<dyn Coordinator>> = (0..plan.ranks)
             .map(|r| {
                 Arc::new(Scripted {
@@ -207,12 +224,7 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                 }) as Arc<dyn Coordinator>
             })
             .collect();
-        let requests = || {
-            node_coords
-                .iter()
-                .map(|c| c.requests() - c.keepalive_requests())
-                .sum::<u64>()
-        };
+        let requests = || node_coords.iter().map(|c| c.round_requests()).sum::<u64>();
         let sh = Shared {
             phase: Barrier::new(plan.ranks as usize + 1),
             cmd: Mutex::new(Cmd::Restore),
@@ -231,6 +243,7 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
             })
             .collect();
         let mut done = false;
+        let mut t_end = Instant::now();
         let epoch: Result<(), String> = std::thread::scope(|s| {
             for r in 0..plan.ranks {
                 let (sh, coord, disk, l3) = (
@@ -239,13 +252,17 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                     disks[r as usize].clone(),
                     node_l3[node_of(r) as usize].clone(),
                 );
-                let cfg = Config::builder()
+                let mut cfg = Config::builder()
                     .job(job.as_str())
                     .rank(r, plan.ranks)
                     .l1_dir(&dir)
                     .keep_last(3)
                     .coordination_timeout_secs(plan.timeout_secs)
                     .upload_every(u64::from(plan.upload));
+                // L3 is never collected here: its collection lists L3 on
+                // every rank after every upload (a cost of its own, not the
+                // protocol's; see docs/scale.md).
+                cfg.l3_keep_last = 0;
                 let upload = plan.upload;
                 std::thread::Builder::new()
                     .name(format!("rank-{r}"))
@@ -277,8 +294,13 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                 },
             );
             phase(&sh, Cmd::End);
+            t_end = Instant::now();
             r
         });
+        say(
+            plan,
+            format_args!("  every rank ended in {:?}", t_end.elapsed()),
+        );
         keepalives += node_coords
             .iter()
             .map(|c| c.keepalive_requests())
@@ -414,7 +436,7 @@ fn run_epoch(
         }
         phase(sh, Cmd::Restore)
     });
-    eprintln!("TIMING restore {took:?}");
+    say(plan, format_args!("  restore: {took:?}"));
     let lists = (st.lists)() - lists0;
     let live: Vec<(u32, &Outcome)> = (0..plan.ranks)
         .filter(|&r| !dead(r))
@@ -472,7 +494,16 @@ fn run_epoch(
         }
         let r0 = (st.requests)();
         let (outs, took) = phase(sh, Cmd::Save(step));
-        eprintln!("TIMING step {step} {took:?} {fault:?}");
+        say(
+            plan,
+            format_args!(
+                "  step {step}: {took:?}{}",
+                fault.map_or(String::new(), |f| format!(
+                    " ({:?} on node {})",
+                    f.fault, f.node
+                ))
+            ),
+        );
         let requests = (st.requests)() - r0;
         if let Some(s) = &script {
             s.slow_ms.store(0, SeqCst);

@@ -87,13 +87,16 @@ pub(super) async fn keep_alive(
     loop {
         tokio::time::sleep_until(next).await;
         next += every;
-        let before = api.requests();
+        let sent = |n: u64| h.sent.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        sent(1);
         let lost = match api.keepalive(h.leases[0], t).await {
             Ok(0) => Some(Error::Coordination(format!(
                 "rank {}: this process's etcd lease expired (unreachable for over {:?}); its rank may be taken by another process",
                 h.ranks.start, opts.lease_ttl
             ))),
             Ok(_) => {
+                // The second renewal, and the two reads of the claims.
+                sent(3);
                 let _ = api.keepalive(h.leases[1], t).await;
                 check_claims(&api, &h, t).await
             }
@@ -102,10 +105,6 @@ pub(super) async fn keep_alive(
                 None
             }
         };
-        h.sent.fetch_add(
-            api.requests().saturating_sub(before),
-            std::sync::atomic::Ordering::Relaxed,
-        );
         if let Some(e) = lost {
             tracing::error!(error = %e, "lost the rank");
             if let Ok(mut st) = state.lock() {

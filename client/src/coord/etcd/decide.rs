@@ -110,6 +110,13 @@ enum Decider {
 }
 
 impl EtcdCoordinator {
+    /// The etcd client, for one request of a round (counted).
+    fn round_api(&self) -> &super::api::EtcdApi {
+        self.rounds_sent
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.api
+    }
+
     /// One reducing round for this process's ranks (`values`, by rank).
     pub(super) async fn decide(
         &self,
@@ -233,7 +240,7 @@ impl EtcdCoordinator {
         };
         let dend = prefix_end(&dprefix);
         let put = self
-            .api
+            .round_api()
             .put_and_get(
                 &mine,
                 &encode_values(&values),
@@ -246,7 +253,7 @@ impl EtcdCoordinator {
             Ok(v) => v,
             Err(e) => {
                 // It may have reached etcd though this client saw an error.
-                let _ = self.api.delete(&mine, t).await;
+                let _ = self.round_api().delete(&mine, t).await;
                 return Err(e);
             }
         };
@@ -254,7 +261,7 @@ impl EtcdCoordinator {
         let r = self.read_decision(key, &w, got, deadline, timeout).await;
         if r.is_err() {
             // A failed round's value goes at once: no late decider counts it.
-            let _ = self.api.delete(&mine, t).await;
+            let _ = self.round_api().delete(&mine, t).await;
         }
         r
     }
@@ -291,7 +298,7 @@ impl EtcdCoordinator {
                 if let Some(kv) = decisions.iter().find(|kv| kv.key == dkey) {
                     if !fenced {
                         // This process's claims must still be its own.
-                        let (own, _) = self.api.range(&own_from, &own_to, t).await?;
+                        let (own, _) = self.round_api().range(&own_from, &own_to, t).await?;
                         self.fence(&own)?;
                     }
                     let out = verdict::decode(key, &kv.value)?;
@@ -332,7 +339,7 @@ impl EtcdCoordinator {
                 .saturating_duration_since(Instant::now())
                 .min(self.opts.lease_ttl / 2);
             if let Err(e) = self
-                .api
+                .round_api()
                 .watch(w.dprefix, rev, wait, |ev| matches!(ev, Event::Put(_)))
                 .await
             {
@@ -341,7 +348,7 @@ impl EtcdCoordinator {
             }
             let ranges: [(&[u8], &[u8]); 3] =
                 [(w.dprefix, &dend), (w.decider, &[]), (&own_from, &own_to)];
-            let (mut read, _) = match self.api.ranges(&ranges, t).await {
+            let (mut read, _) = match self.round_api().ranges(&ranges, t).await {
                 Ok(v) => v,
                 Err(e) if Instant::now() < deadline => {
                     tracing::warn!(error = %e, "etcd read failed; retrying");
@@ -379,7 +386,7 @@ impl EtcdCoordinator {
         let outcome: Result<Vec<u8>> = loop {
             self.check_lost()?;
             let ranges: [(&[u8], &[u8]); 2] = [(&vdir, &vend), (&members, &mend)];
-            let (got, rev) = match self.api.ranges(&ranges, t).await {
+            let (got, rev) = match self.round_api().ranges(&ranges, t).await {
                 Ok(v) => v,
                 Err(e) if Instant::now() < deadline => {
                     tracing::warn!(error = %e, "etcd read failed; retrying");
@@ -455,7 +462,7 @@ impl EtcdCoordinator {
             let world = self.world as usize;
             let wait = (deadline - now).min(self.opts.lease_ttl / 2);
             let followed = self
-                .api
+                .round_api()
                 .watch(&vdir, rev, wait, |ev| match ev {
                     Event::Put(kv) => {
                         // A malformed value is named by the next read.
@@ -497,7 +504,7 @@ impl EtcdCoordinator {
             .zip(clear_end.as_deref())
             .map(|(p, e)| (p.as_bytes(), e));
         let created = self
-            .api
+            .round_api()
             .create_and_clear(&dkey, &bytes, self.rounds_lease, &unchanged, clear, t)
             .await?;
         match created {
@@ -509,7 +516,7 @@ impl EtcdCoordinator {
             Err(Some(kv)) => verdict::decode(key, &kv.value).map(<[u8]>::to_vec),
             Err(None) => {
                 let (claims, _) = self
-                    .api
+                    .round_api()
                     .range_prefix(format!("{}/ranks/", self.root).as_bytes(), t)
                     .await?;
                 self.fence(&claims)?;

@@ -215,6 +215,8 @@ pub struct EtcdCoordinator {
     local: node::Local,
     /// Requests the keep-alive task sent.
     kept_alive: Arc<std::sync::atomic::AtomicU64>,
+    /// Requests the reducing rounds sent.
+    rounds_sent: std::sync::atomic::AtomicU64,
 }
 
 /// How long the rounds' lease lives at least: a slow rank must still find
@@ -381,6 +383,7 @@ impl EtcdCoordinator {
             state,
             local: node::Local::default(),
             kept_alive,
+            rounds_sent: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -393,9 +396,15 @@ impl EtcdCoordinator {
 
     /// Of [`EtcdCoordinator::requests`], those the keep-alive task sent
     /// (four per third of the lease, however many ranks the process
-    /// holds): the rest are the rounds'.
+    /// holds).
     pub fn keepalive_requests(&self) -> u64 {
         self.kept_alive.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Of [`EtcdCoordinator::requests`], those of the reducing rounds
+    /// (`all_reduce`: the commit barrier, the restore rounds).
+    pub fn round_requests(&self) -> u64 {
+        self.rounds_sent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Every key this job has in etcd (for operators and tests): claims,
