@@ -57,7 +57,11 @@ fn main() {
         plan.bytes,
         plan.seed,
         plan.faults,
-        if in_process { "in-process coordinator" } else { "one etcd on this machine" }
+        if in_process {
+            "in-process coordinator"
+        } else {
+            "one etcd on this machine"
+        }
     );
     let mut etcd = None;
     let coord = if in_process {

@@ -95,6 +95,58 @@ pub struct Script {
     pub slow_ms: std::sync::atomic::AtomicU64,
 }
 
+/// When the last rank entered a round, and when the last one left it.
+type Span = (Option<std::time::Instant>, Option<std::time::Instant>);
+
+/// When the last rank entered each round and when the last one left it:
+/// the round's own cost, whatever the ranks did before it.
+#[derive(Default)]
+pub struct RoundTimes {
+    rounds: std::sync::Mutex<std::collections::HashMap<String, Span>>,
+}
+
+impl RoundTimes {
+    fn mark(&self, key: &str, leaving: bool) {
+        let now = std::time::Instant::now();
+        let mut r = self
+            .rounds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let e = r.entry(key.to_string()).or_default();
+        let slot = if leaving { &mut e.1 } else { &mut e.0 };
+        *slot = Some(slot.map_or(now, |t| t.max(now)));
+    }
+
+    /// As [`RoundTimes::take`], forgetting nothing.
+    pub fn peek(&self, prefix: &str) -> Duration {
+        let r = self
+            .rounds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        r.iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .filter_map(|(_, (i, o))| Some(o.as_ref()?.saturating_duration_since(*i.as_ref()?)))
+            .sum()
+    }
+
+    /// The rounds since the last call whose key starts with `prefix`: the
+    /// sum over them of (last rank out − last rank in); the rounds are
+    /// forgotten.
+    pub fn take(&self, prefix: &str) -> Duration {
+        let mut r = self
+            .rounds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let total = r
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .filter_map(|(_, (i, o))| Some(o.as_ref()?.saturating_duration_since(*i.as_ref()?)))
+            .sum();
+        r.clear();
+        total
+    }
+}
+
 /// The coordinator of one simulated rank: the real one, following the
 /// node's [`Script`].
 pub struct Scripted {
@@ -102,6 +154,8 @@ pub struct Scripted {
     pub inner: Arc<dyn Coordinator>,
     /// The node's script (shared by its ranks).
     pub script: Arc<Script>,
+    /// Every rank's round times (shared).
+    pub times: Arc<RoundTimes>,
 }
 
 fn died() -> Error {
@@ -150,7 +204,9 @@ impl Coordinator for Scripted {
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>> {
         self.before(key)?;
+        self.times.mark(key, false);
         let got = self.inner.all_gather(rank, key, value, timeout);
+        self.times.mark(key, true);
         self.after(key, got)
     }
 
@@ -163,7 +219,9 @@ impl Coordinator for Scripted {
         reduce: &strata::coordinator::Reduce<'_>,
     ) -> Result<Vec<u8>> {
         self.before(key)?;
+        self.times.mark(key, false);
         let got = self.inner.all_reduce(rank, key, value, timeout, reduce);
+        self.times.mark(key, true);
         self.after(key, got)
     }
 }

@@ -18,7 +18,7 @@ use strata::{
 };
 use strata_testkit::etcd::Etcd;
 
-use crate::faults::{self, Fault, Script, Scripted};
+use crate::faults::{self, Fault, RoundTimes, Script, Scripted};
 use crate::report::Report;
 
 /// How ranks agree in the simulation.
@@ -216,11 +216,13 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                 t_c.elapsed()
             ),
         );
+        let times = Arc::new(RoundTimes::default());
         let coords: Vec<Arc<dyn Coordinator>> = (0..plan.ranks)
             .map(|r| {
                 Arc::new(Scripted {
                     inner: inner[r as usize].clone(),
                     script: scripts[node_of(r) as usize].clone(),
+                    times: times.clone(),
                 }) as Arc<dyn Coordinator>
             })
             .collect();
@@ -291,6 +293,7 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                     done: &mut done,
                     requests: &requests,
                     lists: &lists,
+                    times: &times,
                 },
             );
             phase(&sh, Cmd::End);
@@ -396,6 +399,7 @@ struct EpochState<'a> {
     done: &'a mut bool,
     requests: &'a dyn Fn() -> u64,
     lists: &'a dyn Fn() -> u64,
+    times: &'a RoundTimes,
 }
 
 /// The phases of one epoch, checked as they end.
@@ -423,6 +427,7 @@ fn run_epoch(
         scripts[node as usize].die_in_restore.store(true, SeqCst);
     }
     let lists0 = (st.lists)();
+    st.times.take("");
     let (outs, took) = std::thread::scope(|s| {
         if let (Some(node), Coord::Etcd(e)) = (dying, &*coord) {
             // The node's lease goes a moment after the others saw it
@@ -436,7 +441,13 @@ fn run_epoch(
         }
         phase(sh, Cmd::Restore)
     });
-    say(plan, format_args!("  restore: {took:?}"));
+    say(
+        plan,
+        format_args!(
+            "  restore: {took:?} (its rounds: {:?})",
+            st.times.peek("restore/")
+        ),
+    );
     let lists = (st.lists)() - lists0;
     let live: Vec<(u32, &Outcome)> = (0..plan.ranks)
         .filter(|&r| !dead(r))
@@ -460,7 +471,10 @@ fn run_epoch(
             "restore: rank {r} got {o:?}, every rank must get {want:?} (the newest decided step)"
         ));
     }
-    st.report.restore_ms.push(took.as_secs_f64() * 1e3);
+    st.report.restore_phase_ms.push(took.as_secs_f64() * 1e3);
+    st.report
+        .restore_ms
+        .push(st.times.take("restore/").as_secs_f64() * 1e3);
     st.report.restore_lists.push(lists);
     let first = st.decided.map_or(1, |s| s + 1);
     if first > plan.steps {
@@ -493,11 +507,13 @@ fn run_epoch(
             _ => {}
         }
         let r0 = (st.requests)();
+        st.times.take("");
         let (outs, took) = phase(sh, Cmd::Save(step));
         say(
             plan,
             format_args!(
-                "  step {step}: {took:?}{}",
+                "  step {step}: {took:?} (its barrier: {:?}){}",
+                st.times.peek("commit/"),
                 fault.map_or(String::new(), |f| format!(
                     " ({:?} on node {})",
                     f.fault, f.node
@@ -543,7 +559,10 @@ fn run_epoch(
             *st.decided = Some(step);
             st.report.committed += 1;
             if fault.is_none() {
-                st.report.step_ms.push(took.as_secs_f64() * 1e3);
+                st.report.save_phase_ms.push(took.as_secs_f64() * 1e3);
+                st.report
+                    .step_ms
+                    .push(st.times.take("commit/").as_secs_f64() * 1e3);
                 st.report.round_requests.push(requests as f64);
             }
         } else {

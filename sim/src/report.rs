@@ -17,15 +17,24 @@ pub struct Report {
     pub failed: u64,
     /// Of those, steps that failed with no fault injected at them.
     pub failed_unfaulted: u64,
-    /// Barrier + commit of each step without a fault: from the moment
-    /// every rank starts its save to the last rank's commit (ms).
+    /// Barrier + commit of each step without a fault: from the last rank
+    /// reaching the commit barrier to the last rank leaving it, decided
+    /// (ms): the protocol's own cost.
     pub step_ms: Vec<f64>,
+    /// The whole save phase of those steps: from every rank starting its
+    /// save to the last one committed (ms; on one machine this is mostly
+    /// every rank's own work sharing its cores).
+    pub save_phase_ms: Vec<f64>,
     /// etcd requests of the rounds in each such step (keep-alives apart).
     pub round_requests: Vec<f64>,
     /// Keep-alive requests per node and second, over the run.
     pub keepalives_per_node_s: f64,
-    /// Each successful restore of every rank, agreement and reads (ms).
+    /// Each successful restore's agreement: its rounds, from the last rank
+    /// in to the last rank out of each (ms).
     pub restore_ms: Vec<f64>,
+    /// Each successful restore phase as a whole: listing, rounds, reading
+    /// and verifying (ms).
+    pub restore_phase_ms: Vec<f64>,
     /// L3 listings (`list_steps` and friends) each of those restores made.
     pub restore_lists: Vec<u64>,
     /// The faults injected.

@@ -350,6 +350,25 @@ mod tests {
     use std::sync::mpsc;
 
     #[test]
+    fn decisions_round_trip_and_bad_ones_are_refused() {
+        for d in [
+            Decision {
+                upload: true,
+                decided_before: None,
+            },
+            Decision {
+                upload: false,
+                decided_before: Some(7),
+            },
+        ] {
+            assert_eq!(Decision::decode(&d.encode()), Some(d));
+        }
+        assert_eq!(Decision::decode(&[]), None);
+        assert_eq!(Decision::decode(&[2]), None);
+        assert_eq!(Decision::decode(&[1, 0, 0]), None);
+    }
+
+    #[test]
     fn votes_must_be_exactly_the_world_each_yes() {
         let yes = Vote {
             ok: true,
