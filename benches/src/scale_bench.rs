@@ -6,7 +6,7 @@
 //! etcd_requests_per_round=… restore_agreement_ms=… l3_lists_per_restore=…`.
 //!
 //! `scale-bench --ranks N [--ranks-per-node 8] [--steps 10] [--seed 1]
-//!  [--faults 0] [--bytes 4096] [--lease 10] [--in-process]`
+//!  [--faults 0] [--bytes 4096] [--lease 10] [--in-process] [--no-upload]`
 
 use strata_sim::{run, Coord, Plan};
 use strata_testkit::etcd::Etcd;
@@ -40,17 +40,18 @@ fn main() {
                 "--bytes" => plan.bytes = parse(&a, args.next())?,
                 "--lease" => plan.lease_secs = parse(&a, args.next())?,
                 "--in-process" => in_process = true,
+                "--no-upload" => plan.upload = false,
                 other => return Err(format!("unknown argument {other}")),
             }
         }
         Ok(())
     })();
     if let Err(e) = parsed {
-        eprintln!("scale-bench: {e}\nscale-bench --ranks N [--ranks-per-node 8] [--steps 10] [--seed 1] [--faults 0] [--bytes 4096] [--lease 10] [--in-process]");
+        eprintln!("scale-bench: {e}\nscale-bench --ranks N [--ranks-per-node 8] [--steps 10] [--seed 1] [--faults 0] [--bytes 4096] [--lease 10] [--in-process] [--no-upload]");
         std::process::exit(2);
     }
     println!(
-        "scale-bench: {} ranks, {} per node, {} steps of {} bytes per rank, seed {}, {} faults, {}",
+        "scale-bench: {} ranks, {} per node, {} steps of {} bytes per rank, seed {}, {} faults, {}, L3 uploads {}",
         plan.ranks,
         plan.per_node,
         plan.steps,
@@ -61,7 +62,8 @@ fn main() {
             "in-process coordinator"
         } else {
             "one etcd on this machine"
-        }
+        },
+        if plan.upload { "on" } else { "off" }
     );
     let mut etcd = None;
     let coord = if in_process {

@@ -51,7 +51,9 @@ pub struct Plan {
     pub lease_secs: u64,
     /// Bytes each rank saves per step.
     pub bytes: usize,
-    /// Upload every step to the shared L3 (and list it at restore).
+    /// Upload every step to the shared L3 (L3 is listed at every restore
+    /// either way). Every rank's catalog then holds every rank's records
+    /// on L3: memory that grows with the world squared.
     pub upload: bool,
     /// Print each phase and its time on stderr.
     pub verbose: bool,
@@ -265,14 +267,13 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                 // every rank after every upload (a cost of its own, not the
                 // protocol's; see docs/scale.md).
                 cfg.l3_keep_last = 0;
-                let upload = plan.upload;
                 std::thread::Builder::new()
                     .name(format!("rank-{r}"))
                     .spawn_scoped(s, move || {
                         let ck = Checkpointer::builder(cfg)
                             .coordinator(coord)
                             .local(disk)
-                            .remote(upload.then_some(l3))
+                            .remote(Some(l3))
                             .build();
                         rank_main(sh, r, ck);
                     })
