@@ -4,6 +4,7 @@
 # against a raw QUIC download of the same bytes. Needs etcd (Debian's
 # etcd-server) and s3s-fs (scripts/test.sh installs it under .tools/).
 #   benches/cluster-bench.sh [--steps 10] [--size 256MiB] [--dir DIR]
+#     [--worlds 2,6,12] [--ranks-per-node 2] [--no-node-loss]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.tools/bin:$PATH"

@@ -29,10 +29,10 @@ fn strata_bin() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/strata"))
 }
 
-fn spec(dir: &Path, nodes: usize, job: &str) -> Spec {
+fn spec(dir: &Path, nodes: usize, per_node: usize, job: &str) -> Spec {
     Spec {
         nodes,
-        ranks_per_node: 2,
+        ranks_per_node: per_node,
         job: job.into(),
         dir: dir.to_path_buf(),
         strata: strata_bin(),
@@ -87,15 +87,16 @@ fn raw_etcd_put(url: &str, n: usize) -> Result<f64, String> {
     Ok(pct(&mut ms, 0.5))
 }
 
-fn barrier(dir: &Path, steps: u64) -> Result<(), String> {
+fn barrier(dir: &Path, steps: u64, worlds: &[usize], per_node: usize) -> Result<(), String> {
     println!(
         "  ranks  nodes  barrier+commit per step: median     p90   raw etcd put  ratio (median)"
     );
-    for world in [2usize, 6, 12] {
+    for &world in worlds {
         let d = dir.join(format!("barrier-{world}"));
         let _ = std::fs::remove_dir_all(&d);
-        let c = Cluster::start(spec(&d, world / 2, "bench"))?;
-        let nodes: Vec<usize> = (0..world / 2).collect();
+        let n = world.div_ceil(per_node);
+        let c = Cluster::start(spec(&d, n, per_node, "bench"))?;
+        let nodes: Vec<usize> = (0..n).collect();
         let args: Vec<String> = ["--steps", &steps.to_string(), "--state-size", "1MiB"]
             .map(String::from)
             .to_vec();
@@ -112,7 +113,7 @@ fn barrier(dir: &Path, steps: u64) -> Result<(), String> {
         let med = pct(&mut v, 0.5);
         println!(
             "  {world:>5}  {:>5}  {:>33.1} ms {:>5.1} ms {:>11.2} ms  {:>6.1}x",
-            world / 2,
+            n,
             med,
             pct(&mut v, 0.9),
             raw,
@@ -129,7 +130,7 @@ fn barrier(dir: &Path, steps: u64) -> Result<(), String> {
 fn node_loss(dir: &Path, size: &str) -> Result<(), String> {
     let d = dir.join("loss");
     let _ = std::fs::remove_dir_all(&d);
-    let mut c = Cluster::start(spec(&d, 3, "bench"))?;
+    let mut c = Cluster::start(spec(&d, 3, 2, "bench"))?;
     let all = [0usize, 1, 2];
     let common = ["--state-size".to_string(), size.to_string()];
     let mut first = c.spawn_ranks(
@@ -241,22 +242,41 @@ fn main() {
     let mut steps = 10u64;
     let mut size = "256MiB".to_string();
     let mut dir = PathBuf::from("strata-cluster-bench");
+    let mut worlds = vec![2usize, 6, 12];
+    let mut per_node = 2usize;
+    let mut node_loss_too = true;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--steps" => steps = it.next().and_then(|v| v.parse().ok()).unwrap_or(steps),
             "--size" => size = it.next().unwrap_or(size),
             "--dir" => dir = it.next().map(PathBuf::from).unwrap_or(dir),
+            "--worlds" => {
+                worlds = it
+                    .next()
+                    .map(|v| v.split(',').filter_map(|w| w.parse().ok()).collect())
+                    .unwrap_or(worlds)
+            }
+            "--ranks-per-node" => {
+                per_node = it.next().and_then(|v| v.parse().ok()).unwrap_or(per_node)
+            }
+            "--no-node-loss" => node_loss_too = false,
             other => {
                 eprintln!(
-                    "cluster-bench: unknown argument {other} (--steps N --size SIZE --dir DIR)"
+                    "cluster-bench: unknown argument {other} (--steps N --size SIZE --dir DIR --worlds 2,6,12 --ranks-per-node 2 --no-node-loss)"
                 );
                 std::process::exit(2);
             }
         }
     }
-    println!("cluster-bench: ranks as processes (2 per node), etcd and s3s-fs on the bridge, {steps} steps");
-    let r = barrier(&dir, steps).and_then(|()| node_loss(&dir, &size));
+    println!("cluster-bench: ranks as processes ({per_node} per node), etcd and s3s-fs on the bridge, {steps} steps");
+    let r = barrier(&dir, steps, &worlds, per_node).and_then(|()| {
+        if node_loss_too {
+            node_loss(&dir, &size)
+        } else {
+            Ok(())
+        }
+    });
     if let Err(e) = r {
         eprintln!("cluster-bench: {e}");
         std::process::exit(1);

@@ -6,7 +6,11 @@
 //! etcd_requests_per_round=… restore_agreement_ms=… l3_lists_per_restore=…`.
 //!
 //! `scale-bench --ranks N [--ranks-per-node 8] [--steps 10] [--seed 1]
-//!  [--faults 0] [--bytes 4096] [--lease 10] [--in-process] [--no-upload]`
+//!  [--faults 0] [--bytes 4096] [--lease 10] [--in-process] [--no-upload] [--gather]`
+//!
+//! `--gather` agrees the way Strata did before reducing rounds (every rank
+//! reads every value; with etcd it needs `--ranks-per-node 1`), for
+//! comparison.
 
 use strata_sim::{run, Coord, Plan};
 use strata_testkit::etcd::Etcd;
@@ -41,13 +45,14 @@ fn main() {
                 "--lease" => plan.lease_secs = parse(&a, args.next())?,
                 "--in-process" => in_process = true,
                 "--no-upload" => plan.upload = false,
+                "--gather" => plan.gather = true,
                 other => return Err(format!("unknown argument {other}")),
             }
         }
         Ok(())
     })();
     if let Err(e) = parsed {
-        eprintln!("scale-bench: {e}\nscale-bench --ranks N [--ranks-per-node 8] [--steps 10] [--seed 1] [--faults 0] [--bytes 4096] [--lease 10] [--in-process] [--no-upload]");
+        eprintln!("scale-bench: {e}\nscale-bench --ranks N [--ranks-per-node 8] [--steps 10] [--seed 1] [--faults 0] [--bytes 4096] [--lease 10] [--in-process] [--no-upload] [--gather]");
         std::process::exit(2);
     }
     println!(
@@ -80,8 +85,14 @@ fn main() {
     match run(&plan, coord) {
         Ok(r) => {
             println!(
-                "steps committed {} failed {} (starts of the job {}); keep-alives {:.2} requests per node per second",
-                r.committed, r.failed, r.epochs, r.keepalives_per_node_s
+                "steps committed {} failed {} (starts of the job {}); keep-alives {:.2} requests per node per second; etcd answers per step {:.2} MB (median); whole save phase {:.0} ms, whole restore phase {:.0} ms (medians)",
+                r.committed,
+                r.failed,
+                r.epochs,
+                r.keepalives_per_node_s,
+                strata_sim::report::quantile(&r.round_bytes, 0.5) / 1e6,
+                strata_sim::report::quantile(&r.save_phase_ms, 0.5),
+                strata_sim::report::quantile(&r.restore_phase_ms, 0.5),
             );
             println!("{}", r.line());
         }

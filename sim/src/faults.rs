@@ -156,6 +156,9 @@ pub struct Scripted {
     pub script: Arc<Script>,
     /// Every rank's round times (shared).
     pub times: Arc<RoundTimes>,
+    /// Run reducing rounds as an all-gather reduced on every rank (the
+    /// protocol before `all_reduce`, for comparison).
+    pub gather: bool,
 }
 
 fn died() -> Error {
@@ -220,7 +223,13 @@ impl Coordinator for Scripted {
     ) -> Result<Vec<u8>> {
         self.before(key)?;
         self.times.mark(key, false);
-        let got = self.inner.all_reduce(rank, key, value, timeout, reduce);
+        let got = if self.gather {
+            self.inner
+                .all_gather(rank, key, value, timeout)
+                .map(|all| reduce(&all))
+        } else {
+            self.inner.all_reduce(rank, key, value, timeout, reduce)
+        };
         self.times.mark(key, true);
         self.after(key, got)
     }

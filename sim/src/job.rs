@@ -57,6 +57,9 @@ pub struct Plan {
     pub upload: bool,
     /// Print each phase and its time on stderr.
     pub verbose: bool,
+    /// Agree by all-gather, every rank reading every value (the protocol
+    /// before `all_reduce`; etcd needs one rank per node for it).
+    pub gather: bool,
 }
 
 impl Default for Plan {
@@ -72,6 +75,7 @@ impl Default for Plan {
             bytes: 4096,
             upload: true,
             verbose: false,
+            gather: false,
         }
     }
 }
@@ -225,10 +229,24 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                     inner: inner[r as usize].clone(),
                     script: scripts[node_of(r) as usize].clone(),
                     times: times.clone(),
+                    gather: plan.gather,
                 }) as Arc<dyn Coordinator>
             })
             .collect();
-        let requests = || node_coords.iter().map(|c| c.round_requests()).sum::<u64>();
+        let requests = || {
+            node_coords
+                .iter()
+                .map(|c| {
+                    if plan.gather {
+                        // The all-gather's requests are not counted apart.
+                        c.requests().saturating_sub(c.keepalive_requests())
+                    } else {
+                        c.round_requests()
+                    }
+                })
+                .sum::<u64>()
+        };
+        let received = || node_coords.iter().map(|c| c.received_bytes()).sum::<u64>();
         let sh = Shared {
             phase: Barrier::new(plan.ranks as usize + 1),
             cmd: Mutex::new(Cmd::Restore),
@@ -293,6 +311,7 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                     report: &mut report,
                     done: &mut done,
                     requests: &requests,
+                    received: &received,
                     lists: &lists,
                     times: &times,
                 },
@@ -381,6 +400,12 @@ fn coordinators(
             }
             let mut ranks: Vec<Arc<dyn Coordinator>> = Vec::with_capacity(plan.ranks as usize);
             for c in &conns {
+                if c.ranks().len() == 1 {
+                    // A process of one rank: the coordinator itself (its
+                    // all-gather is the per-rank one).
+                    ranks.push(c.clone());
+                    continue;
+                }
                 for r in c.ranks() {
                     ranks.push(Arc::new(c.rank_handle(r).map_err(|e| e.to_string())?));
                 }
@@ -399,6 +424,7 @@ struct EpochState<'a> {
     report: &'a mut Report,
     done: &'a mut bool,
     requests: &'a dyn Fn() -> u64,
+    received: &'a dyn Fn() -> u64,
     lists: &'a dyn Fn() -> u64,
     times: &'a RoundTimes,
 }
@@ -508,6 +534,7 @@ fn run_epoch(
             _ => {}
         }
         let r0 = (st.requests)();
+        let b0 = (st.received)();
         st.times.take("");
         let (outs, took) = phase(sh, Cmd::Save(step));
         say(
@@ -522,6 +549,7 @@ fn run_epoch(
             ),
         );
         let requests = (st.requests)() - r0;
+        let received = (st.received)() - b0;
         if let Some(s) = &script {
             s.slow_ms.store(0, SeqCst);
         }
@@ -565,6 +593,7 @@ fn run_epoch(
                     .step_ms
                     .push(st.times.take("commit/").as_secs_f64() * 1e3);
                 st.report.round_requests.push(requests as f64);
+                st.report.round_bytes.push(received as f64);
             }
         } else {
             st.report.failed += 1;

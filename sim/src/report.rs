@@ -27,6 +27,9 @@ pub struct Report {
     pub save_phase_ms: Vec<f64>,
     /// etcd requests of the rounds in each such step (keep-alives apart).
     pub round_requests: Vec<f64>,
+    /// Bytes etcd sent back in each such step (every request's answer,
+    /// keep-alives included).
+    pub round_bytes: Vec<f64>,
     /// Keep-alive requests per node and second, over the run.
     pub keepalives_per_node_s: f64,
     /// Each successful restore's agreement: its rounds, from the last rank

@@ -35,6 +35,8 @@ pub(crate) struct EtcdApi {
     timeout: Duration,
     /// Requests sent (each counted once, whichever endpoint answered).
     requests: std::sync::atomic::AtomicU64,
+    /// Bytes of the answers read (watch streams included).
+    received: std::sync::atomic::AtomicU64,
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -200,6 +202,7 @@ impl EtcdApi {
             user: sec.user.clone(),
             timeout,
             requests: std::sync::atomic::AtomicU64::new(0),
+            received: std::sync::atomic::AtomicU64::new(0),
         };
         api.authenticate().await?;
         Ok(api)
@@ -208,6 +211,16 @@ impl EtcdApi {
     /// Requests sent so far (keep-alives and watches included).
     pub(crate) fn requests(&self) -> u64 {
         self.requests.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes of answers read so far.
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn got(&self, n: usize) {
+        self.received
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Gets a token for the user, if one is configured.
@@ -312,6 +325,7 @@ impl EtcdApi {
             if buf.len() + c.len() > MAX_RESPONSE {
                 return Err(err(path, "response too large"));
             }
+            self.got(c.len());
             buf.extend_from_slice(&c);
         }
         let v: Value = serde_json::from_slice(&buf).map_err(|e| err(path, e))?;
@@ -629,6 +643,7 @@ impl EtcdApi {
                 .await?;
             let mut line = Vec::new();
             while let Some(c) = resp.chunk().await.map_err(|e| err("watch", e))? {
+                self.got(c.len());
                 for &b in c.iter() {
                     if b != b'\n' {
                         if line.len() >= MAX_RESPONSE {

@@ -394,6 +394,12 @@ impl EtcdCoordinator {
         self.api.requests()
     }
 
+    /// Bytes of etcd's answers this process has read so far (all
+    /// requests, watches included).
+    pub fn received_bytes(&self) -> u64 {
+        self.api.received()
+    }
+
     /// Of [`EtcdCoordinator::requests`], those the keep-alive task sent
     /// (four per third of the lease, however many ranks the process
     /// holds).
