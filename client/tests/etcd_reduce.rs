@@ -190,3 +190,47 @@ fn a_process_whose_claim_lapsed_while_waiting_never_takes_the_decision() {
         assert!(matches!(e, Error::RankClaimed { rank: 1, .. }), "{e}");
     });
 }
+
+#[test]
+fn a_round_a_node_gave_up_keeps_its_rounds_in_step_with_the_others() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let world = 4;
+    let a = EtcdCoordinator::connect_node(opts(&etcd.url, 10), "abandon", 0..2, world).unwrap();
+    let b = EtcdCoordinator::connect_node(opts(&etcd.url, 10), "abandon", 2..4, world).unwrap();
+    let (a0, a1) = (a.rank_handle(0).unwrap(), a.rank_handle(1).unwrap());
+    let (b2, b3) = (b.rank_handle(2).unwrap(), b.rank_handle(3).unwrap());
+    let short = Duration::from_secs(2);
+    std::thread::scope(|s| {
+        // Node a's rank 1 is late: its rank 0 gives the round up, and node
+        // b, waiting for the decision, times out.
+        let hb: Vec<_> = [(&b2, 2), (&b3, 3)]
+            .into_iter()
+            .map(|(h, r)| s.spawn(move || h.all_reduce(r, "k", vec![1], short, &sum)))
+            .collect();
+        let e = a0
+            .all_reduce(0, "k", vec![1], Duration::from_secs(1), &sum)
+            .unwrap_err();
+        assert!(e.to_string().contains("only 1 of this process's 2"), "{e}");
+        for h in hb {
+            assert!(h.join().unwrap().is_err());
+        }
+    });
+    // The late rank's call of that round gets its outcome at once.
+    let t = Instant::now();
+    let e = a1.all_reduce(1, "k", vec![1], LONG, &sum).unwrap_err();
+    assert!(e.to_string().contains("only 1 of this process's 2"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(1));
+    // The next round of the same key meets on every process.
+    std::thread::scope(|s| {
+        let hs: Vec<_> = [(&a0, 0u32), (&a1, 1), (&b2, 2), (&b3, 3)]
+            .into_iter()
+            .map(|(h, r)| s.spawn(move || h.all_reduce(r, "k", vec![1], LONG, &sum)))
+            .collect();
+        for h in hs {
+            let got = h.join().unwrap().unwrap();
+            assert_eq!(got[..4], 4u32.to_le_bytes());
+        }
+    });
+}

@@ -491,26 +491,31 @@ impl EtcdApi {
         Ok((num(&v["header"]["revision"]), got))
     }
 
-    /// Creates `key` (it must not exist) while each key of `unchanged`
-    /// still has its `mod_revision`, and deletes the keys in `[from, to)`
-    /// in the same transaction. Returns the revision of the put, or what
-    /// `key` holds when a condition failed (`None`: it is absent, so one
-    /// of `unchanged` changed).
+    /// Creates `key` (it must not exist) while no key in the range of
+    /// `unchanged_since` (`from`, `to`, `rev`) was written after revision
+    /// `rev`, and deletes the keys in `clear` in the same transaction.
+    /// Returns the revision of the put, or what `key` holds when a
+    /// condition failed (`None`: it is absent, so the range changed).
     pub(crate) async fn create_and_clear(
         &self,
         key: &[u8],
         value: &[u8],
         lease: i64,
-        unchanged: &[(Vec<u8>, i64)],
+        unchanged_since: Option<(&[u8], &[u8], i64)>,
         clear: Option<(&[u8], &[u8])>,
         t: Duration,
     ) -> Result<std::result::Result<i64, Option<Kv>>> {
         let k = B64.encode(key);
         let mut compare = vec![json!({"key": k, "target": "CREATE", "create_revision": "0"})];
-        for (key, rev) in unchanged {
-            compare.push(
-                json!({"key": B64.encode(key), "target": "MOD", "mod_revision": rev.to_string()}),
-            );
+        if let Some((from, to, rev)) = unchanged_since {
+            // Every key of the range last written at or before `rev`.
+            compare.push(json!({
+                "key": B64.encode(from),
+                "range_end": B64.encode(to),
+                "target": "MOD",
+                "result": "LESS",
+                "mod_revision": (rev + 1).to_string(),
+            }));
         }
         let mut put = json!({"key": k, "value": B64.encode(value)});
         if lease != 0 {
@@ -641,6 +646,9 @@ impl EtcdApi {
                     token.as_deref(),
                 )
                 .await?;
+            if !resp.status().is_success() {
+                return Err(err("watch", resp.status()));
+            }
             let mut line = Vec::new();
             while let Some(c) = resp.chunk().await.map_err(|e| err("watch", e))? {
                 self.got(c.len());

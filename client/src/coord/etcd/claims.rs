@@ -48,9 +48,10 @@ pub(super) struct Holder {
     pub(super) root: String,
     pub(super) ranks: std::ops::Range<u32>,
     pub(super) instance: String,
-    /// The revision of this process's first claim (its claims are made
-    /// in rank order): a second claim made later is about this process.
-    pub(super) claimed_at: i64,
+    /// The revision of this process's claim of each rank (by rank from
+    /// `ranks.start`): a second claim of a rank made later is about this
+    /// process.
+    pub(super) claimed: Vec<i64>,
     pub(super) job: String,
     /// Requests the task sent (the rounds' cost is the rest).
     pub(super) sent: Arc<std::sync::atomic::AtomicU64>,
@@ -139,16 +140,19 @@ async fn check_claims(api: &EtcdApi, h: &Holder, t: Duration) -> Option<Error> {
     let dir = format!("{}/claims", h.root);
     let (from, to) = rank_range(&dir, &h.ranks, "/");
     let (tried, _) = api.range(&from, &to, t).await.ok()?;
+    let prefix = format!("{dir}/");
+    let rank_of = |kv: &super::api::Kv| kv.key.strip_prefix(prefix.as_bytes()).and_then(rank_in);
     tried
         .into_iter()
-        .find(|kv| kv.create_revision > h.claimed_at)
+        .find(|kv| {
+            rank_of(kv)
+                .and_then(|r| r.checked_sub(h.ranks.start))
+                .and_then(|i| h.claimed.get(i as usize))
+                .is_some_and(|&at| kv.create_revision > at)
+        })
         .map(|kv| Error::RankClaimed {
             job: h.job.clone(),
-            rank: kv
-                .key
-                .strip_prefix(format!("{dir}/").as_bytes())
-                .and_then(rank_in)
-                .unwrap_or(h.ranks.start),
+            rank: rank_of(&kv).unwrap_or(h.ranks.start),
             other: format!(
                 "another process tried to claim it: {}",
                 String::from_utf8_lossy(&kv.value)

@@ -186,7 +186,12 @@ impl EtcdCoordinator {
         let members = format!("{}/ranks/", self.root);
         let mut holder = BTreeMap::new();
         for kv in claims {
-            if let Some(r) = kv.key.strip_prefix(members.as_bytes()).and_then(rank_in) {
+            if let Some(r) = kv
+                .key
+                .strip_prefix(members.as_bytes())
+                .and_then(rank_in)
+                .filter(|&r| r < self.world)
+            {
                 let c = parse_claim(&kv.value, kv.mod_revision);
                 let older = c.exited && c.mod_revision < self.claimed_at;
                 let other_start = self.opts.incarnation.is_some() && c.start != self.start;
@@ -338,13 +343,21 @@ impl EtcdCoordinator {
             let wait = deadline
                 .saturating_duration_since(Instant::now())
                 .min(self.opts.lease_ttl / 2);
-            if let Err(e) = self
+            let watched = Instant::now();
+            match self
                 .round_api()
                 .watch(w.dprefix, rev, wait, |ev| matches!(ev, Event::Put(_)))
                 .await
             {
-                tracing::warn!(error = %e, "etcd watch failed; reading again");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                Err(e) => {
+                    tracing::warn!(error = %e, "etcd watch failed; reading again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                // Ended at once with nothing (etcd closed it): no storm.
+                Ok(false) if watched.elapsed() < Duration::from_millis(50) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(_) => {}
             }
             let ranges: [(&[u8], &[u8]); 3] =
                 [(w.dprefix, &dend), (w.decider, &[]), (&own_from, &own_to)];
@@ -383,146 +396,191 @@ impl EtcdCoordinator {
         let members = format!("{}/ranks/", self.root).into_bytes();
         let mend = prefix_end(&members);
         let own: BTreeMap<u32, Vec<u8>> = values.into_iter().collect();
-        let outcome: Result<Vec<u8>> = loop {
-            self.check_lost()?;
-            let ranges: [(&[u8], &[u8]); 2] = [(&vdir, &vend), (&members, &mend)];
-            let (got, rev) = match self.round_api().ranges(&ranges, t).await {
-                Ok(v) => v,
-                Err(e) if Instant::now() < deadline => {
-                    tracing::warn!(error = %e, "etcd read failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
+        loop {
+            // (the outcome, the revision of the claims it counted by; None: the
+            // deadline passed, written whatever the claims)
+            let (outcome, read_at): (Result<Vec<u8>>, Option<i64>) = loop {
+                self.check_lost()?;
+                let ranges: [(&[u8], &[u8]); 2] = [(&vdir, &vend), (&members, &mend)];
+                let (got, rev) = match self.round_api().ranges(&ranges, t).await {
+                    Ok(v) => v,
+                    Err(e) if Instant::now() < deadline => {
+                        tracing::warn!(error = %e, "etcd read failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let [vals, claims]: [Vec<Kv>; 2] = got
+                    .try_into()
+                    .map_err(|_| Error::Coordination("etcd: a short transaction answer".into()))?;
+                self.fence(&claims)?;
+                let holder = self.holders(&claims);
+                let mut by_rank: BTreeMap<u32, Vec<u8>> = own.clone();
+                let mut malformed = None;
+                for kv in &vals {
+                    if !count_values(&holder, &vdir, kv, &mut by_rank) {
+                        malformed = Some(String::from_utf8_lossy(&kv.key).into_owned());
+                    }
                 }
-                Err(e) => return Err(e),
-            };
-            let [vals, claims]: [Vec<Kv>; 2] = got
-                .try_into()
-                .map_err(|_| Error::Coordination("etcd: a short transaction answer".into()))?;
-            self.fence(&claims)?;
-            let holder = self.holders(&claims);
-            let mut by_rank: BTreeMap<u32, Vec<u8>> = own.clone();
-            let mut malformed = None;
-            for kv in &vals {
-                if !count_values(&holder, &vdir, kv, &mut by_rank) {
-                    malformed = Some(String::from_utf8_lossy(&kv.key).into_owned());
+                if let Some(m) = malformed {
+                    break (
+                        Err(Error::Coordination(format!(
+                        "{key}: the values under {m} are malformed (another build, or not Strata's)"
+                    ))),
+                        Some(rev),
+                    );
                 }
-            }
-            if let Some(m) = malformed {
-                break Err(Error::Coordination(format!(
-                    "{key}: the values under {m} are malformed (another build, or not Strata's)"
-                )));
-            }
-            if by_rank.len() == self.world as usize {
-                let all: Vec<Vec<u8>> = by_rank.into_values().collect();
-                break Ok(reduce(&all));
-            }
-            let missing: Vec<u32> = (0..self.world)
-                .filter(|r| !by_rank.contains_key(r))
-                .collect();
-            {
-                // A rank whose live claim was seen and is gone has died; one
-                // that exited without a value here will never give one.
-                let mut st = self.state.lock().map_err(poisoned)?;
-                st.seen
-                    .extend(holder.iter().filter(|(_, c)| !c.exited).map(|(r, _)| *r));
-                let dead: Vec<u32> = missing
-                    .iter()
-                    .copied()
-                    .filter(|r| match holder.get(r) {
-                        None => st.seen.contains(r),
-                        Some(c) => c.exited,
-                    })
+                if by_rank.len() == self.world as usize {
+                    let all: Vec<Vec<u8>> = by_rank.into_values().collect();
+                    break (Ok(reduce(&all)), Some(rev));
+                }
+                let missing: Vec<u32> = (0..self.world)
+                    .filter(|r| !by_rank.contains_key(r))
                     .collect();
-                if !dead.is_empty() {
-                    break Err(Error::Coordination(format!(
-                        "{key}: rank{} {dead:?} left (the process ended or its lease expired: it or its node died); {} of {} ranks reported",
-                        if dead.len() == 1 { "" } else { "s" },
+                {
+                    // A rank whose live claim was seen and is gone has died; one
+                    // that exited without a value here will never give one.
+                    let mut st = self.state.lock().map_err(poisoned)?;
+                    st.seen
+                        .extend(holder.iter().filter(|(_, c)| !c.exited).map(|(r, _)| *r));
+                    let dead: Vec<u32> = missing
+                        .iter()
+                        .copied()
+                        .filter(|r| match holder.get(r) {
+                            None => st.seen.contains(r),
+                            Some(c) => c.exited,
+                        })
+                        .collect();
+                    if !dead.is_empty() {
+                        break (
+                        Err(Error::Coordination(format!(
+                            "{key}: rank{} {dead:?} left (the process ended or its lease expired: it or its node died); {} of {} ranks reported",
+                            if dead.len() == 1 { "" } else { "s" },
+                            by_rank.len(),
+                            self.world
+                        ))),
+                        Some(rev),
+                    );
+                    }
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    let never: Vec<u32> = missing
+                        .iter()
+                        .copied()
+                        .filter(|r| !holder.contains_key(r))
+                        .collect();
+                    break (
+                    Err(Error::Coordination(format!(
+                        "{key}: only {} of {} ranks reported within {timeout:?}; missing {missing:?} (of which never connected or gone: {never:?})",
                         by_rank.len(),
                         self.world
-                    )));
+                    ))),
+                    None,
+                );
                 }
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                let never: Vec<u32> = missing
-                    .iter()
-                    .copied()
-                    .filter(|r| !holder.contains_key(r))
-                    .collect();
-                break Err(Error::Coordination(format!(
-                    "{key}: only {} of {} ranks reported within {timeout:?}; missing {missing:?} (of which never connected or gone: {never:?})",
-                    by_rank.len(),
-                    self.world
-                )));
-            }
-            // Follow the values as they come (one request), counting
-            // those of the holders just read, until every rank's is there
-            // (decided without reading again), a value is taken back, or
-            // it is time to look at the claims again.
-            let world = self.world as usize;
-            let wait = (deadline - now).min(self.opts.lease_ttl / 2);
-            let followed = self
-                .round_api()
-                .watch(&vdir, rev, wait, |ev| match ev {
-                    Event::Put(kv) => {
-                        // A malformed value is named by the next read.
-                        !count_values(&holder, &vdir, &kv, &mut by_rank) || by_rank.len() >= world
+                // Follow the values as they come (one request), counting
+                // those of the holders just read, until every rank's is there
+                // (decided without reading again), a value is taken back, or
+                // it is time to look at the claims again.
+                let world = self.world as usize;
+                let wait = (deadline - now).min(self.opts.lease_ttl / 2);
+                let watched = Instant::now();
+                let followed = self
+                    .round_api()
+                    .watch(&vdir, rev, wait, |ev| match ev {
+                        Event::Put(kv) => {
+                            // A malformed value is named by the next read.
+                            !count_values(&holder, &vdir, &kv, &mut by_rank)
+                                || by_rank.len() >= world
+                        }
+                        Event::Delete(_) => true,
+                    })
+                    .await;
+                match followed {
+                    Ok(true) if by_rank.len() == world => {
+                        let all: Vec<Vec<u8>> = by_rank.into_values().collect();
+                        break (Ok(reduce(&all)), Some(rev));
                     }
-                    Event::Delete(_) => true,
-                })
-                .await;
-            match followed {
-                Ok(true) if by_rank.len() == world => {
-                    let all: Vec<Vec<u8>> = by_rank.into_values().collect();
-                    break Ok(reduce(&all));
+                    // A watch that ended at once with nothing (etcd closed it):
+                    // not a storm of reads.
+                    Ok(false) if watched.elapsed() < Duration::from_millis(50) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "etcd watch failed; reading again");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "etcd watch failed; reading again");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+            };
+            match self.publish(key, round, outcome, read_at, deadline).await? {
+                Some(done) => return done,
+                // A claim changed since the read: count again.
+                None => continue,
             }
-        };
-        self.publish(key, round, outcome).await
+        }
     }
 
-    /// Creates the decision (while this process holds its claims), clears
-    /// the previous round, and returns the outcome.
-    async fn publish(&self, key: &str, round: &str, outcome: Result<Vec<u8>>) -> Result<Vec<u8>> {
+    /// Creates the decision while no claim changed since the read it was
+    /// made from (`read_at`; None: written whatever the claims, the round
+    /// having timed out), and, for a decision that succeeded, clears the
+    /// previous round (every process put a value in this one, so it had
+    /// read that one's decision). Returns the outcome as every process
+    /// reads it, or None when a claim changed (the caller counts again).
+    /// A failed request is sent again until the deadline: it may have been
+    /// applied, and then the decision is read back.
+    async fn publish(
+        &self,
+        key: &str,
+        round: &str,
+        outcome: Result<Vec<u8>>,
+        read_at: Option<i64>,
+        deadline: Instant,
+    ) -> Result<Option<Result<Vec<u8>>>> {
         let t = self.opts.request_timeout;
         let dkey = format!("{round}decision/{}", self.instance).into_bytes();
         let bytes = verdict::encode(outcome.clone());
-        let unchanged: Vec<(Vec<u8>, i64)> = self
-            .ranks()
-            .zip(&self.claims)
-            .map(|(r, rev)| (format!("{}/ranks/{r:08}", self.root).into_bytes(), *rev))
-            .collect();
-        let previous = self.state.lock().map_err(poisoned)?.last_decided.clone();
+        let members = format!("{}/ranks/", self.root).into_bytes();
+        let mend = prefix_end(&members);
+        let unchanged = read_at.map(|rev| (members.as_slice(), mend.as_slice(), rev));
+        let previous = match outcome {
+            Ok(_) => self.state.lock().map_err(poisoned)?.last_decided.clone(),
+            Err(_) => None,
+        };
         let clear_end = previous.as_deref().map(|p| prefix_end(p.as_bytes()));
         let clear = previous
             .as_deref()
             .zip(clear_end.as_deref())
             .map(|(p, e)| (p.as_bytes(), e));
-        let created = self
-            .round_api()
-            .create_and_clear(&dkey, &bytes, self.rounds_lease, &unchanged, clear, t)
-            .await?;
-        match created {
-            Ok(_) => {
-                self.state.lock().map_err(poisoned)?.last_decided = Some(round.to_string());
-                outcome
-            }
-            // Decided already (by an earlier process of this rank).
-            Err(Some(kv)) => verdict::decode(key, &kv.value).map(<[u8]>::to_vec),
-            Err(None) => {
-                let (claims, _) = self
-                    .round_api()
-                    .range_prefix(format!("{}/ranks/", self.root).as_bytes(), t)
-                    .await?;
-                self.fence(&claims)?;
-                Err(Error::Coordination(format!(
-                    "{key}: the decision could not be written (a claim changed); try again"
-                )))
+        // What every other process reads (a long message is cut alike).
+        let read_back = |b: &[u8]| verdict::decode(key, b).map(<[u8]>::to_vec);
+        loop {
+            let created = self
+                .round_api()
+                .create_and_clear(&dkey, &bytes, self.rounds_lease, unchanged, clear, t)
+                .await;
+            match created {
+                Ok(Ok(_)) => {
+                    if outcome.is_ok() {
+                        self.state.lock().map_err(poisoned)?.last_decided = Some(round.to_string());
+                    }
+                    return Ok(Some(read_back(&bytes)));
+                }
+                // Written by this process already (a request whose answer
+                // was lost).
+                Ok(Err(Some(kv))) => return Ok(Some(read_back(&kv.value))),
+                Ok(Err(None)) => {
+                    let (claims, _) = self.round_api().range_prefix(&members, t).await?;
+                    self.fence(&claims)?;
+                    return Ok(None);
+                }
+                Err(e) if Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "could not write the decision; trying again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e),
             }
         }
     }

@@ -359,7 +359,7 @@ impl EtcdCoordinator {
                 root: root.clone(),
                 ranks: ranks.clone(),
                 instance: instance.clone(),
-                claimed_at,
+                claimed: claims.clone(),
                 job: job.to_string(),
                 sent: kept_alive.clone(),
             },

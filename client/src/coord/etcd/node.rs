@@ -28,7 +28,7 @@ struct LocalRound {
     /// The round's outcome, for every rank of the process.
     result: Option<Result<Vec<u8>>>,
     /// Ranks that took the outcome (the round goes when all did).
-    taken: u32,
+    took: std::collections::BTreeSet<u32>,
 }
 
 /// One rank of a process that runs several ([`EtcdCoordinator::connect_node`]):
@@ -93,9 +93,19 @@ impl EtcdCoordinator {
         let local = &self.local;
         let mut rounds = local.rounds.lock().map_err(poisoned)?;
         // A round of the same key that is still handing out its outcome
-        // is not this one: wait for it to go.
+        // is not this one (this rank took it): wait for it to go. One this
+        // rank never took was given up by the others (a rank came late):
+        // its outcome is this call's.
         loop {
             let r = rounds.entry(key.to_string()).or_default();
+            if let Some(out) = r.result.clone().filter(|_| !r.took.contains(&rank)) {
+                r.took.insert(rank);
+                if r.took.len() == self.count as usize {
+                    rounds.remove(key);
+                }
+                local.changed.notify_all();
+                return out;
+            }
             if r.result.is_none() && !r.running && !r.values.contains_key(&rank) {
                 break;
             }
@@ -131,23 +141,28 @@ impl EtcdCoordinator {
             let Some(round) = rounds.get_mut(key) else {
                 return Err(Error::Coordination(format!("{key}: the round vanished")));
             };
-            if let Some(out) = round.result.clone() {
-                round.taken += 1;
-                if round.taken == self.count {
-                    rounds.remove(key);
-                    local.changed.notify_all();
-                }
-                return out;
-            }
             let now = Instant::now();
-            if now >= deadline && !round.running {
-                round.values.remove(&rank);
-                let have = round.values.len() + 1;
-                local.changed.notify_all();
-                return Err(Error::Coordination(format!(
+            if round.result.is_none() && now >= deadline && !round.running {
+                // Given up: every rank of this process gets this outcome
+                // (one that comes later too), and the process's count of
+                // rounds of this key moves on as the other processes' did.
+                let have = round.values.len();
+                round.values.clear();
+                round.result = Some(Err(Error::Coordination(format!(
                     "{key}: only {have} of this process's {} ranks reported within {timeout:?}",
                     self.count
-                )));
+                ))));
+                if let Ok(mut st) = self.state.lock() {
+                    *st.attempts.entry(format!("decide {key}")).or_insert(0) += 1;
+                }
+            }
+            if let Some(out) = round.result.clone() {
+                round.took.insert(rank);
+                if round.took.len() == self.count as usize {
+                    rounds.remove(key);
+                }
+                local.changed.notify_all();
+                return out;
             }
             // The rank running the round ends it by its own deadline.
             let wait = deadline
