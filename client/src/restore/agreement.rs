@@ -115,14 +115,7 @@ impl Holdings {
                 out.extend_from_slice(&s.to_le_bytes());
             }
         }
-        match self.foreign {
-            Some((step, world)) => {
-                out.push(1);
-                out.extend_from_slice(&step.to_le_bytes());
-                out.extend_from_slice(&world.to_le_bytes());
-            }
-            None => out.push(0),
-        }
+        write_foreign(&mut out, self.foreign);
         out.push(u8::from(self.l1_empty));
         let text = self.unreadable.as_deref().unwrap_or("");
         let note = &text.as_bytes()[..floor_char_boundary(text, MAX_NOTE)];
@@ -155,25 +148,8 @@ impl Holdings {
             [TAG_COMPACT] => true,
             _ => return None,
         };
-        let mut sets = [BTreeSet::new(), BTreeSet::new()];
-        for set in &mut sets {
-            let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
-            // Bounded by the payload itself: no allocation past its length.
-            if n > r.0.len() / 8 {
-                return None;
-            }
-            for _ in 0..n {
-                set.insert(u64::from_le_bytes(r.take(8)?.try_into().ok()?));
-            }
-        }
-        let foreign = match r.take(1)? {
-            [0] => None,
-            [1] => Some((
-                u64::from_le_bytes(r.take(8)?.try_into().ok()?),
-                u32::from_le_bytes(r.take(4)?.try_into().ok()?),
-            )),
-            _ => return None,
-        };
+        let sets = [r.steps()?, r.steps()?];
+        let foreign = r.foreign()?;
         let l1_empty = match r.take(1)? {
             [0] => false,
             [1] => true,
@@ -206,7 +182,43 @@ fn floor_char_boundary(s: &str, max: usize) -> usize {
 
 struct Reader<'a>(&'a [u8]);
 
+/// The newest step of another world size, as a payload carries it.
+fn write_foreign(out: &mut Vec<u8>, foreign: Option<(u64, u32)>) {
+    match foreign {
+        Some((step, world)) => {
+            out.push(1);
+            out.extend_from_slice(&step.to_le_bytes());
+            out.extend_from_slice(&world.to_le_bytes());
+        }
+        None => out.push(0),
+    }
+}
+
 impl<'a> Reader<'a> {
+    /// A count, then that many steps (bounded by the payload itself: no
+    /// allocation past its length).
+    fn steps(&mut self) -> Option<BTreeSet<u64>> {
+        let n = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
+        if n > self.0.len() / 8 {
+            return None;
+        }
+        (0..n)
+            .map(|_| Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?)))
+            .collect()
+    }
+
+    /// What [`write_foreign`] wrote.
+    fn foreign(&mut self) -> Option<Option<(u64, u32)>> {
+        match self.take(1)? {
+            [0] => Some(None),
+            [1] => Some(Some((
+                u64::from_le_bytes(self.take(8)?.try_into().ok()?),
+                u32::from_le_bytes(self.take(4)?.try_into().ok()?),
+            ))),
+            _ => None,
+        }
+    }
+
     fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         if self.0.len() < n {
             return None;
@@ -286,14 +298,7 @@ impl Agreement {
         };
         steps(&mut out, &self.common);
         steps(&mut out, &self.decided);
-        match self.foreign {
-            Some((step, world)) => {
-                out.push(1);
-                out.extend_from_slice(&step.to_le_bytes());
-                out.extend_from_slice(&world.to_le_bytes());
-            }
-            None => out.push(0),
-        }
+        write_foreign(&mut out, self.foreign);
         let empty = self.blind.iter().filter(|b| b.2).take(MAX_BLIND);
         let other = self.blind.iter().filter(|b| !b.2).take(MAX_BLIND);
         let mut blind: Vec<&(u32, String, bool)> = empty.chain(other).collect();
@@ -319,24 +324,8 @@ impl Agreement {
             _ => None,
         };
         let widen = flag(r.take(1)?)?;
-        let mut sets = [BTreeSet::new(), BTreeSet::new()];
-        for set in &mut sets {
-            let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
-            if n > r.0.len() / 8 {
-                return None;
-            }
-            for _ in 0..n {
-                set.insert(u64::from_le_bytes(r.take(8)?.try_into().ok()?));
-            }
-        }
-        let foreign = match r.take(1)? {
-            [0] => None,
-            [1] => Some((
-                u64::from_le_bytes(r.take(8)?.try_into().ok()?),
-                u32::from_le_bytes(r.take(4)?.try_into().ok()?),
-            )),
-            _ => return None,
-        };
+        let sets = [r.steps()?, r.steps()?];
+        let foreign = r.foreign()?;
         let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
         if n > r.0.len() / 7 {
             return None;

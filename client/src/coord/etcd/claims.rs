@@ -4,9 +4,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::api::EtcdApi;
-use super::{EtcdOptions, State};
-use crate::error::Error;
+use std::collections::BTreeMap;
+
+use super::api::{EtcdApi, Kv};
+use super::{poisoned, EtcdCoordinator, EtcdOptions, State};
+use crate::error::{Error, Result};
 
 /// A rank's claim as read from etcd.
 pub(super) struct Claim {
@@ -237,5 +239,61 @@ pub(super) async fn claim_rank(
                 c.me
             ),
         });
+    }
+}
+
+impl EtcdCoordinator {
+    /// The live holders of ranks, from the claims read: an exited claim
+    /// older than this process, or a claim of another start of the job,
+    /// is as if the rank had not come yet.
+    pub(super) fn holders(&self, claims: &[Kv]) -> BTreeMap<u32, Claim> {
+        let members = format!("{}/ranks/", self.root);
+        let mut holder = BTreeMap::new();
+        for kv in claims {
+            if let Some(r) = kv
+                .key
+                .strip_prefix(members.as_bytes())
+                .and_then(rank_in)
+                .filter(|&r| r < self.world)
+            {
+                let c = parse_claim(&kv.value, kv.mod_revision);
+                let older = c.exited && c.mod_revision < self.claimed_at;
+                let other_start = self.opts.incarnation.is_some() && c.start != self.start;
+                if !older && !other_start {
+                    holder.insert(r, c);
+                }
+            }
+        }
+        holder
+    }
+
+    /// The failure for ranks that left: of `missing`, those whose live
+    /// claim this process saw before and that are gone now, or that exited
+    /// without a value. Notes the live holders as seen.
+    pub(super) fn left(
+        &self,
+        key: &str,
+        holder: &BTreeMap<u32, Claim>,
+        missing: &[u32],
+        reported: usize,
+    ) -> Result<Option<Error>> {
+        let mut st = self.state.lock().map_err(poisoned)?;
+        st.seen
+            .extend(holder.iter().filter(|(_, c)| !c.exited).map(|(r, _)| *r));
+        let dead: Vec<u32> = missing
+            .iter()
+            .copied()
+            .filter(|r| match holder.get(r) {
+                None => st.seen.contains(r),
+                Some(c) => c.exited,
+            })
+            .collect();
+        Ok((!dead.is_empty()).then(|| {
+            Error::Coordination(format!(
+                "{key}: rank{} {dead:?} left (the process ended or its lease expired: it or its node died); {reported} of {} ranks reported",
+                if dead.len() == 1 { "" } else { "s" },
+                self.world
+            ))
+        }))
     }
 }

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::api::{prefix_end, Event, Kv};
-use super::claims::{parse_claim, rank_in, rank_range, Claim};
+use super::claims::{parse_claim, rank_range, Claim};
 use super::{escape, poisoned, EtcdCoordinator};
 use crate::coord::coordinator::Reduce;
 use crate::coord::verdict;
@@ -177,30 +177,6 @@ impl EtcdCoordinator {
             }
         }
         Ok(())
-    }
-
-    /// The live holders of ranks, from the claims read: an exited claim
-    /// older than this process, or a claim of another start of the job,
-    /// is as if the rank had not come yet.
-    fn holders(&self, claims: &[Kv]) -> BTreeMap<u32, Claim> {
-        let members = format!("{}/ranks/", self.root);
-        let mut holder = BTreeMap::new();
-        for kv in claims {
-            if let Some(r) = kv
-                .key
-                .strip_prefix(members.as_bytes())
-                .and_then(rank_in)
-                .filter(|&r| r < self.world)
-            {
-                let c = parse_claim(&kv.value, kv.mod_revision);
-                let older = c.exited && c.mod_revision < self.claimed_at;
-                let other_start = self.opts.incarnation.is_some() && c.start != self.start;
-                if !older && !other_start {
-                    holder.insert(r, c);
-                }
-            }
-        }
-        holder
     }
 
     /// The decider as its claim shows it: an exited claim older than this
@@ -438,31 +414,8 @@ impl EtcdCoordinator {
                 let missing: Vec<u32> = (0..self.world)
                     .filter(|r| !by_rank.contains_key(r))
                     .collect();
-                {
-                    // A rank whose live claim was seen and is gone has died; one
-                    // that exited without a value here will never give one.
-                    let mut st = self.state.lock().map_err(poisoned)?;
-                    st.seen
-                        .extend(holder.iter().filter(|(_, c)| !c.exited).map(|(r, _)| *r));
-                    let dead: Vec<u32> = missing
-                        .iter()
-                        .copied()
-                        .filter(|r| match holder.get(r) {
-                            None => st.seen.contains(r),
-                            Some(c) => c.exited,
-                        })
-                        .collect();
-                    if !dead.is_empty() {
-                        break (
-                        Err(Error::Coordination(format!(
-                            "{key}: rank{} {dead:?} left (the process ended or its lease expired: it or its node died); {} of {} ranks reported",
-                            if dead.len() == 1 { "" } else { "s" },
-                            by_rank.len(),
-                            self.world
-                        ))),
-                        Some(rev),
-                    );
-                    }
+                if let Some(e) = self.left(key, &holder, &missing, by_rank.len())? {
+                    break (Err(e), Some(rev));
                 }
                 let now = Instant::now();
                 if now >= deadline {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::claims::{parse_claim, rank_in, Claim};
+use super::claims::rank_in;
 use super::{escape, poisoned, EtcdCoordinator};
 use crate::error::{Error, Result};
 
@@ -76,23 +76,7 @@ impl EtcdCoordinator {
                 }
                 Err(e) => return Err(e),
             };
-            let mut holder: BTreeMap<u32, Claim> = BTreeMap::new();
-            for kv in &claims {
-                if let Some(r) = kv.key.strip_prefix(members.as_bytes()).and_then(rank_in) {
-                    let c = parse_claim(&kv.value, kv.mod_revision);
-                    // An exited claim older than this process is an earlier
-                    // incarnation's: as if the rank had not come yet. So is
-                    // a live claim of another start of the job (a process
-                    // of the previous start that was killed holds its claim
-                    // until its lease expires): its disappearing is not
-                    // this start's rank dying.
-                    let older = c.exited && c.mod_revision < self.claimed_at;
-                    let other_start = self.opts.incarnation.is_some() && c.start != self.start;
-                    if !older && !other_start {
-                        holder.insert(r, c);
-                    }
-                }
-            }
+            let holder = self.holders(&claims);
             // Fencing: only the current holder of this rank completes a
             // round. A process whose lease lapsed (a partition, SIGSTOP)
             // and whose rank another process took would otherwise count
@@ -153,28 +137,8 @@ impl EtcdCoordinator {
                 return Ok(got.into_values().collect());
             }
             let missing: Vec<u32> = (0..self.world).filter(|r| !got.contains_key(r)).collect();
-            {
-                // A rank whose live claim was seen and is gone has died; one
-                // that exited without a value here will never give one.
-                let mut st = self.state.lock().map_err(poisoned)?;
-                st.seen
-                    .extend(holder.iter().filter(|(_, c)| !c.exited).map(|(r, _)| *r));
-                let dead: Vec<u32> = missing
-                    .iter()
-                    .copied()
-                    .filter(|r| match holder.get(r) {
-                        None => st.seen.contains(r),
-                        Some(c) => c.exited,
-                    })
-                    .collect();
-                if !dead.is_empty() {
-                    return Err(Error::Coordination(format!(
-                        "{key}: rank{} {dead:?} left (the process ended or its lease expired: it or its node died); {} of {} ranks reported",
-                        if dead.len() == 1 { "" } else { "s" },
-                        got.len(),
-                        self.world
-                    )));
-                }
+            if let Some(e) = self.left(key, &holder, &missing, got.len())? {
+                return Err(e);
             }
             let now = Instant::now();
             if now >= deadline {
