@@ -164,6 +164,11 @@ fn three_nodes_of_two_ranks_save_twenty_steps_that_restore_on_every_rank() {
         )
         .unwrap();
     let ok = wait_all(&mut ranks, Duration::from_secs(600));
+    if ok.contains(&false) {
+        for r in &ranks {
+            eprintln!("rank {} logged:\n{}", r.rank, c.rank_log(r.node, r.rank));
+        }
+    }
     for (r, ok) in ranks.iter().zip(&ok) {
         let ev = r.events();
         assert!(ok, "rank {} failed: {ev:?}", r.rank);

@@ -47,10 +47,10 @@ impl UploadPolicy {
             return false;
         };
         let now = self.clock.now();
-        let too_soon = last.is_some_and(|t| {
-            now.duration_since(t)
-                .map_or(true, |since| since < self.min_interval)
-        });
+        // A wall clock stepped back (NTP) reads as "no time passed": with
+        // no interval set that is never too soon, so no step is skipped.
+        let too_soon = last
+            .is_some_and(|t| now.duration_since(t).unwrap_or(Duration::ZERO) < self.min_interval);
         if too_soon {
             return false;
         }
@@ -76,5 +76,22 @@ mod tests {
         assert!(p.wants(6));
         let off = UploadPolicy::new(false, 1, Duration::ZERO, Arc::new(clock));
         assert!(!off.wants(2), "no L3");
+    }
+
+    #[test]
+    fn a_clock_stepped_back_skips_no_step_without_an_interval() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let clock = ManualClock::new(start);
+        let every = UploadPolicy::new(true, 1, Duration::ZERO, Arc::new(clock.clone()));
+        assert!(every.wants(1));
+        clock.set(start - Duration::from_millis(5));
+        assert!(every.wants(2), "no interval: never too soon");
+        // With an interval, a step back counts as no time passed.
+        let spaced = UploadPolicy::new(true, 1, Duration::from_secs(60), Arc::new(clock.clone()));
+        assert!(spaced.wants(3));
+        clock.set(start - Duration::from_secs(30));
+        assert!(!spaced.wants(4));
+        clock.set(start + Duration::from_secs(60));
+        assert!(spaced.wants(5));
     }
 }

@@ -43,6 +43,14 @@ impl ManualClock {
             *t += by;
         }
     }
+
+    /// Sets the clock to `to`, earlier or later (a wall clock that NTP
+    /// steps back; every clone sees it).
+    pub fn set(&self, to: SystemTime) {
+        if let Ok(mut t) = self.now.lock() {
+            *t = to;
+        }
+    }
 }
 
 impl Clock for ManualClock {

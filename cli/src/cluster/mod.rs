@@ -267,7 +267,7 @@ impl Cluster {
             .collect();
         let config = spec.dir.join("cluster.toml");
         let toml = format!(
-            "job = \"{job}\"\nchunk_size = {chunk}\nkeep_last = {keep}\ngc_grace_secs = 0\n\
+            "job = \"{job}\"\nchunk_size = {chunk}\nkeep_last = {keep}\ngc_grace_secs = 600\n\
              coordination_timeout_secs = 120\npeers = [{peers}]\npeer_certs = \"{certs}\"\n\
              replicas = {replicas}\nreplication_retry_secs = 2\nl3_url = \"s3://{BUCKET}/cluster\"\n\
              upload_every = {every}\nupload_backlog = \"wait\"\nl3_keep_last = 0\netcd_endpoints = [\"{etcd_url}\"]\netcd_lease_secs = {lease}\n\n\
@@ -343,6 +343,14 @@ impl Cluster {
         Ok(())
     }
 
+    /// What rank `rank`'s processes on node `node` logged (warnings and
+    /// errors), for a failing test to show.
+    pub fn rank_log(&self, node: usize, rank: u32) -> String {
+        let name = &self.nodes[node].name;
+        std::fs::read_to_string(self.spec.dir.join(format!("{name}/rank-{rank}.log")))
+            .unwrap_or_default()
+    }
+
     /// The global rank of node `node`'s `local`-th rank.
     pub fn rank_of(&self, node: usize, local: usize) -> u32 {
         (node * self.spec.ranks_per_node + local) as u32
@@ -368,7 +376,7 @@ impl Cluster {
                     .env("STRATA_WORLD_SIZE", world.to_string())
                     .env("STRATA_NODE", &n.name)
                     .env("STRATA_L1_DIR", &n.l1)
-                    .env("STRATA_LOG", "error")
+                    .env("STRATA_LOG", "warn")
                     .stdout(Stdio::piped())
                     .stderr(log_file(
                         &self.spec.dir.join(format!("{}/rank-{rank}.log", n.name)),

@@ -237,7 +237,9 @@ pub struct Config {
     pub rehydrate_l1: bool,
     /// Retention deletes an unreferenced chunk only if it was not written or
     /// deduplicated against for this long, so a save in flight (of any rank
-    /// sharing the directory) never loses a chunk it relies on.
+    /// sharing the directory) never loses a chunk it relies on. 0 is safe
+    /// only where one rank uses the directory: another rank's retention
+    /// would delete the chunks a save wrote before its manifest.
     pub gc_grace_secs: u64,
     /// etcd client URLs (`http://10.0.0.5:2379`, ...): ranks in separate
     /// processes agree through etcd ([`crate::EtcdCoordinator`]). Empty:
