@@ -224,6 +224,7 @@ impl Checkpointer {
             eager: Mutex::default(),
             clock: b.clock,
             upload_policy,
+            hash_threads: cfg.effective_hash_threads(),
             commits: CommitEvents::default(),
             committed: KnownCommitted::default(),
             claims,

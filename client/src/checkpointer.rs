@@ -231,7 +231,7 @@ impl Checkpointer {
                 k,
                 state,
                 &mut seg,
-                self.shared.cfg.hash_threads,
+                self.shared.hash_threads,
                 gpu.as_deref(),
             );
             if let Err(e) = filled {

@@ -78,6 +78,9 @@ pub(crate) struct Shared {
     pub(crate) clock: Arc<dyn Clock>,
     /// Which committed steps go to L3 (rank 0's answer is everyone's).
     pub(crate) upload_policy: UploadPolicy,
+    /// Threads hashing (and copying) a save: the configuration's, resolved
+    /// once ([`Config::effective_hash_threads`]).
+    pub(crate) hash_threads: usize,
     /// "Step committed" events (the uploader and replicator subscribe).
     pub(crate) commits: CommitEvents,
     /// Steps this rank knows committed in some tier: a save of one of

@@ -11,7 +11,7 @@
 //! keep_last = 3
 //! busy_policy = "wait"        # wait | skip | error
 //! on_background_error = "raise"  # raise | log: a failed background save is raised by the next save, flush or close
-//! hash_threads = 2
+//! hash_threads = 0                 # 0: this rank's share of the cores (cores / ranks on the node)
 //! persist_during_snapshot = false  # default: true with 4+ cores
 //! coordination_timeout_secs = 600
 //! skip_unreadable_tiers = false     # restore without a tier that cannot be listed (default: error)
@@ -151,7 +151,11 @@ pub struct Config {
     pub busy_policy: BusyPolicy,
     /// A save that failed in the background: raised by the next call, or logged.
     pub on_background_error: crate::stats::OnBackgroundError,
-    /// Threads hashing chunks in the background (default: all cores).
+    /// Threads hashing chunks in the background (and copying the
+    /// snapshot). 0 (the default): this rank's share of the node's cores,
+    /// the cores it may use divided among `local_world_size` ranks unless
+    /// the launcher bound it to fewer CPUs already
+    /// ([`Config::effective_hash_threads`]).
     pub hash_threads: usize,
     /// Start hashing and writing a save's first batches while `save` still
     /// copies the later ones: the step is durable sooner, but the copy
@@ -284,7 +288,7 @@ impl Default for Config {
             keep_last: 3,
             busy_policy: BusyPolicy::Wait,
             on_background_error: crate::stats::OnBackgroundError::Raise,
-            hash_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            hash_threads: 0,
             persist_during_snapshot: std::thread::available_parallelism().map_or(1, |n| n.get())
                 >= 4,
             coordination_timeout_secs: 600,
@@ -597,10 +601,25 @@ impl Config {
                     self.etcd_password_file = (!v.is_empty()).then(|| PathBuf::from(&v))
                 }
                 "ETCD_ALLOW_PLAINTEXT_AUTH" => self.etcd_allow_plaintext_auth = flag(&v)?,
-                _ => {}
+                other => {
+                    if let Some(setting) = env_names::nearest(other) {
+                        return Err(Error::Config(format!(
+                            "{k} is not a setting; did you mean STRATA_{setting}?"
+                        )));
+                    }
+                }
             }
         }
         Ok(self)
+    }
+
+    /// The hashing threads this rank uses: `hash_threads`, or where it is
+    /// 0 its share of the node's cores.
+    pub fn effective_hash_threads(&self) -> usize {
+        match self.hash_threads {
+            0 => threads::auto_hash_threads(self.local_world_size),
+            n => n,
+        }
     }
 
     /// Checks every setting.
@@ -657,5 +676,7 @@ impl Config {
     }
 }
 
+mod env_names;
 #[cfg(test)]
 mod tests;
+mod threads;

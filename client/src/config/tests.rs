@@ -146,3 +146,48 @@ fn the_launchers_variables_set_rank_and_world_and_strata_wins() {
         "a user needs a password file"
     );
 }
+
+fn with(pairs: &[(&str, &str)]) -> crate::error::Result<Config> {
+    Config::default().with_env(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<Vec<_>>(),
+    )
+}
+
+#[test]
+fn a_strata_variable_one_edit_from_a_setting_is_refused_naming_it() {
+    let e = with(&[("STRATA_KEEP_LAS", "5")]).unwrap_err().to_string();
+    assert!(
+        e.contains("STRATA_KEEP_LAS is not a setting; did you mean STRATA_KEEP_LAST?"),
+        "{e}"
+    );
+    let e = with(&[("STRATA_L1DIR", "/nvme")]).unwrap_err().to_string();
+    assert!(e.contains("STRATA_L1_DIR"), "{e}");
+    // Other variables of the environment are not Strata's settings.
+    assert!(with(&[("STRATA_LOG", "debug"), ("STRATA_PYTHON", "python3")]).is_ok());
+    // Every setting's own name is read, none is taken for a typo.
+    for key in super::env_names::SETTINGS {
+        let name = format!("STRATA_{key}");
+        if let Err(e) = with(&[(name.as_str(), "1")]) {
+            assert!(!e.to_string().contains("not a setting"), "{name}: {e}");
+        }
+    }
+}
+
+#[test]
+fn hash_threads_default_to_this_ranks_share_of_the_cores() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(Config::default().hash_threads, 0, "automatic");
+    let alone = with(&[]).unwrap();
+    assert!(alone.effective_hash_threads() >= 1 && alone.effective_hash_threads() <= cores);
+    let eight = with(&[("LOCAL_WORLD_SIZE", "8")]).unwrap();
+    let shared = eight.effective_hash_threads();
+    assert!(
+        shared >= 1 && shared <= alone.effective_hash_threads(),
+        "{shared}"
+    );
+    let set = with(&[("LOCAL_WORLD_SIZE", "8"), ("STRATA_HASH_THREADS", "3")]).unwrap();
+    assert_eq!(set.effective_hash_threads(), 3, "an explicit setting wins");
+}

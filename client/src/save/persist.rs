@@ -238,7 +238,7 @@ fn hash_and_write(
                 let got = tracing::debug_span!("hash", batch = k).in_scope(|| {
                     par_map(
                         batch.len(),
-                        cfg.hash_threads,
+                        s.hash_threads,
                         || (),
                         |_, j| ChunkId::of(&seg[plan.range(batch.start + j)]),
                     )
