@@ -28,7 +28,7 @@
 //! l3_gc_grace_secs = 3600               # unreferenced L3 chunks older than this are deleted
 //! rehydrate_l1 = true                   # a restore from L3 also writes the step to L1
 //! node = "node-a"                       # this node's name among the peers
-//! peers = ["node-a=10.0.0.1:7070", "node-b=10.0.0.2:7070"]   # L2 peer services
+//! peers = ["node-a=10.0.0.1:7070", "node-b=10.0.0.2:7070"]   # L2 peer services ("slurm:7070": every node of the Slurm allocation)
 //! replicas = 1                          # replicas of each step on other nodes
 //! replication_retry_secs = 30           # degraded steps are pushed again this often
 //! eager_push = true                     # push new chunks to the peers during the L1 write
@@ -214,7 +214,9 @@ pub struct Config {
     /// the host name).
     pub node: String,
     /// The peer services of the cluster, `name=host:port` each (L2; empty:
-    /// no replication). Every node lists the same set.
+    /// no replication). Every node lists the same set. Under Slurm, the one
+    /// entry `slurm:PORT` stands for every node of the allocation
+    /// (`SLURM_JOB_NODELIST`, expanded by [`Config::with_env`]).
     pub peers: Vec<String>,
     /// Replicas of each committed step on other nodes.
     pub replicas: usize,
@@ -516,6 +518,12 @@ impl Config {
         if let Some(i) = get("TORCHELASTIC_RESTART_COUNT").or_else(|| get("SLURM_RESTART_COUNT")) {
             self.incarnation = Some(i.to_string());
         }
+        let nodelist = get("SLURM_JOB_NODELIST")
+            .or_else(|| get("SLURM_NODELIST"))
+            .map(str::to_string);
+        let slurm_node = get("SLURMD_NODENAME")
+            .filter(|_| get("STRATA_NODE").is_none())
+            .map(str::to_string);
         for (k, v) in vars {
             let Some(key) = k.strip_prefix("STRATA_") else {
                 continue;
@@ -610,7 +618,36 @@ impl Config {
                 }
             }
         }
+        self.peers_from_slurm(nodelist.as_deref(), slurm_node)?;
         Ok(self)
+    }
+
+    /// `peers = ["slurm:PORT"]`: one peer service on every node of the
+    /// allocation (Slurm's `SLURM_JOB_NODELIST`, expanded), each named by
+    /// its host and listening on PORT; this node is then named as Slurm
+    /// names it (`SLURMD_NODENAME`) unless `STRATA_NODE` says otherwise.
+    fn peers_from_slurm(&mut self, nodelist: Option<&str>, node: Option<String>) -> Result<()> {
+        let [only] = self.peers.as_slice() else {
+            return Ok(());
+        };
+        let Some(port) = only.trim().strip_prefix("slurm:") else {
+            return Ok(());
+        };
+        let port: u16 = port
+            .parse()
+            .map_err(|_| Error::Config(format!("peers {only:?}: expected slurm:PORT")))?;
+        let list = nodelist.ok_or_else(|| {
+            Error::Config(format!(
+                "peers {only:?} needs SLURM_JOB_NODELIST (run the ranks under srun or sbatch)"
+            ))
+        })?;
+        let hosts = hostlist::expand(list, hostlist::MAX_HOSTS)
+            .map_err(|e| Error::Config(format!("SLURM_JOB_NODELIST: {e}")))?;
+        self.peers = hosts.iter().map(|h| format!("{h}={h}:{port}")).collect();
+        if let Some(n) = node.filter(|_| self.node == hostname()) {
+            self.node = n;
+        }
+        Ok(())
     }
 
     /// The hashing threads this rank uses: `hash_threads`, or where it is
@@ -658,6 +695,12 @@ impl Config {
         self.peers
             .iter()
             .map(|p| {
+                if p.trim().starts_with("slurm:") {
+                    return Err(Error::Config(format!(
+                        "peers {p:?} is expanded from SLURM_JOB_NODELIST by the environment \
+                         (Config::with_env), which this configuration did not read"
+                    )));
+                }
                 let (name, addr) = p
                     .split_once('=')
                     .ok_or_else(|| Error::Config(format!("peer {p:?}: expected name=host:port")))?;
@@ -677,6 +720,7 @@ impl Config {
 }
 
 mod env_names;
+mod hostlist;
 #[cfg(test)]
 mod tests;
 mod threads;

@@ -191,3 +191,56 @@ fn hash_threads_default_to_this_ranks_share_of_the_cores() {
     let set = with(&[("LOCAL_WORLD_SIZE", "8"), ("STRATA_HASH_THREADS", "3")]).unwrap();
     assert_eq!(set.effective_hash_threads(), 3, "an explicit setting wins");
 }
+
+#[test]
+fn peers_slurm_port_are_the_allocations_nodes() {
+    let cfg = |pairs: &[(&str, &str)]| {
+        Config {
+            peers: vec!["slurm:7070".into()],
+            ..Config::default()
+        }
+        .with_env(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let c = cfg(&[
+        ("SLURM_JOB_NODELIST", "gpu[01-02],login"),
+        ("SLURMD_NODENAME", "gpu02"),
+    ])
+    .unwrap();
+    assert_eq!(
+        c.peers,
+        ["gpu01=gpu01:7070", "gpu02=gpu02:7070", "login=login:7070"]
+    );
+    assert_eq!(c.node, "gpu02", "named as Slurm names it");
+    let ours = cfg(&[
+        ("SLURM_JOB_NODELIST", "gpu[01-02]"),
+        ("SLURMD_NODENAME", "gpu02"),
+        ("STRATA_NODE", "mine"),
+    ])
+    .unwrap();
+    assert_eq!(ours.node, "mine");
+    // From the environment too, and without an allocation: a clear error.
+    let env_only = with(&[("STRATA_PEERS", "slurm:9000"), ("SLURM_NODELIST", "a[1-2]")]).unwrap();
+    assert_eq!(env_only.peers, ["a1=a1:9000", "a2=a2:9000"]);
+    let e = cfg(&[]).unwrap_err().to_string();
+    assert!(e.contains("needs SLURM_JOB_NODELIST"), "{e}");
+    let e = cfg(&[("SLURM_JOB_NODELIST", "n[3-1]")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("backwards"), "{e}");
+    let e = with(&[("STRATA_PEERS", "slurm:x"), ("SLURM_NODELIST", "a")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("slurm:PORT"), "{e}");
+    // Not read from an environment: said so, not "expected name=host:port".
+    let raw = Config {
+        peers: vec!["slurm:7070".into()],
+        ..Config::default()
+    };
+    let e = raw.peer_list().unwrap_err().to_string();
+    assert!(e.contains("SLURM_JOB_NODELIST"), "{e}");
+}
