@@ -225,6 +225,13 @@ fn run_rank(a: &RankArgs) -> Result<(), CliError> {
     }
     ck.wait_replication();
     ck.wait_uploads();
+    // A step whose upload failed is on L3 for no rank of this process:
+    // said here, so a restore that cannot find it later has its cause.
+    for (step, st) in ck.uploads() {
+        if let strata::L3State::Failed(why) = st {
+            line(json!({"event": "upload_failed", "rank": rank, "step": step, "error": why}));
+        }
+    }
     if a.verify {
         for step in first..=last {
             let got = ck.restore(StepSelector::Step(step))?;

@@ -47,12 +47,17 @@ impl UploadPolicy {
             return false;
         };
         let now = self.clock.now();
-        // A wall clock stepped back (NTP) reads as "no time passed": with
-        // no interval set that is never too soon, so no step is skipped.
-        let too_soon = last
-            .is_some_and(|t| now.duration_since(t).unwrap_or(Duration::ZERO) < self.min_interval);
-        if too_soon {
-            return false;
+        match last.map(|t| now.duration_since(t)) {
+            // A wall clock stepped back (NTP): the interval counts from
+            // now (not from a time in the future, which would stall
+            // uploads for as long as the step); with no interval, no step
+            // is skipped.
+            Some(Err(_)) if !self.min_interval.is_zero() => {
+                *last = Some(now);
+                return false;
+            }
+            Some(Ok(since)) if since < self.min_interval => return false,
+            _ => {}
         }
         *last = Some(now);
         true
@@ -80,18 +85,23 @@ mod tests {
 
     #[test]
     fn a_clock_stepped_back_skips_no_step_without_an_interval() {
-        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(100_000);
         let clock = ManualClock::new(start);
         let every = UploadPolicy::new(true, 1, Duration::ZERO, Arc::new(clock.clone()));
         assert!(every.wants(1));
         clock.set(start - Duration::from_millis(5));
         assert!(every.wants(2), "no interval: never too soon");
-        // With an interval, a step back counts as no time passed.
+        // With an interval, the interval counts again from the step back.
         let spaced = UploadPolicy::new(true, 1, Duration::from_secs(60), Arc::new(clock.clone()));
         assert!(spaced.wants(3));
-        clock.set(start - Duration::from_secs(30));
-        assert!(!spaced.wants(4));
-        clock.set(start + Duration::from_secs(60));
-        assert!(spaced.wants(5));
+        clock.set(start - Duration::from_secs(3600));
+        assert!(
+            !spaced.wants(4),
+            "an hour back: the interval counts from now"
+        );
+        clock.set(start - Duration::from_secs(3600 - 59));
+        assert!(!spaced.wants(5));
+        clock.set(start - Duration::from_secs(3600 - 60));
+        assert!(spaced.wants(6), "not an hour later");
     }
 }

@@ -4,8 +4,9 @@
 //! tier holds committed restores byte-identical from that tier; and once
 //! one more collection has run (what the next save, upload or `strata gc`
 //! does), no tier holds a chunk no manifest references (that collection's
-//! grace period is zero). L1 collects with a grace period of zero
-//! throughout; L3, with three ranks uploading, with the shortest one its
+//! grace period is zero). L1, shared by the three ranks, collects with a
+//! grace period as in production (with zero, one rank's retention may
+//! delete the chunks another rank wrote before its manifest); L3, with three ranks uploading, with the shortest one its
 //! contract allows (1 s, and reused chunks older than half of it written
 //! again: docs/gc.md; zero is safe with one uploader only, and here lost a
 //! chunk of a committed L3 step about one run in twenty under load). Two
@@ -147,7 +148,7 @@ fn saves_uploads_replication_and_gc_at_once_keep_every_retained_step_whole() {
                     .chunk_size(1 << 16)
                     .rank(rank, RANKS)
                     .keep_last(2)
-                    .gc_grace_secs(0)
+                    .gc_grace_secs(3600)
                     .upload_every(2);
                 c.l3_keep_last = 3;
                 c.l3_gc_grace_secs = 1;

@@ -37,6 +37,9 @@ pub(crate) fn build(settings: &str, path: Option<&str>) -> Result<Config> {
     }
     let cfg: Config = serde_json::from_value(value)
         .map_err(|e| Error::Config(format!("keyword arguments: {e}")))?;
+    // `peers=["slurm:PORT"]` given as a keyword: expanded from the
+    // allocation as the environment's own would have been.
+    let cfg = cfg.with_slurm_peers(env())?;
     cfg.validate()?;
     Ok(cfg)
 }

@@ -97,12 +97,14 @@ def test_dcp_saves_gpu_state_sync_and_async_and_loads_it_back_to_the_gpu(make, l
 
     for step in (4, 5):
         back = _state()
-        for t in (back["model"]["w"], back["model"]["b"], back["optim"]["exp_avg"]):
+        for t in (back["model"]["w"], back["model"]["b"], back["model"]["t"], back["optim"]["exp_avg"], back["cpu"]):
             t.zero_()
+        back["step"] = 0
         dcp.load(back, storage_reader=StorageReader(checkpoint_id=step, **settings), no_dist=True)
         torch.cuda.synchronize()
         assert back["model"]["w"].device.type == "cuda", step
         for k in ("w", "b", "t"):
             assert torch.equal(back["model"][k], want[k]), (step, k)
         assert torch.equal(back["optim"]["exp_avg"], want_avg), step
-        assert back["step"] == 12
+        assert torch.equal(back["cpu"], torch.arange(1000, dtype=torch.int64)), step
+        assert back["step"] == 12, step

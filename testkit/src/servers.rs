@@ -81,6 +81,37 @@ fn wait_ready(port: u16, child: &mut Child, what: &str) {
     panic!("{what} did not listen on port {port} within 30 s");
 }
 
+/// The port a server says it listens on (`http://127.0.0.1:PORT` in a line
+/// of its stderr), which is read to its end meanwhile: its request log
+/// never fills the pipe.
+fn said_port(child: &mut Child, what: &str) -> u16 {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let port = line
+                .split("http://127.0.0.1:")
+                .nth(1)
+                .and_then(|p| p.trim().parse::<u16>().ok());
+            if let Some(p) = port {
+                if let Some(t) = tx.take() {
+                    let _ = t.send(p);
+                }
+            }
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(p) => p,
+        Err(_) => {
+            let _ = child.kill();
+            panic!("{what} did not say its port within 30 s");
+        }
+    }
+}
+
 /// An s3s-fs server with one bucket, or None (skipped) if not installed.
 pub fn s3s_fs() -> Option<Server> {
     let Some(bin) = find("s3s-fs") else {
@@ -111,13 +142,17 @@ pub fn moto() -> Option<Server> {
     let Some(bin) = find("moto_server") else {
         return missing("moto_server");
     };
-    let port = free_port();
+    // Port 0: moto binds a port of its own and says which ("Running on
+    // http://127.0.0.1:PORT"). A port picked here and handed over would be
+    // free only until moto, a second or so later, binds it: another test's
+    // server could take it first, and this test would then talk to that one.
     let mut child = Command::new(bin)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-H", "127.0.0.1", "-p", "0"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let port = said_port(&mut child, "moto_server");
     wait_ready(port, &mut child, "moto_server");
     // Create the bucket: a bare PUT (moto accepts any credentials).
     use std::io::{Read, Write};

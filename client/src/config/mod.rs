@@ -518,12 +518,12 @@ impl Config {
         if let Some(i) = get("TORCHELASTIC_RESTART_COUNT").or_else(|| get("SLURM_RESTART_COUNT")) {
             self.incarnation = Some(i.to_string());
         }
-        let nodelist = get("SLURM_JOB_NODELIST")
-            .or_else(|| get("SLURM_NODELIST"))
-            .map(str::to_string);
-        let slurm_node = get("SLURMD_NODENAME")
-            .filter(|_| get("STRATA_NODE").is_none())
-            .map(str::to_string);
+        // What `with_slurm_peers` reads, once the settings are in.
+        let slurm: Vec<(String, String)> = vars
+            .iter()
+            .filter(|(k, _)| k.starts_with("SLURM") || k == "STRATA_NODE")
+            .cloned()
+            .collect();
         for (k, v) in vars {
             let Some(key) = k.strip_prefix("STRATA_") else {
                 continue;
@@ -618,21 +618,34 @@ impl Config {
                 }
             }
         }
-        self.peers_from_slurm(nodelist.as_deref(), slurm_node)?;
-        Ok(self)
+        self.with_slurm_peers(slurm)
     }
 
     /// `peers = ["slurm:PORT"]`: one peer service on every node of the
-    /// allocation (Slurm's `SLURM_JOB_NODELIST`, expanded), each named by
-    /// its host and listening on PORT; this node is then named as Slurm
-    /// names it (`SLURMD_NODENAME`) unless `STRATA_NODE` says otherwise.
-    fn peers_from_slurm(&mut self, nodelist: Option<&str>, node: Option<String>) -> Result<()> {
+    /// allocation (Slurm's `SLURM_JOB_NODELIST` in `vars`, expanded), each
+    /// named by its host and listening on PORT; this node is then named as
+    /// Slurm names it (`SLURMD_NODENAME`) unless `STRATA_NODE` says
+    /// otherwise. [`Config::with_env`] does this; call it on a
+    /// configuration whose peers were set after that (keyword arguments).
+    /// Other peer lists are left as they are.
+    pub fn with_slurm_peers(
+        mut self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self> {
         let [only] = self.peers.as_slice() else {
-            return Ok(());
+            return Ok(self);
         };
         let Some(port) = only.trim().strip_prefix("slurm:") else {
-            return Ok(());
+            return Ok(self);
         };
+        let vars: Vec<(String, String)> = vars.into_iter().collect();
+        let get = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let nodelist = get("SLURM_JOB_NODELIST").or_else(|| get("SLURM_NODELIST"));
+        let node = get("SLURMD_NODENAME").filter(|_| get("STRATA_NODE").is_none());
         let port: u16 = port
             .parse()
             .map_err(|_| Error::Config(format!("peers {only:?}: expected slurm:PORT")))?;
@@ -645,9 +658,9 @@ impl Config {
             .map_err(|e| Error::Config(format!("SLURM_JOB_NODELIST: {e}")))?;
         self.peers = hosts.iter().map(|h| format!("{h}={h}:{port}")).collect();
         if let Some(n) = node.filter(|_| self.node == hostname()) {
-            self.node = n;
+            self.node = n.to_string();
         }
-        Ok(())
+        Ok(self)
     }
 
     /// The hashing threads this rank uses: `hash_threads`, or where it is

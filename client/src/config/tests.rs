@@ -244,3 +244,30 @@ fn peers_slurm_port_are_the_allocations_nodes() {
     let e = raw.peer_list().unwrap_err().to_string();
     assert!(e.contains("SLURM_JOB_NODELIST"), "{e}");
 }
+
+#[test]
+fn every_listed_setting_is_read_from_the_environment() {
+    // The typo check's list and `with_env`'s reading must name the same
+    // settings: each listed name changes the configuration.
+    let default = serde_json::to_value(Config::default()).unwrap();
+    let values = [
+        "7",
+        "false",
+        "true",
+        "0",
+        "log",
+        "skip",
+        "wait",
+        "psync",
+        "a=127.0.0.1:1",
+        "/tmp/x",
+        "x",
+    ];
+    for key in super::env_names::SETTINGS {
+        let name = format!("STRATA_{key}");
+        let changed = values.iter().any(|v| {
+            with(&[(name.as_str(), v)]).is_ok_and(|c| serde_json::to_value(c).unwrap() != default)
+        });
+        assert!(changed, "{name} is listed but with_env does not read it");
+    }
+}

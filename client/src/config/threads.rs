@@ -6,16 +6,19 @@
 use std::path::Path;
 
 /// The cores one rank hashes on: the cores this process may use, divided
-/// among the node's `local_world_size` ranks, unless the launcher already
-/// bound the process to fewer CPUs than the machine has online (Slurm's
-/// `--cpu-bind`, torchrun's `numactl`): then its binding is its share.
+/// among the node's `local_world_size` ranks, unless the launcher bound
+/// each rank to its own CPUs already (Slurm's `--cpu-bind=cores`): a
+/// binding no larger than one rank's share of the online CPUs is that
+/// share. A binding several ranks share (a container's cpuset, a NUMA
+/// node per group of ranks) is divided like the whole machine.
 pub(crate) fn auto_hash_threads(local_world_size: Option<u32>) -> usize {
     let usable = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let ranks = local_world_size.unwrap_or(1).max(1) as usize;
     let bound = match (
         read_list(Path::new("/proc/self/status"), "Cpus_allowed_list:"),
         read_list(Path::new("/sys/devices/system/cpu/online"), ""),
     ) {
-        (Some(allowed), Some(online)) => allowed < online,
+        (Some(allowed), Some(online)) => allowed.saturating_mul(ranks) <= online && ranks > 1,
         _ => false,
     };
     share(usable, bound, local_world_size)
@@ -42,16 +45,17 @@ fn read_list(file: &Path, prefix: &str) -> Option<usize> {
 pub(crate) fn count_cpus(list: &str) -> Option<usize> {
     let mut n = 0usize;
     for part in list.split(',').filter(|p| !p.is_empty()) {
-        n += match part.split_once('-') {
+        let more = match part.split_once('-') {
             Some((a, b)) => {
                 let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-                b.checked_sub(a)? + 1
+                b.checked_sub(a)?.checked_add(1)?
             }
             None => {
                 part.trim().parse::<usize>().ok()?;
                 1
             }
         };
+        n = n.checked_add(more)?;
     }
     (n > 0).then_some(n)
 }
@@ -77,6 +81,7 @@ mod tests {
         assert_eq!(count_cpus("3-1"), None);
         assert_eq!(count_cpus("x"), None);
         assert_eq!(count_cpus(""), None);
+        assert_eq!(count_cpus("0-18446744073709551615"), None, "no overflow");
         assert!(auto_hash_threads(None) >= 1);
     }
 }
