@@ -225,6 +225,7 @@ impl Checkpointer {
             clock: b.clock,
             upload_policy,
             hash_threads: cfg.effective_hash_threads(),
+            metrics: crate::metrics::Metrics::new(&cfg.job, cfg.rank, &cfg.node),
             commits: CommitEvents::default(),
             committed: KnownCommitted::default(),
             claims,
@@ -283,6 +284,13 @@ impl Checkpointer {
         let s2 = shared.clone();
         let background = Arc::new(Background::new(shared.cfg.on_background_error));
         let worker = crate::save::persist::start_worker(s2, rx, background.clone())?;
+        let metrics = match &shared.cfg.metrics_listen {
+            Some(listen) => Some(crate::metrics::serve::MetricsServer::start(
+                listen,
+                Arc::downgrade(&shared),
+            )?),
+            None => None,
+        };
         Ok(Checkpointer {
             shared,
             tx: Some(tx),
@@ -292,6 +300,7 @@ impl Checkpointer {
             inflight: Mutex::new(None),
             skipped: std::sync::atomic::AtomicU64::new(0),
             background,
+            metrics,
         })
     }
 }

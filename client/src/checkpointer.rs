@@ -42,12 +42,30 @@ pub struct Checkpointer {
     pub(crate) skipped: std::sync::atomic::AtomicU64,
     /// Saves that failed in the background, until reported.
     pub(crate) background: Arc<Background>,
+    /// The `/metrics` endpoint, where `metrics_listen` is set.
+    pub(crate) metrics: Option<crate::metrics::serve::MetricsServer>,
 }
 
 impl Checkpointer {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.shared.cfg
+    }
+
+    /// This process's metrics in Prometheus' text format (what
+    /// `metrics_listen` serves): saves, their stall, time to durable and
+    /// barrier wait, bytes written and deduplicated, restores and the
+    /// bytes each tier served, errors by kind, uploads and replicas
+    /// waiting, failed or dropped. Every series is labelled with the job,
+    /// rank and node.
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics_text()
+    }
+
+    /// Where `/metrics` is served (`metrics_listen`, with the port chosen
+    /// where it named 0); None where it is not.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(|m| m.addr())
     }
 
     /// How the local tier does its I/O: the L1 engine running
@@ -181,11 +199,13 @@ impl Checkpointer {
                         "save skipped: previous save still persisting"
                     );
                     let done = Completion::new();
-                    done.finish(Ok(SaveStats {
+                    let skipped = SaveStats {
                         step,
                         skipped: true,
                         ..SaveStats::default()
-                    }));
+                    };
+                    self.shared.metrics.save_done(Ok(&skipped));
+                    done.finish(Ok(skipped));
                     return Ok(SaveHandle {
                         step,
                         stall: started.elapsed(),
@@ -302,6 +322,7 @@ impl Checkpointer {
         if let Some(r) = self.replicator.take() {
             let _ = r.join();
         }
+        self.metrics.take();
     }
 }
 

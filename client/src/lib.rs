@@ -42,6 +42,7 @@ mod error;
 pub mod gpu;
 mod handle;
 mod health;
+mod metrics;
 mod mirror;
 pub mod par;
 mod policy;

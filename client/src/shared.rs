@@ -81,6 +81,8 @@ pub(crate) struct Shared {
     /// Threads hashing (and copying) a save: the configuration's, resolved
     /// once ([`Config::effective_hash_threads`]).
     pub(crate) hash_threads: usize,
+    /// Saves, restores and errors, for Prometheus.
+    pub(crate) metrics: crate::metrics::Metrics,
     /// "Step committed" events (the uploader and replicator subscribe).
     pub(crate) commits: CommitEvents,
     /// Steps this rank knows committed in some tier: a save of one of
@@ -164,6 +166,20 @@ impl Shared {
     pub(crate) fn catalog(&self) -> Catalog {
         self.rt
             .block_on(Catalog::list(&self.cfg.job, self.tiers.tiers().to_vec()))
+    }
+
+    /// This process's metrics in Prometheus' text format, the copiers'
+    /// state read now.
+    pub(crate) fn metrics_text(&self) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.metrics.render(
+            &self.uploads.snapshot(),
+            &self.replication.snapshot(),
+            (
+                self.uploads.dropped.load(Relaxed),
+                self.replication.dropped.load(Relaxed),
+            ),
+        )
     }
 
     /// The steps this rank committed in any tier it can list.

@@ -454,6 +454,20 @@ impl PyCheckpointer {
         d.set_item("last_error", last)?;
         Ok(d)
     }
+
+    /// This process's metrics in Prometheus' text format (what
+    /// `metrics_listen` serves at `/metrics`).
+    fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
+        let ckpt = self.get()?;
+        Ok(py.detach(move || ckpt.metrics_text()))
+    }
+
+    /// Where `/metrics` is served (`"host:port"`, the port chosen where
+    /// `metrics_listen` named 0), or None.
+    #[getter]
+    fn metrics_address(&self) -> PyResult<Option<String>> {
+        Ok(self.get()?.metrics_addr().map(|a| a.to_string()))
+    }
 }
 
 impl Drop for PyCheckpointer {

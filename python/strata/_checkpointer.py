@@ -166,6 +166,21 @@ class Checkpointer:
         return self._native.health()
 
     @property
+    def metrics_address(self) -> Optional[str]:
+        """Where this process's Prometheus metrics are served
+        (``"host:port"``; ``metrics_listen="0.0.0.0:0"`` picks the port),
+        or None when ``metrics_listen`` is not set."""
+        return self._native.metrics_address
+
+    def metrics(self) -> str:
+        """This process's metrics in Prometheus' text format, served or
+        not: saves, their stall and time to durable, bytes written and
+        deduplicated, restores and the bytes each tier served, errors by
+        kind, uploads and replicas waiting, failed or dropped; labelled
+        with the job, rank and node."""
+        return self._native.metrics_text()
+
+    @property
     def failed_saves(self) -> int:
         """Saves that failed after ``save`` returned (not committed)."""
         return int(self.health["failed_saves"])

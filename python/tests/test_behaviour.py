@@ -382,3 +382,26 @@ def test_a_damaged_or_hostile_state_tree_is_an_invalid_error(make, tree):
                           ("__strata_tree__", None, None, tree)], {"strata.tree": "1"}).wait("l1", None)
     with pytest.raises(strata.InvalidError):
         ckpt.load()
+
+
+def test_metrics_are_served_to_prometheus_and_readable_in_process(make, job):
+    import urllib.request
+
+    ckpt = make(metrics_listen="127.0.0.1:0", node="node-3")
+    addr = ckpt.metrics_address
+    assert addr and not addr.endswith(":0"), addr
+    state = {"w": torch.arange(1 << 16, dtype=torch.float32)}
+    for step in (1, 2):
+        ckpt.save(step, state).wait()
+    ckpt.load(2)
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as r:
+        assert r.status == 200
+        body = r.read().decode()
+    labels = f'job="{job}",rank="0",node="node-3"'
+    assert f"strata_saves_total{{{labels}}} 2" in body.splitlines(), body
+    assert f"strata_restores_total{{{labels}}} 1" in body.splitlines(), body
+    assert f"strata_last_committed_step{{{labels}}} 2" in body.splitlines(), body
+    assert "strata_save_stall_seconds_count" in ckpt.metrics()
+    unserved = make(job=job + "-b")
+    assert unserved.metrics_address is None
+    assert "strata_saves_total{" in unserved.metrics()

@@ -53,6 +53,7 @@ pub(crate) const SETTINGS: &[&str] = &[
     "ETCD_USER",
     "ETCD_PASSWORD_FILE",
     "ETCD_ALLOW_PLAINTEXT_AUTH",
+    "METRICS_LISTEN",
 ];
 
 /// The setting one edit (a letter added, dropped, changed, or two

@@ -34,6 +34,7 @@
 //! eager_push = true                     # push new chunks to the peers during the L1 write
 //! peer_certs = "/etc/strata/certs"      # ca.pem, client-<job>.pem, client-<job>.key
 //! etcd_endpoints = ["https://10.0.0.5:2379"]   # ranks in separate processes agree through etcd
+//! metrics_listen = "0.0.0.0:9400"       # Prometheus metrics of this process at /metrics
 //! etcd_user = "strata"                  # with etcd_password_file; sent to https:// endpoints only
 //! etcd_password_file = "/etc/strata/etcd-password"
 //! etcd_allow_plaintext_auth = false     # true: also send it to http:// endpoints, in clear
@@ -273,6 +274,11 @@ pub struct Config {
     /// anyone on the path): off by default, and a user with an `http://`
     /// endpoint is then a configuration error. For a network you trust.
     pub etcd_allow_plaintext_auth: bool,
+    /// Serve this process's metrics to Prometheus at
+    /// `http://<metrics_listen>/metrics` (`"0.0.0.0:9400"`; port 0 picks
+    /// one, [`crate::Checkpointer::metrics_addr`] says which). None: not
+    /// served ([`crate::Checkpointer::metrics_text`] still renders them).
+    pub metrics_listen: Option<String>,
 }
 
 impl Default for Config {
@@ -324,6 +330,7 @@ impl Default for Config {
             etcd_user: None,
             etcd_password_file: None,
             etcd_allow_plaintext_auth: false,
+            metrics_listen: None,
             incarnation: None,
         }
     }
@@ -609,6 +616,7 @@ impl Config {
                     self.etcd_password_file = (!v.is_empty()).then(|| PathBuf::from(&v))
                 }
                 "ETCD_ALLOW_PLAINTEXT_AUTH" => self.etcd_allow_plaintext_auth = flag(&v)?,
+                "METRICS_LISTEN" => self.metrics_listen = (!v.is_empty()).then(|| v.clone()),
                 other => {
                     if let Some(setting) = env_names::nearest(other) {
                         return Err(Error::Config(format!(

@@ -81,7 +81,26 @@ impl Checkpointer {
     /// Restores the selected step and returns the state (entries in save
     /// order, every byte verified). All ranks must call this together.
     pub fn restore(&self, which: StepSelector) -> Result<RestoredState> {
-        let (step, loaded) = self.agree_and_load(which)?;
+        let (step, loaded) = self.agree_counted(which)?;
+        let r = self.restore_whole(step, loaded);
+        self.shared
+            .metrics
+            .read_done(r.as_ref().map(|st| &st.stats));
+        r
+    }
+
+    /// [`Self::agree_and_load`], counted in the metrics (a restore, or a
+    /// failed one).
+    fn agree_counted(&self, which: StepSelector) -> Result<(u64, Loaded)> {
+        let r = self.agree_and_load(which);
+        match &r {
+            Ok(_) => self.shared.metrics.restore_agreed(),
+            Err(e) => self.shared.metrics.restore_failed(e),
+        }
+        r
+    }
+
+    fn restore_whole(&self, step: u64, loaded: Loaded) -> Result<RestoredState> {
         let manifest = &loaded.shard.manifest;
         let mut entries: Vec<RestoredEntry> = manifest
             .entries
@@ -146,7 +165,7 @@ impl Checkpointer {
     /// and then read into them with [`Self::restore_planned_into`], once or
     /// in parts, without agreeing again.
     pub fn plan_restore(&self, which: StepSelector) -> Result<RestorePlan> {
-        let (step, loaded) = self.agree_and_load(which)?;
+        let (step, loaded) = self.agree_counted(which)?;
         Ok(RestorePlan { step, loaded })
     }
 
@@ -168,6 +187,16 @@ impl Checkpointer {
     /// the entry's length, every chunk verified. Local to this rank: no
     /// agreement with the others.
     pub fn restore_planned_into(
+        &self,
+        plan: &RestorePlan,
+        dests: &mut [(&str, &mut [u8])],
+    ) -> Result<RestoreStats> {
+        let r = self.read_planned(plan, dests);
+        self.shared.metrics.read_done(r.as_ref());
+        r
+    }
+
+    fn read_planned(
         &self,
         plan: &RestorePlan,
         dests: &mut [(&str, &mut [u8])],

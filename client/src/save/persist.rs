@@ -62,6 +62,7 @@ pub(crate) fn start_worker(
                 for seg in segments {
                     s.pool.give_back(seg);
                 }
+                s.metrics.save_done(r.as_ref());
                 if let Err(e) = &r {
                     background.save_failed(step, e, &done);
                 }
