@@ -136,6 +136,13 @@ impl Checkpointer {
     pub(crate) fn from_builder(b: CheckpointerBuilder) -> Result<Self> {
         let cfg = b.cfg;
         cfg.validate()?;
+        // Bound before anything starts: an address in use fails here,
+        // with no thread, claim or runtime left behind.
+        let metrics_bound = cfg
+            .metrics_listen
+            .as_deref()
+            .map(crate::metrics::serve::bind)
+            .transpose()?;
         let coord: Arc<dyn Coordinator> = match b.coord {
             Some(c) => c,
             None if !cfg.etcd_endpoints.is_empty() => Arc::new(EtcdCoordinator::connect(
@@ -284,9 +291,9 @@ impl Checkpointer {
         let s2 = shared.clone();
         let background = Arc::new(Background::new(shared.cfg.on_background_error));
         let worker = crate::save::persist::start_worker(s2, rx, background.clone())?;
-        let metrics = match &shared.cfg.metrics_listen {
-            Some(listen) => Some(crate::metrics::serve::MetricsServer::start(
-                listen,
+        let metrics = match metrics_bound {
+            Some(bound) => Some(crate::metrics::serve::MetricsServer::start(
+                bound,
                 Arc::downgrade(&shared),
             )?),
             None => None,

@@ -164,17 +164,35 @@ fn a_scrape_reports_saves_restores_and_errors_labelled_with_the_job() {
         .metrics_text()
         .contains("strata_saves_total{job=\"metered\""));
 
-    // Only /metrics; a client that sends nothing holds the endpoint for
-    // its timeout at most.
+    // Only /metrics; a client that sends nothing, or one byte at a time
+    // under each read's timeout, holds the endpoint 2 s at most.
     assert_eq!(get(addr, "/other").0, "HTTP/1.1 404 Not Found");
     let idle = TcpStream::connect(addr).unwrap();
     let t = Instant::now();
     assert_eq!(get(addr, "/metrics").0, "HTTP/1.1 200 OK");
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     drop(idle);
+    let trickle = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        for _ in 0..16 {
+            if s.write_all(b"G").is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    assert_eq!(get(addr, "/metrics").0, "HTTP/1.1 200 OK");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    trickle.join().unwrap();
 
-    // Closing the checkpointer closes the endpoint.
+    // Closing the checkpointer closes the endpoint, a client connected
+    // or not.
+    let _lingering = TcpStream::connect(addr).unwrap();
+    let t = Instant::now();
     ck.close().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     let refused = TcpStream::connect_timeout(&addr, Duration::from_secs(2));
     assert!(refused.is_err(), "still listening after close");
 }
@@ -182,9 +200,18 @@ fn a_scrape_reports_saves_restores_and_errors_labelled_with_the_job() {
 #[test]
 fn an_address_that_cannot_be_bound_is_a_configuration_error() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config::builder().job("metered").l1_dir(dir.path());
-    cfg.metrics_listen = Some("not-an-address".into());
-    let e = Checkpointer::new(cfg).err().expect("refused");
-    assert_eq!(e.kind(), ErrorKind::Invalid);
-    assert!(e.to_string().contains("metrics_listen"), "{e}");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    for listen in [
+        "not-an-address".to_string(),
+        taken.local_addr().unwrap().to_string(),
+    ] {
+        let mut cfg = Config::builder().job("metered").l1_dir(dir.path());
+        cfg.metrics_listen = Some(listen.clone());
+        let e = Checkpointer::new(cfg).err().expect("refused");
+        assert_eq!(e.kind(), ErrorKind::Invalid, "{listen}");
+        assert!(e.to_string().contains("metrics_listen"), "{e}");
+    }
+    // Nothing of the refused ones is left holding the directory's job.
+    let ok = Checkpointer::new(Config::builder().job("metered").l1_dir(dir.path())).unwrap();
+    ok.close().unwrap();
 }

@@ -90,17 +90,22 @@ fn said_port(child: &mut Child, what: &str) -> u16 {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut tx = Some(tx);
-        for line in std::io::BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            let port = line
-                .split("http://127.0.0.1:")
-                .nth(1)
-                .and_then(|p| p.trim().parse::<u16>().ok());
+        let mut reader = std::io::BufReader::new(stderr);
+        let mut line = Vec::new();
+        // Read to the end, whatever the bytes: the server never blocks on
+        // a full pipe.
+        while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+            let text = String::from_utf8_lossy(&line);
+            let port = text.split("http://127.0.0.1:").nth(1).and_then(|p| {
+                let digits: String = p.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse::<u16>().ok()
+            });
             if let Some(p) = port {
                 if let Some(t) = tx.take() {
                     let _ = t.send(p);
                 }
             }
+            line.clear();
         }
     });
     match rx.recv_timeout(Duration::from_secs(30)) {

@@ -24,13 +24,21 @@ pub(crate) fn expand(list: &str, max: usize) -> Result<Vec<String>, String> {
                 names.iter_mut().for_each(|n| n.push_str(rest));
                 break;
             };
+            if lo_width_too_wide(&rest[open..]) {
+                return Err(format!("{item:?}: a number wider than {MAX_WIDTH} digits"));
+            }
             let close = rest[open..]
                 .find(']')
                 .map(|c| c + open)
                 .ok_or_else(|| format!("{item:?}: a '[' without its ']'"))?;
             let (lit, group) = (&rest[..open], &rest[open + 1..close]);
             let values = numbers(group, max).map_err(|e| format!("{item:?}: {e}"))?;
-            if names.len().saturating_mul(values.len()) + out.len() > max {
+            if names
+                .len()
+                .saturating_mul(values.len())
+                .saturating_add(out.len())
+                > max
+            {
                 return Err(format!("{list:?} names more than {max} hosts"));
             }
             names = names
@@ -40,11 +48,24 @@ pub(crate) fn expand(list: &str, max: usize) -> Result<Vec<String>, String> {
             rest = &rest[close + 1..];
         }
         out.extend(names);
+        if out.len() > max {
+            return Err(format!("{list:?} names more than {max} hosts"));
+        }
     }
     if out.is_empty() {
         return Err(format!("{list:?} names no host"));
     }
     Ok(out)
+}
+
+/// Widest number a group may write (Slurm's own limit is far below).
+const MAX_WIDTH: usize = 20;
+
+/// Whether a bracketed group (from its '[') holds a number wider than
+/// [`MAX_WIDTH`]: its padding would multiply into every host's name.
+fn lo_width_too_wide(group: &str) -> bool {
+    let inner = group.split(']').next().unwrap_or_default();
+    inner.split([',', '-']).any(|n| n.trim().len() > MAX_WIDTH)
 }
 
 /// The items of a list: split at commas outside brackets.
@@ -146,5 +167,8 @@ mod tests {
         assert!(e.contains("more than"), "{e}");
         assert_eq!(expand("n[1-4]", 4).map(|h| h.len()), Ok(4));
         assert!(expand("n[1-5]", 4).is_err());
+        assert!(expand("a,b,c", 2).is_err(), "plain names count too");
+        let wide = format!("n[{}1-2]", "0".repeat(30));
+        assert!(expand(&wide, MAX_HOSTS).is_err());
     }
 }

@@ -35,17 +35,20 @@ struct Histogram {
 
 impl Histogram {
     fn observe(&self, d: Duration) {
+        // The count first and the buckets last, while `render` reads the
+        // buckets first and the count last: a scrape in between never
+        // shows a bucket above +Inf.
+        self.count.fetch_add(1, Ordering::SeqCst);
+        self.sum_micros.fetch_add(
+            d.as_micros().min(u128::from(u64::MAX)) as u64,
+            Ordering::SeqCst,
+        );
         let secs = d.as_secs_f64();
         for (b, &le) in self.buckets.iter().zip(&BOUNDS) {
             if secs <= le {
-                b.fetch_add(1, Ordering::Relaxed);
+                b.fetch_add(1, Ordering::SeqCst);
             }
         }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros.fetch_add(
-            d.as_micros().min(u128::from(u64::MAX)) as u64,
-            Ordering::Relaxed,
-        );
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
@@ -54,10 +57,10 @@ impl Histogram {
             let _ = writeln!(
                 out,
                 "{name}_bucket{{{labels},le=\"{le}\"}} {}",
-                b.load(Ordering::Relaxed)
+                b.load(Ordering::SeqCst)
             );
         }
-        let count = self.count.load(Ordering::Relaxed);
+        let count = self.count.load(Ordering::SeqCst);
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
         let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
@@ -175,8 +178,9 @@ impl Metrics {
         self.error(Op::Restore, e);
     }
 
-    /// A restore's read (a whole restore reads once; the Python package
-    /// and DCP read a planned step in parts).
+    /// A restore's read: a whole restore reads once, the Python package's
+    /// `load` twice (its tree, then its values). DCP loads read through
+    /// the catalog and are not counted here.
     pub(crate) fn read_done(&self, r: Result<&RestoreStats, &Error>) {
         match r {
             Ok(st) => {

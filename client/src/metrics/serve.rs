@@ -1,23 +1,42 @@
 //! `metrics_listen`: `/metrics` over plain HTTP/1.1 from a thread of the
-//! training process (one request per connection, the head bounded, reads
-//! and writes under a timeout, so a slow or hostile client holds the
-//! thread for two seconds at most and never grows its memory).
+//! training process: one request per connection, the head bounded, and
+//! each client given 2 s in all to send its request and read the answer,
+//! so a slow or hostile client holds the thread 2 s at most and never
+//! grows its memory. The listener is bound before the checkpointer starts
+//! anything else (an address in use fails the build cleanly), and polled,
+//! so closing the checkpointer stops the thread within a poll and frees
+//! the port.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::shared::Shared;
 
 /// Largest request head read.
 const MAX_HEAD: usize = 8192;
-/// How long one client may take to send its request or read the answer.
+/// How long one client may take, in all, to send its request and read
+/// the answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the idle listener looks for a connection or a stop.
+const POLL: Duration = Duration::from_millis(50);
 
-/// The running endpoint; stopped (and its thread joined) when dropped.
+/// A bound `metrics_listen` address, not served yet.
+pub(crate) struct Bound(TcpListener);
+
+/// Binds `listen` (port 0: one the system picks).
+pub(crate) fn bind(listen: &str) -> Result<Bound> {
+    let bad = |e: std::io::Error| Error::Config(format!("metrics_listen {listen:?}: {e}"));
+    let listener = TcpListener::bind(listen).map_err(bad)?;
+    listener.set_nonblocking(true).map_err(bad)?;
+    Ok(Bound(listener))
+}
+
+/// The running endpoint; stopped (its thread joined, its port freed) when
+/// dropped.
 pub(crate) struct MetricsServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -25,25 +44,25 @@ pub(crate) struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Binds `listen` and serves the checkpointer's metrics from a thread
-    /// that holds it weakly (the checkpointer's close is not held up).
-    pub(crate) fn start(listen: &str, shared: Weak<Shared>) -> Result<MetricsServer> {
-        let listener = TcpListener::bind(listen)
-            .map_err(|e| Error::Config(format!("metrics_listen {listen:?}: {e}")))?;
+    /// Serves the checkpointer's metrics on `bound` from a thread that
+    /// holds it weakly (the checkpointer's close is not held up by it).
+    pub(crate) fn start(bound: Bound, shared: Weak<Shared>) -> Result<MetricsServer> {
+        let listener = bound.0;
         let addr = listener
             .local_addr()
-            .map_err(|e| Error::Config(format!("metrics_listen {listen:?}: {e}")))?;
+            .map_err(|e| Error::Config(format!("metrics_listen: {e}")))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::Builder::new()
             .name("strata-metrics".into())
             .spawn(move || {
-                for sock in listener.incoming() {
-                    if stopping.load(Ordering::SeqCst) {
-                        break;
+                while !stopping.load(Ordering::SeqCst) {
+                    match listener.accept() {
+                        Ok((sock, _)) => answer(sock, &shared),
+                        // Nothing waiting, or a failure that may last
+                        // (descriptors exhausted): never a busy loop.
+                        Err(_) => std::thread::sleep(POLL),
                     }
-                    let Ok(sock) = sock else { continue };
-                    answer(sock, &shared);
                 }
             })
             .map_err(|e| Error::Config(format!("cannot start the metrics thread: {e}")))?;
@@ -64,37 +83,33 @@ impl MetricsServer {
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wakes the blocking accept; its thread then sees the flag.
-        let wake = match self.addr {
-            SocketAddr::V4(a) if a.ip().is_unspecified() => {
-                SocketAddr::from(([127, 0, 0, 1], a.port()))
-            }
-            SocketAddr::V6(a) if a.ip().is_unspecified() => {
-                SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
-            }
-            a => a,
-        };
-        let woke = TcpStream::connect_timeout(&wake, Duration::from_secs(1)).is_ok();
+        // Ends within one poll, or one client's time limit.
         if let Some(t) = self.thread.take() {
-            if woke {
-                let _ = t.join();
-            }
-            // Otherwise the thread is left to end with the process: a
-            // join could wait forever on an accept nothing wakes.
+            let _ = t.join();
         }
     }
 }
 
-/// Reads one request head and answers it.
+/// Reads one request head and answers it, within [`CLIENT_TIMEOUT`] in all.
 fn answer(mut sock: TcpStream, shared: &Weak<Shared>) {
-    let _ = sock.set_read_timeout(Some(CLIENT_TIMEOUT));
-    let _ = sock.set_write_timeout(Some(CLIENT_TIMEOUT));
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+    };
+    // An accepted socket may inherit the listener's non-blocking mode.
+    let _ = sock.set_nonblocking(false);
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
+        let Some(d) = left() else { return };
+        let _ = sock.set_read_timeout(Some(d));
         match sock.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(n) => head.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return,
         }
     }
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
@@ -116,6 +131,14 @@ fn answer(mut sock: TcpStream, shared: &Weak<Shared>) {
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    let _ = sock.write_all(resp.as_bytes());
+    let mut rest = resp.as_bytes();
+    while !rest.is_empty() {
+        let Some(d) = left() else { return };
+        let _ = sock.set_write_timeout(Some(d));
+        match sock.write(rest) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => rest = &rest[n..],
+        }
+    }
     let _ = sock.flush();
 }

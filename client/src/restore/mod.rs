@@ -92,9 +92,12 @@ impl Checkpointer {
     /// [`Self::agree_and_load`], counted in the metrics (a restore, or a
     /// failed one).
     fn agree_counted(&self, which: StepSelector) -> Result<(u64, Loaded)> {
+        let latest = matches!(which, StepSelector::Latest);
         let r = self.agree_and_load(which);
         match &r {
             Ok(_) => self.shared.metrics.restore_agreed(),
+            // A job's first start: nothing saved yet is not a failure.
+            Err(Error::NothingToRestore(_)) if latest => {}
             Err(e) => self.shared.metrics.restore_failed(e),
         }
         r
