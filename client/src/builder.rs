@@ -292,10 +292,13 @@ impl Checkpointer {
         let background = Arc::new(Background::new(shared.cfg.on_background_error));
         let worker = crate::save::persist::start_worker(s2, rx, background.clone())?;
         let metrics = match metrics_bound {
-            Some(bound) => Some(crate::metrics::serve::MetricsServer::start(
-                bound,
-                Arc::downgrade(&shared),
-            )?),
+            Some(bound) => {
+                let weak = Arc::downgrade(&shared);
+                Some(crate::metrics::serve::MetricsServer::start(
+                    bound,
+                    Box::new(move || weak.upgrade().map(|s| s.metrics_text())),
+                )?)
+            }
             None => None,
         };
         Ok(Checkpointer {

@@ -10,11 +10,13 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::shared::Shared;
+
+/// Renders the metrics, or None once the checkpointer is gone.
+pub(crate) type Render = Box<dyn Fn() -> Option<String> + Send>;
 
 /// Largest request head read.
 const MAX_HEAD: usize = 8192;
@@ -44,9 +46,10 @@ pub(crate) struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Serves the checkpointer's metrics on `bound` from a thread that
-    /// holds it weakly (the checkpointer's close is not held up by it).
-    pub(crate) fn start(bound: Bound, shared: Weak<Shared>) -> Result<MetricsServer> {
+    /// Serves what `render` renders on `bound`, from a thread of its own
+    /// (the checkpointer hands a renderer that holds it weakly, so its
+    /// close is not held up by it).
+    pub(crate) fn start(bound: Bound, render: Render) -> Result<MetricsServer> {
         let listener = bound.0;
         let addr = listener
             .local_addr()
@@ -58,7 +61,7 @@ impl MetricsServer {
             .spawn(move || {
                 while !stopping.load(Ordering::SeqCst) {
                     match listener.accept() {
-                        Ok((sock, _)) => answer(sock, &shared),
+                        Ok((sock, _)) => answer(sock, &render),
                         // Nothing waiting, or a failure that may last
                         // (descriptors exhausted): never a busy loop.
                         Err(_) => std::thread::sleep(POLL),
@@ -91,7 +94,7 @@ impl Drop for MetricsServer {
 }
 
 /// Reads one request head and answers it, within [`CLIENT_TIMEOUT`] in all.
-fn answer(mut sock: TcpStream, shared: &Weak<Shared>) {
+fn answer(mut sock: TcpStream, render: &Render) {
     let deadline = Instant::now() + CLIENT_TIMEOUT;
     let left = || {
         deadline
@@ -115,8 +118,8 @@ fn answer(mut sock: TcpStream, shared: &Weak<Shared>) {
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let path = line.split(|&b| b == b' ').nth(1).unwrap_or_default();
     let (status, body) = match (line.starts_with(b"GET "), path) {
-        (true, b"/metrics") => match shared.upgrade() {
-            Some(s) => ("200 OK", s.metrics_text()),
+        (true, b"/metrics") => match render() {
+            Some(text) => ("200 OK", text),
             None => (
                 "503 Service Unavailable",
                 "the checkpointer is closed\n".into(),
