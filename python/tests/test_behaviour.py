@@ -405,3 +405,17 @@ def test_metrics_are_served_to_prometheus_and_readable_in_process(make, job):
     unserved = make(job=job + "-b")
     assert unserved.metrics_address is None
     assert "strata_saves_total{" in unserved.metrics()
+
+
+def test_slurm_peers_given_as_a_keyword_are_the_allocations_nodes(monkeypatch, tmp_path):
+    # The configuration resolves its peers' names: a list of names this
+    # machine resolves (the expansion itself is tested in Rust).
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
+    monkeypatch.setenv("SLURMD_NODENAME", "localhost")
+    monkeypatch.delenv("STRATA_NODE", raising=False)
+    r = strata.resolve_config(peers=["slurm:7070"], peer_certs=str(tmp_path))
+    assert r["peers"] == ["localhost=localhost:7070"]
+    assert r["node"] == "localhost"
+    monkeypatch.delenv("SLURM_JOB_NODELIST")
+    with pytest.raises(strata.InvalidError, match="SLURM_JOB_NODELIST"):
+        strata.resolve_config(peers=["slurm:7070"], peer_certs=str(tmp_path))

@@ -8,6 +8,7 @@
 //! `metrics_listen` is set ([`crate::Checkpointer::metrics_text`] renders
 //! the same text without it).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -212,214 +213,197 @@ impl Metrics {
     /// state; `dropped`: uploads and pushes dropped from their backlogs).
     pub(crate) fn render(
         &self,
-        uploads: &std::collections::BTreeMap<u64, L3State>,
-        replication: &std::collections::BTreeMap<u64, L2State>,
-        dropped: (u64, u64),
+        uploads: &BTreeMap<u64, L3State>,
+        replication: &BTreeMap<u64, L2State>,
+        (dropped_uploads, dropped_pushes): (u64, u64),
     ) -> String {
         let l = &self.labels;
         let mut out = String::with_capacity(8192);
-        let one = |out: &mut String, name: &str, kind: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {v}"
-            );
-        };
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        one(
+        let counters = [
+            ("strata_saves_total", "Saves committed.", n(&self.saves)),
+            (
+                "strata_saves_failed_total",
+                "Saves that failed (their step is not committed).",
+                n(&self.saves_failed),
+            ),
+            (
+                "strata_saves_skipped_total",
+                "Saves skipped by busy_policy = \"skip\".",
+                n(&self.saves_skipped),
+            ),
+            (
+                "strata_save_bytes_written_total",
+                "Chunk bytes saves wrote to L1.",
+                n(&self.bytes_written),
+            ),
+            (
+                "strata_save_bytes_deduplicated_total",
+                "Chunk bytes saves found on L1 already (not written).",
+                n(&self.bytes_deduped),
+            ),
+            (
+                "strata_restores_total",
+                "Restores the ranks agreed on.",
+                n(&self.restores),
+            ),
+            (
+                "strata_restores_failed_total",
+                "Restores that failed.",
+                n(&self.restores_failed),
+            ),
+            (
+                "strata_dropped_uploads_total",
+                "Uploads dropped from a backlog past max_pending_uploads.",
+                dropped_uploads,
+            ),
+            (
+                "strata_dropped_pushes_total",
+                "Pushes to the peers dropped from a backlog past max_pending_pushes.",
+                dropped_pushes,
+            ),
+        ];
+        for (name, help, v) in counters {
+            family(&mut out, l, name, "counter", help, &[(String::new(), v)]);
+        }
+        for (h, name, help) in [
+            (
+                &self.stall,
+                "strata_save_stall_seconds",
+                "Time a save blocked training (the snapshot).",
+            ),
+            (
+                &self.durable,
+                "strata_save_durable_seconds",
+                "Time from a save's call until its step was committed on L1.",
+            ),
+            (
+                &self.barrier,
+                "strata_save_barrier_seconds",
+                "Time a save waited at the commit barrier for every rank.",
+            ),
+            (
+                &self.restore_time,
+                "strata_restore_read_seconds",
+                "Time a restore's read took to read, verify and place its chunks.",
+            ),
+        ] {
+            h.render(&mut out, name, help, l);
+        }
+        let by_tier: Vec<(String, u64)> = ["l1", "l2", "l3"]
+            .iter()
+            .zip(&self.restore_bytes)
+            .map(|(tier, c)| (format!("tier=\"{tier}\""), n(c)))
+            .collect();
+        family(
             &mut out,
-            "strata_saves_total",
-            "counter",
-            "Saves committed.",
-            n(&self.saves),
-        );
-        one(
-            &mut out,
-            "strata_saves_failed_total",
-            "counter",
-            "Saves that failed (their step is not committed).",
-            n(&self.saves_failed),
-        );
-        one(
-            &mut out,
-            "strata_saves_skipped_total",
-            "counter",
-            "Saves skipped by busy_policy = \"skip\".",
-            n(&self.saves_skipped),
-        );
-        self.stall.render(
-            &mut out,
-            "strata_save_stall_seconds",
-            "Time a save blocked training (the snapshot).",
             l,
-        );
-        self.durable.render(
-            &mut out,
-            "strata_save_durable_seconds",
-            "Time from a save's call until its step was committed on L1.",
-            l,
-        );
-        self.barrier.render(
-            &mut out,
-            "strata_save_barrier_seconds",
-            "Time a save waited at the commit barrier for every rank.",
-            l,
-        );
-        one(
-            &mut out,
-            "strata_save_bytes_written_total",
+            "strata_restore_bytes_total",
             "counter",
-            "Chunk bytes saves wrote to L1.",
-            n(&self.bytes_written),
+            "Chunk bytes restores read, by tier.",
+            &by_tier,
         );
-        one(
+        let errors: Vec<(String, u64)> = ["save", "restore"]
+            .iter()
+            .zip(&self.errors)
+            .flat_map(|(op, row)| {
+                KINDS
+                    .iter()
+                    .zip(row)
+                    .map(move |((_, kind), c)| (format!("op=\"{op}\",kind=\"{kind}\""), n(c)))
+            })
+            .collect();
+        family(
             &mut out,
-            "strata_save_bytes_deduplicated_total",
+            l,
+            "strata_errors_total",
             "counter",
-            "Chunk bytes saves found on L1 already (not written).",
-            n(&self.bytes_deduped),
+            "Failed saves and restores, by the kind of error (what to do about it).",
+            &errors,
         );
-        let last = n(&self.last_committed);
-        if last > 0 {
-            one(
-                &mut out,
+        let states = |pairs: &[(&str, usize)]| -> Vec<(String, u64)> {
+            pairs
+                .iter()
+                .map(|(st, v)| (format!("state=\"{st}\""), *v as u64))
+                .collect()
+        };
+        let count3 = |f: fn(&L3State) -> bool| uploads.values().filter(|s| f(s)).count();
+        let count2 = |f: fn(&L2State) -> bool| replication.values().filter(|s| f(s)).count();
+        family(
+            &mut out,
+            l,
+            "strata_upload_steps",
+            "gauge",
+            "Steps of this rank by their state on L3 (of those this process queued).",
+            &states(&[
+                ("queued", count3(|s| matches!(s, L3State::Queued))),
+                (
+                    "uploading",
+                    count3(|s| matches!(s, L3State::Uploading { .. })),
+                ),
+                ("failed", count3(|s| matches!(s, L3State::Failed(_)))),
+            ]),
+        );
+        family(
+            &mut out,
+            l,
+            "strata_replication_steps",
+            "gauge",
+            "Steps of this rank waiting for, or short of, their replicas on the peers.",
+            &states(&[
+                ("pending", count2(|s| matches!(s, L2State::Pending))),
+                (
+                    "degraded",
+                    count2(|s| matches!(s, L2State::Degraded { .. })),
+                ),
+            ]),
+        );
+        // The newest steps: their differences are the L3 and L2 lag.
+        let newest = [
+            (
                 "strata_last_committed_step",
-                "gauge",
                 "The newest step this process committed.",
-                last - 1,
-            );
-        }
-        one(
-            &mut out,
-            "strata_restores_total",
-            "counter",
-            "Restores the ranks agreed on.",
-            n(&self.restores),
-        );
-        one(
-            &mut out,
-            "strata_restores_failed_total",
-            "counter",
-            "Restores that failed.",
-            n(&self.restores_failed),
-        );
-        self.restore_time.render(
-            &mut out,
-            "strata_restore_read_seconds",
-            "Time a restore's read took to read, verify and place its chunks.",
-            l,
-        );
-        let _ = writeln!(
-            out,
-            "# HELP strata_restore_bytes_total Chunk bytes restores read, by tier.\n# TYPE strata_restore_bytes_total counter"
-        );
-        for (tier, c) in ["l1", "l2", "l3"].iter().zip(&self.restore_bytes) {
-            let _ = writeln!(
-                out,
-                "strata_restore_bytes_total{{{l},tier=\"{tier}\"}} {}",
-                n(c)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP strata_errors_total Failed saves and restores, by the kind of error (what to do about it).\n# TYPE strata_errors_total counter"
-        );
-        for (op, row) in ["save", "restore"].iter().zip(&self.errors) {
-            for ((_, kind), c) in KINDS.iter().zip(row) {
-                let _ = writeln!(
-                    out,
-                    "strata_errors_total{{{l},op=\"{op}\",kind=\"{kind}\"}} {}",
-                    n(c)
-                );
+                n(&self.last_committed).checked_sub(1),
+            ),
+            (
+                "strata_last_uploaded_step",
+                "The newest step this process committed on L3.",
+                newest(uploads, |s| matches!(s, L3State::Committed { .. })),
+            ),
+            (
+                "strata_last_replicated_step",
+                "The newest step this process replicated to every peer wanted.",
+                newest(replication, |s| matches!(s, L2State::Replicated { .. })),
+            ),
+        ];
+        for (name, help, step) in newest {
+            if let Some(v) = step {
+                family(&mut out, l, name, "gauge", help, &[(String::new(), v)]);
             }
         }
-        copiers(&mut out, l, uploads, replication, dropped);
         out
     }
 }
 
-/// The copiers' state, as gauges: what waits, what failed, how far behind
-/// the newest committed step each tier is.
-fn copiers(
+/// The newest step whose state passes `done`.
+fn newest<S>(states: &BTreeMap<u64, S>, done: fn(&S) -> bool) -> Option<u64> {
+    states.iter().rev().find(|(_, s)| done(s)).map(|(s, _)| *s)
+}
+
+/// One metric family: its HELP and TYPE lines, then a sample for each
+/// (labels beyond the rank's own, value).
+fn family(
     out: &mut String,
     l: &str,
-    uploads: &std::collections::BTreeMap<u64, L3State>,
-    replication: &std::collections::BTreeMap<u64, L2State>,
-    (dropped_uploads, dropped_pushes): (u64, u64),
+    name: &str,
+    kind: &str,
+    help: &str,
+    samples: &[(String, u64)],
 ) {
-    let count3 = |f: fn(&L3State) -> bool| uploads.values().filter(|s| f(s)).count();
-    let count2 = |f: fn(&L2State) -> bool| replication.values().filter(|s| f(s)).count();
-    let _ = writeln!(
-        out,
-        "# HELP strata_upload_steps Steps of this rank by their state on L3 (of those this process queued).\n# TYPE strata_upload_steps gauge"
-    );
-    for (state, v) in [
-        ("queued", count3(|s| matches!(s, L3State::Queued))),
-        (
-            "uploading",
-            count3(|s| matches!(s, L3State::Uploading { .. })),
-        ),
-        ("failed", count3(|s| matches!(s, L3State::Failed(_)))),
-    ] {
-        let _ = writeln!(out, "strata_upload_steps{{{l},state=\"{state}\"}} {v}");
-    }
-    let _ = writeln!(
-        out,
-        "# HELP strata_replication_steps Steps of this rank waiting for, or short of, their replicas on the peers.\n# TYPE strata_replication_steps gauge"
-    );
-    for (state, v) in [
-        ("pending", count2(|s| matches!(s, L2State::Pending))),
-        (
-            "degraded",
-            count2(|s| matches!(s, L2State::Degraded { .. })),
-        ),
-    ] {
-        let _ = writeln!(out, "strata_replication_steps{{{l},state=\"{state}\"}} {v}");
-    }
-    let newest_uploaded = uploads
-        .iter()
-        .rev()
-        .find(|(_, s)| matches!(s, L3State::Committed { .. }))
-        .map(|(s, _)| *s);
-    let newest_replicated = replication
-        .iter()
-        .rev()
-        .find(|(_, s)| matches!(s, L2State::Replicated { .. }))
-        .map(|(s, _)| *s);
-    for (name, help, v) in [
-        (
-            "strata_last_uploaded_step",
-            "The newest step this process committed on L3.",
-            newest_uploaded,
-        ),
-        (
-            "strata_last_replicated_step",
-            "The newest step this process replicated to every peer wanted.",
-            newest_replicated,
-        ),
-    ] {
-        if let Some(v) = v {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {v}"
-            );
-        }
-    }
-    for (name, help, v) in [
-        (
-            "strata_dropped_uploads_total",
-            "Uploads dropped from a backlog past max_pending_uploads.",
-            dropped_uploads,
-        ),
-        (
-            "strata_dropped_pushes_total",
-            "Pushes to the peers dropped from a backlog past max_pending_pushes.",
-            dropped_pushes,
-        ),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {v}"
-        );
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (extra, v) in samples {
+        let sep = if extra.is_empty() { "" } else { "," };
+        let _ = writeln!(out, "{name}{{{l}{sep}{extra}}} {v}");
     }
 }
 

@@ -694,6 +694,29 @@ impl EtcdApi {
     }
 }
 
+/// Runs `read` until it answers, retrying a failure every 200 ms while
+/// `deadline` has not passed (etcd restarting, a leader election); the
+/// failure once it has.
+pub(crate) async fn until_answered<T, F, Fut>(
+    deadline: std::time::Instant,
+    mut read: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    loop {
+        match read().await {
+            Ok(v) => return Ok(v),
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::warn!(error = %e, "etcd read failed; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

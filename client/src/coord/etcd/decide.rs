@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::api::{prefix_end, Event, Kv};
+use super::api::{prefix_end, until_answered, Event, Kv};
 use super::claims::{parse_claim, rank_range, Claim};
 use super::{escape, poisoned, EtcdCoordinator};
 use crate::coord::coordinator::Reduce;
@@ -376,17 +376,12 @@ impl EtcdCoordinator {
             // (the outcome, the revision of the claims it counted by; None: the
             // deadline passed, written whatever the claims)
             let (outcome, read_at): (Result<Vec<u8>>, Option<i64>) = loop {
-                self.check_lost()?;
                 let ranges: [(&[u8], &[u8]); 2] = [(&vdir, &vend), (&members, &mend)];
-                let (got, rev) = match self.round_api().ranges(&ranges, t).await {
-                    Ok(v) => v,
-                    Err(e) if Instant::now() < deadline => {
-                        tracing::warn!(error = %e, "etcd read failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
+                let (got, rev) = until_answered(deadline, || async {
+                    self.check_lost()?;
+                    self.round_api().ranges(&ranges, t).await
+                })
+                .await?;
                 let [vals, claims]: [Vec<Kv>; 2] = got
                     .try_into()
                     .map_err(|_| Error::Coordination("etcd: a short transaction answer".into()))?;

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use super::api::until_answered;
 use super::claims::rank_in;
 use super::{escape, poisoned, EtcdCoordinator};
 use crate::error::{Error, Result};
@@ -60,22 +61,15 @@ impl EtcdCoordinator {
         let members = format!("{}/ranks/", self.root);
         let deadline = Instant::now() + timeout;
         loop {
-            self.check_lost()?;
             // The round and the claims at one revision (a transient etcd
             // error is retried until the deadline).
-            let (values, claims, rev) = match self
-                .api
-                .range_two(round.as_bytes(), members.as_bytes(), t)
-                .await
-            {
-                Ok(v) => v,
-                Err(e) if Instant::now() < deadline => {
-                    tracing::warn!(error = %e, "etcd read failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
+            let (values, claims, rev) = until_answered(deadline, || async {
+                self.check_lost()?;
+                self.api
+                    .range_two(round.as_bytes(), members.as_bytes(), t)
+                    .await
+            })
+            .await?;
             let holder = self.holders(&claims);
             // Fencing: only the current holder of this rank completes a
             // round. A process whose lease lapsed (a partition, SIGSTOP)
