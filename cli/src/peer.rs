@@ -57,7 +57,10 @@ pub(crate) struct ServeArgs {
     /// This node's name (its certificate file name).
     #[arg(long)]
     node: String,
-    /// Spill directory (cleared at start).
+    /// Spill directory: replicas beyond --memory, every manifest, commit
+    /// record and pin, and on SIGTERM everything held; reloaded and
+    /// verified at start (so a restart or an upgrade keeps L2). Give it
+    /// room for --memory plus --disk.
     #[arg(long, default_value = "strata-peer-spill")]
     spill: PathBuf,
     /// Chunk bytes kept in memory.
@@ -201,6 +204,20 @@ fn serve(a: &ServeArgs) -> Result<(), CliError> {
             None => String::new(),
         };
         say!("strata peer {}: listening on {addr}{metrics}", cfg.node);
+        let back = service.reloaded();
+        if back.chunks + back.steps + back.damaged + back.shards_dropped > 0 {
+            say!(
+                "strata peer {}: reloaded {} chunks ({}) and {} steps of {} jobs from {}; dropped {} damaged chunks and {} incomplete shards",
+                cfg.node,
+                back.chunks,
+                crate::size::human(back.bytes),
+                back.steps,
+                back.jobs,
+                cfg.spill.display(),
+                back.damaged,
+                back.shards_dropped
+            );
+        }
         let runner = tokio::spawn(service.clone().run());
         wait_for_signal().await;
         say!("strata peer {}: shutting down", cfg.node);

@@ -386,3 +386,90 @@ fn a_peer_killed_during_a_push_leaves_the_save_committed_and_replicated_elsewher
         assert!(&got.get(n).unwrap().bytes == d, "{n}");
     }
 }
+
+/// A rolling upgrade: a step is replicated to a peer service, which is
+/// stopped with SIGTERM and started again on the same spill directory; it
+/// reloads every replica (verified), and a node that lost its disk
+/// restores the step from it, every byte from L2.
+#[test]
+fn a_restarted_peer_service_keeps_its_replicas_and_restores_a_lost_disk() {
+    use strata::{Checkpointer, Config, L2State, StepSelector};
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path();
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["peer", "certs", "--node", "node-a", "--node", "node-b"])
+        .args(["--job", JOB, "--out"])
+        .arg(certs)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let l1 = dir.path().join("l1");
+    let cfg = |b: &Peer| {
+        Config::builder()
+            .job(JOB)
+            .l1_dir(&l1)
+            .chunk_size(1 << 20)
+            .peers("node-a", vec![format!("node-b={}", b.addr)], certs)
+            .replicas(1)
+    };
+    let (names, data) = state(7);
+    let entries = as_entries(&names, &data);
+    // 96 MiB against a 64 MiB memory budget: some replicas in memory, the
+    // rest spilled.
+    let mut b = serve(certs, "node-b");
+    {
+        let ck = Checkpointer::new(cfg(&b)).unwrap();
+        ck.save(1, &entries).unwrap().wait().unwrap();
+        ck.wait_replication();
+        assert!(
+            matches!(ck.replication()[&1], L2State::Replicated { .. }),
+            "{:?}",
+            ck.replication()
+        );
+    }
+    let held = metric(&http_get(b.metrics, "/metrics"), "strata_peer_chunks");
+    assert_eq!(held, 96);
+    // SAFETY: sending a signal to our own child process by its pid.
+    let rc = unsafe { libc::kill(b.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    assert!(b.child.wait().unwrap().success());
+    drop(b);
+
+    let b = serve(certs, "node-b");
+    let text = http_get(b.metrics, "/metrics");
+    assert_eq!(metric(&text, "strata_peer_reloaded_chunks"), 96);
+    assert_eq!(metric(&text, "strata_peer_chunks"), 96);
+    assert_eq!(
+        metric(
+            &text,
+            "strata_peer_dropped_at_start{what=\"damaged_chunks\"}"
+        ),
+        0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "strata_peer_dropped_at_start{what=\"incomplete_shards\"}"
+        ),
+        0
+    );
+    std::fs::remove_dir_all(&l1).unwrap();
+    let got = Checkpointer::new(cfg(&b))
+        .unwrap()
+        .restore(StepSelector::Latest)
+        .unwrap();
+    assert_eq!(got.step, 1);
+    assert_eq!(got.stats.bytes_from_l2, got.stats.bytes_read);
+    for (n, d) in names.iter().zip(&data) {
+        assert!(&got.get(n).unwrap().bytes == d, "{n}");
+    }
+    let text = http_get(b.metrics, "/metrics");
+    assert!(
+        text.contains(&format!("strata_peer_job_chunks{{job=\"{JOB}\"}} 96\n")),
+        "{text}"
+    );
+    assert!(
+        text.contains("strata_peer_request_seconds_count{op=\"get_chunk\"}"),
+        "{text}"
+    );
+}

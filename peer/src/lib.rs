@@ -8,7 +8,8 @@
 //! * `tls`: the cluster CA, node and job certificates (rcgen), and the
 //!   mutual-TLS configurations of services and clients;
 //! * `replicas` and `service`: the peer service behind `strata peer serve`,
-//!   and `metrics` for Prometheus;
+//!   and `metrics` for Prometheus (with `prom`, the text format and HTTP
+//!   answer it shares with the training process's endpoint);
 //! * `client`: `PeerStore`, a `ChunkStore` over one peer service;
 //! * `group`: `PeerGroup`, L2 as one tier: the peers of a rank over the
 //!   ring as one `ChunkStore`, and the policy that keeps `R` copies.
@@ -21,6 +22,8 @@ pub mod fuzz_session;
 pub mod group;
 #[cfg(feature = "net")]
 pub mod metrics;
+#[cfg(feature = "net")]
+pub mod prom;
 pub mod proto;
 #[cfg(feature = "net")]
 pub mod replicas;

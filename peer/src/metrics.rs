@@ -1,5 +1,7 @@
 //! `/metrics` for Prometheus: a minimal HTTP/1.1 responder (one request per
-//! connection, bounded reads, a timeout) over the service's counters.
+//! connection, bounded reads, a timeout) over the service's counters:
+//! what it holds in all and per job (`job` label), its traffic, request
+//! latency by kind (`op` label), and what its start reloaded or dropped.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -7,10 +9,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::service::Service;
-
-/// Largest request head read.
-const MAX_HEAD: usize = 8192;
+use crate::prom::{head, quoted};
+use crate::replicas::JobHeld;
+use crate::service::{Service, OPS};
 
 /// The counters in Prometheus' text format.
 pub fn render(service: &Service) -> String {
@@ -86,6 +87,66 @@ pub fn render(service: &Service) -> String {
         "Requests answered with an error.",
         &[("", s.errors)],
     );
+    let back = service.reloaded();
+    metric(
+        "strata_peer_reloaded_chunks",
+        "gauge",
+        "Chunks this start reloaded from the spill directory, verified.",
+        &[("", back.chunks)],
+    );
+    metric(
+        "strata_peer_dropped_at_start",
+        "gauge",
+        "What this start dropped: spilled frames that did not match their name, and shards naming a chunk not held.",
+        &[
+            ("{what=\"damaged_chunks\"}", back.damaged),
+            ("{what=\"incomplete_shards\"}", back.shards_dropped),
+        ],
+    );
+    let jobs = service.jobs();
+    let label = |j: &JobHeld| format!("job=\"{}\"", quoted(&j.job));
+    let per_job = |f: fn(&JobHeld) -> u64| -> Vec<(String, u64)> {
+        jobs.iter()
+            .map(|j| (format!("{{{}}}", label(j)), f(j)))
+            .collect()
+    };
+    let held: Vec<(String, u64)> = jobs
+        .iter()
+        .flat_map(|j| {
+            [("memory", j.memory), ("disk", j.disk)]
+                .map(|(place, v)| (format!("{{{},place=\"{place}\"}}", label(j)), v))
+        })
+        .collect();
+    for (name, help, samples) in [
+        (
+            "strata_peer_job_bytes_held",
+            "Chunk bytes held for a job, by place.",
+            held,
+        ),
+        (
+            "strata_peer_job_chunks",
+            "Chunks held for a job.",
+            per_job(|j| j.chunks),
+        ),
+        (
+            "strata_peer_job_manifest_bytes",
+            "Manifest and commit record bytes held for a job.",
+            per_job(|j| j.manifest_bytes),
+        ),
+    ] {
+        let refs: Vec<(&str, u64)> = samples.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric(name, "gauge", help, &refs);
+    }
+    let name = "strata_peer_request_seconds";
+    head(
+        &mut out,
+        name,
+        "histogram",
+        "Time from a request's stream opening to its answer handed to QUIC, by kind.",
+    );
+    for (op, h) in OPS.iter().zip(&c.latency) {
+        h.render_samples(&mut out, name, &format!("op=\"{op}\""));
+    }
     out
 }
 
@@ -97,23 +158,13 @@ pub async fn serve(listener: tokio::net::TcpListener, service: Arc<Service>) {
             let _ = tokio::time::timeout(Duration::from_secs(5), async {
                 let mut head = Vec::with_capacity(512);
                 let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
+                while !crate::prom::head_done(&head) {
                     match sock.read(&mut buf).await {
                         Ok(0) | Err(_) => break,
                         Ok(n) => head.extend_from_slice(&buf[..n]),
                     }
                 }
-                let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-                let (status, body) = if line.starts_with(b"GET /metrics ") || line == b"GET /metrics"
-                {
-                    ("200 OK", render(&service))
-                } else {
-                    ("404 Not Found", "only /metrics is served here\n".to_string())
-                };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
+                let resp = crate::prom::answer(&head, || Some(render(&service)));
                 let _ = sock.write_all(resp.as_bytes()).await;
                 let _ = sock.shutdown().await;
             })

@@ -11,63 +11,14 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+
+use strata_peer::prom::{quoted, Histogram};
 
 use crate::error::{Error, ErrorKind};
 use crate::stats::{RestoreStats, SaveStats};
 use crate::tier_states::{L2State, L3State};
 
 pub(crate) mod serve;
-
-/// Upper bounds of the latency buckets, in seconds (+Inf is implied):
-/// from a 1 ms stall to a 10-minute barrier.
-const BOUNDS: [f64; 16] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
-    600.0,
-];
-
-/// A latency histogram (cumulative buckets, as Prometheus reads them).
-#[derive(Default)]
-struct Histogram {
-    buckets: [AtomicU64; BOUNDS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
-}
-
-impl Histogram {
-    fn observe(&self, d: Duration) {
-        // The count first and the buckets last, while `render` reads the
-        // buckets first and the count last: a scrape in between never
-        // shows a bucket above +Inf.
-        self.count.fetch_add(1, Ordering::SeqCst);
-        self.sum_micros.fetch_add(
-            d.as_micros().min(u128::from(u64::MAX)) as u64,
-            Ordering::SeqCst,
-        );
-        let secs = d.as_secs_f64();
-        for (b, &le) in self.buckets.iter().zip(&BOUNDS) {
-            if secs <= le {
-                b.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (b, le) in self.buckets.iter().zip(BOUNDS) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"{le}\"}} {}",
-                b.load(Ordering::SeqCst)
-            );
-        }
-        let count = self.count.load(Ordering::SeqCst);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
-        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
-    }
-}
 
 /// Every error kind, with its label.
 const KINDS: [(ErrorKind, &str); 8] = [
@@ -109,13 +60,6 @@ pub(crate) struct Metrics {
     restore_bytes: [AtomicU64; 3],
     /// By [`Op`], then by kind ([`KINDS`]).
     errors: [[AtomicU64; KINDS.len()]; 2],
-}
-
-/// A label value as Prometheus' text format quotes it.
-fn quoted(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 impl Metrics {
@@ -410,6 +354,7 @@ fn family(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn histograms_are_cumulative_and_labels_are_quoted() {

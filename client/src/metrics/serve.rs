@@ -18,8 +18,6 @@ use crate::error::{Error, Result};
 /// Renders the metrics, or None once the checkpointer is gone.
 pub(crate) type Render = Box<dyn Fn() -> Option<String> + Send>;
 
-/// Largest request head read.
-const MAX_HEAD: usize = 8192;
 /// How long one client may take, in all, to send its request and read
 /// the answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -105,7 +103,7 @@ fn answer(mut sock: TcpStream, render: &Render) {
     let _ = sock.set_nonblocking(false);
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
+    while !strata_peer::prom::head_done(&head) {
         let Some(d) = left() else { return };
         let _ = sock.set_read_timeout(Some(d));
         match sock.read(&mut buf) {
@@ -115,25 +113,7 @@ fn answer(mut sock: TcpStream, render: &Render) {
             Err(_) => return,
         }
     }
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let path = line.split(|&b| b == b' ').nth(1).unwrap_or_default();
-    let (status, body) = match (line.starts_with(b"GET "), path) {
-        (true, b"/metrics") => match render() {
-            Some(text) => ("200 OK", text),
-            None => (
-                "503 Service Unavailable",
-                "the checkpointer is closed\n".into(),
-            ),
-        },
-        _ => (
-            "404 Not Found",
-            "only GET /metrics is served here\n".to_string(),
-        ),
-    };
-    let resp = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let resp = strata_peer::prom::answer(&head, render);
     let mut rest = resp.as_bytes();
     while !rest.is_empty() {
         let Some(d) = left() else { return };

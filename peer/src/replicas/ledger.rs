@@ -93,6 +93,11 @@ impl Ledger {
         self.total
     }
 
+    /// Every job with its bytes charged.
+    pub(crate) fn jobs(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.jobs.iter().map(|(j, (_, t))| (j.as_str(), *t))
+    }
+
     /// Bytes charged to `job`.
     pub(crate) fn job_total(&self, job: &str) -> u64 {
         self.jobs.get(job).map_or(0, |(_, t)| *t)

@@ -2,16 +2,21 @@
 //! then spilled to the service's own disk up to a second budget; shard
 //! manifests and commit records per job; pins; retention through
 //! `strata_gc` (children: `store.rs` the service's view of itself as a
-//! store, `ledger.rs` what manifests and records cost, `tests.rs`).
+//! store, `ledger.rs` what manifests and records cost, `reload.rs` the
+//! spill directory's layout and what survives a restart, `retention.rs`
+//! retention and pins, `tests.rs`).
 //!
 //! Frames are kept as the client sent them (any codec), after the service
 //! decoded and verified each against its id, so a peer never holds or
 //! serves a chunk whose bytes do not match its name. Spilled frames are
 //! written to a temporary name and renamed, without fsync: replicas are
-//! there to survive the loss of *another* node or of the training process,
-//! and a restarted service starts empty (it clears its spill directory).
+//! there to survive the loss of *another* node or of the training process.
+//! Manifests, records and pins are written through to the spill disk; a
+//! graceful stop keeps the frames in memory there too, and a restarted
+//! service reloads and re-verifies everything (`reload.rs`), so a rolling
+//! upgrade of the peer services keeps L2.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -21,10 +26,13 @@ use bytes::Bytes;
 use strata_format::frame::FrameDecoder;
 use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
-use strata_tiered::{ChunkStore, MemoryStore, Result, StepInfo, StoreError};
+use strata_tiered::{ChunkStore, L1Store, Result, StepInfo, StoreError};
 
 use ledger::{Kind, Ledger};
+pub use reload::Reloaded;
 mod ledger;
+mod reload;
+mod retention;
 mod store;
 
 /// Where a chunk's frame is.
@@ -120,6 +128,21 @@ impl Chunks {
     }
 }
 
+/// What a service holds for one job.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobHeld {
+    /// The job.
+    pub job: String,
+    /// Chunk bytes in memory.
+    pub memory: u64,
+    /// Chunk bytes on the spill disk.
+    pub disk: u64,
+    /// Chunks.
+    pub chunks: u64,
+    /// Manifest and commit record bytes (with their overhead).
+    pub manifest_bytes: u64,
+}
+
 /// Budgets and retention of a service.
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -175,7 +198,8 @@ impl Default for Limits {
 
 /// The replicas a service holds, for every job.
 pub struct Replicas {
-    steps: MemoryStore,
+    /// Manifests, records and pins, on the spill disk (`<spill>/steps`).
+    steps: L1Store,
     chunks: Mutex<Chunks>,
     manifests: Mutex<Ledger>,
     spill: PathBuf,
@@ -190,6 +214,8 @@ pub struct Replicas {
     /// Jobs whose retention is running, and whether another commit asked
     /// for it meanwhile (one retention per job at a time).
     retaining: Mutex<HashMap<String, bool>>,
+    /// What the start found in the spill directory.
+    reloaded: Reloaded,
 }
 
 impl std::fmt::Debug for Replicas {
@@ -203,17 +229,13 @@ fn poisoned() -> StoreError {
 }
 
 impl Replicas {
-    /// Replicas spilling to `spill` (cleared: a restarted service starts
-    /// empty).
+    /// Replicas spilling to `spill`: what an earlier run of the service
+    /// kept there is reloaded and verified ([`Self::reloaded`] says what
+    /// was found); a directory in another layout is cleared.
     pub fn new(spill: &Path, limits: Limits) -> Result<Self> {
-        if spill.exists() {
-            std::fs::remove_dir_all(spill)
-                .map_err(|e| StoreError::io("clearing the spill directory", spill, e))?;
-        }
-        std::fs::create_dir_all(spill)
-            .map_err(|e| StoreError::io("creating the spill directory", spill, e))?;
-        Ok(Replicas {
-            steps: MemoryStore::new(),
+        let steps = reload::open_layout(spill)?;
+        let mut r = Replicas {
+            steps,
             chunks: Mutex::new(Chunks::default()),
             manifests: Mutex::new(Ledger::default()),
             spill: spill.to_path_buf(),
@@ -222,7 +244,15 @@ impl Replicas {
             pin_lock: tokio::sync::Mutex::new(()),
             anchor: (Instant::now(), std::time::SystemTime::now()),
             retaining: Mutex::new(HashMap::new()),
-        })
+            reloaded: Reloaded::default(),
+        };
+        r.reloaded = r.reload()?;
+        Ok(r)
+    }
+
+    /// What the start found in the spill directory.
+    pub fn reloaded(&self) -> Reloaded {
+        self.reloaded
     }
 
     /// The limits.
@@ -231,7 +261,9 @@ impl Replicas {
     }
 
     fn file(&self, job: &str, id: &ChunkId, seq: u64) -> PathBuf {
-        self.spill.join(job).join(format!("{}.{seq}", id.to_hex()))
+        reload::chunk_root(&self.spill)
+            .join(job)
+            .join(format!("{}.{seq}", id.to_hex()))
     }
 
     /// Verifies `frame` is chunk `id`, then keeps it (idempotent). Returns
@@ -300,7 +332,7 @@ impl Replicas {
 
     /// Writes a spill file of its own for this put; returns its sequence.
     fn write_spill(&self, job: &str, id: &ChunkId, frame: &[u8]) -> Result<u64> {
-        let dir = self.spill.join(job);
+        let dir = reload::chunk_root(&self.spill).join(job);
         std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("creating", &dir, e))?;
         let n = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!(".tmp-{n}"));
@@ -597,35 +629,6 @@ impl Replicas {
         Ok(())
     }
 
-    /// Writes a commit record (create-only), then applies retention
-    /// ([`Self::retain`]) unless it is running for the job already: then
-    /// the running one goes round once more. Returns the chunk bytes freed
-    /// here.
-    pub async fn commit(&self, record: &CommitRecord) -> Result<u64> {
-        self.commit_record(record).await?;
-        let job = record.job.as_str();
-        {
-            let mut r = self.retaining.lock().map_err(|_| poisoned())?;
-            if let Some(again) = r.get_mut(job) {
-                *again = true;
-                return Ok(0);
-            }
-            r.insert(job.to_string(), false);
-        }
-        let mut freed = 0;
-        loop {
-            freed += self.retain(job).await;
-            let mut r = self.retaining.lock().map_err(|_| poisoned())?;
-            match r.get_mut(job) {
-                Some(again) if *again => *again = false,
-                _ => {
-                    r.remove(job);
-                    return Ok(freed);
-                }
-            }
-        }
-    }
-
     /// The service's wall time: the anchor's, moved by the monotonic clock.
     pub(crate) fn wall_now(&self) -> std::time::SystemTime {
         self.wall_of(Instant::now())
@@ -670,79 +673,6 @@ impl Replicas {
         done
     }
 
-    /// The retention policy the limits set.
-    pub fn retention(&self) -> strata_gc::Retention {
-        strata_gc::Retention {
-            keep_last: self.limits.keep_last.max(1),
-            keep_every: self.limits.keep_every,
-            keep_within: self.limits.keep_within,
-            grace: self.limits.grace,
-        }
-    }
-
-    /// Retention for `job` through `strata_gc::collect`, the code every
-    /// tier uses: the newest `keep_last` committed steps stay, and every
-    /// `keep_every`-th, those within `keep_within`, and pinned ones; the
-    /// others are retired (records, then manifests); then every chunk no
-    /// remaining manifest names and not touched within the grace period
-    /// goes, re-checked as it is deleted (a push deduplicating against it
-    /// meanwhile keeps it). A record is written here only once every rank
-    /// voted, so one record proves the step. Returns the chunk bytes
-    /// freed; a failure is logged and frees nothing more (the commit
-    /// itself stands).
-    pub async fn retain(&self, job: &str) -> u64 {
-        let opts = strata_gc::Options {
-            scope: Some(strata_gc::Scope::All),
-            evidence: strata_gc::Evidence::AnyRecord,
-            ..Default::default()
-        };
-        match strata_gc::collect(self, job, &self.retention(), &opts).await {
-            Ok((_, r)) => {
-                if r.shards_retired + r.partial_removed > 0 {
-                    tracing::debug!(
-                        job,
-                        retired = r.shards_retired,
-                        partial = r.partial_removed,
-                        chunks = r.chunks_deleted,
-                        bytes = r.bytes_freed,
-                        "peer retention"
-                    );
-                }
-                r.bytes_freed
-            }
-            Err(e) => {
-                tracing::warn!(job, error = %e, "peer retention failed");
-                0
-            }
-        }
-    }
-
-    /// Pins (or unpins) a step of `job`: retention never retires it.
-    /// At most [`crate::proto::MAX_PINS`] per job.
-    pub async fn set_pin(&self, job: &str, step: u64, pinned: bool) -> Result<()> {
-        validate_job_id(job)?;
-        let _one = self.pin_lock.lock().await;
-        if pinned {
-            let pins = self.steps.list_pins(job).await?;
-            if !pins.contains(&step) && pins.len() >= crate::proto::MAX_PINS {
-                return Err(StoreError::invalid(
-                    "pin",
-                    format!(
-                        "job {job} has {} pinned steps already (the most a peer keeps)",
-                        pins.len()
-                    ),
-                ));
-            }
-        }
-        self.steps.set_pin(job, step, pinned).await
-    }
-
-    /// The pinned steps of `job`.
-    pub async fn list_pins(&self, job: &str) -> Result<BTreeSet<u64>> {
-        validate_job_id(job)?;
-        self.steps.list_pins(job).await
-    }
-
     /// Every chunk of `job` with its stored length and when it was last
     /// put or found present.
     pub(crate) fn chunk_ages(&self, job: &str) -> Result<Vec<(ChunkId, u64, Instant)>> {
@@ -767,6 +697,36 @@ impl Replicas {
     pub fn stats(&self) -> Result<(u64, u64, u64, u64)> {
         let c = self.chunks.lock().map_err(|_| poisoned())?;
         Ok((c.all.memory, c.all.disk, c.all.chunks, c.jobs.len() as u64))
+    }
+
+    /// Every job with chunks or manifests held, by job.
+    pub fn jobs(&self) -> Result<Vec<JobHeld>> {
+        let mut out: BTreeMap<String, JobHeld> = {
+            let c = self.chunks.lock().map_err(|_| poisoned())?;
+            c.jobs
+                .iter()
+                .map(|(j, u)| {
+                    let held = JobHeld {
+                        job: j.clone(),
+                        memory: u.memory,
+                        disk: u.disk,
+                        chunks: u.chunks,
+                        manifest_bytes: 0,
+                    };
+                    (j.clone(), held)
+                })
+                .collect()
+        };
+        let m = self.manifests.lock().map_err(|_| poisoned())?;
+        for (job, bytes) in m.jobs() {
+            out.entry(job.to_string())
+                .or_insert_with(|| JobHeld {
+                    job: job.to_string(),
+                    ..JobHeld::default()
+                })
+                .manifest_bytes = bytes;
+        }
+        Ok(out.into_values().collect())
     }
 
     /// (bytes in memory, bytes on disk, chunks) held for one job. O(1).

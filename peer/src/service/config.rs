@@ -5,6 +5,8 @@ use std::sync::atomic::AtomicU64;
 
 use strata_tiered::StoreError;
 
+use crate::prom::Histogram;
+use crate::proto::Request;
 use crate::replicas::Limits;
 use crate::tls::{CertFiles, TlsError};
 
@@ -17,7 +19,9 @@ pub struct ServiceConfig {
     pub listen: SocketAddr,
     /// CA, node certificate and key.
     pub certs: CertFiles,
-    /// Spill directory (cleared at start).
+    /// Spill directory: replicas beyond the memory budget, every manifest,
+    /// record and pin, and on a graceful stop everything held; reloaded and
+    /// verified at start.
     pub spill: std::path::PathBuf,
     /// Budgets and retention.
     pub limits: Limits,
@@ -68,6 +72,44 @@ pub enum ServiceError {
     },
 }
 
+/// The kinds of request whose latency is kept (the `op` label of
+/// `strata_peer_request_seconds`).
+pub const OPS: [&str; 14] = [
+    "put_chunk",
+    "has_chunks",
+    "get_chunk",
+    "get_range",
+    "put_manifest",
+    "get_manifest",
+    "commit",
+    "list_steps",
+    "list_chunks",
+    "delete",
+    "pins",
+    "stats",
+    "invalid",
+    "refused",
+];
+
+/// The kind of a request (one of [`OPS`]).
+pub(crate) fn op_of(req: &Request) -> &'static str {
+    match req {
+        Request::PutChunk { .. } => "put_chunk",
+        Request::HasChunks(_) => "has_chunks",
+        Request::GetChunk { range: None, .. } => "get_chunk",
+        Request::GetChunk { .. } => "get_range",
+        Request::PutManifest { .. } => "put_manifest",
+        Request::GetManifest { .. } => "get_manifest",
+        Request::Commit(_) => "commit",
+        Request::ListSteps => "list_steps",
+        Request::ListChunks { .. } => "list_chunks",
+        Request::DeleteStep(_) | Request::DeleteShard { .. } | Request::DeleteChunks(_) => "delete",
+        Request::SetPin { .. } | Request::ListPins => "pins",
+        Request::Stats => "stats",
+        Request::Hello { .. } => "invalid",
+    }
+}
+
 /// Counters exported on `/metrics` and by `Stats`.
 #[derive(Default, Debug)]
 pub struct Counters {
@@ -83,4 +125,16 @@ pub struct Counters {
     pub errors: AtomicU64,
     /// Requests served.
     pub requests: AtomicU64,
+    /// Time from a request's stream opening to its answer handed to QUIC, by
+    /// kind ([`OPS`], same order).
+    pub latency: [Histogram; OPS.len()],
+}
+
+impl Counters {
+    /// Counts one request of kind `op` that took `d`.
+    pub fn observe(&self, op: &str, d: std::time::Duration) {
+        if let Some(i) = OPS.iter().position(|o| *o == op) {
+            self.latency[i].observe(d);
+        }
+    }
 }

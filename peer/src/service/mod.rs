@@ -26,7 +26,7 @@ use tokio::sync::Semaphore;
 use crate::proto::{message_len, ErrorCode, Request, Response, ServiceStats, MAX_MESSAGE, VERSION};
 use crate::replicas::Replicas;
 use crate::tls::{allows_job, server_config_with_windows};
-pub use config::{Counters, ServiceConfig, ServiceError};
+pub use config::{Counters, ServiceConfig, ServiceError, OPS};
 
 mod config;
 mod serve;
@@ -197,8 +197,10 @@ impl Service {
 
     /// Stops gracefully: refuses new connections and new requests
     /// (`Unavailable`, so clients go to another replica), lets the requests
-    /// in flight finish for up to [`SHUTDOWN_GRACE`], then closes every
-    /// connection and waits until they are gone.
+    /// in flight finish for up to [`SHUTDOWN_GRACE`], closes every
+    /// connection and waits until they are gone, then writes the replicas
+    /// held in memory to the spill directory, where the next start of the
+    /// service reloads them.
     pub async fn shutdown(&self) {
         self.shutdown_within(SHUTDOWN_GRACE).await;
     }
@@ -215,6 +217,32 @@ impl Service {
         self.work.close();
         self.endpoint.close(0u32.into(), b"shutting down");
         self.endpoint.wait_idle().await;
+        // What is held in memory goes to the spill disk, so that the next
+        // start of the service (an upgrade, a restart) serves it again.
+        let r = self.replicas.clone();
+        match tokio::task::spawn_blocking(move || r.keep_memory_on_disk()).await {
+            Ok(Ok((kept, 0))) => tracing::info!(kept, "replicas in memory kept on disk"),
+            Ok(Ok((kept, lost))) => {
+                tracing::warn!(
+                    kept,
+                    lost,
+                    "some replicas in memory could not be kept on disk"
+                )
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "replicas in memory not kept on disk"),
+            Err(e) => tracing::warn!(error = %e, "keeping replicas on disk"),
+        }
+    }
+
+    /// What is held for every job.
+    pub fn jobs(&self) -> Vec<crate::replicas::JobHeld> {
+        self.replicas.jobs().unwrap_or_default()
+    }
+
+    /// What this start found in the spill directory (reloaded, verified,
+    /// dropped).
+    pub fn reloaded(&self) -> crate::replicas::Reloaded {
+        self.replicas.reloaded()
     }
 
     /// Requests being served now.
@@ -427,16 +455,32 @@ impl Service {
         Ok((msg, permit))
     }
 
+    /// Serves one request stream, timed by the kind of its request.
     async fn stream(
+        &self,
+        job: &str,
+        mine: &Semaphore,
+        work: &Arc<Semaphore>,
+        send: quinn::SendStream,
+        recv: quinn::RecvStream,
+    ) {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        let _active = ActiveGuard(&self.active);
+        let t0 = std::time::Instant::now();
+        let op = self.stream_inner(job, mine, work, send, recv).await;
+        self.counters.observe(op, t0.elapsed());
+    }
+
+    /// [`Self::stream`]'s work; returns the request's kind
+    /// ([`config::OPS`]).
+    async fn stream_inner(
         &self,
         job: &str,
         mine: &Semaphore,
         work: &Arc<Semaphore>,
         mut send: quinn::SendStream,
         mut recv: quinn::RecvStream,
-    ) {
-        self.active.fetch_add(1, Ordering::AcqRel);
-        let _active = ActiveGuard(&self.active);
+    ) -> &'static str {
         if self.draining.load(Ordering::Acquire) {
             let bytes = error(
                 ErrorCode::Unavailable,
@@ -446,14 +490,16 @@ impl Service {
             if send.write_all(&bytes).await.is_ok() {
                 let _ = send.finish();
             }
-            return;
+            return "refused";
         }
+        let mut op = "invalid";
         let resp = match self.read_request(&mut recv, mine, self.max_request).await {
             // A chunk is kept where it was received: no copy out of the
             // message.
             Ok((msg, _permit)) if crate::proto::put_chunk_in(&msg).is_some() => {
                 match crate::proto::put_chunk_in(&msg) {
                     Some((id, at)) => {
+                        op = "put_chunk";
                         let frame = bytes::Bytes::from(msg).slice(at..);
                         self.put_chunk(job, work, id, frame).await
                     }
@@ -464,6 +510,7 @@ impl Service {
                 // Whole frames go out without being copied into a message:
                 // the envelope, then the stored bytes.
                 Ok(Request::GetChunk { id, range: None }) => {
+                    op = "get_chunk";
                     // A spilled frame is read into memory: its bytes wait
                     // for the work budget, held until it is sent.
                     let work = match self.spilled_len(job, &id) {
@@ -483,20 +530,26 @@ impl Service {
                         Err(e) => Err(e),
                     };
                     match got {
-                        Ok((frame, _work)) => return self.send_frame(send, frame).await,
+                        Ok((frame, _work)) => {
+                            self.send_frame(send, frame).await;
+                            return op;
+                        }
                         Err(e) => from_store(&e),
                     }
                 }
                 Ok(req) => {
+                    let op = config::op_of(&req);
                     let mut hold = None;
                     let resp = self.dispatch(job, req, work, &mut hold).await;
-                    return self.answer(send, resp).await;
+                    self.answer(send, resp).await;
+                    return op;
                 }
                 Err(e) => error(ErrorCode::Invalid, e.to_string()),
             },
             Err(e) => from_store(&e),
         };
         self.answer(send, resp).await;
+        op
     }
 
     /// Sends `resp` and counts it.

@@ -1,0 +1,388 @@
+//! What survives a restart of the service: the spill directory's layout,
+//! keeping what is in memory on a graceful stop, and reloading (and
+//! verifying) everything at start.
+//!
+//! ```text
+//! <spill>/FORMAT                              "strata-peer-spill 1"
+//! <spill>/chunks/<job>/<64 hex>.<seq>         a chunk's frame, as the client sent it
+//! <spill>/chunks/<job>/.tmp-<seq>             a frame being written
+//! <spill>/steps/...                           manifests, commit records, pins (L1's layout)
+//! ```
+//!
+//! Manifests, records and pins are written through to disk as they come
+//! (an [`L1Store`] under `steps/`, so their semantics are L1's, already
+//! held to the conformance suite). Chunk frames are kept in memory up to
+//! the memory budget and spilled beyond it; a graceful stop
+//! ([`Replicas::keep_memory_on_disk`]) writes the ones in memory to the
+//! spill too. At start every spilled frame is read and verified against
+//! its name (a damaged one is deleted and counted), then every manifest is
+//! checked against the chunks held: a shard whose manifest is unreadable or
+//! names a chunk not held (the service was killed before it could keep
+//! its memory) is retired, so the service never lists a step it cannot
+//! serve whole.
+//!
+//! A spill directory without the `FORMAT` marker (a service older than
+//! this layout, which cleared it at start anyway) is cleared.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use strata_format::manifest::ShardManifest;
+use strata_format::names::validate_job_id;
+use strata_format::ChunkId;
+use strata_tiered::{ChunkStore, EngineChoice, L1Store, Result, StoreError, StoreErrorKind};
+
+use super::ledger::Kind;
+use super::{poisoned, verify_frame, Place, Replicas, Slot};
+
+/// The marker of this layout.
+const FORMAT: &str = "strata-peer-spill 1\n";
+
+/// What a start found in the spill directory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Chunks reloaded, verified.
+    pub chunks: u64,
+    /// Their stored bytes.
+    pub bytes: u64,
+    /// Spilled frames that did not match their name (or could not be
+    /// read), deleted.
+    pub damaged: u64,
+    /// Shards retired because their manifest was unreadable or named a
+    /// chunk not held.
+    pub shards_dropped: u64,
+    /// Steps listed after the check, all jobs.
+    pub steps: u64,
+    /// Jobs with steps or chunks.
+    pub jobs: u64,
+}
+
+/// Where the chunk frames are.
+pub(super) fn chunk_root(spill: &Path) -> PathBuf {
+    spill.join("chunks")
+}
+
+/// Readies `spill` for this layout: created if absent; cleared (and
+/// marked) if it holds anything else. Returns the store of its steps.
+pub(super) fn open_layout(spill: &Path) -> Result<L1Store> {
+    let marker = spill.join("FORMAT");
+    let ours = std::fs::read(&marker).is_ok_and(|b| b == FORMAT.as_bytes());
+    if !ours {
+        if spill.exists() {
+            tracing::warn!(
+                spill = %spill.display(),
+                "the spill directory is not in this version's layout: cleared"
+            );
+            std::fs::remove_dir_all(spill)
+                .map_err(|e| StoreError::io("clearing the spill directory", spill, e))?;
+        }
+        std::fs::create_dir_all(chunk_root(spill))
+            .map_err(|e| StoreError::io("creating the spill directory", spill, e))?;
+        std::fs::write(&marker, FORMAT)
+            .map_err(|e| StoreError::io("marking the spill directory", &marker, e))?;
+    }
+    std::fs::create_dir_all(chunk_root(spill))
+        .map_err(|e| StoreError::io("creating the spill directory", spill, e))?;
+    L1Store::open(spill.join("steps"), EngineChoice::Psync)
+}
+
+/// A spilled frame found at start.
+struct Found {
+    job: String,
+    id: ChunkId,
+    seq: u64,
+    path: PathBuf,
+}
+
+impl Replicas {
+    /// Reloads what the spill directory holds (see the module's doc):
+    /// chunks verified in parallel, then every manifest checked against
+    /// them, then the manifest ledger rebuilt. Runs on a runtime of its own
+    /// on a thread of its own, so that [`Replicas::new`] stays callable
+    /// from synchronous code and from inside a runtime alike.
+    pub(super) fn reload(&self) -> Result<Reloaded> {
+        let mut report = Reloaded::default();
+        self.reload_chunks(&mut report)?;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .map_err(|e| StoreError::Internal(format!("reload runtime: {e}")))?;
+                rt.block_on(self.reload_steps(&mut report))
+            })
+            .join()
+            .map_err(|_| StoreError::Internal("reload thread panicked".into()))?
+        })?;
+        if report.chunks + report.steps + report.damaged + report.shards_dropped > 0 {
+            tracing::info!(
+                chunks = report.chunks,
+                bytes = report.bytes,
+                steps = report.steps,
+                jobs = report.jobs,
+                damaged = report.damaged,
+                shards_dropped = report.shards_dropped,
+                "replicas reloaded from the spill directory"
+            );
+        }
+        if report.damaged + report.shards_dropped > 0 {
+            tracing::warn!(
+                damaged = report.damaged,
+                shards_dropped = report.shards_dropped,
+                "damaged or incomplete replicas dropped at start"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Every spilled frame, verified against its name; the damaged ones
+    /// and leftovers deleted.
+    fn reload_chunks(&self, report: &mut Reloaded) -> Result<()> {
+        let root = chunk_root(&self.spill);
+        let mut found = Vec::new();
+        for job in read_dir(&root)? {
+            let name = job.file_name().to_string_lossy().into_owned();
+            if validate_job_id(&name).is_err() || !job.path().is_dir() {
+                remove_any(&job.path());
+                continue;
+            }
+            for f in read_dir(&job.path())? {
+                let path = f.path();
+                match parse_spill_name(&f.file_name().to_string_lossy()) {
+                    Some((id, seq)) => found.push(Found {
+                        job: name.clone(),
+                        id,
+                        seq,
+                        path,
+                    }),
+                    None => remove_any(&path), // a frame being written, or a stranger
+                }
+            }
+        }
+        // Verifying is hashing every byte held: on every core.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let max_chunk = self.limits.max_chunk;
+        let per = found.len().div_ceil(threads).max(1);
+        let verdicts: Vec<Option<(u64, u32)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = found
+                .chunks(per)
+                .map(|part| s.spawn(move || part.iter().map(|f| check(f, max_chunk)).collect()))
+                .collect();
+            let mut all = Vec::with_capacity(found.len());
+            for h in handles {
+                let part: Vec<Option<(u64, u32)>> = h
+                    .join()
+                    .map_err(|_| StoreError::Internal("a verifying thread panicked".into()))?;
+                all.extend(part);
+            }
+            Ok::<_, StoreError>(all)
+        })?;
+        let checked = found.into_iter().zip(verdicts);
+        let now = Instant::now();
+        let mut c = self.chunks.lock().map_err(|_| poisoned())?;
+        let mut next_seq = 0;
+        for (f, ok) in checked {
+            next_seq = next_seq.max(f.seq.saturating_add(1));
+            let Some((len, raw_len)) = ok else {
+                report.damaged += 1;
+                tracing::warn!(job = %f.job, chunk = %f.id, "a damaged spilled replica deleted");
+                remove_any(&f.path);
+                continue;
+            };
+            let key = (f.job.clone(), f.id);
+            if c.map.contains_key(&key) {
+                remove_any(&f.path); // a second copy of one chunk
+                continue;
+            }
+            c.add(&f.job, len, false, 1);
+            c.map.insert(
+                key,
+                Slot {
+                    place: Place::Disk { len, seq: f.seq },
+                    raw_len,
+                    touched: now,
+                },
+            );
+            report.chunks += 1;
+            report.bytes += len;
+        }
+        self.tmp_seq.store(next_seq, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Every job's steps: shards that cannot be served whole retired, the
+    /// ledger charged for what stays.
+    async fn reload_steps(&self, report: &mut Reloaded) -> Result<()> {
+        let mut jobs: Vec<String> = read_dir(self.steps.root())?
+            .into_iter()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|j| validate_job_id(j).is_ok())
+            .collect();
+        {
+            let c = self.chunks.lock().map_err(|_| poisoned())?;
+            jobs.extend(c.jobs.keys().cloned());
+        }
+        jobs.sort();
+        jobs.dedup();
+        report.jobs = jobs.len() as u64;
+        for job in &jobs {
+            for st in self.steps.list_steps(job).await? {
+                for &rank in &st.manifests {
+                    match self.steps.get_manifest(job, st.step, rank).await {
+                        Ok(bytes) if self.serves_whole(job, &bytes)? => {
+                            self.charge_unbounded(job, (st.step, Kind::Manifest, rank), &bytes)?;
+                        }
+                        Err(e) if e.kind() == StoreErrorKind::NotFound => {}
+                        _ => {
+                            tracing::warn!(
+                                job,
+                                step = st.step,
+                                rank,
+                                "a shard whose chunks are not all held (or whose manifest is unreadable) retired"
+                            );
+                            self.steps.delete_shard(job, st.step, rank).await?;
+                            report.shards_dropped += 1;
+                        }
+                    }
+                }
+            }
+            for st in self.steps.list_steps(job).await? {
+                for (first, rec) in &st.records {
+                    let bytes = rec
+                        .encode()
+                        .map_err(|e| StoreError::invalid("commit record", e.to_string()))?;
+                    self.charge_unbounded(job, (st.step, Kind::Record, *first), &bytes)?;
+                }
+                report.steps += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `manifest` decodes and every chunk it names is held.
+    fn serves_whole(&self, job: &str, manifest: &[u8]) -> Result<bool> {
+        let Ok(m) = ShardManifest::decode(manifest) else {
+            return Ok(false);
+        };
+        let c = self.chunks.lock().map_err(|_| poisoned())?;
+        let job = job.to_string();
+        Ok(m.chunks
+            .iter()
+            .all(|r| c.map.contains_key(&(job.clone(), r.id))))
+    }
+
+    /// Charges what was held before the restart: it was admitted then, so
+    /// it stays even if the budgets have since shrunk (new writes are
+    /// refused until retention frees room).
+    fn charge_unbounded(&self, job: &str, key: (u64, Kind, u32), bytes: &[u8]) -> Result<()> {
+        self.manifests
+            .lock()
+            .map_err(|_| poisoned())?
+            .charge(
+                job,
+                key,
+                bytes.len() as u64,
+                u64::MAX,
+                u64::MAX,
+                &self.spill,
+            )
+            .map(|_| ())
+    }
+
+    /// Writes every chunk held in memory to the spill directory, so that
+    /// the next start of the service finds it (a graceful stop calls this
+    /// once no request is in flight). Returns (chunks kept, chunks that
+    /// could not be written: those are lost with the process, and the
+    /// next start retires the shards that named them).
+    pub fn keep_memory_on_disk(&self) -> Result<(u64, u64)> {
+        let in_memory: Vec<(String, ChunkId, bytes::Bytes)> = {
+            let c = self.chunks.lock().map_err(|_| poisoned())?;
+            c.map
+                .iter()
+                .filter_map(|((job, id), s)| match &s.place {
+                    Place::Memory(b) => Some((job.clone(), *id, b.clone())),
+                    Place::Disk { .. } => None,
+                })
+                .collect()
+        };
+        let (mut kept, mut lost) = (0, 0);
+        for (job, id, frame) in in_memory {
+            match self.write_spill(&job, &id, &frame) {
+                Ok(seq) => {
+                    let mut c = self.chunks.lock().map_err(|_| poisoned())?;
+                    let len = frame.len() as u64;
+                    match c.map.get_mut(&(job.clone(), id)) {
+                        Some(slot) if matches!(slot.place, Place::Memory(_)) => {
+                            slot.place = Place::Disk { len, seq };
+                            c.release(&job, len, true, 0);
+                            c.add(&job, len, false, 0);
+                        }
+                        _ => {
+                            // Deleted meanwhile: its file goes too.
+                            drop(c);
+                            remove_any(&self.file(&job, &id, seq));
+                        }
+                    }
+                    kept += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(job, chunk = %id, error = %e, "a replica in memory could not be kept on disk");
+                    lost += 1;
+                }
+            }
+        }
+        Ok((kept, lost))
+    }
+}
+
+/// Reads and verifies one spilled frame: (stored length, raw length), or
+/// None if it is damaged.
+fn check(f: &Found, max_chunk: u32) -> Option<(u64, u32)> {
+    use std::io::Read;
+    // A frame is at most the largest chunk plus its header: a longer file
+    // is not one, and is not read whole.
+    let bound = u64::from(max_chunk) + 4096;
+    let file = std::fs::File::open(&f.path).ok()?;
+    let mut bytes = Vec::new();
+    file.take(bound + 1).read_to_end(&mut bytes).ok()?;
+    if bytes.len() as u64 > bound {
+        return None;
+    }
+    let raw = verify_frame(&f.id, &bytes, max_chunk).ok()?;
+    Some((bytes.len() as u64, raw))
+}
+
+/// `<64 hex>.<seq>` → (id, seq).
+fn parse_spill_name(name: &str) -> Option<(ChunkId, u64)> {
+    let (hex, seq) = name.split_once('.')?;
+    Some((ChunkId::from_hex(hex).ok()?, seq.parse().ok()?))
+}
+
+fn read_dir(dir: &Path) -> Result<Vec<std::fs::DirEntry>> {
+    match std::fs::read_dir(dir) {
+        Ok(rd) => rd
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| StoreError::io("listing", dir, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(StoreError::io("listing", dir, e)),
+    }
+}
+
+/// Removes a file or a directory tree, whichever it is (best effort: what
+/// cannot be removed is left, and never loaded).
+fn remove_any(path: &Path) {
+    let gone = if path.is_dir() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    if let Err(e) = gone {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove from the spill directory");
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests;

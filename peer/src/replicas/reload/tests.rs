@@ -1,0 +1,239 @@
+//! A service's replicas across a restart: kept on a graceful stop and
+//! reloaded whole; damaged frames and shards naming lost chunks dropped;
+//! another layout cleared.
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use strata_format::codec::{ElemHint, EncodeOptions};
+use strata_format::frame::encode_frame;
+use strata_format::manifest::{ChunkRef, Entry, Segment};
+use strata_format::{ChunkId, CommitRecord, EntryKind, ShardInfo, ShardManifest, ShardRef};
+
+use super::super::{Limits, Replicas};
+use super::{chunk_root, Reloaded};
+
+const JOB: &str = "reload-job";
+
+fn chunk(rank: u32, i: u32) -> Vec<u8> {
+    (0..1000u32)
+        .map(|j| (j.wrapping_mul(13) ^ rank.wrapping_mul(101) ^ i.wrapping_mul(7)) as u8)
+        .collect()
+}
+
+fn frame(data: &[u8]) -> Bytes {
+    encode_frame(data, ElemHint::BYTES, EncodeOptions::RAW)
+        .unwrap()
+        .into()
+}
+
+/// Rank `rank`'s manifest of four chunks.
+fn manifest(step: u64, rank: u32) -> Vec<u8> {
+    let cs: Vec<Vec<u8>> = (0..4).map(|i| chunk(rank, i)).collect();
+    ShardManifest {
+        info: ShardInfo {
+            job: JOB.into(),
+            step,
+            rank,
+            world_size: 2,
+            created_unix_ms: 1,
+        },
+        chunk_size: 1 << 20,
+        chunks: cs
+            .iter()
+            .map(|c| ChunkRef {
+                id: ChunkId::of(c),
+                len: c.len() as u32,
+                hint: ElemHint::BYTES,
+            })
+            .collect(),
+        entries: (0..cs.len())
+            .map(|i| Entry {
+                name: format!("e{i}"),
+                kind: EntryKind::Blob,
+                len: 1000,
+                segments: vec![Segment {
+                    chunk: i as u32,
+                    offset: 0,
+                    len: 1000,
+                }],
+            })
+            .collect(),
+        metadata: BTreeMap::new(),
+    }
+    .encode()
+    .unwrap()
+}
+
+/// Small budgets: of the eight chunks, some stay in memory and some spill.
+fn limits() -> Limits {
+    Limits {
+        memory_bytes: 4000,
+        ..Limits::default()
+    }
+}
+
+/// Step 5 of two ranks, committed, and a pin.
+async fn save(r: &Replicas) {
+    for rank in 0..2 {
+        for i in 0..4 {
+            let c = chunk(rank, i);
+            r.put_chunk(JOB, ChunkId::of(&c), frame(&c)).unwrap();
+        }
+        let m = manifest(5, rank);
+        r.put_manifest(JOB, 5, rank, &m).await.unwrap();
+        r.commit(&CommitRecord {
+            job: JOB.into(),
+            step: 5,
+            world_size: 2,
+            committed_unix_ms: 1,
+            shards: vec![ShardRef {
+                rank,
+                manifest: ChunkId::of(&m),
+                logical_bytes: 4000,
+            }],
+        })
+        .await
+        .unwrap();
+    }
+    r.set_pin(JOB, 5, true).await.unwrap();
+}
+
+fn spilled(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(chunk_root(dir).join(JOB))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_graceful_stop_keeps_every_replica_and_a_start_reloads_them_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill");
+    let (held, manifests) = {
+        let r = Replicas::new(&spill, limits()).unwrap();
+        assert_eq!(r.reloaded(), Reloaded::default());
+        save(&r).await;
+        let (mem, disk, n, _) = r.stats().unwrap();
+        assert!(mem > 0 && disk > 0, "some in memory, some spilled");
+        assert_eq!(n, 8);
+        let on_disk = spilled(&spill).len() as u64;
+        let (kept, lost) = r.keep_memory_on_disk().unwrap();
+        assert_eq!((kept, lost), (8 - on_disk, 0));
+        assert_eq!(spilled(&spill).len(), 8);
+        assert_eq!(r.stats().unwrap().0, 0, "nothing left only in memory");
+        ((mem + disk, n), r.manifest_bytes().unwrap())
+    };
+    let r = Replicas::new(&spill, limits()).unwrap();
+    let got = r.reloaded();
+    assert_eq!(
+        (got.chunks, got.bytes, got.steps, got.jobs),
+        (8, held.0, 1, 1)
+    );
+    assert_eq!((got.damaged, got.shards_dropped), (0, 0));
+    let (_, disk, n, _) = r.stats().unwrap();
+    assert_eq!((disk, n), held);
+    assert_eq!(r.manifest_bytes().unwrap(), manifests, "the ledger rebuilt");
+    for rank in 0..2 {
+        for i in 0..4 {
+            let c = chunk(rank, i);
+            assert_eq!(r.get_frame(JOB, &ChunkId::of(&c)).unwrap(), frame(&c));
+        }
+        assert_eq!(
+            r.get_manifest(JOB, 5, rank).await.unwrap(),
+            manifest(5, rank)
+        );
+    }
+    let steps = r.list_steps(JOB).await.unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].records.len(), 2);
+    assert!(r.list_pins(JOB).await.unwrap().contains(&5));
+    // New puts do not reuse a reloaded file's name.
+    let extra = vec![9u8; 5000];
+    r.put_chunk(JOB, ChunkId::of(&extra), frame(&extra))
+        .unwrap();
+    r.keep_memory_on_disk().unwrap();
+    drop(r);
+    assert_eq!(
+        Replicas::new(&spill, limits()).unwrap().reloaded().chunks,
+        9
+    );
+}
+
+#[tokio::test]
+async fn damaged_frames_and_shards_naming_lost_chunks_are_dropped_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill");
+    {
+        let r = Replicas::new(&spill, limits()).unwrap();
+        save(&r).await;
+        r.keep_memory_on_disk().unwrap();
+    }
+    // One of rank 1's frames flipped on disk; a leftover temporary file.
+    let victim = ChunkId::of(&chunk(1, 2)).to_hex();
+    let path = spilled(&spill)
+        .into_iter()
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&victim)
+        })
+        .unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::write(chunk_root(&spill).join(JOB).join(".tmp-99"), b"half").unwrap();
+
+    let r = Replicas::new(&spill, limits()).unwrap();
+    let got = r.reloaded();
+    assert_eq!((got.chunks, got.damaged, got.shards_dropped), (7, 1, 1));
+    assert!(!path.exists(), "the damaged frame is deleted");
+    assert_eq!(spilled(&spill).len(), 7, "the leftover is gone");
+    // Rank 0's shard stays whole; rank 1's is retired, not half served.
+    let steps = r.list_steps(JOB).await.unwrap();
+    assert_eq!(steps[0].manifests.iter().copied().collect::<Vec<_>>(), [0]);
+    assert!(r.get_manifest(JOB, 5, 1).await.is_err());
+    assert!(r
+        .get_frame(JOB, &ChunkId::of(&chunk(1, 2)))
+        .is_err_and(|e| e.kind() == strata_tiered::StoreErrorKind::NotFound));
+}
+
+#[tokio::test]
+async fn a_killed_service_loses_only_what_was_in_memory_and_lists_nothing_it_cannot_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill");
+    {
+        let r = Replicas::new(&spill, limits()).unwrap();
+        save(&r).await;
+        // No keep_memory_on_disk: as if killed.
+    }
+    let r = Replicas::new(&spill, limits()).unwrap();
+    let got = r.reloaded();
+    assert!(got.chunks > 0 && got.chunks < 8, "{got:?}");
+    assert_eq!(got.damaged, 0);
+    // Every manifest still listed names only chunks held.
+    for st in r.list_steps(JOB).await.unwrap() {
+        for rank in st.manifests {
+            let m = ShardManifest::decode(&r.get_manifest(JOB, 5, rank).await.unwrap()).unwrap();
+            assert!(r
+                .has(JOB, &m.chunks.iter().map(|c| c.id).collect::<Vec<_>>())
+                .unwrap()
+                .iter()
+                .all(|&h| h));
+        }
+    }
+    assert!(got.shards_dropped >= 1);
+}
+
+#[test]
+fn a_spill_directory_in_another_layout_is_cleared() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill");
+    std::fs::create_dir_all(spill.join("old-job")).unwrap();
+    std::fs::write(spill.join("old-job").join("x.1"), b"old").unwrap();
+    let r = Replicas::new(&spill, limits()).unwrap();
+    assert_eq!(r.reloaded(), Reloaded::default());
+    assert!(!spill.join("old-job").exists());
+    assert!(spill.join("FORMAT").is_file());
+}
