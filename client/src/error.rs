@@ -165,6 +165,17 @@ pub enum Error {
         /// This job's world size.
         world: u32,
     },
+    /// Steps were not deleted (`Checkpointer::delete`, a rollback). With
+    /// `retry` (kind `Unavailable`), a tier or another rank failed part-way:
+    /// the steps are never half-usable, call again to finish; without
+    /// (kind `Invalid`), nothing was deleted (a step is pinned: unpin it).
+    #[error("deleting steps: {reason}")]
+    NotDeleted {
+        /// What stopped it.
+        reason: String,
+        /// Calling again may finish it.
+        retry: bool,
+    },
     /// A wait for a save's target ran out of time (the save goes on).
     #[error("step {step}: not {target} within {waited:?}")]
     Timeout {
@@ -199,6 +210,8 @@ impl Error {
                 _ => ErrorKind::Corrupt,
             },
             Error::Pipeline(_) => ErrorKind::Internal,
+            Error::NotDeleted { retry: true, .. } => ErrorKind::Unavailable,
+            Error::NotDeleted { retry: false, .. } => ErrorKind::Invalid,
             Error::Background { source, .. } => source.kind(),
         }
     }

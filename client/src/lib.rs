@@ -51,6 +51,7 @@ mod redact;
 mod restore;
 mod retention;
 pub mod roll_forward;
+mod rollback;
 mod save;
 mod shared;
 mod staging;

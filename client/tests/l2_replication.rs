@@ -109,8 +109,8 @@ impl Cluster {
         services.iter().find(|(n, _)| n == node).unwrap().1.clone()
     }
 
-    /// Starts `node` again on its old address (empty, like a restarted
-    /// service).
+    /// Starts `node` again on its old address (reloading what it kept in
+    /// its spill directory).
     fn restart(&self, node: &str) {
         let addr = self.service(node).local_addr().unwrap();
         let cfg = service_cfg(self.dir.path(), node, addr);

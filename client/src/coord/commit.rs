@@ -287,6 +287,16 @@ impl KnownCommitted {
         }
     }
 
+    /// Forgets steps deleted from every tier (they may be saved again).
+    pub(crate) fn forget(&self, steps: &BTreeSet<u64>) {
+        if let Ok(mut g) = self.inner.lock() {
+            if let Some(listed) = g.0.as_mut() {
+                listed.retain(|s| !steps.contains(s));
+            }
+            g.1.retain(|s| !steps.contains(s));
+        }
+    }
+
     /// Whether `step` is known committed; None before any listing.
     pub(crate) fn contains(&self, step: u64) -> Option<bool> {
         let g = self.inner.lock().ok()?;
