@@ -8,6 +8,7 @@ the data loader's position are in the checkpoint).
 
     python examples/train.py --dir /tmp/run --steps 300 --every 20
     torchrun --nproc-per-node 2 examples/train.py --dir /tmp/run2
+    srun -n 2 python examples/train.py --dir /tmp/run3                 # under Slurm
     python examples/train.py --dir /tmp/run --l3 file:///tmp/run-l3   # + L3
     STRATA_PEERS=... STRATA_PEER_CERTS=... python examples/train.py    # + peers
 
@@ -18,6 +19,7 @@ a resumed run rewrites the steps after the checkpoint it resumed from.
 import argparse
 import os
 import random
+import subprocess
 
 import numpy as np
 import torch
@@ -56,10 +58,37 @@ class Loader:
         self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
 
 
+def launcher():
+    """``(rank, world, init_method)`` of this process: from torchrun
+    (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``), else from
+    srun (``SLURM_PROCID``, ``SLURM_NTASKS``; the rendezvous on the
+    step's first node, ``MASTER_ADDR``/``MASTER_PORT`` if set, else a port
+    derived from ``SLURM_JOB_ID``), else a world of one (None). A batch
+    script's own shell has ``SLURM_PROCID=0`` and the job's
+    ``SLURM_NTASKS`` too, but no ``SLURM_STEP_ID``: run there without
+    srun, this is one process, not rank 0 of the job."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1")), "env://"
+    if "SLURM_STEP_ID" in os.environ and "SLURM_PROCID" in os.environ:
+        rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+        addr = os.environ.get("MASTER_ADDR")
+        if addr is None and world > 1:
+            # The step's first node, where SLURM_PROCID 0 runs.
+            nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ["SLURM_JOB_NODELIST"]
+            out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
+                                 text=True, check=True).stdout
+            addr = out.split()[0]
+        port = os.environ.get("MASTER_PORT") or str(15000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 15000)
+        return rank, world, f"tcp://{addr}:{port}"
+    return 0, 1, None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="strata-train", help="L1 directory and loss logs")
     ap.add_argument("--job", default="train-example")
+    ap.add_argument("--config", default=None,
+                    help="a strata.toml (peers, peer_certs, l3_url, keep_last, ...); STRATA_* and the flags here win")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--every", type=int, default=20, help="checkpoint every N steps")
     ap.add_argument("--l3", default=None, help="object storage URL for L3 (s3://, file://, ...)")
@@ -69,9 +98,13 @@ def main():
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # bit-for-bit: one summation order
-    distributed = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    rank, world, init_method = launcher()
+    distributed = world > 1
     if distributed:
-        dist.init_process_group("gloo")
+        # Strata's checkpointer takes rank and world from the process
+        # group and agrees through its store (it also reads SLURM_LOCALID,
+        # SLURM_NTASKS_PER_NODE, SLURM_NODEID and SLURM_RESTART_COUNT).
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
 
@@ -87,13 +120,17 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     loader = Loader(4096, 64, args.seed, rank, world)
 
-    settings = dict(job=args.job, l1_dir=os.path.join(args.dir, "l1"), keep_last=2, chunk_size=1 << 20)
+    # Rank and world said outright: Strata would otherwise also read the
+    # launcher's variables (SLURM_PROCID/SLURM_NTASKS of a batch shell).
+    settings = dict(job=args.job, l1_dir=os.path.join(args.dir, "l1"), rank=rank, world_size=world)
+    if args.config is None:
+        settings.update(keep_last=2, chunk_size=1 << 20)
     if args.l3:
         settings.update(l3_url=args.l3, upload_every=args.every * args.upload_every)
     os.makedirs(args.dir, exist_ok=True)
     log_path = os.path.join(args.dir, f"loss-rank{rank}.txt")
 
-    with strata.Checkpointer(**settings) as ckpt:
+    with strata.Checkpointer(args.config, **settings) as ckpt:
 
         def state():
             return {

@@ -213,7 +213,7 @@ pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
 /// `strata pin` / `strata unpin`.
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  strata pin 1000 --config strata.toml\n  strata unpin 1000 --tier l3\n\nA pin is stored in the tier: garbage collection (after saves, after uploads, strata gc) never retires a pinned step until it is unpinned. A peer keeps its pins while its service runs (a restarted peer starts empty, replicas and pins alike)."
+    after_help = "Examples:\n  strata pin 1000 --config strata.toml\n  strata unpin 1000 --tier l3\n\nA pin is stored in the tier: garbage collection (after saves, after uploads, strata gc) never retires a pinned step until it is unpinned. A peer keeps its pins on its spill disk, with its replicas, across restarts of its service."
 )]
 pub(crate) struct PinArgs {
     /// The step.

@@ -16,6 +16,7 @@ mod out;
 mod peer;
 mod progress;
 mod rank;
+mod rm;
 mod safetensors_io;
 mod show;
 mod size;
@@ -79,6 +80,9 @@ enum Command {
     /// Pin a step in the tiers (stored there): garbage collection never
     /// retires it until it is unpinned.
     Pin(gc::PinArgs),
+    /// Delete steps from the tiers (every rank's shard, retired so that an
+    /// interrupted rm never leaves a half-usable step); a rollback.
+    Rm(rm::RmArgs),
     /// Remove a step's pin.
     Unpin(gc::PinArgs),
     /// Write a step's shard as a safetensors file.
@@ -200,6 +204,7 @@ fn main() -> ExitCode {
         Command::Stat(a) => stat::run(&a),
         Command::Gc(a) => gc::run(&a),
         Command::Pin(a) => gc::run_pin(&a, true),
+        Command::Rm(a) => rm::run(&a),
         Command::Unpin(a) => gc::run_pin(&a, false),
         Command::Export(a) => safetensors_io::export(&a),
         Command::Import(a) => safetensors_io::import(&a),
