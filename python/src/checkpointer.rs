@@ -374,6 +374,24 @@ impl PyCheckpointer {
         Ok(out)
     }
 
+    /// Deletes `steps` from every tier (this rank's shards, retired); all
+    /// ranks call it together. Returns the steps this rank held.
+    fn delete(&self, py: Python<'_>, steps: Vec<u64>) -> PyResult<Vec<u64>> {
+        let ckpt = self.get()?;
+        let r = py.detach(move || ckpt.delete(&steps));
+        drain(py);
+        r.py_err()
+    }
+
+    /// Deletes every step newer than `step` this rank holds; all ranks
+    /// call it together. Returns the steps deleted.
+    fn discard_newer(&self, py: Python<'_>, step: u64) -> PyResult<Vec<u64>> {
+        let ckpt = self.get()?;
+        let r = py.detach(move || ckpt.discard_newer(step));
+        drain(py);
+        r.py_err()
+    }
+
     /// Queues `step` for upload to L3.
     fn upload(&self, py: Python<'_>, step: u64) -> PyResult<()> {
         let ckpt = self.get()?;

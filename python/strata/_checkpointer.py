@@ -6,7 +6,7 @@ import atexit
 import json
 import logging
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from . import _strata
 from ._arrays import (
@@ -135,6 +135,8 @@ class Checkpointer:
         #: The counters of the last ``load`` or ``load_into``: bytes read,
         #: and how many came from peers (``bytes_from_l2``) and from L3.
         self.last_restore: Optional[Dict[str, Any]] = None
+        #: The steps the last ``load(..., discard_newer=True)`` deleted.
+        self.discarded: List[int] = []
         _OPEN.add(self)
 
     # -- properties -------------------------------------------------------
@@ -278,13 +280,16 @@ class Checkpointer:
             root = parse(bytes(buf))
         return plan, by_name, root
 
-    def load(self, step: Optional[int] = None, *, device: Any = None) -> Dict[str, Any]:
+    def load(self, step: Optional[int] = None, *, device: Any = None, discard_newer: bool = False) -> Dict[str, Any]:
         """Restores ``step`` (default: the newest step every rank can
         restore) and returns the state as it was saved: torch tensors with
         their dtype and shape (on ``device`` if given, else on the CPU),
         numpy arrays, and the plain values. Every byte is verified. All
         ranks call it together. Raises ``NotFoundError`` if there is
-        nothing to restore."""
+        nothing to restore. With ``discard_newer`` (a rollback, after a loss
+        spike), every step newer than the one loaded is then deleted from
+        every tier (see ``delete``), so the latest step and retention follow
+        the branch trained from here."""
         plan, by_name, root = self._plan(step)
         st = plan.step
         if root is None:
@@ -307,9 +312,12 @@ class Checkpointer:
             v = values[name]
             return bytes(v) if tag == "B" else v
 
-        return unflatten(root, entry)
+        out = unflatten(root, entry)
+        if discard_newer:
+            self.discarded = self._native.discard_newer(st)
+        return out
 
-    def load_into(self, state: Any, step: Optional[int] = None, *, strict: bool = True) -> int:
+    def load_into(self, state: Any, step: Optional[int] = None, *, strict: bool = True, discard_newer: bool = False) -> int:
         """Restores ``step`` (default: the newest step every rank can
         restore) into ``state`` in place: every tensor and numpy array in
         ``state`` is filled with the stored bytes (the model's and the
@@ -320,7 +328,8 @@ class Checkpointer:
         staging memory first, and ``state`` changes only once every byte
         was read and verified (a ``CorruptError`` or ``UnavailableError``
         leaves it as it was); the cost is one copy of the state in memory
-        during the load. Returns the step. All ranks call it together."""
+        during the load. Returns the step. All ranks call it together.
+        ``discard_newer``: as for ``load``."""
         plan, by_name, root = self._plan(step)
         st = plan.step
         if root is None:
@@ -420,6 +429,8 @@ class Checkpointer:
         _replace_refs(result, fresh)
         for obj, sd in statefuls:
             obj.load_state_dict(_replace_refs(sd, fresh))
+        if discard_newer:
+            self.discarded = self._native.discard_newer(st)
         return st
 
     # -- inspection -------------------------------------------------------
@@ -444,6 +455,18 @@ class Checkpointer:
             if d["step"] == step:
                 return d
         return {"step": step, "l1": False, "l3": False, "peers": None, "upload": None}
+
+    def delete(self, steps: Union[int, Iterable[int]]) -> List[int]:
+        """Deletes ``steps`` from every tier (L1, the peers, L3) as a
+        retirement of each rank's shard: a step is never left half-usable,
+        and a call that fails part-way (``UnavailableError``) finishes when
+        called again. All ranks call it together; waits for this process's
+        background copies first. A step pinned in some tier is refused
+        (``InvalidError``) before anything is deleted. The freed step
+        numbers may be saved again. Returns the steps this rank held."""
+        if isinstance(steps, int):
+            steps = [steps]
+        return list(self._native.delete([int(s) for s in steps]))
 
     def upload(self, step: int) -> None:
         """Queues ``step`` for upload to L3 (beyond what ``upload_every``
