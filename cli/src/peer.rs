@@ -21,9 +21,9 @@ pub(crate) enum PeerCmd {
     ///
     /// Example: strata peer serve --listen 0.0.0.0:7070 --certs /etc/strata --node node-a
     Serve(ServeArgs),
-    /// Make a cluster CA and certificates for nodes and jobs (a test or a
-    /// small cluster), or, with --client, issue one more client certificate
-    /// from the CA in --out.
+    /// Make a cluster CA (or use the one already in --out and --ca-dir)
+    /// and certificates for nodes and jobs, or, with --client, issue one
+    /// more client certificate from the CA in --out.
     ///
     /// Example: strata peer certs --out certs --node node-a --node node-b --job llama
     Certs(CertsArgs),

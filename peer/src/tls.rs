@@ -189,9 +189,10 @@ pub fn make_certs(
     make_certs_with_ca(dir, &default_ca_dir(dir), nodes, addrs, jobs)
 }
 
-/// Writes a new cluster CA: its certificate `ca.pem` into `dir` and its
-/// key `ca.key` into `ca_dir` (apart: it signs certificates for any job,
-/// and no node needs it); a node certificate per `nodes` entry
+/// Writes a new cluster CA (unless one is there already: `ca_dir/ca.key`
+/// and `dir/ca.pem`, which then issues the new certificates): its
+/// certificate `ca.pem` into `dir` and its key `ca.key` into `ca_dir`
+/// (apart: it signs certificates for any job, and no node needs it); a node certificate per `nodes` entry
 /// (`<node>.pem`, `<node>.key`; subject names: the node name,
 /// `localhost`, `127.0.0.1`, `::1`, and `addrs`), and a client certificate
 /// `client-<job>.pem` for each job in `jobs`. Keys are 0600, both
@@ -205,17 +206,27 @@ pub fn make_certs_with_ca(
 ) -> Result<Vec<PathBuf>> {
     private_dir(dir)?;
     private_dir(ca_dir)?;
-    let ca_key = rcgen::KeyPair::generate().map_err(gen)?;
-    let ca_params = ca_params()?;
-    let ca_cert = ca_params.self_signed(&ca_key).map_err(gen)?;
-    let issuer = rcgen::Issuer::new(ca_params, &ca_key);
     let mut written = Vec::new();
-    let p = dir.join("ca.pem");
-    write(&p, &ca_cert.pem())?;
-    written.push(p);
-    let p = ca_dir.join("ca.key");
-    write_private(&p, &ca_key.serialize_pem())?;
-    written.push(p);
+    let (key_path, pem_path) = (ca_dir.join("ca.key"), dir.join("ca.pem"));
+    // A CA already there issues the new certificates: a node or a job
+    // added later must not replace the CA every certificate issued before
+    // chains to.
+    let ca_key = if key_path.exists() && pem_path.exists() {
+        let key_pem = String::from_utf8_lossy(&read_private(&key_path)?).into_owned();
+        rcgen::KeyPair::from_pem(&key_pem).map_err(|e| TlsError::BadPem {
+            path: key_path.clone(),
+            reason: e.to_string(),
+        })?
+    } else {
+        let ca_key = rcgen::KeyPair::generate().map_err(gen)?;
+        let ca_cert = ca_params()?.self_signed(&ca_key).map_err(gen)?;
+        write(&pem_path, &ca_cert.pem())?;
+        written.push(pem_path);
+        write_private(&key_path, &ca_key.serialize_pem())?;
+        written.push(key_path);
+        ca_key
+    };
+    let issuer = rcgen::Issuer::new(ca_params()?, &ca_key);
     for node in nodes {
         let mut names = vec![
             node.clone(),
