@@ -76,6 +76,10 @@ pub(crate) struct DemoArgs {
     /// the L1 write (for comparison).
     #[arg(long)]
     no_eager_push: bool,
+    /// Nice value of the background threads (persist, push, upload; 0:
+    /// training's own priority, for comparison).
+    #[arg(long, default_value_t = 10)]
+    background_nice: u8,
     /// Run the demo as a cluster of processes: this many nodes (network
     /// namespaces where allowed, else loopback addresses), each with its
     /// own peer service and L1, ranks agreeing through etcd, L3 on an S3
@@ -98,7 +102,7 @@ struct LocalPeers {
 }
 
 impl LocalPeers {
-    fn start(dir: &std::path::Path) -> Result<Self, CliError> {
+    fn start(dir: &std::path::Path, nice: u8) -> Result<Self, CliError> {
         use strata_peer::service::{Service, ServiceConfig};
         let err = |e: String| CliError::Arg(format!("starting the local peers: {e}"));
         let certs = dir.join("peer-certs");
@@ -109,6 +113,9 @@ impl LocalPeers {
             .worker_threads(2)
             .enable_all()
             .thread_name("demo-peer")
+            // Services of other nodes, on this node's cores only for the
+            // demo: at the priority `strata peer serve --nice` runs at.
+            .on_thread_start(move || strata::priority::lower_this_thread(nice))
             .build()
             .map_err(|e| err(e.to_string()))?;
         let mut services = Vec::new();
@@ -330,6 +337,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         // default grace periods).
         .gc_grace_secs(0);
     cfg.l3_gc_grace_secs = 0;
+    cfg.background_nice = args.background_nice;
     // Bad arguments are refused before anything is created on disk (the L3
     // directory, the demo's CA and keys).
     cfg.validate().map_err(|e| CliError::Arg(e.to_string()))?;
@@ -354,7 +362,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
     let peers = if args.no_peers {
         None
     } else {
-        let p = LocalPeers::start(&args.dir)?;
+        let p = LocalPeers::start(&args.dir, args.background_nice)?;
         cfg = cfg
             .peers("node-a", p.peers.clone(), p.certs.clone())
             .replicas(1)

@@ -108,6 +108,10 @@ pub(crate) struct ServeArgs {
     /// Serve Prometheus metrics over HTTP on this address (`/metrics`).
     #[arg(long)]
     metrics: Option<SocketAddr>,
+    /// Nice value of the service (0..=19): on a node that trains, the
+    /// training processes get the cores first (0: no change).
+    #[arg(long, default_value_t = 10)]
+    nice: u8,
 }
 
 #[derive(Args, Debug)]
@@ -157,6 +161,8 @@ fn certs(a: &CertsArgs) -> Result<(), CliError> {
 
 fn serve(a: &ServeArgs) -> Result<(), CliError> {
     return_large_buffers_to_the_system();
+    // Before any thread starts: every thread of the service inherits it.
+    strata::priority::lower_this_thread(a.nice);
     let cfg = ServiceConfig {
         node: a.node.clone(),
         listen: a.listen,

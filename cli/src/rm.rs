@@ -31,6 +31,9 @@ pub(crate) struct RmArgs {
     pub(crate) store: StoreArgs,
 }
 
+/// The steps of one tier to retire, each with the ranks it holds.
+type Held = Vec<(u64, BTreeSet<u32>)>;
+
 /// Every rank with anything of the step in a tier.
 fn ranks_of(st: &StepInfo) -> BTreeSet<u32> {
     let mut ranks: BTreeSet<u32> = st.manifests.clone();
@@ -45,12 +48,12 @@ pub(crate) fn run(a: &RmArgs) -> Result<(), CliError> {
     let tiers = select(&t, &a.tier)?;
     let wanted: BTreeSet<u64> = a.steps.iter().copied().collect();
     // Everything is listed, and pins checked, before anything is deleted.
-    let mut plan: Vec<(&Tier, Vec<(u64, BTreeSet<u32>)>)> = Vec::new();
+    let mut plan: Vec<(&Tier, Held)> = Vec::new();
     for tier in tiers.iter().rev() {
         let steps = t
             .block_on(tier.store.list_steps(t.job()))
             .map_err(|e| CliError::Store(format!("{}: {e} (nothing was deleted)", tier.name)))?;
-        let held: Vec<(u64, BTreeSet<u32>)> = steps
+        let held: Held = steps
             .iter()
             .filter(|st| wanted.contains(&st.step))
             .map(|st| (st.step, ranks_of(st)))

@@ -166,9 +166,13 @@ impl Checkpointer {
                 cfg.world_size
             )));
         }
+        // Its threads move the background copies' bytes (and the L1
+        // writes'): at the background priority.
+        let nice = cfg.background_nice;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("strata-rt")
+            .on_thread_start(move || crate::priority::lower_this_thread(nice))
             .enable_all()
             .build()
             .map_err(|e| Error::Config(format!("cannot start the runtime: {e}")))?;
@@ -271,7 +275,10 @@ impl Checkpointer {
             Some(
                 std::thread::Builder::new()
                     .name("strata-replicate".into())
-                    .spawn(move || mirror::run_replication(&s2, &repl_rx))
+                    .spawn(move || {
+                        crate::priority::lower_this_thread(s2.cfg.background_nice);
+                        mirror::run_replication(&s2, &repl_rx)
+                    })
                     .map_err(|e| Error::Config(format!("cannot start replication: {e}")))?,
             )
         };
@@ -281,7 +288,10 @@ impl Checkpointer {
                 Some(
                     std::thread::Builder::new()
                         .name("strata-upload".into())
-                        .spawn(move || mirror::run_uploads(&s3, l3, &upload_rx))
+                        .spawn(move || {
+                            crate::priority::lower_this_thread(s3.cfg.background_nice);
+                            mirror::run_uploads(&s3, l3, &upload_rx)
+                        })
                         .map_err(|e| Error::Config(format!("cannot start the uploader: {e}")))?,
                 )
             }

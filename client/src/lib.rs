@@ -46,6 +46,7 @@ mod metrics;
 mod mirror;
 pub mod par;
 mod policy;
+pub mod priority;
 mod push_claims;
 mod redact;
 mod restore;

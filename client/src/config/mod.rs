@@ -12,6 +12,7 @@
 //! busy_policy = "wait"        # wait | skip | error
 //! on_background_error = "raise"  # raise | log: a failed background save is raised by the next save, flush or close
 //! hash_threads = 0                 # 0: this rank's share of the cores (cores / ranks on the node)
+//! background_nice = 10             # nice value of the background threads (0: as training's)
 //! persist_during_snapshot = false  # default: true with 4+ cores
 //! coordination_timeout_secs = 600
 //! skip_unreadable_tiers = false     # restore without a tier that cannot be listed (default: error)
@@ -158,6 +159,12 @@ pub struct Config {
     /// the launcher bound it to fewer CPUs already
     /// ([`Config::effective_hash_threads`]).
     pub hash_threads: usize,
+    /// The nice value of this process's background threads (the persist
+    /// worker and its hashing, the replicator, the uploader, the runtime
+    /// that moves their bytes), 0..=19: where the cores are busy, the
+    /// training threads (and a save's snapshot, which runs on them) get
+    /// them first. 0: the same priority as training.
+    pub background_nice: u8,
     /// Start hashing and writing a save's first batches while `save` still
     /// copies the later ones: the step is durable sooner, but the copy
     /// shares the cores with hashing and the memory bus with disk DMA, so
@@ -297,6 +304,7 @@ impl Default for Config {
             busy_policy: BusyPolicy::Wait,
             on_background_error: crate::stats::OnBackgroundError::Raise,
             hash_threads: 0,
+            background_nice: 10,
             persist_during_snapshot: std::thread::available_parallelism().map_or(1, |n| n.get())
                 >= 4,
             coordination_timeout_secs: 600,
@@ -557,6 +565,7 @@ impl Config {
                 "BUSY_POLICY" => self.busy_policy = v.parse().map_err(bad)?,
                 "ON_BACKGROUND_ERROR" => self.on_background_error = v.parse().map_err(bad)?,
                 "HASH_THREADS" => self.hash_threads = num(&v)? as usize,
+                "BACKGROUND_NICE" => self.background_nice = num(&v)?.min(19) as u8,
                 "PERSIST_DURING_SNAPSHOT" => self.persist_during_snapshot = flag(&v)?,
                 "COORDINATION_TIMEOUT_SECS" => self.coordination_timeout_secs = num(&v)?,
                 "SKIP_UNREADABLE_TIERS" => self.skip_unreadable_tiers = flag(&v)?,

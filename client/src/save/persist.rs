@@ -55,6 +55,9 @@ pub(crate) fn start_worker(
     std::thread::Builder::new()
         .name("strata-persist".into())
         .spawn(move || {
+            // Hashing and writing at the background priority (its hashing
+            // threads inherit it); the snapshot runs on the caller's.
+            crate::priority::lower_this_thread(s.cfg.background_nice);
             while let Ok(job) = rx.recv() {
                 let (step, done) = (job.step, job.done.clone());
                 let mut segments = Vec::new();
