@@ -12,17 +12,23 @@
 #     daemons, the client tools and the basic plugins);
 #   - creates /etc/munge/munge.key and starts munged (as the munge user);
 #   - writes /etc/slurm/slurm.conf: cluster "strata-test", this host
-#     (`hostname -s`) as controller and as the one node, 8 CPUs declared
-#     (more than the cores here, accepted through
-#     SlurmdParameters=config_overrides, so `srun -n 4` runs on a 2-core
-#     machine), partition "debug"; no cgroups (proctrack/linuxproc,
-#     task/none), so it runs in containers and VMs without a cgroup
-#     hierarchy of its own;
-#   - starts slurmctld and slurmd directly (no systemd needed; logs under
-#     /var/log/slurm), restarting them when the configuration changed;
-#   - waits until sinfo shows the node idle and `srun -n 1 true` works, or
-#     fails after SLURM_UP_TIMEOUT seconds (default 90) printing the
-#     daemons' logs.
+#     (`hostname -s`) as controller and as the node of partition "debug"
+#     (the default), 8 CPUs declared (more than the cores here, accepted
+#     through SlurmdParameters=config_overrides, so `srun -n 4` runs on a
+#     2-core machine); no cgroups (proctrack/linuxproc, task/none), so it
+#     runs in containers and VMs without a cgroup hierarchy of its own;
+#   - and partition "pair": two more nodes, strata-n1 and strata-n2, each
+#     a slurmd of its own on this host (`slurmd -N`; Debian builds Slurm
+#     with multiple-slurmd support) with an address of its own
+#     (127.0.2.1 and 127.0.2.2, added to /etc/hosts), so a job there has
+#     a real two-node SLURM_JOB_NODELIST (strata-n[1-2]), a SLURMD_NODENAME
+#     per node and SLURM_NODEID 0 and 1, and each node's peer service can
+#     listen on its own address;
+#   - starts slurmctld and the slurmds directly (no systemd needed; logs
+#     under /var/log/slurm), restarting them when the configuration changed;
+#   - waits until sinfo shows the nodes idle and `srun -n 1 true` and
+#     `srun -p pair -N 2 true` work, or fails after SLURM_UP_TIMEOUT
+#     seconds (default 90) printing the daemons' logs.
 set -euo pipefail
 
 TIMEOUT="${SLURM_UP_TIMEOUT:-90}"
@@ -30,13 +36,14 @@ CPUS="${SLURM_UP_CPUS:-8}"
 CONF=/etc/slurm/slurm.conf
 LOGDIR=/var/log/slurm
 CTLD_PID=/run/slurmctld.pid
-SLURMD_PID=/run/slurmd.pid
+# The two nodes of partition "pair": name, address, slurmd port.
+PAIR=("strata-n1 127.0.2.1 17021" "strata-n2 127.0.2.2 17022")
 started=$(date +%s.%N)
 
 say() { printf 'slurm-up: %s\n' "$*"; }
 die() {
   printf 'slurm-up: FAIL: %s\n' "$*" >&2
-  for f in "$LOGDIR/slurmctld.log" "$LOGDIR/slurmd.log" /var/log/munge/munged.log; do
+  for f in "$LOGDIR"/slurmctld.log "$LOGDIR"/slurmd*.log /var/log/munge/munged.log; do
     if [ -s "$f" ]; then
       printf '\n--- last lines of %s\n' "$f" >&2
       tail -n 40 "$f" >&2
@@ -77,6 +84,18 @@ if ! getent hosts "$NODE" >/dev/null 2>&1; then
   say "$NODE does not resolve: adding '127.0.1.1 $NODE' to /etc/hosts"
   printf '127.0.1.1\t%s\n' "$NODE" >>/etc/hosts
 fi
+# The pair's names resolve to their addresses (for Slurm, and for the
+# ranks that reach their peer services by node name).
+for n in "${PAIR[@]}"; do
+  read -r name addr _ <<<"$n"
+  if [ "$(getent ahostsv4 "$name" 2>/dev/null | awk 'NR == 1 { print $1 }')" != "$addr" ]; then
+    say "adding '$addr $name' to /etc/hosts"
+    # Rewritten in place, not replaced: in a container /etc/hosts is often
+    # a bind mount.
+    hosts=$(awk -v n="$name" '{ for (i = 2; i <= NF; i++) if ($i == n) next; print }' /etc/hosts)
+    printf '%s\n%s\t%s\n' "$hosts" "$addr" "$name" >/etc/hosts
+  fi
+done
 
 # --- munge -----------------------------------------------------------------
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
@@ -110,8 +129,14 @@ fi
 
 # --- slurm.conf ------------------------------------------------------------
 install -d -m 0755 /etc/slurm "$LOGDIR" /var/spool/slurmctld /var/spool/slurmd
+pair_nodes=""
+for n in "${PAIR[@]}"; do
+  read -r name addr port <<<"$n"
+  pair_nodes+="NodeName=$name NodeAddr=$addr NodeHostname=$NODE Port=$port CPUs=4 State=UNKNOWN"$'\n'
+done
 want=$(cat <<EOF
-# Written by scripts/slurm-up.sh (Strata's test Slurm): one node, no cgroups.
+# Written by scripts/slurm-up.sh (Strata's test Slurm): this host as one
+# node, and two more nodes on it (their own slurmd each); no cgroups.
 ClusterName=strata-test
 SlurmctldHost=$NODE
 SlurmUser=root
@@ -129,11 +154,11 @@ SchedulerType=sched/backfill
 ReturnToService=2
 SlurmdParameters=config_overrides
 StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
+SlurmdSpoolDir=/var/spool/slurmd/%n
 SlurmctldPidFile=$CTLD_PID
-SlurmdPidFile=$SLURMD_PID
+SlurmdPidFile=/run/slurmd-%n.pid
 SlurmctldLogFile=$LOGDIR/slurmctld.log
-SlurmdLogFile=$LOGDIR/slurmd.log
+SlurmdLogFile=$LOGDIR/slurmd-%n.log
 SlurmctldPort=6817
 SlurmdPort=6818
 SlurmctldTimeout=30
@@ -142,8 +167,14 @@ InactiveLimit=0
 MinJobAge=60
 KillWait=5
 Waittime=0
+# A hook for scripts/slurm-test.sh (deploy/slurm's prolog and epilog, while
+# a test installs them): does nothing otherwise.
+Prolog=/etc/slurm/strata-test-prolog
+Epilog=/etc/slurm/strata-test-epilog
+PrologFlags=Alloc
 NodeName=$NODE CPUs=$CPUS State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+${pair_nodes}PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+PartitionName=pair Nodes=strata-n[1-2] Default=NO MaxTime=INFINITE State=UP
 EOF
 )
 changed=0
@@ -154,9 +185,23 @@ if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "$want" ]; then
   fi
   printf '%s\n' "$want" >"$CONF"
   changed=1
-  say "wrote $CONF (node $NODE, $CPUS CPUs)"
+  say "wrote $CONF (node $NODE with $CPUS CPUs; strata-n1 and strata-n2)"
 fi
 # Debian's slurm reads cgroup.conf only for cgroup plugins; none here.
+
+# The prolog and epilog hooks: run what slurm-test.sh put under
+# /run/strata-slurm-test (a symlink to deploy/slurm/strata-peer-*.sh and
+# its settings), else nothing. Read by slurmd at each job: no restart.
+for kind in prolog epilog; do
+  hook="#!/bin/sh
+# Written by scripts/slurm-up.sh: the test's $kind, if one is installed.
+[ -x /run/strata-slurm-test/$kind ] || exit 0
+exec /run/strata-slurm-test/$kind /run/strata-slurm-test/peer.env"
+  if [ "$(cat "/etc/slurm/strata-test-$kind" 2>/dev/null)" != "$hook" ]; then
+    printf '%s\n' "$hook" >"/etc/slurm/strata-test-$kind"
+  fi
+  chmod 0755 "/etc/slurm/strata-test-$kind"
+done
 
 # --- daemons ---------------------------------------------------------------
 # The pid of a running daemon from its pid file (empty if none runs).
@@ -178,40 +223,55 @@ stop() {
   done
   kill -9 "$pid" 2>/dev/null || true
 }
+NODES=("$NODE")
+for n in "${PAIR[@]}"; do NODES+=("${n%% *}"); done
 if [ "$changed" = 1 ]; then
-  stop "$SLURMD_PID" slurmd
+  # Every slurmd, under this layout's pid files or an earlier one's.
+  for f in /run/slurmd.pid /run/slurmd-*.pid; do
+    [ -e "$f" ] && stop "$f" slurmd
+  done
   stop "$CTLD_PID" slurmctld
 fi
 if [ -z "$(running "$CTLD_PID" slurmctld)" ]; then
   say "starting slurmctld"
   slurmctld || die "slurmctld did not start"
 fi
-if [ -z "$(running "$SLURMD_PID" slurmd)" ]; then
-  say "starting slurmd"
-  slurmd || die "slurmd did not start"
-fi
+for n in "${NODES[@]}"; do
+  if [ -z "$(running "/run/slurmd-$n.pid" slurmd)" ]; then
+    say "starting slurmd for node $n"
+    install -d -m 0755 "/var/spool/slurmd/$n"
+    if [ "$n" = "$NODE" ]; then slurmd; else slurmd -N "$n"; fi || die "slurmd -N $n did not start"
+  fi
+done
 
 # --- ready? ----------------------------------------------------------------
 deadline=$(($(date +%s) + TIMEOUT))
 state=""
-resumed=0
+tries=0
 while :; do
-  state=$(sinfo -h -n "$NODE" -o '%T' 2>/dev/null | head -n 1 || true)
-  case "$state" in
-    idle | mixed | allocated | completing) break ;;
-    drain* | draining | down*)
-      # A node drained or down from an earlier life (a reboot, a killed
-      # slurmd) is put back once it answers.
-      if [ "$resumed" = 0 ] && scontrol ping >/dev/null 2>&1; then
-        scontrol update NodeName="$NODE" State=RESUME >/dev/null 2>&1 || true
-        resumed=1
-      fi
-      ;;
-  esac
+  ready=0 states=""
+  for n in "${NODES[@]}"; do
+    state=$(sinfo -h -N -n "$n" -o '%T' 2>/dev/null | head -n 1 || true)
+    states+="$n=${state:-?} "
+    case "$state" in
+      idle | mixed | allocated | completing) ready=$((ready + 1)) ;;
+      drain* | down*)
+        # A node drained or down from an earlier life (a reboot, a killed
+        # slurmd) is put back once it answers (tried every 5 s).
+        if [ $((tries % 10)) = 0 ] && scontrol ping >/dev/null 2>&1; then
+          scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true
+        fi
+        ;;
+    esac
+  done
+  tries=$((tries + 1))
+  [ "$ready" = "${#NODES[@]}" ] && break
   [ "$(date +%s)" -lt "$deadline" ] \
-    || die "node $NODE not idle after ${TIMEOUT} s (sinfo says '${state:-nothing}'; scontrol ping: $(scontrol ping 2>&1 | tr '\n' ' '))"
+    || die "nodes not idle after ${TIMEOUT} s (sinfo says ${states}; scontrol ping: $(scontrol ping 2>&1 | tr '\n' ' '))"
   [ -n "$(running "$CTLD_PID" slurmctld)" ] || die "slurmctld exited"
-  [ -n "$(running "$SLURMD_PID" slurmd)" ] || die "slurmd exited"
+  for n in "${NODES[@]}"; do
+    [ -n "$(running "/run/slurmd-$n.pid" slurmd)" ] || die "the slurmd of node $n exited"
+  done
   sleep 0.5
 done
 left=$((deadline - $(date +%s)))
@@ -220,4 +280,9 @@ if ! out=$(timeout "$left" srun -N 1 -n 1 --time=1 -J slurm-up true 2>&1); then
   printf '%s\n' "$out" >&2
   die "srun -n 1 true failed"
 fi
-say "up: node $NODE $state, $(sinfo -h -n "$NODE" -o '%c') CPUs, srun works ($(elapsed) s)"
+if ! out=$(timeout "$left" srun -p pair -N 2 --ntasks-per-node=1 --time=1 -J slurm-up \
+  printenv SLURMD_NODENAME 2>&1) || [ "$(sort <<<"$out" | tr '\n' ' ')" != "strata-n1 strata-n2 " ]; then
+  printf '%s\n' "$out" >&2
+  die "srun -p pair -N 2 did not run on strata-n1 and strata-n2"
+fi
+say "up: ${states}($(sinfo -h -N -n "$NODE" -o '%c') CPUs on $NODE), srun works on both partitions ($(elapsed) s)"

@@ -117,9 +117,24 @@ log "tests"
 # With the peer protocol's conversation harness (a feature of its own).
 cargo nextest run --workspace --locked --no-fail-fast --features strata-peer/fuzzing
 
+log "deploy/ (Kubernetes manifests against the 1.30 schemas, the dashboard's series, the systemd unit's flags)"
+"$STRATA_PYTHON" -c 'import kubernetes_validate' 2>/dev/null \
+  || "$VENV/bin/pip" install --quiet 'kubernetes-validate>=1.30,<2'
+"$STRATA_PYTHON" deploy/check.py target/debug/strata
+
 log "python tests (pytest: round trips, torchrun with gloo, a rank killed mid-save, the example killed and resumed)"
 # From the tests' directory, so the installed package is imported, not the source tree.
 (cd python/tests && "$STRATA_PYTHON" -m pytest -q -p no:cacheprovider .)
+
+log "Slurm: a real Slurm here (scripts/slurm-up.sh: this host, and two nodes as slurmds of their own); srun strata rank, srun train.py, slurm peers, deploy/slurm's sbatch and prolog/epilog"
+# As root, Slurm must come up and every part must pass, as with the
+# STRATA_REQUIRE_* tests; without root (installing and starting slurmctld,
+# slurmd and munged needs it) the block says SKIPPED.
+if [ "$(id -u)" = 0 ]; then
+  scripts/slurm-test.sh target/debug/strata "$STRATA_PYTHON"
+else
+  echo "Slurm tests SKIPPED: not root (scripts/slurm-up.sh installs and starts Slurm and munge)"
+fi
 
 log "GPU tests with --features cuda (prints whether the GPU path ran or why it was skipped)"
 cargo nextest run -p strata --features cuda --locked --no-capture --test gpu

@@ -121,11 +121,17 @@ impl LocalPeers {
         let mut services = Vec::new();
         let mut peers = Vec::new();
         for n in &nodes[1..] {
+            // The demo's peers stand for other nodes during one run: each
+            // run starts them empty (a real service reloads its spill).
+            let spill = dir.join(format!("peer-spill-{n}"));
+            if spill.exists() {
+                std::fs::remove_dir_all(&spill).map_err(|e| err(e.to_string()))?;
+            }
             let cfg = ServiceConfig {
                 node: n.clone(),
                 listen: "127.0.0.1:0".parse().map_err(|e| err(format!("{e}")))?,
                 certs: strata_peer::tls::CertFiles::in_dir(&certs, n),
-                spill: dir.join(format!("peer-spill-{n}")),
+                spill,
                 limits: strata_peer::replicas::Limits {
                     // One pushing rank (see the demo's L1 and L3 grace).
                     grace: std::time::Duration::ZERO,

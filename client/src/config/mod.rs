@@ -498,7 +498,8 @@ impl Config {
     ///
     /// The launcher's variables come first and `STRATA_*` wins over them:
     /// torchrun's `RANK` and `WORLD_SIZE`, Slurm's `SLURM_PROCID` and
-    /// `SLURM_NTASKS` (torchrun's if both are set). The node name stays
+    /// `SLURM_NTASKS` (torchrun's if both are set; Slurm's only inside a
+    /// job step, where `SLURM_STEP_ID` is set). The node name stays
     /// the host name unless `STRATA_NODE` (or the file) says otherwise.
     pub fn with_env(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
         let vars: Vec<(String, String)> = vars.into_iter().collect();
@@ -507,8 +508,12 @@ impl Config {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.as_str())
         };
+        // Slurm's task variables describe a task of a job step (srun); a
+        // batch script's own shell has SLURM_PROCID=0 too, and no step.
+        let in_step = get("SLURM_STEP_ID").is_some();
         let launcher = |a: &str, b: &str| -> Result<Option<u32>> {
-            match get(a).or_else(|| get(b)) {
+            let slurm = if in_step { get(b) } else { None };
+            match get(a).or(slurm) {
                 None => Ok(None),
                 Some(v) => v.trim().parse().map(Some).map_err(|_| {
                     Error::Config(format!("{a} or {b}: {v:?} is not a rank or a world size"))

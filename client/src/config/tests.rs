@@ -88,15 +88,19 @@ fn the_launchers_variables_set_rank_and_world_and_strata_wins() {
     };
     let torchrun = env(&[("RANK", "5"), ("WORLD_SIZE", "16"), ("LOCAL_RANK", "1")]).unwrap();
     assert_eq!((torchrun.rank, torchrun.world_size), (5, 16));
-    let slurm = env(&[
+    let task = [
         ("SLURM_PROCID", "3"),
         ("SLURM_NTASKS", "8"),
         ("SLURM_LOCALID", "1"),
         ("SLURM_NODEID", "1"),
-    ])
-    .unwrap();
+    ];
+    let slurm = env(&[&task[..], &[("SLURM_STEP_ID", "0")]].concat()).unwrap();
     assert_eq!((slurm.rank, slurm.world_size), (3, 8));
     assert_eq!((slurm.local_rank, slurm.node_rank), (Some(1), Some(1)));
+    // A batch script's own shell (no step) is no task of the job.
+    let batch = env(&task).unwrap();
+    assert_eq!((batch.rank, batch.world_size), (0, 1));
+    assert_eq!((batch.local_rank, batch.node_rank), (None, None));
     let local = env(&[
         ("RANK", "5"),
         ("WORLD_SIZE", "16"),
@@ -121,7 +125,13 @@ fn the_launchers_variables_set_rank_and_world_and_strata_wins() {
         "local rank beyond the node's ranks"
     );
     // torchrun's over Slurm's (torchrun under srun), STRATA_* over both.
-    let both = env(&[("RANK", "1"), ("SLURM_PROCID", "3"), ("WORLD_SIZE", "4")]).unwrap();
+    let both = env(&[
+        ("RANK", "1"),
+        ("SLURM_PROCID", "3"),
+        ("SLURM_STEP_ID", "0"),
+        ("WORLD_SIZE", "4"),
+    ])
+    .unwrap();
     assert_eq!(both.rank, 1);
     let ours = env(&[("RANK", "1"), ("STRATA_RANK", "2"), ("WORLD_SIZE", "4")]).unwrap();
     assert_eq!(ours.rank, 2);

@@ -69,7 +69,8 @@ pub(super) fn open_layout(spill: &Path) -> Result<L1Store> {
     let marker = spill.join("FORMAT");
     let ours = std::fs::read(&marker).is_ok_and(|b| b == FORMAT.as_bytes());
     if !ours {
-        if spill.exists() {
+        let empty = std::fs::read_dir(spill).is_ok_and(|mut d| d.next().is_none());
+        if spill.exists() && !empty {
             tracing::warn!(
                 spill = %spill.display(),
                 "the spill directory is not in this version's layout: cleared"
