@@ -18,7 +18,7 @@ use crate::CliError;
 /// `strata rm STEP...`.
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  strata rm 1300 1400 --config strata.toml\n  strata rm 1300 --tier l3\n\nRun it while the job is stopped (a running job rolls back with Checkpointer.delete, or load(step, discard_newer=True)). A pinned step is refused until it is unpinned. The steps' chunks are freed by the next strata gc."
+    after_help = "Examples:\n  strata rm 1300 1400 --config strata.toml\n  strata rm 1300 --tier l3\n\nRun it while the job is stopped, on every node (each node's L1 is reached only there; a running job rolls back with Checkpointer.delete, or load(step, discard_newer=True)). A pinned step is refused until it is unpinned. The steps' chunks are freed by the next strata gc."
 )]
 pub(crate) struct RmArgs {
     /// The steps.

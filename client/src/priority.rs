@@ -3,12 +3,16 @@
 //! thread, get them first; the persist worker, the copiers to the peers
 //! and L3, and the runtime moving their bytes take what is left. Where the
 //! cores are idle nothing changes (a nice value only weighs contention).
+//! That runtime also serves a restore's L1 reads and its peer and L3
+//! transfers, which therefore run at the background priority too; only a
+//! restore's placing lanes and the caller's own thread keep training's.
 //! `strata peer serve` lowers itself the same way (`--nice`): on a node
 //! that trains, the service receiving other nodes' replicas is background
 //! work too.
 
-/// Lowers the calling thread's priority to `nice` (0..=19; 0: nothing).
-/// Threads it creates afterwards inherit it. Raising it back would need
+/// Lowers the calling thread's priority to `nice` (0..=19; 0: nothing;
+/// a thread already at that nice value or lower keeps its own). Threads
+/// it creates afterwards inherit it. Raising it back would need
 /// privileges, so it is only ever lowered; a failure is logged, not fatal.
 pub fn lower_this_thread(nice: u8) {
     let nice = i32::from(nice.min(19));
@@ -17,6 +21,11 @@ pub fn lower_this_thread(nice: u8) {
     }
     // SAFETY: gettid takes no arguments and cannot fail.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    // SAFETY: getpriority reads its two integer arguments only.
+    let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) };
+    if now >= nice {
+        return; // already as low (a process started under `nice`)
+    }
     // SAFETY: setpriority reads its three integer arguments only; on Linux
     // a thread id as `who` with PRIO_PROCESS changes that one thread.
     let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
@@ -52,7 +61,7 @@ mod tests {
         })
         .join()
         .unwrap_or((-100, -100));
-        assert_eq!(mine, (before + 7).min(19));
+        assert_eq!(mine, before.max(7));
         assert_eq!(child, mine, "inherited");
         assert_eq!(this_thread_nice(), before, "other threads keep theirs");
     }

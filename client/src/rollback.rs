@@ -34,14 +34,14 @@ impl Checkpointer {
     /// steps this rank held in some tier (the others are no error).
     pub fn delete(&self, steps: &[u64]) -> Result<Vec<u64>> {
         let wanted: BTreeSet<u64> = steps.iter().copied().collect();
-        self.retire(&|st| wanted.contains(&st))
+        self.retire(&|st| wanted.contains(&st), true)
     }
 
     /// Deletes every step newer than `step` that this rank holds in some
     /// tier (committed or not), as [`Self::delete`] does. All ranks call it
     /// together. Returns the steps deleted.
     pub fn discard_newer(&self, step: u64) -> Result<Vec<u64>> {
-        self.retire(&|st| st > step)
+        self.discard_newer_if(step, true)
     }
 
     /// Rolls back to `step`: restores it (as [`Self::restore`]), then
@@ -49,28 +49,47 @@ impl Checkpointer {
     /// restore of the latest step and retention follow the branch trained
     /// from here. All ranks call it together.
     pub fn rollback(&self, step: u64) -> Result<RestoredState> {
-        let state = self.restore(StepSelector::Step(step))?;
-        self.discard_newer(step)?;
+        let restored = self.restore(StepSelector::Step(step));
+        let discarded = self.discard_newer_if(step, restored.is_ok());
+        let state = restored?;
+        discarded?;
         Ok(state)
     }
 
+    /// [`Self::discard_newer`] after this rank's restore of `step`, which
+    /// went well or not (`restored`): a rank whose restore failed still
+    /// takes part in the rounds, voting no, so no rank deletes anything and
+    /// none waits for it. All ranks call it together.
+    pub fn discard_newer_if(&self, step: u64, restored: bool) -> Result<Vec<u64>> {
+        self.retire(&|st| st > step, restored)
+    }
+
     /// Retires this rank's shards of the steps `doomed` selects in every
-    /// tier; the two rounds of the module's doc.
-    fn retire(&self, doomed: &dyn Fn(u64) -> bool) -> Result<Vec<u64>> {
+    /// tier; the two rounds of the module's doc. `willing` false: vote no
+    /// (this rank cannot take part) and delete nothing.
+    fn retire(&self, doomed: &dyn Fn(u64) -> bool, willing: bool) -> Result<Vec<u64>> {
         let s = &self.shared;
         let cfg = &s.cfg;
         // One counter for restores and deletions: every rank calls them in
-        // the same order, so the rounds' keys match across ranks.
+        // the same order, so the rounds' keys match across ranks (a rank
+        // whose restore failed still calls the deletion's rounds).
         let n = s.restores.fetch_add(1, Ordering::Relaxed);
         let key = format!("delete/{}/{n}", cfg.job);
-        let plan = self.plan_retirement(doomed);
+        let plan = if willing {
+            self.plan_retirement(doomed)
+        } else {
+            Err(Error::NotDeleted {
+                reason: "this rank's restore failed: nothing was deleted".into(),
+                retry: true,
+            })
+        };
         let ready =
             crate::coord::commit::all_ready(&*s.coord, cfg, &format!("{key}/ready"), plan.is_ok())?;
         let plan = plan?;
         if !ready {
             return Err(Error::NotDeleted {
-                reason: "another rank cannot delete these steps (a step pinned, or a tier it cannot list): nothing was deleted".into(),
-                retry: false,
+                reason: "another rank cannot delete these steps (a step pinned, a tier it cannot list, or its restore failed): nothing was deleted".into(),
+                retry: true,
             });
         }
         let mut failed = Vec::new();
@@ -80,6 +99,9 @@ impl Checkpointer {
             let Some(held) = plan.get(&tier.name) else {
                 continue;
             };
+            if tier.kind == crate::tiers::TierKind::L1 && !failed.is_empty() {
+                break;
+            }
             for &step in held {
                 if let Err(e) =
                     s.rt.block_on(tier.store.delete_shard(&cfg.job, step, cfg.rank))
@@ -89,7 +111,15 @@ impl Checkpointer {
             }
         }
         let all: BTreeSet<u64> = plan.values().flatten().copied().collect();
-        s.committed.forget(&all);
+        if failed.is_empty() {
+            // Gone everywhere: they may be saved again, and this process's
+            // states of their copies no longer describe them.
+            s.committed.forget(&all);
+            for &step in &all {
+                s.uploads.states.update(|m| m.remove(&step));
+                s.replication.states.update(|m| m.remove(&step));
+            }
+        }
         let done = crate::coord::commit::all_ready(
             &*s.coord,
             cfg,

@@ -220,3 +220,70 @@ fn a_pinned_step_is_refused_on_every_rank_before_anything_is_deleted() {
         assert_eq!(ck.restore(StepSelector::Latest).unwrap().step, 1);
     });
 }
+
+/// A rollback where one rank's restore fails after the ranks agreed on the
+/// step (its chunk of it is damaged and no other tier holds one): that rank
+/// still takes part in the deletion's rounds, voting no, so no rank
+/// deletes anything and none waits for it until the timeout.
+#[test]
+fn a_rank_whose_restore_fails_makes_every_rank_keep_the_newer_steps_at_once() {
+    use strata::tiered::{EngineChoice, L1Store};
+    let dir = tempfile::tempdir().unwrap();
+    let l1 = dir.path().join("l1");
+    let local = |rank: u32| {
+        let mut c = Config::builder()
+            .job(JOB)
+            .l1_dir(&l1)
+            .chunk_size(1 << 16)
+            .keep_last(5)
+            .rank(rank, 2);
+        c.coordination_timeout_secs = 30;
+        c
+    };
+    let coord = InProcessCoordinator::new(2);
+    let run = |f: &(dyn Fn(&Checkpointer, u32) + Sync)| {
+        std::thread::scope(|sc| {
+            for rank in 0..2u32 {
+                let (coord, cfg) = (coord.clone(), local(rank));
+                sc.spawn(move || {
+                    let ck = Checkpointer::with_coordinator(cfg, Arc::new(coord)).unwrap();
+                    f(&ck, rank)
+                });
+            }
+        })
+    };
+    run(&|ck, rank| {
+        for step in 1..=3 {
+            let bytes = state(rank, step, 0);
+            let shape = [bytes.len() as u64];
+            ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &bytes)])
+                .unwrap()
+                .wait()
+                .unwrap();
+        }
+    });
+    // Rank 1's chunks of step 2, damaged.
+    let store = L1Store::open(&l1, EngineChoice::Psync).unwrap();
+    let m = std::fs::read(store.manifest_path(JOB, 2, 1)).unwrap();
+    let m = strata::format::ShardManifest::decode(&m).unwrap();
+    for c in &m.chunks {
+        let p = store.chunk_path(JOB, &c.id);
+        let mut b = std::fs::read(&p).unwrap();
+        b[0] ^= 1;
+        std::fs::write(&p, b).unwrap();
+    }
+    let started = std::time::Instant::now();
+    run(&|ck, rank| {
+        let e = ck.rollback(2).unwrap_err();
+        if rank == 0 {
+            assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+            assert!(e.to_string().contains("nothing was deleted"), "{e}");
+        }
+        assert!(ck.steps().unwrap().iter().any(|s| s.step == 3), "{e}");
+    });
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "a rank waited for the other: {:?}",
+        started.elapsed()
+    );
+}

@@ -211,6 +211,21 @@ pub fn make_certs_with_ca(
     // A CA already there issues the new certificates: a node or a job
     // added later must not replace the CA every certificate issued before
     // chains to.
+    let old_key = dir.join("ca.key");
+    if pem_path.exists() != (key_path.exists() || old_key.exists()) {
+        // One half of a CA: making a new one would overwrite the other
+        // half, and every certificate issued before would stop chaining.
+        return Err(TlsError::Generate(format!(
+            "{} and {} must both exist (to issue from that CA) or neither (to make a new one)",
+            pem_path.display(),
+            key_path.display()
+        )));
+    }
+    let key_path = if !key_path.exists() && old_key.exists() {
+        old_key
+    } else {
+        key_path
+    };
     let ca_key = if key_path.exists() && pem_path.exists() {
         let key_pem = String::from_utf8_lossy(&read_private(&key_path)?).into_owned();
         rcgen::KeyPair::from_pem(&key_pem).map_err(|e| TlsError::BadPem {

@@ -384,10 +384,13 @@ impl PyCheckpointer {
     }
 
     /// Deletes every step newer than `step` this rank holds; all ranks
-    /// call it together. Returns the steps deleted.
-    fn discard_newer(&self, py: Python<'_>, step: u64) -> PyResult<Vec<u64>> {
+    /// call it together (`restored` false: this rank's load of `step`
+    /// failed, it votes no and nothing is deleted). Returns the steps
+    /// deleted.
+    #[pyo3(signature = (step, restored=true))]
+    fn discard_newer(&self, py: Python<'_>, step: u64, restored: bool) -> PyResult<Vec<u64>> {
         let ckpt = self.get()?;
-        let r = py.detach(move || ckpt.discard_newer(step));
+        let r = py.detach(move || ckpt.discard_newer_if(step, restored));
         drain(py);
         r.py_err()
     }

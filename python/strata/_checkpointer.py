@@ -298,11 +298,15 @@ class Checkpointer:
         refs = entry_refs(root)
         values: Dict[str, Any] = {}
         dests: List[tuple] = []
-        for name, tag in refs.items():
-            obj = _alloc(st, by_name, name, tag)
-            values[name] = obj
-            dests.append((name, *address(obj)))
-        self.last_restore = self._native.read(plan, dests)
+        try:
+            for name, tag in refs.items():
+                obj = _alloc(st, by_name, name, tag)
+                values[name] = obj
+                dests.append((name, *address(obj)))
+            self.last_restore = self._native.read(plan, dests)
+        except BaseException:
+            self._decline_discard(st, discard_newer)
+            raise
         if device is not None:
             for name, tag in refs.items():
                 if tag == "T":
@@ -316,6 +320,16 @@ class Checkpointer:
         if discard_newer:
             self.discarded = self._native.discard_newer(st)
         return out
+
+    def _decline_discard(self, step: int, discard_newer: bool) -> None:
+        """This rank's load failed after the ranks agreed on ``step``: with
+        ``discard_newer``, it still takes part in the deletion's rounds,
+        voting no, so that no rank deletes anything or waits for it."""
+        if discard_newer:
+            try:
+                self._native.discard_newer(step, False)
+            except StrataError:
+                pass
 
     def load_into(self, state: Any, step: Optional[int] = None, *, strict: bool = True, discard_newer: bool = False) -> int:
         """Restores ``step`` (default: the newest step every rank can
@@ -331,6 +345,17 @@ class Checkpointer:
         during the load. Returns the step. All ranks call it together.
         ``discard_newer``: as for ``load``."""
         plan, by_name, root = self._plan(step)
+        try:
+            st = self._fill(state, plan, by_name, root, strict)
+        except BaseException:
+            self._decline_discard(plan.step, discard_newer)
+            raise
+        if discard_newer:
+            self.discarded = self._native.discard_newer(st)
+        return st
+
+    def _fill(self, state: Any, plan: Any, by_name: Dict[str, tuple], root: Any, strict: bool) -> int:
+        """``load_into``'s work once the ranks agreed on ``plan``."""
         st = plan.step
         if root is None:
             raise InvalidError(f"step {st} was not saved from Python; use load()")
@@ -429,8 +454,6 @@ class Checkpointer:
         _replace_refs(result, fresh)
         for obj, sd in statefuls:
             obj.load_state_dict(_replace_refs(sd, fresh))
-        if discard_newer:
-            self.discarded = self._native.discard_newer(st)
         return st
 
     # -- inspection -------------------------------------------------------

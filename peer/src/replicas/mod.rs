@@ -198,6 +198,8 @@ impl Default for Limits {
 
 /// The replicas a service holds, for every job.
 pub struct Replicas {
+    /// The spill directory's lock, held while the replicas live.
+    _lock: std::fs::File,
     /// Manifests, records and pins, on the spill disk (`<spill>/steps`).
     steps: L1Store,
     chunks: Mutex<Chunks>,
@@ -233,8 +235,9 @@ impl Replicas {
     /// kept there is reloaded and verified ([`Self::reloaded`] says what
     /// was found); a directory in another layout is cleared.
     pub fn new(spill: &Path, limits: Limits) -> Result<Self> {
-        let steps = reload::open_layout(spill)?;
+        let (lock, steps) = reload::open_layout(spill)?;
         let mut r = Replicas {
+            _lock: lock,
             steps,
             chunks: Mutex::new(Chunks::default()),
             manifests: Mutex::new(Ledger::default()),

@@ -22,7 +22,9 @@
 //! serve whole.
 //!
 //! A spill directory without the `FORMAT` marker (a service older than
-//! this layout, which cleared it at start anyway) is cleared.
+//! this layout, which cleared it at start anyway) is cleared; one marked
+//! with a layout this version does not know is refused. `LOCK` keeps a
+//! second service off a directory in use.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -63,29 +65,90 @@ pub(super) fn chunk_root(spill: &Path) -> PathBuf {
     spill.join("chunks")
 }
 
-/// Readies `spill` for this layout: created if absent; cleared (and
-/// marked) if it holds anything else. Returns the store of its steps.
-pub(super) fn open_layout(spill: &Path) -> Result<L1Store> {
-    let marker = spill.join("FORMAT");
-    let ours = std::fs::read(&marker).is_ok_and(|b| b == FORMAT.as_bytes());
-    if !ours {
-        let empty = std::fs::read_dir(spill).is_ok_and(|mut d| d.next().is_none());
-        if spill.exists() && !empty {
-            tracing::warn!(
-                spill = %spill.display(),
-                "the spill directory is not in this version's layout: cleared"
-            );
-            std::fs::remove_dir_all(spill)
-                .map_err(|e| StoreError::io("clearing the spill directory", spill, e))?;
+/// Readies `spill` for this layout and locks it for this process
+/// (`<spill>/LOCK`, held as long as the returned file is open: a second
+/// service on the same directory is refused before it reads or deletes
+/// anything). A directory without the marker (empty, or a service older
+/// than this layout's, which cleared it at start anyway) is cleared and
+/// marked; one with a marker this version does not know, or that cannot
+/// be read, is refused, never cleared. Returns the lock and the store of
+/// the steps.
+pub(super) fn open_layout(spill: &Path) -> Result<(std::fs::File, L1Store)> {
+    std::fs::create_dir_all(spill)
+        .map_err(|e| StoreError::io("creating the spill directory", spill, e))?;
+    let lock_path = spill.join("LOCK");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| StoreError::io("opening the lock of", &lock_path, e))?;
+    // SAFETY: flock on a descriptor this function owns (open until `lock`
+    // is dropped); it reads its two integer arguments only.
+    let rc = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&lock),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(StoreError::invalid(
+                "spill directory",
+                format!(
+                    "{} is in use by another peer service (each service needs a spill directory of its own)",
+                    spill.display()
+                ),
+            ));
         }
-        std::fs::create_dir_all(chunk_root(spill))
-            .map_err(|e| StoreError::io("creating the spill directory", spill, e))?;
-        std::fs::write(&marker, FORMAT)
-            .map_err(|e| StoreError::io("marking the spill directory", &marker, e))?;
+        return Err(StoreError::io("locking", &lock_path, e));
+    }
+    let marker = spill.join("FORMAT");
+    match std::fs::read(&marker) {
+        Ok(b) if b == FORMAT.as_bytes() => {}
+        Ok(b) => {
+            return Err(StoreError::invalid(
+                "spill directory",
+                format!(
+                    "{} is marked {:?}, a layout this version does not know: move it away, or start an older version",
+                    spill.display(),
+                    String::from_utf8_lossy(&b[..b.len().min(64)])
+                ),
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut cleared = 0;
+            for entry in read_dir(spill)? {
+                if entry.file_name() != "LOCK" {
+                    remove_any(&entry.path());
+                    cleared += 1;
+                }
+            }
+            if cleared > 0 {
+                tracing::warn!(
+                    spill = %spill.display(),
+                    "the spill directory was not in this version's layout: cleared"
+                );
+            }
+            // Durably, so a crash never leaves an empty marker behind.
+            let tmp = spill.join(".FORMAT.tmp");
+            let write = || -> std::io::Result<()> {
+                use std::io::Write;
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(FORMAT.as_bytes())?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, &marker)?;
+                std::fs::File::open(spill)?.sync_all()
+            };
+            write().map_err(|e| StoreError::io("marking the spill directory", &marker, e))?;
+        }
+        Err(e) => return Err(StoreError::io("reading", &marker, e)),
     }
     std::fs::create_dir_all(chunk_root(spill))
         .map_err(|e| StoreError::io("creating the spill directory", spill, e))?;
-    L1Store::open(spill.join("steps"), EngineChoice::Psync)
+    let steps = L1Store::open(spill.join("steps"), EngineChoice::Psync)?;
+    Ok((lock, steps))
 }
 
 /// A spilled frame found at start.
@@ -161,8 +224,11 @@ impl Replicas {
             }
         }
         // Verifying is hashing every byte held: on every core.
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let max_chunk = self.limits.max_chunk;
+        // At most 8: each holds one frame (up to the format's largest).
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+        // Against the format's largest chunk, not this start's --max-chunk:
+        // a frame admitted under a larger limit before is not damage.
+        let max_chunk = strata_format::frame::MAX_CHUNK_LEN;
         let per = found.len().div_ceil(threads).max(1);
         let verdicts: Vec<Option<(u64, u32)>> = std::thread::scope(|s| {
             let handles: Vec<_> = found

@@ -237,3 +237,32 @@ fn a_spill_directory_in_another_layout_is_cleared() {
     assert!(!spill.join("old-job").exists());
     assert!(spill.join("FORMAT").is_file());
 }
+
+#[test]
+fn a_second_service_on_a_spill_directory_in_use_is_refused_and_touches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill");
+    let first = Replicas::new(&spill, limits()).unwrap();
+    let c = chunk(0, 0);
+    first.put_chunk(JOB, ChunkId::of(&c), frame(&c)).unwrap();
+    first.keep_memory_on_disk().unwrap();
+    let e = Replicas::new(&spill, limits()).unwrap_err();
+    assert!(e.to_string().contains("in use"), "{e}");
+    assert_eq!(spilled(&spill).len(), 1);
+    drop(first);
+    assert_eq!(
+        Replicas::new(&spill, limits()).unwrap().reloaded().chunks,
+        1
+    );
+}
+
+#[test]
+fn a_layout_this_version_does_not_know_is_refused_not_cleared() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill");
+    std::fs::create_dir_all(spill.join("chunks")).unwrap();
+    std::fs::write(spill.join("FORMAT"), "strata-peer-spill 2\n").unwrap();
+    let e = Replicas::new(&spill, limits()).unwrap_err();
+    assert!(e.to_string().contains("does not know"), "{e}");
+    assert!(spill.join("chunks").is_dir());
+}
