@@ -323,6 +323,12 @@ impl Replicas {
                 report.steps += 1;
             }
         }
+        // This start's retention (its limits may differ from the last
+        // run's): applied now, not at each job's next commit, which a
+        // finished job never sends.
+        for job in &jobs {
+            self.retain(job).await;
+        }
         Ok(())
     }
 
