@@ -8,7 +8,6 @@ use std::collections::BTreeSet;
 
 use clap::Args;
 use strata::tiers::Tier;
-use strata_tiered::StepInfo;
 
 use crate::out::say;
 use crate::store_args::{select, StoreArgs};
@@ -34,15 +33,6 @@ pub(crate) struct RmArgs {
 /// The steps of one tier to retire, each with the ranks it holds.
 type Held = Vec<(u64, BTreeSet<u32>)>;
 
-/// Every rank with anything of the step in a tier.
-fn ranks_of(st: &StepInfo) -> BTreeSet<u32> {
-    let mut ranks: BTreeSet<u32> = st.manifests.clone();
-    ranks.extend(st.committed_ranks());
-    ranks.extend(st.retiring.iter().copied());
-    ranks.extend(st.unreadable.keys().copied());
-    ranks
-}
-
 pub(crate) fn run(a: &RmArgs) -> Result<(), CliError> {
     let t = a.store.open()?;
     let tiers = select(&t, &a.tier)?;
@@ -56,7 +46,7 @@ pub(crate) fn run(a: &RmArgs) -> Result<(), CliError> {
         let held: Held = steps
             .iter()
             .filter(|st| wanted.contains(&st.step))
-            .map(|st| (st.step, ranks_of(st)))
+            .map(|st| (st.step, st.ranks_held()))
             .filter(|(_, ranks)| !ranks.is_empty())
             .collect();
         if held.is_empty() {

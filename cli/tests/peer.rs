@@ -437,6 +437,13 @@ fn a_restarted_peer_service_keeps_its_replicas_and_restores_a_lost_disk() {
     }
     let held = metric(&http_get(b.metrics, "/metrics"), "strata_peer_chunks");
     assert_eq!(held, 96);
+    // The service runs at its background priority (--nice, default 10).
+    let nice = |pid: u32| -> i32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let rest = stat.rsplit_once(')').unwrap().1.to_string();
+        rest.split_whitespace().nth(16).unwrap().parse().unwrap()
+    };
+    assert_eq!(nice(b.child.id()), nice(std::process::id()).max(10));
     // SAFETY: sending a signal to our own child process by its pid.
     let rc = unsafe { libc::kill(b.child.id() as i32, libc::SIGTERM) };
     assert_eq!(rc, 0);

@@ -283,6 +283,13 @@ impl Checkpointer {
     /// save's unreported background failure, if any (see
     /// [`Self::check_background`]).
     pub fn flush(&self) -> Result<()> {
+        self.wait_inflight();
+        self.check_background()
+    }
+
+    /// Waits for this process's save in flight, if any (its handle
+    /// reports its outcome).
+    pub(crate) fn wait_inflight(&self) {
         let c = self
             .inflight
             .lock()
@@ -291,7 +298,6 @@ impl Checkpointer {
         if let Some(c) = c {
             c.wait_done();
         }
-        self.check_background()
     }
 
     /// Finishes what was started (the save in flight, queued pushes and

@@ -151,14 +151,7 @@ impl Checkpointer {
     ) -> Result<BTreeMap<String, BTreeSet<u64>>> {
         let s = &self.shared;
         let (job, rank) = (&s.cfg.job, s.cfg.rank);
-        let pending = self
-            .inflight
-            .lock()
-            .ok()
-            .and_then(|g| g.as_ref().map(|(_, c)| c.clone()));
-        if let Some(c) = pending {
-            c.wait_done();
-        }
+        self.wait_inflight();
         self.wait_replication();
         self.wait_uploads();
         let catalog = s.catalog();
@@ -174,12 +167,7 @@ impl Checkpointer {
             let held: BTreeSet<u64> = steps
                 .iter()
                 .filter(|st| doomed(st.step))
-                .filter(|st| {
-                    st.manifests.contains(&rank)
-                        || st.committed_ranks().contains(&rank)
-                        || st.retiring.contains(&rank)
-                        || st.unreadable.contains_key(&rank)
-                })
+                .filter(|st| st.ranks_held().contains(&rank))
                 .map(|st| st.step)
                 .collect();
             if held.is_empty() {

@@ -150,6 +150,17 @@ impl StepInfo {
             .collect()
     }
 
+    /// Every rank with anything of the step in this tier: a manifest, a
+    /// commit record (readable or not), a retiring marker. What deleting
+    /// the step retires.
+    pub fn ranks_held(&self) -> BTreeSet<u32> {
+        let mut ranks = self.manifests.clone();
+        ranks.extend(self.committed_ranks());
+        ranks.extend(self.retiring.iter().copied());
+        ranks.extend(self.unreadable.keys().copied());
+        ranks
+    }
+
     /// The world size recorded by the commit records, if any.
     pub fn world_size(&self) -> Option<u32> {
         self.records.values().next().map(|r| r.world_size)

@@ -316,14 +316,7 @@ impl Checkpointer {
         // A save of this process between its vote and its record would
         // list as a partial step, and rolling it forward would race its
         // own record: wait for it first (its handle reports its outcome).
-        let pending = self
-            .inflight
-            .lock()
-            .ok()
-            .and_then(|g| g.as_ref().map(|(_, c)| c.clone()));
-        if let Some(c) = pending {
-            c.wait_done();
-        }
+        self.wait_inflight();
         let Listed {
             ref catalog,
             ref holdings,

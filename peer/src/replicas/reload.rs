@@ -294,6 +294,7 @@ impl Replicas {
         report.jobs = jobs.len() as u64;
         for job in &jobs {
             for st in self.steps.list_steps(job).await? {
+                let mut dropped = std::collections::BTreeSet::new();
                 for &rank in &st.manifests {
                     match self.steps.get_manifest(job, st.step, rank).await {
                         Ok(bytes) if self.serves_whole(job, &bytes)? => {
@@ -308,19 +309,26 @@ impl Replicas {
                                 "a shard whose chunks are not all held (or whose manifest is unreadable) retired"
                             );
                             self.steps.delete_shard(job, st.step, rank).await?;
+                            dropped.insert(rank);
                             report.shards_dropped += 1;
                         }
                     }
                 }
-            }
-            for st in self.steps.list_steps(job).await? {
-                for (first, rec) in &st.records {
+                // A retired shard took its record (named by its rank).
+                let records: Vec<_> = st
+                    .records
+                    .iter()
+                    .filter(|(first, _)| !dropped.contains(first))
+                    .collect();
+                for (first, rec) in &records {
                     let bytes = rec
                         .encode()
                         .map_err(|e| StoreError::invalid("commit record", e.to_string()))?;
-                    self.charge_unbounded(job, (st.step, Kind::Record, *first), &bytes)?;
+                    self.charge_unbounded(job, (st.step, Kind::Record, **first), &bytes)?;
                 }
-                report.steps += 1;
+                if !records.is_empty() || st.manifests.len() > dropped.len() {
+                    report.steps += 1;
+                }
             }
         }
         // This start's retention (its limits may differ from the last
@@ -389,6 +397,7 @@ impl Replicas {
                             slot.place = Place::Disk { len, seq };
                             c.release(&job, len, true, 0);
                             c.add(&job, len, false, 0);
+                            kept += 1;
                         }
                         _ => {
                             // Deleted meanwhile: its file goes too.
@@ -396,7 +405,6 @@ impl Replicas {
                             remove_any(&self.file(&job, &id, seq));
                         }
                     }
-                    kept += 1;
                 }
                 Err(e) => {
                     tracing::warn!(job, chunk = %id, error = %e, "a replica in memory could not be kept on disk");

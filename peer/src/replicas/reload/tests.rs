@@ -266,3 +266,63 @@ fn a_layout_this_version_does_not_know_is_refused_not_cleared() {
     assert!(e.to_string().contains("does not know"), "{e}");
     assert!(spill.join("chunks").is_dir());
 }
+
+#[tokio::test]
+async fn a_start_applies_its_own_retention_to_every_reloaded_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill");
+    let keep = |n| Limits {
+        keep_last: n,
+        grace: std::time::Duration::ZERO,
+        ..limits()
+    };
+    {
+        let r = Replicas::new(&spill, keep(10)).unwrap();
+        for step in [5, 6] {
+            for rank in 0..2 {
+                let m = manifest(step, rank);
+                r.put_manifest(JOB, step, rank, &m).await.unwrap();
+                r.commit(&CommitRecord {
+                    job: JOB.into(),
+                    step,
+                    world_size: 2,
+                    committed_unix_ms: 1,
+                    shards: vec![ShardRef {
+                        rank,
+                        manifest: ChunkId::of(&m),
+                        logical_bytes: 4000,
+                    }],
+                })
+                .await
+                .unwrap();
+            }
+        }
+        for rank in 0..2 {
+            for i in 0..4 {
+                let c = chunk(rank, i);
+                r.put_chunk(JOB, ChunkId::of(&c), frame(&c)).unwrap();
+            }
+        }
+        r.keep_memory_on_disk().unwrap();
+        let steps: Vec<u64> = r
+            .list_steps(JOB)
+            .await
+            .unwrap()
+            .iter()
+            .map(|s| s.step)
+            .collect();
+        assert_eq!(steps, [5, 6]);
+    }
+    // Started again keeping one step: step 5 goes at start, with no commit
+    // from the job (a finished job sends none).
+    let r = Replicas::new(&spill, keep(1)).unwrap();
+    let steps: Vec<u64> = r
+        .list_steps(JOB)
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.step)
+        .collect();
+    assert_eq!(steps, [6]);
+    assert_eq!(r.reloaded().steps, 2, "both were reloaded before retention");
+}
