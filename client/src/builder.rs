@@ -240,6 +240,7 @@ impl Checkpointer {
             commits: CommitEvents::default(),
             committed: KnownCommitted::default(),
             claims,
+            foreground: crate::foreground::Foreground::default(),
             cfg,
         });
         // The workers hear of committed steps as subscribers; the save

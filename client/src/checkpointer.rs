@@ -244,6 +244,8 @@ impl Checkpointer {
             *g = Some((step, done.clone()));
         }
         let _snap = tracing::info_span!("snapshot").entered();
+        // The background copies hold back while the state is copied.
+        let _foreground = self.shared.foreground.enter();
         for (k, &len) in plan.segment_lens.iter().enumerate() {
             let mut seg = self.shared.pool.take(len, gpu.as_deref());
             let filled = fill_segment(

@@ -91,6 +91,9 @@ pub(crate) struct Shared {
     /// Which rank of this node sends a chunk its ranks share (on the
     /// default L1 only: the claims live in its directory).
     pub(crate) claims: Option<PushClaims>,
+    /// Snapshots and restores running now: the background copies hold
+    /// back at their batch boundaries meanwhile.
+    pub(crate) foreground: crate::foreground::Foreground,
 }
 
 impl Shared {
@@ -172,14 +175,21 @@ impl Shared {
     /// state read now.
     pub(crate) fn metrics_text(&self) -> String {
         use std::sync::atomic::Ordering::Relaxed;
-        self.metrics.render(
+        let mut out = self.metrics.render(
             &self.uploads.snapshot(),
             &self.replication.snapshot(),
             (
                 self.uploads.dropped.load(Relaxed),
                 self.replication.dropped.load(Relaxed),
             ),
-        )
+        );
+        self.metrics.seconds_counter(
+            &mut out,
+            "strata_background_held_seconds_total",
+            "Time the background copies (push to the peers, upload to L3) held back for this process's snapshots and restores.",
+            self.foreground.held().as_secs_f64(),
+        );
+        out
     }
 
     /// The steps this rank committed in any tier it can list.

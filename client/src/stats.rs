@@ -66,6 +66,13 @@ pub struct RestoreStats {
     /// A step restored from L3 was written back to L1 and committed there
     /// (`restore` does this; `restore_into`, which may read a subset, not).
     pub rehydrated: bool,
+    /// A priority restore ([`Checkpointer::restore_first`]): the time
+    /// until the entries asked for first were read, verified and placed
+    /// (after agreeing on the step, as `duration`). None for any other
+    /// restore.
+    ///
+    /// [`Checkpointer::restore_first`]: crate::Checkpointer::restore_first
+    pub first_usable: Option<Duration>,
     /// Time to read, verify and place every chunk (after agreeing on the
     /// step and loading the manifest).
     pub duration: Duration,

@@ -12,7 +12,7 @@ use strata::format::manifest::ChunkRef;
 use strata::format::{ChunkId, DType};
 use strata::tiered::wrap::{FaultPlan, FaultStore};
 use strata::tiered::{ChunkData, ChunkPut, ChunkStore, MemoryStore, StoreErrorKind};
-use strata::tiers::copy::{copy_step, CopyOptions, CopyProgress, Verify};
+use strata::tiers::copy::{copy_step, CopyOptions, CopyProgress, Pause, Verify};
 use strata::tiers::{ReadTier, TieredReader};
 use strata::{Checkpointer, Config, Entry, ErrorKind, StepSelector, TierStack};
 use strata_tiered::ChunkStoreExt;
@@ -80,6 +80,7 @@ fn copy_step_sends_only_what_is_missing_commits_and_is_idempotent() {
         batch_bytes: 100 * KIB as u64,
         verify: Verify::Here,
         siblings: None,
+        pause: None,
     };
     let st = rt
         .block_on(copy_step(&src_dyn, &*dst, "c", 7, 0, opts, &progress))
@@ -119,6 +120,79 @@ fn copy_step_sends_only_what_is_missing_commits_and_is_idempotent() {
     let got = ck2.restore(StepSelector::Latest).unwrap();
     assert_eq!(got.step, 7);
     assert_eq!(got.get("w").unwrap().bytes, data);
+}
+
+/// A pause held shut until permits are added: counts the batches it let
+/// through.
+struct Gate {
+    permits: tokio::sync::Semaphore,
+    passed: std::sync::atomic::AtomicUsize,
+}
+
+impl Pause for Gate {
+    fn before_batch(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            if let Ok(p) = self.permits.acquire().await {
+                p.forget();
+            }
+            self.passed
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+    }
+}
+
+#[test]
+fn a_held_copy_reads_and_sends_nothing_until_its_pause_lets_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = tensor(3);
+    let src = Arc::new(MemoryStore::new());
+    let _ck = saved_on(src.clone(), dir.path(), &data);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dst = Arc::new(MemoryStore::new());
+    let gate = Arc::new(Gate {
+        permits: tokio::sync::Semaphore::new(0),
+        passed: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let src_dyn: Arc<dyn ChunkStore> = src.clone();
+    let (d2, g2) = (dst.clone(), gate.clone());
+    let copy = rt.spawn(async move {
+        let opts = CopyOptions {
+            batch_bytes: 100 * KIB as u64,
+            verify: Verify::Here,
+            siblings: None,
+            pause: Some(&*g2),
+        };
+        copy_step(&src_dyn, &*d2, "c", 7, 0, opts, &|_| {}).await
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Held before its first batch: nothing sent.
+    assert!(!copy.is_finished());
+    assert!(rt.block_on(dst.list_chunks("c")).unwrap().is_empty());
+    // One batch let through: exactly one chunk (100 KiB batches of 64 KiB
+    // chunks), and held again before the next.
+    gate.permits.add_permits(1);
+    let t = std::time::Instant::now();
+    while gate.passed.load(std::sync::atomic::Ordering::SeqCst) < 1 {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10));
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!copy.is_finished());
+    assert!(
+        rt.block_on(dst.list_chunks("c")).unwrap().is_empty(),
+        "sent while held"
+    );
+    gate.permits.add_permits(1);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(rt.block_on(dst.list_chunks("c")).unwrap().len(), 1);
+    assert!(!copy.is_finished());
+    // Let it run: every batch passes the pause (4 chunks: one before the
+    // first read, one per batch).
+    gate.permits.add_permits(100);
+    let st = rt.block_on(copy).unwrap().unwrap();
+    assert_eq!(st.chunks_sent, 4);
+    assert_eq!(gate.passed.load(std::sync::atomic::Ordering::SeqCst), 5);
+    assert_eq!(rt.block_on(dst.list_steps("c")).unwrap().len(), 1);
 }
 
 #[test]

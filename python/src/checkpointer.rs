@@ -162,6 +162,9 @@ fn restore_dict<'py>(py: Python<'py>, s: &RestoreStats) -> PyResult<Bound<'py, P
     d.set_item("chunks_repaired", s.chunks_repaired)?;
     d.set_item("rehydrated", s.rehydrated)?;
     d.set_item("duration_s", s.duration.as_secs_f64())?;
+    if let Some(t) = s.first_usable {
+        d.set_item("first_usable_s", t.as_secs_f64())?;
+    }
     Ok(d)
 }
 

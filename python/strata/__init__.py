@@ -26,6 +26,7 @@ is in the Rust crates; this package converts.
 
 from ._catalog import Catalog
 from ._checkpointer import Checkpointer, SaveHandle
+from ._loading import Loading
 from ._errors import (
     ConflictError,
     CorruptError,
@@ -54,6 +55,7 @@ def resolve_config(config=None, **settings):
 __all__ = [
     "Catalog",
     "Checkpointer",
+    "Loading",
     "SaveHandle",
     "resolve_config",
     "StrataError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import time
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -20,6 +21,7 @@ from ._arrays import (
 from ._dist import open_rounds, torch_world
 from ._errors import InvalidError, NotFoundError, StrataError
 from ._layout import LAYOUT_KEY, layout_json, parse_layout
+from ._loading import Loading, copy_into, first_paths, under
 from ._tree import TREE_ENTRY, Leaf, dtensor_type, entry_refs, flatten, is_stateful, parse, path_text, unflatten
 
 log = logging.getLogger("strata")
@@ -239,7 +241,9 @@ class Checkpointer:
         may be changed as soon as this returns. Raises ``ConflictError`` if
         this rank already committed ``step``; raises an earlier save's
         background failure that no handle reported (then nothing is saved:
-        call it again)."""
+        call it again). A priority load's rest in flight (``Loading``) is
+        waited for and filled in first."""
+        self._settle_loading()
         keep: List[Any] = []
         layouts: Dict[str, Any] = {}
         entries = self._entries(state, keep, layouts)
@@ -290,6 +294,7 @@ class Checkpointer:
         spike), every step newer than the one loaded is then deleted from
         every tier (see ``delete``), so the latest step and retention follow
         the branch trained from here."""
+        self._settle_loading()
         plan, by_name, root = self._plan(step)
         st = plan.step
         if root is None:
@@ -331,7 +336,15 @@ class Checkpointer:
             except StrataError:
                 pass
 
-    def load_into(self, state: Any, step: Optional[int] = None, *, strict: bool = True, discard_newer: bool = False) -> int:
+    def load_into(
+        self,
+        state: Any,
+        step: Optional[int] = None,
+        *,
+        strict: bool = True,
+        discard_newer: bool = False,
+        first: Any = None,
+    ) -> Any:
         """Restores ``step`` (default: the newest step every rank can
         restore) into ``state`` in place: every tensor and numpy array in
         ``state`` is filled with the stored bytes (the model's and the
@@ -343,19 +356,57 @@ class Checkpointer:
         was read and verified (a ``CorruptError`` or ``UnavailableError``
         leaves it as it was); the cost is one copy of the state in memory
         during the load. Returns the step. All ranks call it together.
-        ``discard_newer``: as for ``load``."""
+        ``discard_newer``: as for ``load``.
+
+        Priority load: with ``first`` (a path of the state such as
+        ``"model"``, or a list of them), the tensors under those paths are
+        read, verified and filled first, and ``load_into`` returns a
+        ``Loading`` handle as soon as they are in place (training can start
+        its forward passes); the rest is read behind them on a thread of
+        its own, and ``Loading.wait()`` fills it in (tensors, plain values,
+        ``load_state_dict`` of stateful objects) and returns the step.
+        ``Loading.first_seconds`` and ``seconds`` are the times to the
+        first part and to everything. A path that covers no tensor is an
+        ``InvalidError``; ``discard_newer`` cannot be combined with it
+        (call ``delete`` after ``wait``)."""
+        started = time.perf_counter()
+        prefixes = None if first is None else first_paths(first)
+        if prefixes is not None and discard_newer:
+            raise InvalidError("discard_newer with first: wait() for the load, then delete() the newer steps")
+        self._settle_loading()
         plan, by_name, root = self._plan(step)
         try:
-            st = self._fill(state, plan, by_name, root, strict)
+            out = self._fill(state, plan, by_name, root, strict, prefixes, started)
         except BaseException:
             self._decline_discard(plan.step, discard_newer)
             raise
+        if isinstance(out, Loading):
+            self._loading = out
+            return out
         if discard_newer:
-            self.discarded = self._native.discard_newer(st)
-        return st
+            self.discarded = self._native.discard_newer(out)
+        return out
 
-    def _fill(self, state: Any, plan: Any, by_name: Dict[str, tuple], root: Any, strict: bool) -> int:
-        """``load_into``'s work once the ranks agreed on ``plan``."""
+    def _settle_loading(self) -> None:
+        """A priority load's rest in flight is read and filled in before
+        anything else touches the state (its failure goes to its ``wait``)."""
+        loading = getattr(self, "_loading", None)
+        if loading is not None:
+            self._loading = None
+            loading._settle()
+
+    def _fill(
+        self,
+        state: Any,
+        plan: Any,
+        by_name: Dict[str, tuple],
+        root: Any,
+        strict: bool,
+        first: Optional[List[str]] = None,
+        started: float = 0.0,
+    ) -> Any:
+        """``load_into``'s work once the ranks agreed on ``plan``: the step,
+        or with ``first`` a ``Loading`` for the rest."""
         st = plan.step
         if root is None:
             raise InvalidError(f"step {st} was not saved from Python; use load()")
@@ -371,6 +422,7 @@ class Checkpointer:
         covered: set = set()  # ids of targets filled (a DTensor, besides its local shard)
         copies: Dict[str, Any] = {}  # entry name -> (staging, target)
         aliases: List[Tuple[str, Any]] = []  # (entry name, another target)
+        early: set = set()  # entries with a target under the `first` paths
         ops: List[Tuple[Any, Any, Any]] = []  # (container, key, value), applied last
         problems: List[str] = []
 
@@ -401,6 +453,8 @@ class Checkpointer:
                     aliases.append((saved.name, arr))
                 else:
                     copies[saved.name] = (_alloc(st, by_name, saved.name, saved.tag, like=arr), arr)
+                if first is not None and under(path, first):
+                    early.add(saved.name)
                 return target
             if is_stateful(target) and isinstance(saved, dict):
                 # Filled through its state_dict(), then given back to it.
@@ -428,33 +482,48 @@ class Checkpointer:
             _check_covered(state, copies, aliases, problems, covered, stateful_sds)
         if problems:
             raise InvalidError(f"step {st} does not fit the state: " + "; ".join(problems[:10]))
+        if first is not None and not early:
+            raise InvalidError(f"first={first}: no tensor of the state lies under these paths")
         # Entries the state had no array for (new values) are restored fresh.
         fresh: Dict[str, Any] = {}
-        dests: List[tuple] = [(name, *address(stage)) for name, (stage, _) in copies.items()]
+        dests: List[tuple] = [(name, *address(stage)) for name, (stage, _) in copies.items() if name not in early]
         for name, tag in entry_refs(root).items():
             if name not in copies:
                 fresh[name] = _alloc(st, by_name, name, tag)
                 dests.append((name, *address(fresh[name])))
-        self.last_restore = self._native.read(plan, dests)
-        # Every byte was read and verified: now the state changes (targets
-        # whose memory overlaps, views of one storage, one after another).
-        pairs = list(copies.values())
-        for name, target in aliases:
-            pairs.append((copies[name][0], target))
-        for source, target in pairs:
-            if hasattr(target, "copy_"):
-                import torch
 
-                with torch.no_grad():
-                    target.copy_(source)
-            else:
-                target[...] = source
-        for container, key, value in ops:
-            container[key] = _replace_refs(value, fresh)
-        _replace_refs(result, fresh)
-        for obj, sd in statefuls:
-            obj.load_state_dict(_replace_refs(sd, fresh))
-        return st
+        def pairs_of(names: Any) -> List[Tuple[Any, Any]]:
+            # Targets whose memory overlaps (views of one storage) are
+            # filled one after another, in this order.
+            pairs = [copies[n] for n in copies if n in names]
+            pairs += [(copies[n][0], target) for n, target in aliases if n in names]
+            return pairs
+
+        def apply_rest() -> None:
+            copy_into(pairs_of(set(copies) - early))
+            for container, key, value in ops:
+                container[key] = _replace_refs(value, fresh)
+            _replace_refs(result, fresh)
+            for obj, sd in statefuls:
+                obj.load_state_dict(_replace_refs(sd, fresh))
+
+        if first is None:
+            self.last_restore = self._native.read(plan, dests)
+            # Every byte was read and verified: now the state changes.
+            apply_rest()
+            return st
+        # Priority: the tensors under `first`, read, verified and filled
+        # in; then the rest behind them.
+        head = [(name, *address(copies[name][0])) for name in copies if name in early]
+        self.last_restore = self._native.read(plan, head)
+        copy_into(pairs_of(early))
+        loading = Loading(st, started, self.last_restore)
+
+        def read_rest() -> Dict[str, Any]:
+            return self._native.read(plan, dests) if dests else {}
+
+        loading._start(read_rest, apply_rest)
+        return loading
 
     # -- inspection -------------------------------------------------------
 
@@ -508,6 +577,7 @@ class Checkpointer:
         reported. Idempotent."""
         _OPEN.discard(self)
         self._closed = True
+        self._settle_loading()
         self._native.close()
 
     def __enter__(self) -> "Checkpointer":

@@ -336,6 +336,17 @@ fn newest<S>(states: &BTreeMap<u64, S>, done: fn(&S) -> bool) -> Option<u64> {
 
 /// One metric family: its HELP and TYPE lines, then a sample for each
 /// (labels beyond the rank's own, value).
+impl Metrics {
+    /// Appends a counter of seconds (a float) with this process's labels.
+    pub(crate) fn seconds_counter(&self, out: &mut String, name: &str, help: &str, secs: f64) {
+        let l = &self.labels;
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {secs:.6}"
+        );
+    }
+}
+
 fn family(
     out: &mut String,
     l: &str,

@@ -209,6 +209,7 @@ fn upload_step(s: &Shared, l3: &dyn ChunkStore, step: u64) -> Result<(u64, u64)>
         batch_bytes: UPLOAD_BATCH_BYTES,
         verify: Verify::Here,
         siblings: None,
+        pause: Some(&s.foreground),
     };
     let total = AtomicU64::new(0);
     let progress = |p: CopyProgress| match p {

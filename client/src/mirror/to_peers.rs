@@ -266,6 +266,7 @@ fn push(s: &Shared, peer: &Member, step: u64) -> Result<u64> {
         siblings: claims
             .as_ref()
             .map(|c| c as &dyn crate::tiers::copy::PushCoordination),
+        pause: Some(&s.foreground),
     };
     let st = s.rt.block_on(copy_step(
         &s.l1,

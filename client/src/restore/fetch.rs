@@ -40,6 +40,8 @@ pub(crate) fn fetch_into(
 ) -> Result<RestoreStats> {
     let m = &loaded.shard.manifest;
     let started = Instant::now();
+    // The background copies hold back while this restore reads.
+    let _foreground = s.foreground.enter();
     let slots = split_targets(m, dests)?;
     let wanted: Vec<usize> = (0..m.chunks.len())
         .filter(|&c| slots[c].lock().is_ok_and(|t| t.is_some()))
@@ -68,6 +70,7 @@ pub(crate) fn fetch_into(
         bytes_from_l2: counters.from_l2.load(Ordering::Relaxed),
         chunks_repaired: counters.repaired.load(Ordering::Relaxed),
         rehydrated: counters.l1_copy.load(Ordering::Relaxed),
+        first_usable: None,
         duration: started.elapsed(),
     })
 }

@@ -8,6 +8,7 @@ pub(crate) mod agreement;
 pub(crate) mod fetch;
 pub(crate) mod l3;
 pub(crate) mod place;
+pub(crate) mod priority;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

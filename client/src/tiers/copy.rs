@@ -36,6 +36,14 @@ pub trait PushCoordination: Send + Sync {
     fn sibling_sending(&self, id: &ChunkId) -> bool;
 }
 
+/// What a background copy yields to: awaited before each batch is read
+/// and sent (the process's foreground work, a snapshot or a restore,
+/// holds it back for a bounded time).
+pub trait Pause: Send + Sync {
+    /// Resolves when the copy may read and send its next batch.
+    fn before_batch(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}
+
 /// How long a copy waits for chunks another process claimed to reach the
 /// destination before it sends them itself.
 const SIBLING_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -62,6 +70,9 @@ pub struct CopyOptions<'a> {
     /// Other processes sending the same chunks to the same destination
     /// (the ranks of a node): chunks they claimed are left to them.
     pub siblings: Option<&'a dyn PushCoordination>,
+    /// Held back before each batch by this (a background copy yields to
+    /// the process's snapshots and restores); None: never held.
+    pub pause: Option<&'a dyn Pause>,
 }
 
 impl std::fmt::Debug for CopyOptions<'_> {
@@ -70,6 +81,7 @@ impl std::fmt::Debug for CopyOptions<'_> {
             .field("batch_bytes", &self.batch_bytes)
             .field("verify", &self.verify)
             .field("siblings", &self.siblings.is_some())
+            .field("pause", &self.pause.is_some())
             .finish()
     }
 }
@@ -80,6 +92,7 @@ impl Default for CopyOptions<'_> {
             batch_bytes: 64 << 20,
             verify: Verify::Here,
             siblings: None,
+            pause: None,
         }
     }
 }
@@ -272,6 +285,12 @@ async fn send_chunks(
             }
         })
     };
+    let pause = || async {
+        if let Some(p) = opts.pause {
+            p.before_batch().await;
+        }
+    };
+    pause().await;
     let mut next = batches.first().map(read);
     let (mut sent, mut written) = (0u64, 0u64);
     let mut result = Ok(());
@@ -284,6 +303,9 @@ async fn send_chunks(
                 break;
             }
         };
+        // Held here, nothing is read nor sent: a snapshot or a restore of
+        // this process runs.
+        pause().await;
         next = batches.get(k + 1).map(read);
         if got.len() != batch.len() {
             result = Err(Error::Pipeline(format!(

@@ -1,0 +1,223 @@
+//! Foreground work first: while a save's snapshot or a restore's reads run
+//! in this process, its background copies (the push to the peers after a
+//! commit, the upload to L3) hold back at their next batch boundary, so
+//! the snapshot gets the cores and the memory bandwidth and the restore
+//! gets the disk, the network and the cores. A nice value (see
+//! [`crate::priority`]) only weighs CPU contention; this also stops the
+//! copies' reads from competing with a restore's and their memcpys with a
+//! snapshot's.
+//!
+//! A copy holds back at most [`MAX_HOLD`] per batch, then sends one batch
+//! anyway: foreground work that never ends (a restore loop) slows the
+//! copies down, it cannot starve them, and nothing the foreground waits
+//! for can wait on a held copy for long.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::tiers::copy::Pause;
+
+/// Longest a background copy holds back before its next batch.
+pub(crate) const MAX_HOLD: Duration = Duration::from_secs(1);
+
+/// This process's foreground work in progress.
+#[derive(Debug, Default)]
+pub(crate) struct Foreground {
+    /// Snapshots and restores running now.
+    active: AtomicUsize,
+    /// Wakes held copies when the last one ends.
+    idle: tokio::sync::Notify,
+    /// Total time copies held back, for the metrics (nanoseconds).
+    held_ns: AtomicU64,
+}
+
+/// Foreground work in progress: background copies hold back until every
+/// guard is dropped.
+#[must_use = "the foreground work ends when the guard is dropped"]
+pub(crate) struct ForegroundGuard<'a>(&'a Foreground);
+
+impl Drop for ForegroundGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Foreground {
+    /// Marks foreground work (a snapshot, a restore's reads) until the
+    /// guard is dropped.
+    pub(crate) fn enter(&self) -> ForegroundGuard<'_> {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        ForegroundGuard(self)
+    }
+
+    /// Whether foreground work runs now.
+    pub(crate) fn busy(&self) -> bool {
+        self.active.load(Ordering::Acquire) > 0
+    }
+
+    /// Time background copies spent holding back so far.
+    pub(crate) fn held(&self) -> Duration {
+        Duration::from_nanos(self.held_ns.load(Ordering::Relaxed))
+    }
+
+    /// Waits until no foreground work runs, at most `max`. Returns the
+    /// time waited.
+    pub(crate) async fn until_idle(&self, max: Duration) -> Duration {
+        if !self.busy() {
+            return Duration::ZERO;
+        }
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + max;
+        loop {
+            // Registered before the check, so the last guard's
+            // notify_waiters between the two is not missed.
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if !self.busy() {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                break;
+            }
+        }
+        let waited = started.elapsed();
+        self.held_ns.fetch_add(
+            u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        waited
+    }
+}
+
+impl Pause for Foreground {
+    fn before_batch(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            self.until_idle(MAX_HOLD).await;
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn a_copy_holds_back_until_the_foreground_work_ends() {
+        let fg = std::sync::Arc::new(Foreground::default());
+        let guard_owner = fg.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let g = guard_owner.enter();
+            tx.send(()).ok();
+            std::thread::sleep(Duration::from_millis(200));
+            drop(g);
+        });
+        rx.recv().ok();
+        let waited = rt().block_on(fg.until_idle(Duration::from_secs(10)));
+        t.join().ok();
+        assert!(waited >= Duration::from_millis(150), "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        assert!(!fg.busy());
+        assert!(fg.held() >= waited);
+    }
+
+    #[test]
+    fn a_copy_never_waits_past_its_bound_nor_when_idle() {
+        let fg = Foreground::default();
+        let rt = rt();
+        assert_eq!(
+            rt.block_on(fg.until_idle(Duration::from_secs(10))),
+            Duration::ZERO
+        );
+        let g1 = fg.enter();
+        let g2 = fg.enter();
+        let waited = rt.block_on(fg.until_idle(Duration::from_millis(100)));
+        assert!(waited >= Duration::from_millis(90), "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        drop(g1);
+        // One guard still out: still busy.
+        assert!(fg.busy());
+        drop(g2);
+        assert!(!fg.busy());
+    }
+
+    /// The upload of a committed step holds back while foreground work
+    /// runs (what a restore and a snapshot enter), and goes on after it.
+    #[test]
+    fn the_upload_to_l3_holds_back_for_foreground_work() {
+        use crate::{Checkpointer, Config, Entry, L3State};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let l3 = dir.path().join("l3");
+        let cfg = Config::builder()
+            .job("fg")
+            .l1_dir(dir.path().join("l1"))
+            .io_engine("psync")
+            .chunk_size(1 << 20)
+            .l3_url(format!("file://{}", l3.display()))
+            .upload_every(1);
+        let ck = Checkpointer::new(cfg).expect("checkpointer");
+        let data: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+        let shape = [data.len() as u64];
+        let restore = ck.shared.foreground.enter();
+        ck.save(
+            1,
+            &[Entry::tensor("w", strata_format::DType::U8, &shape, &data)],
+        )
+        .expect("save")
+        .wait()
+        .expect("durable");
+        // The upload starts and holds back before its first batch.
+        let t = Instant::now();
+        while !matches!(ck.uploads().get(&1), Some(L3State::Uploading { .. })) {
+            assert!(t.elapsed() < Duration::from_secs(20), "{:?}", ck.uploads());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let chunks_on_l3 = |p: &std::path::Path| {
+            walk(p)
+                .iter()
+                .filter(|f| f.to_string_lossy().contains("chunks"))
+                .count()
+        };
+        assert_eq!(chunks_on_l3(&l3), 0, "sent while held");
+        drop(restore);
+        ck.wait_uploads();
+        assert!(
+            matches!(ck.uploads().get(&1), Some(L3State::Committed { .. })),
+            "{:?}",
+            ck.uploads()
+        );
+        assert!(chunks_on_l3(&l3) > 0);
+        assert!(ck.shared.foreground.held() >= Duration::from_millis(200));
+        assert!(ck
+            .metrics_text()
+            .contains("strata_background_held_seconds_total{"));
+    }
+
+    fn walk(p: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(p) {
+            for e in rd.flatten() {
+                let path = e.path();
+                if path.is_dir() {
+                    out.extend(walk(&path));
+                } else {
+                    out.push(path);
+                }
+            }
+        }
+        out
+    }
+}

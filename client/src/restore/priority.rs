@@ -1,0 +1,248 @@
+//! Priority restore ([`Checkpointer::restore_first`]): the entries a caller
+//! names (the model's weights, say) are read, verified and handed over
+//! first; the rest (optimizer state, blobs) streams behind them on a
+//! thread of its own, so training can start its forward passes while the
+//! optimizer state is still arriving.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::checkpointer::Checkpointer;
+use crate::error::{Error, Result};
+use crate::restore::fetch::fetch_into;
+use crate::restore::place::Loaded;
+use crate::restore::StepSelector;
+use crate::state::{RestoredEntry, RestoredState};
+use crate::stats::RestoreStats;
+
+/// Whether entry `name` is `prefix` or lies below it: `"model"` covers
+/// `model.layers.0.weight` and `model/embed`, not `model_ema`.
+pub fn entry_under(name: &str, prefix: &str) -> bool {
+    match name.strip_prefix(prefix) {
+        Some("") => true,
+        Some(rest) => rest.starts_with('.') || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+/// A restore whose first entries are in place and whose rest is being
+/// read ([`Checkpointer::restore_first`]).
+pub struct PriorityRestore {
+    /// The step, its metadata, and the entries asked for first (in save
+    /// order), every byte verified. `stats.first_usable` is the time they
+    /// took.
+    pub first: RestoredState,
+    rest: mpsc::Receiver<Result<RestoredState>>,
+    outcome: Option<Result<RestoredState>>,
+}
+
+impl std::fmt::Debug for PriorityRestore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PriorityRestore")
+            .field("step", &self.first.step)
+            .field("first", &self.first.entries.len())
+            .finish()
+    }
+}
+
+impl PriorityRestore {
+    /// Whether the rest was read (or failed): [`Self::wait`] returns at once.
+    pub fn is_done(&mut self) -> bool {
+        if self.outcome.is_none() {
+            match self.rest.try_recv() {
+                Ok(r) => self.outcome = Some(r),
+                Err(mpsc::TryRecvError::Empty) => return false,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.outcome = Some(Err(Error::Pipeline("the restore thread stopped".into())));
+                }
+            }
+        }
+        true
+    }
+
+    /// Waits for the rest and returns it: the other entries (in save
+    /// order), every byte verified, with the counters of the whole restore
+    /// (`stats.first_usable` the time to the first entries, `duration` the
+    /// time to everything).
+    pub fn wait(mut self) -> Result<RestoredState> {
+        if let Some(r) = self.outcome.take() {
+            return r;
+        }
+        self.rest
+            .recv()
+            .map_err(|_| Error::Pipeline("the restore thread stopped".into()))?
+    }
+}
+
+impl Checkpointer {
+    /// Priority restore: agrees on the selected step with every rank (as
+    /// [`Self::restore`]; all ranks call it together), reads and verifies
+    /// the entries under the `first` names (an entry's name, or a prefix
+    /// of it up to a `.` or `/`: `"model"` covers `model.layers.0.weight`)
+    /// and returns them, while the other entries are read behind them on a
+    /// thread of its own ([`PriorityRestore::wait`]). The time to the
+    /// first entries is `first.stats.first_usable`; it is close to their
+    /// share of the bytes, since they are read alone, before the rest.
+    ///
+    /// A name that covers no entry is [`Error::InvalidState`] (before any
+    /// chunk is read). A step read from L3 is written back to L1 and
+    /// committed there once both parts are in, as by [`Self::restore`].
+    pub fn restore_first(
+        self: &Arc<Self>,
+        which: StepSelector,
+        first: &[&str],
+    ) -> Result<PriorityRestore> {
+        let (step, loaded) = self.agree_counted(which)?;
+        let started = Instant::now();
+        let m = &loaded.shard.manifest;
+        let early: Vec<bool> = m
+            .entries
+            .iter()
+            .map(|e| first.iter().any(|p| entry_under(&e.name, p)))
+            .collect();
+        if first.is_empty() || !early.contains(&true) {
+            let e = Error::InvalidState(format!(
+                "no entry of step {step} lies under {first:?} (restore_first)"
+            ));
+            self.shared.metrics.read_done(Err(&e));
+            return Err(e);
+        }
+        let head = match self.read_part(&loaded, &early, true) {
+            Ok(part) => part,
+            Err(e) => {
+                self.shared.metrics.read_done(Err(&e));
+                return Err(e);
+            }
+        };
+        let (entries, mut first_stats) = head;
+        let first_usable = started.elapsed();
+        first_stats.first_usable = Some(first_usable);
+        first_stats.duration = first_usable;
+        let first_part = RestoredState {
+            step,
+            entries,
+            metadata: m.metadata.clone(),
+            stats: first_stats.clone(),
+        };
+        let (tx, rx) = mpsc::channel();
+        let me = self.clone();
+        let late: Vec<bool> = early.iter().map(|e| !e).collect();
+        let spawned = std::thread::Builder::new()
+            .name("strata-restore-rest".into())
+            .spawn(move || {
+                let r = me.read_rest(step, &loaded, &late, first_stats, started);
+                me.shared.metrics.read_done(r.as_ref().map(|st| &st.stats));
+                let _ = tx.send(r);
+            });
+        if let Err(e) = spawned {
+            let e = Error::Pipeline(format!("cannot start a restore thread: {e}"));
+            self.shared.metrics.read_done(Err(&e));
+            return Err(e);
+        }
+        Ok(PriorityRestore {
+            first: first_part,
+            rest: rx,
+            outcome: None,
+        })
+    }
+
+    /// Reads the entries marked in `which` into fresh memory.
+    fn read_part(
+        &self,
+        loaded: &Loaded,
+        which: &[bool],
+        rehydrate: bool,
+    ) -> Result<(Vec<RestoredEntry>, RestoreStats)> {
+        let m = &loaded.shard.manifest;
+        let mut entries: Vec<RestoredEntry> = m
+            .entries
+            .iter()
+            .zip(which)
+            .filter(|(_, &w)| w)
+            .map(|(e, _)| {
+                let mut bytes = vec![0u8; e.len as usize];
+                strata_tiered::aligned::advise_huge_pages(&mut bytes);
+                RestoredEntry {
+                    name: e.name.clone(),
+                    kind: e.kind.clone(),
+                    bytes,
+                }
+            })
+            .collect();
+        let stats = {
+            let mut mine = entries.iter_mut();
+            let mut dests: Vec<Option<&mut [u8]>> = which
+                .iter()
+                .map(|&w| {
+                    if w {
+                        mine.next().map(|e| e.bytes.as_mut_slice())
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            fetch_into(&self.shared, loaded, &mut dests, rehydrate)?
+        };
+        Ok((entries, stats))
+    }
+
+    /// The rest of a priority restore, with the whole restore's counters.
+    fn read_rest(
+        &self,
+        step: u64,
+        loaded: &Loaded,
+        which: &[bool],
+        first: RestoreStats,
+        started: Instant,
+    ) -> Result<RestoredState> {
+        let (entries, rest) = if which.contains(&true) {
+            self.read_part(loaded, which, true)?
+        } else {
+            (Vec::new(), RestoreStats::default())
+        };
+        let mut stats = merge(&first, &rest, started.elapsed());
+        if first.rehydrated && (rest.rehydrated || !which.contains(&true)) {
+            stats.rehydrated = self.commit_on_l1(loaded);
+        } else {
+            stats.rehydrated = false;
+        }
+        Ok(RestoredState {
+            step,
+            entries,
+            metadata: loaded.shard.manifest.metadata.clone(),
+            stats,
+        })
+    }
+}
+
+/// One restore's counters from its two reads.
+fn merge(first: &RestoreStats, rest: &RestoreStats, total: Duration) -> RestoreStats {
+    RestoreStats {
+        step: first.step,
+        chunks: first.chunks + rest.chunks,
+        bytes_read: first.bytes_read + rest.bytes_read,
+        bytes_from_l3: first.bytes_from_l3 + rest.bytes_from_l3,
+        bytes_from_l2: first.bytes_from_l2 + rest.bytes_from_l2,
+        chunks_repaired: first.chunks_repaired + rest.chunks_repaired,
+        rehydrated: first.rehydrated && rest.rehydrated,
+        first_usable: first.first_usable,
+        duration: total,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::entry_under;
+
+    #[test]
+    fn a_prefix_covers_whole_path_components_only() {
+        assert!(entry_under("model", "model"));
+        assert!(entry_under("model.layers.0.weight", "model"));
+        assert!(entry_under("model/embed", "model"));
+        assert!(entry_under("model.layers.0.weight", "model.layers.0"));
+        assert!(!entry_under("model_ema.w", "model"));
+        assert!(!entry_under("mod", "model"));
+        assert!(!entry_under("model.layers.10.weight", "model.layers.1"));
+    }
+}

@@ -1,0 +1,165 @@
+//! Priority restore: `restore_first` hands over the entries named first,
+//! verified, and reads the rest behind them.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use strata::format::DType;
+use strata::{Checkpointer, Config, Entry, ErrorKind, StepSelector};
+
+const MIB: usize = 1 << 20;
+
+fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    // xorshift64: no two entries (nor two chunks) share a 4 KiB run.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(seed).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn open(dir: &std::path::Path) -> Arc<Checkpointer> {
+    let cfg = Config::builder()
+        .job("prio")
+        .l1_dir(dir)
+        .chunk_size(MIB as u32)
+        .io_engine("psync");
+    Arc::new(Checkpointer::new(cfg).unwrap())
+}
+
+/// Weights (2 MiB in two entries) and optimizer state twice their size.
+fn state() -> Vec<(String, Vec<u8>)> {
+    vec![
+        ("model.embed".into(), bytes(MIB, 1)),
+        ("model.head".into(), bytes(MIB, 2)),
+        ("optim.exp_avg".into(), bytes(2 * MIB, 3)),
+        ("optim.exp_avg_sq".into(), bytes(2 * MIB, 4)),
+        ("model_ema.head".into(), bytes(MIB / 2, 5)),
+    ]
+}
+
+fn save(ck: &Checkpointer, step: u64, st: &[(String, Vec<u8>)]) {
+    let shapes: Vec<[u64; 1]> = st.iter().map(|(_, d)| [d.len() as u64]).collect();
+    let entries: Vec<Entry<'_>> = st
+        .iter()
+        .zip(&shapes)
+        .map(|((n, d), s)| Entry::tensor(n, DType::U8, s, d))
+        .collect();
+    ck.save(step, &entries).unwrap().wait().unwrap();
+}
+
+#[test]
+fn the_first_entries_come_back_first_and_the_rest_at_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = open(dir.path());
+    let st = state();
+    save(&ck, 4, &st);
+    let p = ck.restore_first(StepSelector::Latest, &["model"]).unwrap();
+    assert_eq!(p.first.step, 4);
+    let names: Vec<&str> = p.first.entries.iter().map(|e| e.name.as_str()).collect();
+    // "model" covers model.embed and model.head, not model_ema.head.
+    assert_eq!(names, ["model.embed", "model.head"]);
+    for e in &p.first.entries {
+        let want = &st.iter().find(|(n, _)| *n == e.name).unwrap().1;
+        assert_eq!(&e.bytes, want, "{}", e.name);
+    }
+    let first = p.first.stats.clone();
+    assert_eq!(first.bytes_read, 2 * MIB as u64);
+    let to_first = first.first_usable.expect("a priority restore's first part");
+    let rest = p.wait().unwrap();
+    let names: Vec<&str> = rest.entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["optim.exp_avg", "optim.exp_avg_sq", "model_ema.head"]
+    );
+    for e in &rest.entries {
+        let want = &st.iter().find(|(n, _)| *n == e.name).unwrap().1;
+        assert_eq!(&e.bytes, want, "{}", e.name);
+    }
+    // The whole restore's counters: both parts, and both times.
+    let total: u64 = st.iter().map(|(_, d)| d.len() as u64).sum();
+    assert_eq!(rest.stats.bytes_read, total);
+    assert_eq!(rest.stats.first_usable, Some(to_first));
+    assert!(rest.stats.duration >= to_first);
+    let m = ck.metrics_text();
+    let value = |name: &str| {
+        m.lines()
+            .find(|l| l.starts_with(&format!("{name}{{")))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_string)
+    };
+    assert_eq!(value("strata_restores_total").as_deref(), Some("1"));
+    assert_eq!(value("strata_restores_failed_total").as_deref(), Some("0"));
+}
+
+#[test]
+fn a_name_that_covers_nothing_is_refused_before_any_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = open(dir.path());
+    save(&ck, 1, &state());
+    for first in [&["mod"][..], &["optimizer"][..], &[][..]] {
+        let e = ck
+            .restore_first(StepSelector::Latest, first)
+            .expect_err("nothing under it");
+        assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    }
+    // An exact name works, and the rest is everything else.
+    let p = ck
+        .restore_first(StepSelector::Step(1), &["optim.exp_avg_sq"])
+        .unwrap();
+    assert_eq!(p.first.entries.len(), 1);
+    assert_eq!(p.wait().unwrap().entries.len(), 4);
+}
+
+#[test]
+fn a_damaged_chunk_of_the_rest_fails_the_rest_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = open(dir.path());
+    let st = state();
+    save(&ck, 2, &st);
+    // Damage the chunk holding the start of optim.exp_avg (L1 is the only
+    // tier: nothing to repair it from).
+    let needle = &st[2].1[..4096];
+    let mut hit = None;
+    for f in walk(&dir.path().join("prio")) {
+        let b = std::fs::read(&f).unwrap();
+        if let Some(at) = b.windows(needle.len()).position(|w| w == needle) {
+            hit = Some((f, at));
+        }
+    }
+    let (f, at) = hit.expect("the chunk file");
+    let mut b = std::fs::read(&f).unwrap();
+    b[at + 100] ^= 0xFF;
+    std::fs::write(&f, b).unwrap();
+
+    let mut p = ck
+        .restore_first(StepSelector::Latest, &["model"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.first.entries[0].bytes, st[0].1);
+    let t = std::time::Instant::now();
+    while !p.is_done() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(30));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let e = p.wait().expect_err("the rest is damaged");
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+}
+
+fn walk(p: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}

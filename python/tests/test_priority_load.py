@@ -1,0 +1,126 @@
+"""Priority loads: ``load_into(state, first=[...])`` fills the tensors under
+the ``first`` paths, returns a ``Loading`` handle, and fills the rest at
+``wait()``."""
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import strata  # noqa: E402
+
+
+def _model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+
+
+def _trained(seed):
+    """A model and an Adam optimizer with state (two moments per weight)."""
+    model = _model(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 256)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_first_part_is_in_place_when_it_returns_and_the_rest_at_wait(make):
+    ckpt = make()
+    model, opt = _trained(0)
+    saved = {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3, "arr": np.arange(4096.0)}
+    ckpt.save(7, saved).wait()
+    want_model = {k: v.clone() for k, v in model.state_dict().items()}
+    want_exp = [s["exp_avg"].clone() for s in opt.state_dict()["state"].values()]
+
+    other, other_opt = _trained(1)
+    state = {"model": other.state_dict(), "optim": other_opt, "epoch": 0, "arr": np.zeros(4096)}
+    exp_before = [s["exp_avg"].clone() for s in other_opt.state_dict()["state"].values()]
+    loading = ckpt.load_into(state, first=["model"])
+    assert isinstance(loading, strata.Loading)
+    assert loading.step == 7
+    # The weights are loaded (the module's own parameters: the state_dict's
+    # tensors are views of them)...
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, want_model[k]), k
+    # ...and nothing else changed before wait(): not the optimizer, not the
+    # plain values, not the array.
+    got_exp = [s["exp_avg"] for s in other_opt.state_dict()["state"].values()]
+    assert all(torch.equal(a, b) for a, b in zip(got_exp, exp_before))
+    assert state["epoch"] == 0 and not state["arr"].any()
+    assert loading.stats["bytes_read"] > 0
+
+    assert loading.wait() == 7
+    assert loading.done()
+    got_exp = [s["exp_avg"] for s in other_opt.state_dict()["state"].values()]
+    assert all(torch.equal(a, b) for a, b in zip(got_exp, want_exp))
+    assert state["epoch"] == 3
+    assert np.array_equal(state["arr"], np.arange(4096.0))
+    assert 0 < loading.first_seconds <= loading.seconds
+    assert loading.stats["first_usable_s"] == loading.first_seconds
+    # Both reads are counted: at least every tensor's bytes.
+    total = sum(v.numel() * v.element_size() for v in want_model.values())
+    assert loading.stats["bytes_read"] > total
+    assert loading.wait() == 7  # again: the same answer
+
+
+def test_first_must_cover_a_tensor(make):
+    ckpt = make()
+    model, _ = _trained(0)
+    ckpt.save(1, {"model": model.state_dict()}).wait()
+    with pytest.raises(strata.InvalidError, match="no tensor"):
+        ckpt.load_into({"model": _model(1).state_dict()}, first=["modle"])
+    # A prefix matches whole path components only.
+    with pytest.raises(strata.InvalidError, match="no tensor"):
+        ckpt.load_into({"model": _model(1).state_dict()}, first="mod")
+    with pytest.raises(strata.InvalidError):
+        ckpt.load_into({"model": _model(1).state_dict()}, first=[])
+    with pytest.raises(strata.InvalidError, match="discard_newer"):
+        ckpt.load_into({"model": _model(1).state_dict()}, first="model", discard_newer=True)
+
+
+def test_a_damaged_rest_is_raised_by_wait_and_leaves_the_rest_as_it_was(make, l1, job):
+    ckpt = make(chunk_size=1 << 20)
+    torch.manual_seed(0)
+    saved = {"model": {"w": torch.randn(1 << 18)}, "optim": {"m": torch.randn(1 << 18)}}
+    ckpt.save(1, saved).wait()
+    needle = saved["optim"]["m"].numpy().tobytes()[:4096]
+    hit = []
+    for path in glob.glob(os.path.join(l1, job, "chunks", "*", "*")):
+        with open(path, "rb") as f:
+            at = f.read().find(needle)
+        if at >= 0:
+            hit.append((path, at))
+    assert len(hit) == 1, hit
+    path, at = hit[0]
+    with open(path, "r+b") as f:
+        f.seek(at + 100)
+        b = f.read(1)
+        f.seek(at + 100)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+    state = {"model": {"w": torch.zeros(1 << 18)}, "optim": {"m": torch.full((1 << 18,), 5.0)}}
+    loading = ckpt.load_into(state, first="model")
+    assert torch.equal(state["model"]["w"], saved["model"]["w"])
+    with pytest.raises(strata.CorruptError):
+        loading.wait()
+    with pytest.raises(strata.CorruptError):
+        loading.wait()
+    assert torch.all(state["optim"]["m"] == 5.0)
+
+
+def test_a_save_waits_for_the_rest_of_a_load_first(make):
+    ckpt = make()
+    torch.manual_seed(0)
+    saved = {"model": {"w": torch.randn(1 << 20)}, "optim": {"m": torch.randn(1 << 21)}}
+    ckpt.save(1, saved).wait()
+    state = {"model": {"w": torch.zeros(1 << 20)}, "optim": {"m": torch.zeros(1 << 21)}}
+    loading = ckpt.load_into(state, first="model")
+    # Saving the state now would save a half-loaded optimizer: the save
+    # settles the load first, so step 2 holds the loaded state.
+    ckpt.save(2, state).wait()
+    assert loading.done()
+    again = ckpt.load(2)
+    assert torch.equal(again["optim"]["m"], saved["optim"]["m"])
+    assert torch.equal(again["model"]["w"], saved["model"]["w"])
