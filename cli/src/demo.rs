@@ -375,7 +375,9 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
             .eager_push(!args.no_eager_push);
         Some(p)
     };
-    let ck = Checkpointer::new(cfg.clone()).map_err(|e| CliError::Arg(e.to_string()))?;
+    let ck = std::sync::Arc::new(
+        Checkpointer::new(cfg.clone()).map_err(|e| CliError::Arg(e.to_string()))?,
+    );
     let mut state = SynthState::new(args.state_size);
     let logical = state.logical();
     say!(
@@ -474,12 +476,17 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         last = Some(step);
     }
 
-    if last.is_some() {
+    // The last step's push and upload run now (its save returned once
+    // durable on L1): a restore beside them, against one after them.
+    let mut busy = None;
+    if let Some(last) = last {
+        if crate::demo_restores::background_running(&ck) {
+            let (took, _) = restore_and_check(&ck, &state, last)?;
+            busy = Some((took, crate::demo_restores::background_running(&ck)));
+        }
         ck.wait_replication();
         ck.wait_uploads();
         held_per_tier(&cfg);
-    }
-    if let Some(last) = last {
         let (took, _) = restore_and_check(&ck, &state, last)?;
         say!(
             "restored step {last}: {} verified byte-identical in {:.2} s ({:.2} GB/s)",
@@ -487,11 +494,17 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
             took.as_secs_f64(),
             gbps(logical, took)
         );
+        crate::demo_restores::report_busy(busy, took, logical);
+        let names: Vec<&str> = state.specs.iter().map(|s| s.name.as_str()).collect();
+        crate::demo_restores::priority_restore(&ck, last, &names, &state.data)?;
     }
     if !args.no_codecs {
         say!("codec report (what a compressing tier would store):");
         crate::codec_report::report(&state.specs, &state.data, chunk_size, threads)?;
     }
+    // The priority restore's thread is done with it: the demo owns it again.
+    let ck = std::sync::Arc::try_unwrap(ck)
+        .map_err(|_| CliError::Verify("the checkpointer is still shared".into()))?;
     let mut ck = Some(ck);
     if let (Some(p), Some(_)) = (&peers, last) {
         if let Some(c) = ck.take() {

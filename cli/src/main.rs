@@ -8,6 +8,7 @@ mod catalog;
 mod codec_report;
 mod demo;
 mod demo_cluster;
+mod demo_restores;
 mod diff;
 mod gc;
 mod ls;

@@ -115,11 +115,16 @@ def test_log_records_arrive_on_their_own_with_the_time_they_happened(make):
     logger.setLevel(logging.INFO)
     try:
         ckpt = make()
+        # One C call that holds the GIL for about a second on this
+        # machine, whatever its speed (sized from a short one first).
+        c0 = time.perf_counter()
+        sum(range(2_000_000))
+        n = int(2_000_000 * 1.0 / max(time.perf_counter() - c0, 1e-6))
         ckpt.save(1, state())
         # Hold the GIL (one C call that never yields) while the step
         # becomes durable in the background.
         t0 = time.time()
-        sum(range(40_000_000))
+        sum(range(n))
         t1 = time.time()
         assert t1 - t0 > 0.5, "the hold was too short to tell"
         # No call into the package from here on.

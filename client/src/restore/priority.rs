@@ -64,7 +64,8 @@ impl PriorityRestore {
     /// Waits for the rest and returns it: the other entries (in save
     /// order), every byte verified, with the counters of the whole restore
     /// (`stats.first_usable` the time to the first entries, `duration` the
-    /// time to everything).
+    /// time to everything). Once it returns, the restore holds no
+    /// reference to the checkpointer.
     pub fn wait(mut self) -> Result<RestoredState> {
         if let Some(r) = self.outcome.take() {
             return r;
@@ -133,6 +134,9 @@ impl Checkpointer {
             .spawn(move || {
                 let r = me.read_rest(step, &loaded, &late, first_stats, started);
                 me.shared.metrics.read_done(r.as_ref().map(|st| &st.stats));
+                // Once `wait` returns, nothing holds the checkpointer for
+                // this restore (`Arc::try_unwrap` works again).
+                drop(me);
                 let _ = tx.send(r);
             });
         if let Err(e) = spawned {

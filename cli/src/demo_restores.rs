@@ -1,0 +1,102 @@
+//! The demo's restores beside background work and its priority restore:
+//! the latest step restored while its push and upload still run, and the
+//! model's weights restored before the optimizer state.
+
+use std::sync::Arc;
+use std::time::Duration;
+use std::time::Instant;
+
+use strata::{Checkpointer, L2State, L3State, RestoredEntry, StepSelector};
+
+use crate::out::say;
+use crate::size::human;
+use crate::CliError;
+
+/// Whether a push to the peers or an upload to L3 runs now.
+pub(crate) fn background_running(ck: &Checkpointer) -> bool {
+    ck.replication()
+        .values()
+        .any(|s| matches!(s, L2State::Pending))
+        || ck
+            .uploads()
+            .values()
+            .any(|s| matches!(s, L3State::Queued | L3State::Uploading { .. }))
+}
+
+/// Checks restored entries against the saved bytes, by name.
+fn check(
+    step: u64,
+    got: &[RestoredEntry],
+    names: &[&str],
+    data: &[Vec<u8>],
+) -> Result<(), CliError> {
+    for e in got {
+        let ok = names
+            .iter()
+            .position(|n| *n == e.name)
+            .is_some_and(|i| data[i] == e.bytes);
+        if !ok {
+            return Err(CliError::Verify(format!(
+                "step {step}: entry {} differs from the bytes saved",
+                e.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A priority restore of `step`: the entries under `model` first, checked,
+/// then the rest, checked; prints the time to each.
+pub(crate) fn priority_restore(
+    ck: &Arc<Checkpointer>,
+    step: u64,
+    names: &[&str],
+    data: &[Vec<u8>],
+) -> Result<(), CliError> {
+    let verify = |e: strata::Error| CliError::Verify(e.to_string());
+    let t = Instant::now();
+    let p = ck
+        .restore_first(StepSelector::Step(step), &["model"])
+        .map_err(verify)?;
+    let first = t.elapsed();
+    check(step, &p.first.entries, names, data)?;
+    let first_bytes: u64 = p.first.entries.iter().map(|e| e.bytes.len() as u64).sum();
+    let first_n = p.first.entries.len();
+    let rest = p.wait().map_err(verify)?;
+    let all = t.elapsed();
+    check(step, &rest.entries, names, data)?;
+    if first_n + rest.entries.len() != names.len() {
+        return Err(CliError::Verify(format!(
+            "step {step}: {} entries restored, {} expected",
+            first_n + rest.entries.len(),
+            names.len()
+        )));
+    }
+    let total: u64 = data.iter().map(|d| d.len() as u64).sum();
+    say!(
+        "priority restore of step {step}: the model's weights ({} of {}) usable after {:.2} s, everything after {:.2} s ({:.0}%)",
+        human(first_bytes),
+        human(total),
+        first.as_secs_f64(),
+        all.as_secs_f64(),
+        100.0 * first.as_secs_f64() / all.as_secs_f64().max(1e-9)
+    );
+    Ok(())
+}
+
+/// The restore taken while background work ran, against the idle one.
+pub(crate) fn report_busy(busy: Option<(Duration, bool)>, idle: Duration, logical: u64) {
+    if let Some((took, overlapped)) = busy {
+        let gbps = |d: Duration| logical as f64 / d.as_secs_f64().max(1e-9) / 1e9;
+        say!(
+            "  the same restore while {} ran: {:.2} GB/s, {:.2} of the idle one",
+            if overlapped {
+                "the push and the upload"
+            } else {
+                "(briefly) the push and the upload"
+            },
+            gbps(took),
+            idle.as_secs_f64() / took.as_secs_f64().max(1e-9)
+        );
+    }
+}
