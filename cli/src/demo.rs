@@ -494,7 +494,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
             took.as_secs_f64(),
             gbps(logical, took)
         );
-        crate::demo_restores::report_busy(busy, took, logical);
+        crate::demo_restores::report_busy(&ck, busy, took, logical);
         let names: Vec<&str> = state.specs.iter().map(|s| s.name.as_str()).collect();
         crate::demo_restores::priority_restore(&ck, last, &names, &state.data)?;
     }

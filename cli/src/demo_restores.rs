@@ -85,11 +85,23 @@ pub(crate) fn priority_restore(
 }
 
 /// The restore taken while background work ran, against the idle one.
-pub(crate) fn report_busy(busy: Option<(Duration, bool)>, idle: Duration, logical: u64) {
+pub(crate) fn report_busy(
+    ck: &Checkpointer,
+    busy: Option<(Duration, bool)>,
+    idle: Duration,
+    logical: u64,
+) {
     if let Some((took, overlapped)) = busy {
         let gbps = |d: Duration| logical as f64 / d.as_secs_f64().max(1e-9) / 1e9;
+        let metrics = ck.metrics_text();
+        let held = metrics
+            .lines()
+            .find(|l| l.starts_with("strata_background_held_seconds_total{"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
         say!(
-            "  the same restore while {} ran: {:.2} GB/s, {:.2} of the idle one",
+            "  the same restore while {} ran: {:.2} GB/s, {:.2} of the idle one (the copies held back {held:.2} s in all for snapshots and restores)",
             if overlapped {
                 "the push and the upload"
             } else {
