@@ -186,7 +186,7 @@ impl Shared {
         self.metrics.seconds_counter(
             &mut out,
             "strata_background_held_seconds_total",
-            "Time the background copies (push to the peers, upload to L3) held back for this process's snapshots and restores.",
+            "Time the background copies (push to the peers, upload to L3) held back for this process's snapshots and restores, summed over the copies (it can pass wall time).",
             self.foreground.held().as_secs_f64(),
         );
         out

@@ -168,30 +168,45 @@ fn a_held_copy_reads_and_sends_nothing_until_its_pause_lets_it() {
     // Held before its first batch: nothing sent.
     assert!(!copy.is_finished());
     assert!(rt.block_on(dst.list_chunks("c")).unwrap().is_empty());
-    // One batch let through: exactly one chunk (100 KiB batches of 64 KiB
-    // chunks), and held again before the next.
-    gate.permits.add_permits(1);
-    let t = std::time::Instant::now();
-    while gate.passed.load(std::sync::atomic::Ordering::SeqCst) < 1 {
-        assert!(t.elapsed() < std::time::Duration::from_secs(10));
-        std::thread::sleep(std::time::Duration::from_millis(10));
+    // One batch let through at a time: exactly one chunk each (100 KiB
+    // batches of 64 KiB chunks), then held again before the next.
+    for sent in 1..=2 {
+        gate.permits.add_permits(1);
+        let t = std::time::Instant::now();
+        while rt.block_on(dst.list_chunks("c")).unwrap().len() < sent {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10));
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(
+            rt.block_on(dst.list_chunks("c")).unwrap().len(),
+            sent,
+            "sent while held"
+        );
+        assert!(!copy.is_finished());
     }
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    assert!(!copy.is_finished());
-    assert!(
-        rt.block_on(dst.list_chunks("c")).unwrap().is_empty(),
-        "sent while held"
-    );
-    gate.permits.add_permits(1);
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    assert_eq!(rt.block_on(dst.list_chunks("c")).unwrap().len(), 1);
-    assert!(!copy.is_finished());
-    // Let it run: every batch passes the pause (4 chunks: one before the
-    // first read, one per batch).
+    // Let it run: one pause per batch (4 chunks, 4 batches).
     gate.permits.add_permits(100);
     let st = rt.block_on(copy).unwrap().unwrap();
     assert_eq!(st.chunks_sent, 4);
-    assert_eq!(gate.passed.load(std::sync::atomic::Ordering::SeqCst), 5);
+    assert_eq!(gate.passed.load(std::sync::atomic::Ordering::SeqCst), 4);
+    // Nothing left to send: never held (with no permit it would hang).
+    let closed = Gate {
+        permits: tokio::sync::Semaphore::new(0),
+        passed: std::sync::atomic::AtomicUsize::new(0),
+    };
+    let src_dyn: Arc<dyn ChunkStore> = src.clone();
+    let opts = CopyOptions {
+        batch_bytes: 100 * KIB as u64,
+        verify: Verify::Here,
+        siblings: None,
+        pause: Some(&closed),
+    };
+    let again = rt
+        .block_on(copy_step(&src_dyn, &*dst, "c", 7, 0, opts, &|_| {}))
+        .unwrap();
+    assert_eq!(again.chunks_sent, 0);
+    assert_eq!(closed.passed.load(std::sync::atomic::Ordering::SeqCst), 0);
     assert_eq!(rt.block_on(dst.list_steps("c")).unwrap().len(), 1);
 }
 

@@ -84,7 +84,6 @@ fn the_first_entries_come_back_first_and_the_rest_at_wait() {
     let total: u64 = st.iter().map(|(_, d)| d.len() as u64).sum();
     assert_eq!(rest.stats.bytes_read, total);
     assert_eq!(rest.stats.first_usable, Some(to_first));
-    assert!(rest.stats.duration >= to_first);
     let m = ck.metrics_text();
     let value = |name: &str| {
         m.lines()
@@ -101,7 +100,13 @@ fn a_name_that_covers_nothing_is_refused_before_any_read() {
     let dir = tempfile::tempdir().unwrap();
     let ck = open(dir.path());
     save(&ck, 1, &state());
-    for first in [&["mod"][..], &["optimizer"][..], &[][..]] {
+    // A typo beside a good name is refused too.
+    for first in [
+        &["mod"][..],
+        &["optimizer"][..],
+        &[][..],
+        &["model", "optimzer"][..],
+    ] {
         let e = ck
             .restore_first(StepSelector::Latest, first)
             .expect_err("nothing under it");

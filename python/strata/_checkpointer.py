@@ -242,7 +242,8 @@ class Checkpointer:
         this rank already committed ``step``; raises an earlier save's
         background failure that no handle reported (then nothing is saved:
         call it again). A priority load's rest in flight (``Loading``) is
-        waited for and filled in first."""
+        waited for and filled in first; if it failed, the save raises
+        ``InvalidError`` (the state is half loaded) and saves nothing."""
         self._settle_loading()
         keep: List[Any] = []
         layouts: Dict[str, Any] = {}
@@ -294,7 +295,7 @@ class Checkpointer:
         spike), every step newer than the one loaded is then deleted from
         every tier (see ``delete``), so the latest step and retention follow
         the branch trained from here."""
-        self._settle_loading()
+        self._settle_loading("drop")
         plan, by_name, root = self._plan(step)
         st = plan.step
         if root is None:
@@ -373,7 +374,7 @@ class Checkpointer:
         prefixes = None if first is None else first_paths(first)
         if prefixes is not None and discard_newer:
             raise InvalidError("discard_newer with first: wait() for the load, then delete() the newer steps")
-        self._settle_loading()
+        self._settle_loading("drop")
         plan, by_name, root = self._plan(step)
         try:
             out = self._fill(state, plan, by_name, root, strict, prefixes, started)
@@ -387,13 +388,32 @@ class Checkpointer:
             self.discarded = self._native.discard_newer(out)
         return out
 
-    def _settle_loading(self) -> None:
+    def _settle_loading(self, then: str = "raise") -> None:
         """A priority load's rest in flight is read and filled in before
-        anything else touches the state (its failure goes to its ``wait``)."""
+        anything else touches the state. If it failed: ``then="raise"`` (a
+        save) raises ``InvalidError`` (the state is half loaded: saving it
+        would commit new weights with old optimizer state), ``"log"`` (close)
+        logs it, ``"drop"`` (a new load replaces the state) goes on. Either
+        way it is forgotten once settled (``Loading.wait`` still raises it);
+        an interrupt while waiting keeps it pending."""
         loading = getattr(self, "_loading", None)
-        if loading is not None:
+        if loading is None:
+            return
+        try:
+            loading.wait()
+        except BaseException as e:
+            if not loading.finished():
+                raise  # interrupted while waiting: still pending
             self._loading = None
-            loading._settle()
+            if then == "raise":
+                raise InvalidError(
+                    f"the rest of the priority load of step {loading.step} failed ({e}); the state is half loaded: "
+                    "load it again before saving"
+                ) from e
+            if then == "log":
+                log.error("the rest of the priority load of step %s failed: %s", loading.step, e)
+            return
+        self._loading = None
 
     def _fill(
         self,
@@ -423,6 +443,7 @@ class Checkpointer:
         copies: Dict[str, Any] = {}  # entry name -> (staging, target)
         aliases: List[Tuple[str, Any]] = []  # (entry name, another target)
         early: set = set()  # entries with a target under the `first` paths
+        early_paths: List[Tuple[Any, ...]] = []  # those targets' paths
         ops: List[Tuple[Any, Any, Any]] = []  # (container, key, value), applied last
         problems: List[str] = []
 
@@ -455,6 +476,7 @@ class Checkpointer:
                     copies[saved.name] = (_alloc(st, by_name, saved.name, saved.tag, like=arr), arr)
                 if first is not None and under(path, first):
                     early.add(saved.name)
+                    early_paths.append(path)
                 return target
             if is_stateful(target) and isinstance(saved, dict):
                 # Filled through its state_dict(), then given back to it.
@@ -482,8 +504,10 @@ class Checkpointer:
             _check_covered(state, copies, aliases, problems, covered, stateful_sds)
         if problems:
             raise InvalidError(f"step {st} does not fit the state: " + "; ".join(problems[:10]))
-        if first is not None and not early:
-            raise InvalidError(f"first={first}: no tensor of the state lies under these paths")
+        if first is not None:
+            bare = [p for p in first if not any(under(path, [p]) for path in early_paths)]
+            if bare:
+                raise InvalidError(f"first: no tensor of the state lies under {bare}")
         # Entries the state had no array for (new values) are restored fresh.
         fresh: Dict[str, Any] = {}
         dests: List[tuple] = [(name, *address(stage)) for name, (stage, _) in copies.items() if name not in early]
@@ -517,7 +541,7 @@ class Checkpointer:
         head = [(name, *address(copies[name][0])) for name in copies if name in early]
         self.last_restore = self._native.read(plan, head)
         copy_into(pairs_of(early))
-        loading = Loading(st, started, self.last_restore)
+        loading = Loading(st, started, self.last_restore, on_done=lambda stats: setattr(self, "last_restore", stats))
 
         def read_rest() -> Dict[str, Any]:
             return self._native.read(plan, dests) if dests else {}
@@ -556,6 +580,7 @@ class Checkpointer:
         background copies first. A step pinned in some tier is refused
         (``InvalidError``) before anything is deleted. The freed step
         numbers may be saved again. Returns the steps this rank held."""
+        self._settle_loading("drop")
         if isinstance(steps, int):
             steps = [steps]
         return list(self._native.delete([int(s) for s in steps]))
@@ -577,7 +602,7 @@ class Checkpointer:
         reported. Idempotent."""
         _OPEN.discard(self)
         self._closed = True
-        self._settle_loading()
+        self._settle_loading("log")
         self._native.close()
 
     def __enter__(self) -> "Checkpointer":

@@ -59,7 +59,13 @@ class Loading:
     ``first`` part stays loaded.
     """
 
-    def __init__(self, step: int, started: float, first_stats: Dict[str, Any]) -> None:
+    def __init__(
+        self,
+        step: int,
+        started: float,
+        first_stats: Dict[str, Any],
+        on_done: Optional[Callable[[Dict[str, Any]], None]] = None,
+    ) -> None:
         #: The step being loaded.
         self.step = step
         self._started = started
@@ -79,6 +85,7 @@ class Loading:
         self._apply: Optional[Callable[[], None]] = None
         self._outcome: Optional[BaseException] = None
         self._finished = False
+        self._on_done = on_done
 
     def _start(self, read: Callable[[], Dict[str, Any]], apply: Callable[[], None]) -> None:
         def run() -> None:
@@ -114,6 +121,8 @@ class Loading:
                         self._apply()
                     self.seconds = time.perf_counter() - self._started
                     self.stats = merge_stats(self.stats, self._read_result or {}, self.first_seconds, self.seconds)
+                    if self._on_done is not None:
+                        self._on_done(self.stats)
                 except BaseException as e:  # noqa: BLE001 - kept for every later wait()
                     self._outcome = e
                 finally:
@@ -122,13 +131,9 @@ class Loading:
                 raise self._outcome
         return self.step
 
-    def _settle(self) -> None:
-        """Used by the checkpointer before a save, a load or close: the
-        rest is waited for and filled in; its failure is left to ``wait``."""
-        try:
-            self.wait()
-        except Exception:  # noqa: BLE001 - reported by wait() to its caller
-            pass
+    def finished(self) -> bool:
+        """True once ``wait`` settled the load (filled in, or failed)."""
+        return self._finished
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "loading"
@@ -136,10 +141,12 @@ class Loading:
 
 
 def merge_stats(first: Dict[str, Any], rest: Dict[str, Any], first_s: float, total_s: float) -> Dict[str, Any]:
-    """One load's counters from its two reads."""
+    """One load's counters from its two reads (a chunk shared by entries of
+    both parts is read, and counted, in each)."""
     out = dict(first)
     for k in ("chunks", "bytes_read", "bytes_from_l2", "bytes_from_l3", "chunks_repaired", "duration_s"):
         out[k] = first.get(k, 0) + rest.get(k, 0)
-    out["first_usable_s"] = first_s
-    out["total_s"] = total_s
+    # Timed from the load_into call (the agreement included).
+    out["first_seconds"] = first_s
+    out["seconds"] = total_s
     return out

@@ -58,7 +58,8 @@ def test_first_part_is_in_place_when_it_returns_and_the_rest_at_wait(make):
     assert state["epoch"] == 3
     assert np.array_equal(state["arr"], np.arange(4096.0))
     assert 0 < loading.first_seconds <= loading.seconds
-    assert loading.stats["first_usable_s"] == loading.first_seconds
+    assert loading.stats["first_seconds"] == loading.first_seconds
+    assert ckpt.last_restore["seconds"] == loading.seconds
     # Both reads are counted: at least every tensor's bytes.
     total = sum(v.numel() * v.element_size() for v in want_model.values())
     assert loading.stats["bytes_read"] > total
@@ -76,6 +77,9 @@ def test_first_must_cover_a_tensor(make):
         ckpt.load_into({"model": _model(1).state_dict()}, first="mod")
     with pytest.raises(strata.InvalidError):
         ckpt.load_into({"model": _model(1).state_dict()}, first=[])
+    # Every path must cover a tensor: a typo beside a good path is refused.
+    with pytest.raises(strata.InvalidError, match="optimzer"):
+        ckpt.load_into({"model": _model(1).state_dict()}, first=["model", "optimzer"])
     with pytest.raises(strata.InvalidError, match="discard_newer"):
         ckpt.load_into({"model": _model(1).state_dict()}, first="model", discard_newer=True)
 
@@ -108,6 +112,33 @@ def test_a_damaged_rest_is_raised_by_wait_and_leaves_the_rest_as_it_was(make, l1
     with pytest.raises(strata.CorruptError):
         loading.wait()
     assert torch.all(state["optim"]["m"] == 5.0)
+
+
+def test_a_save_after_a_failed_rest_is_refused_once(make, l1, job):
+    """The rest failed and nobody called wait(): saving the half-loaded
+    state (new weights, old optimizer) would commit it. The save raises and
+    saves nothing."""
+    ckpt = make(chunk_size=1 << 20)
+    torch.manual_seed(0)
+    saved = {"model": {"w": torch.randn(1 << 18)}, "optim": {"m": torch.randn(1 << 18)}}
+    ckpt.save(1, saved).wait()
+    needle = saved["optim"]["m"].numpy().tobytes()[:4096]
+    for path in glob.glob(os.path.join(l1, job, "chunks", "*", "*")):
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        at = data.find(needle)
+        if at >= 0:
+            data[at + 100] ^= 0xFF
+            with open(path, "wb") as f:
+                f.write(data)
+    state = {"model": {"w": torch.zeros(1 << 18)}, "optim": {"m": torch.full((1 << 18,), 5.0)}}
+    loading = ckpt.load_into(state, first="model")
+    with pytest.raises(strata.InvalidError, match="half loaded") as e:
+        ckpt.save(2, state)
+    assert isinstance(e.value.__cause__, strata.CorruptError)
+    assert ckpt.steps() == [1]
+    with pytest.raises(strata.CorruptError):
+        loading.wait()
 
 
 def test_a_save_waits_for_the_rest_of_a_load_first(make):

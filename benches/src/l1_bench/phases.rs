@@ -78,7 +78,7 @@ pub(crate) struct Background {
     pub stall: Duration,
     /// Best restore (into buffers) while an upload ran.
     pub restore_busy: Duration,
-    /// Best restore of the same step once the uploads were done.
+    /// Best restore of the same step, once the uploads were done.
     pub restore_idle: Duration,
     /// Runs in which the upload was still running when the measured
     /// operation ended (of `reps`).
@@ -155,9 +155,11 @@ pub(crate) fn background(
         }
         stall.push(s.stall);
         ck.wait_uploads();
+        // The same step again, nothing beside it (the state's buffers hold
+        // `next` now; this overwrites them and the next run touches them).
         let mut dests = state.dests();
         let read = ck
-            .restore_into(StepSelector::Step(next), &mut dests)
+            .restore_into(StepSelector::Step(st), &mut dests)
             .map_err(|e| e.to_string())?;
         idle.push(read.duration);
     }

@@ -334,8 +334,6 @@ fn newest<S>(states: &BTreeMap<u64, S>, done: fn(&S) -> bool) -> Option<u64> {
     states.iter().rev().find(|(_, s)| done(s)).map(|(s, _)| *s)
 }
 
-/// One metric family: its HELP and TYPE lines, then a sample for each
-/// (labels beyond the rank's own, value).
 impl Metrics {
     /// Appends a counter of seconds (a float) with this process's labels.
     pub(crate) fn seconds_counter(&self, out: &mut String, name: &str, help: &str, secs: f64) {
@@ -347,6 +345,8 @@ impl Metrics {
     }
 }
 
+/// One metric family: its HELP and TYPE lines, then a sample for each
+/// (labels beyond the rank's own, value).
 fn family(
     out: &mut String,
     l: &str,

@@ -86,9 +86,18 @@ impl Checkpointer {
     /// first entries is `first.stats.first_usable`; it is close to their
     /// share of the bytes, since they are read alone, before the rest.
     ///
-    /// A name that covers no entry is [`Error::InvalidState`] (before any
-    /// chunk is read). A step read from L3 is written back to L1 and
-    /// committed there once both parts are in, as by [`Self::restore`].
+    /// A name that covers no entry of this rank's shard is
+    /// [`Error::InvalidState`] before any chunk is read (on this rank only:
+    /// the ranks agreed on the step already and no round follows). A step
+    /// read from L3 is written back to L1 and committed there once both
+    /// parts are in, as by [`Self::restore`].
+    ///
+    /// While the rest is read, the process's background copies hold back
+    /// (as for any restore), which slows what waits for them (`flush`,
+    /// `delete`, a save's wait for the peers or L3). Dropping the
+    /// [`PriorityRestore`] does not stop the rest's read. A chunk holding
+    /// entries of both parts (small entries packed together) is read, and
+    /// counted in the stats, by each part.
     pub fn restore_first(
         self: &Arc<Self>,
         which: StepSelector,
@@ -102,9 +111,21 @@ impl Checkpointer {
             .iter()
             .map(|e| first.iter().any(|p| entry_under(&e.name, p)))
             .collect();
-        if first.is_empty() || !early.contains(&true) {
+        // Every name must cover an entry of this rank's shard: a typo
+        // beside a good name would silently send its entries to the rest.
+        let bare: Vec<&str> = first
+            .iter()
+            .copied()
+            .filter(|p| !m.entries.iter().any(|e| entry_under(&e.name, p)))
+            .collect();
+        if first.is_empty() || !bare.is_empty() {
             let e = Error::InvalidState(format!(
-                "no entry of step {step} lies under {first:?} (restore_first)"
+                "no entry of step {step} lies under {bare:?} (restore_first{})",
+                if first.is_empty() {
+                    ": no name given"
+                } else {
+                    ""
+                }
             ));
             self.shared.metrics.read_done(Err(&e));
             return Err(e);

@@ -273,6 +273,9 @@ async fn send_chunks(
     progress: &(dyn Fn(CopyProgress) + Send + Sync),
 ) -> Result<(u64, u64)> {
     let batches = batches(m, wanted, opts.batch_bytes);
+    if batches.is_empty() {
+        return Ok((0, 0)); // nothing to send: nothing to hold back for
+    }
     // Reads run as tasks of their own, so the next batch's reads (and
     // their hashing) proceed on other threads while this one is sent.
     let read = |batch: &Vec<usize>| {
@@ -303,9 +306,12 @@ async fn send_chunks(
                 break;
             }
         };
-        // Held here, nothing is read nor sent: a snapshot or a restore of
-        // this process runs.
-        pause().await;
+        // Held here (once per batch: the first one was held before its
+        // read), nothing is read nor sent: a snapshot or a restore of this
+        // process runs.
+        if k > 0 {
+            pause().await;
+        }
         next = batches.get(k + 1).map(read);
         if got.len() != batch.len() {
             result = Err(Error::Pipeline(format!(
