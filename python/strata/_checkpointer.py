@@ -444,6 +444,7 @@ class Checkpointer:
         aliases: List[Tuple[str, Any]] = []  # (entry name, another target)
         early: set = set()  # entries with a target under the `first` paths
         early_paths: List[Tuple[Any, ...]] = []  # those targets' paths
+        early_targets: set = set()  # id() of the targets under `first`
         ops: List[Tuple[Any, Any, Any]] = []  # (container, key, value), applied last
         problems: List[str] = []
 
@@ -477,6 +478,7 @@ class Checkpointer:
                 if first is not None and under(path, first):
                     early.add(saved.name)
                     early_paths.append(path)
+                    early_targets.add(id(arr))
                 return target
             if is_stateful(target) and isinstance(saved, dict):
                 # Filled through its state_dict(), then given back to it.
@@ -516,15 +518,16 @@ class Checkpointer:
                 fresh[name] = _alloc(st, by_name, name, tag)
                 dests.append((name, *address(fresh[name])))
 
-        def pairs_of(names: Any) -> List[Tuple[Any, Any]]:
-            # Targets whose memory overlaps (views of one storage) are
-            # filled one after another, in this order.
-            pairs = [copies[n] for n in copies if n in names]
-            pairs += [(copies[n][0], target) for n, target in aliases if n in names]
-            return pairs
+        def pairs_of(head: bool) -> List[Tuple[Any, Any]]:
+            # Each target in its phase: under `first` (`head`) or not (an
+            # entry read early may also have a target outside `first`,
+            # filled with the rest). Targets whose memory overlaps (views
+            # of one storage) are filled one after another, in this order.
+            pairs = list(copies.values()) + [(copies[n][0], target) for n, target in aliases]
+            return [(s, t) for s, t in pairs if (id(t) in early_targets) == head]
 
         def apply_rest() -> None:
-            copy_into(pairs_of(set(copies) - early))
+            copy_into(pairs_of(head=False))
             for container, key, value in ops:
                 container[key] = _replace_refs(value, fresh)
             _replace_refs(result, fresh)
@@ -540,7 +543,7 @@ class Checkpointer:
         # in; then the rest behind them.
         head = [(name, *address(copies[name][0])) for name in copies if name in early]
         self.last_restore = self._native.read(plan, head)
-        copy_into(pairs_of(early))
+        copy_into(pairs_of(head=True))
         loading = Loading(st, started, self.last_restore, on_done=lambda stats: setattr(self, "last_restore", stats))
 
         def read_rest() -> Dict[str, Any]:

@@ -155,3 +155,18 @@ def test_a_save_waits_for_the_rest_of_a_load_first(make):
     again = ckpt.load(2)
     assert torch.equal(again["optim"]["m"], saved["optim"]["m"])
     assert torch.equal(again["model"]["w"], saved["model"]["w"])
+
+
+def test_a_shared_entry_fills_only_its_target_under_first_early(make):
+    """One tensor saved under two paths is one entry; loaded into two
+    tensors, only the one under ``first`` changes before ``wait()``."""
+    ckpt = make()
+    torch.manual_seed(0)
+    w = torch.randn(4096)
+    ckpt.save(1, {"model": {"w": w}, "ema": {"w": w}}).wait()
+    state = {"model": {"w": torch.zeros(4096)}, "ema": {"w": torch.zeros(4096)}}
+    loading = ckpt.load_into(state, first="model")
+    assert torch.equal(state["model"]["w"], w)
+    assert not state["ema"]["w"].any(), "a target outside first changed early"
+    loading.wait()
+    assert torch.equal(state["ema"]["w"], w)
