@@ -186,7 +186,7 @@ mod tests {
         }
         std::thread::sleep(Duration::from_millis(300));
         let chunks_on_l3 = |p: &std::path::Path| {
-            walk(p)
+            strata_testkit::files_under(p)
                 .iter()
                 .filter(|f| f.to_string_lossy().contains("chunks"))
                 .count()
@@ -204,20 +204,5 @@ mod tests {
         assert!(ck
             .metrics_text()
             .contains("strata_background_held_seconds_total{"));
-    }
-
-    fn walk(p: &std::path::Path) -> Vec<std::path::PathBuf> {
-        let mut out = Vec::new();
-        if let Ok(rd) = std::fs::read_dir(p) {
-            for e in rd.flatten() {
-                let path = e.path();
-                if path.is_dir() {
-                    out.extend(walk(&path));
-                } else {
-                    out.push(path);
-                }
-            }
-        }
-        out
     }
 }

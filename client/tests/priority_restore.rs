@@ -130,7 +130,7 @@ fn a_damaged_chunk_of_the_rest_fails_the_rest_only() {
     // tier: nothing to repair it from).
     let needle = &st[2].1[..4096];
     let mut hit = None;
-    for f in walk(&dir.path().join("prio")) {
+    for f in strata_testkit::files_under(&dir.path().join("prio")) {
         let b = std::fs::read(&f).unwrap();
         if let Some(at) = b.windows(needle.len()).position(|w| w == needle) {
             hit = Some((f, at));
@@ -152,19 +152,4 @@ fn a_damaged_chunk_of_the_rest_fails_the_rest_only() {
     }
     let e = p.wait().expect_err("the rest is damaged");
     assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
-}
-
-fn walk(p: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(p) {
-        for e in rd.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                out.extend(walk(&path));
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out
 }

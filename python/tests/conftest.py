@@ -39,5 +39,29 @@ def make(l1, job):
         c.close()
 
 
+@pytest.fixture
+def damage(l1, job):
+    """``damage(needle, offset)``: flips the byte ``offset`` bytes past
+    ``needle`` in the one L1 chunk file that holds it (asserted unique)."""
+    import glob
+
+    def flip(needle: bytes, offset: int) -> None:
+        hit = []
+        for path in glob.glob(os.path.join(l1, job, "chunks", "*", "*")):
+            with open(path, "rb") as f:
+                at = f.read().find(needle)
+            if at >= 0:
+                hit.append((path, at))
+        assert len(hit) == 1, hit
+        path, at = hit[0]
+        with open(path, "r+b") as f:
+            f.seek(at + offset)
+            b = f.read(1)
+            f.seek(at + offset)
+            f.write(bytes([b[0] ^ 0xFF]))
+
+    return flip
+
+
 def python():
     return sys.executable

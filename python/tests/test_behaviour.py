@@ -132,7 +132,7 @@ def test_damaged_chunk_on_the_only_tier_is_a_corrupt_error(make, l1, job):
         ckpt.load()
 
 
-def test_load_into_a_damaged_step_changes_no_weight(make, l1, job):
+def test_load_into_a_damaged_step_changes_no_weight(make, damage):
     """A chunk damaged on the only tier: ``load_into`` raises CorruptError
     and every tensor of the model keeps its bytes (none half overwritten)."""
     ckpt = make(chunk_size=1 << 20)
@@ -141,20 +141,7 @@ def test_load_into_a_damaged_step_changes_no_weight(make, l1, job):
     saved = {"model": model.state_dict(), "arr": np.arange(1 << 18, dtype=np.float32)}
     ckpt.save(1, saved).wait()
     # The chunk holding the last layer's weight (1 MiB: a chunk of its own).
-    needle = model[7].weight.detach().numpy().tobytes()[:4096]
-    hit = []
-    for path in glob.glob(os.path.join(l1, job, "chunks", "*", "*")):
-        with open(path, "rb") as f:
-            at = f.read().find(needle)
-        if at >= 0:
-            hit.append((path, at))
-    assert len(hit) == 1, hit
-    path, at = hit[0]
-    with open(path, "r+b") as f:
-        f.seek(at + 1000)
-        b = f.read(1)
-        f.seek(at + 1000)
-        f.write(bytes([b[0] ^ 0xFF]))
+    damage(model[7].weight.detach().numpy().tobytes()[:4096], 1000)
 
     torch.manual_seed(1)
     other = torch.nn.Sequential(*[torch.nn.Linear(512, 512, bias=True) for _ in range(8)])

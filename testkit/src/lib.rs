@@ -10,3 +10,20 @@
 
 pub mod etcd;
 pub mod servers;
+
+/// Every file under `dir`, recursively (an unreadable directory is
+/// skipped): for tests that look for a chunk file on disk.
+pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                out.extend(files_under(&path));
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}

@@ -19,7 +19,7 @@ use crate::gpu::DeviceBytes;
 use crate::restore::agreement::Holdings;
 use crate::restore::fetch::fetch_into;
 use crate::restore::place::{Loaded, Source};
-use crate::state::{RestoredEntry, RestoredState};
+use crate::state::RestoredState;
 use crate::stats::RestoreStats;
 use crate::tiers::copy::commit_copy;
 use crate::tiers::{Catalog, TierKind};
@@ -105,28 +105,8 @@ impl Checkpointer {
     }
 
     fn restore_whole(&self, step: u64, loaded: Loaded) -> Result<RestoredState> {
-        let manifest = &loaded.shard.manifest;
-        let mut entries: Vec<RestoredEntry> = manifest
-            .entries
-            .iter()
-            .map(|e| {
-                let mut bytes = vec![0u8; e.len as usize];
-                // Untouched memory yet: let it fault in as huge pages.
-                strata_tiered::aligned::advise_huge_pages(&mut bytes);
-                RestoredEntry {
-                    name: e.name.clone(),
-                    kind: e.kind.clone(),
-                    bytes,
-                }
-            })
-            .collect();
-        let stats = {
-            let mut dests: Vec<Option<&mut [u8]>> = entries
-                .iter_mut()
-                .map(|e| Some(e.bytes.as_mut_slice()))
-                .collect();
-            fetch_into(&self.shared, &loaded, &mut dests, true)?
-        };
+        let all = vec![true; loaded.shard.manifest.entries.len()];
+        let (entries, stats) = self.read_part(&loaded, &all, true)?;
         let mut stats = stats;
         if stats.rehydrated {
             stats.rehydrated = self.commit_on_l1(&loaded);

@@ -172,8 +172,9 @@ impl Checkpointer {
         })
     }
 
-    /// Reads the entries marked in `which` into fresh memory.
-    fn read_part(
+    /// Reads the entries marked in `which` into fresh memory (every entry:
+    /// [`Self::restore`]'s read).
+    pub(super) fn read_part(
         &self,
         loaded: &Loaded,
         which: &[bool],
@@ -187,6 +188,7 @@ impl Checkpointer {
             .filter(|(_, &w)| w)
             .map(|(e, _)| {
                 let mut bytes = vec![0u8; e.len as usize];
+                // Untouched memory yet: let it fault in as huge pages.
                 strata_tiered::aligned::advise_huge_pages(&mut bytes);
                 RestoredEntry {
                     name: e.name.clone(),

@@ -36,7 +36,6 @@ use strata::par::{default_threads, par_map};
 use strata::synthetic;
 use strata::{Checkpointer, Config, Entry, StepSelector};
 
-#[path = "l1_bench/phases.rs"]
 mod phases;
 
 struct Opts {
