@@ -3,8 +3,9 @@
 Skipped, with the reason, where torch sees no GPU or the package was built
 without the `cuda` feature (every CI machine: the refusal itself is tested in
 test_behaviour.py). Where it runs, it checks bit for bit that GPU state saved
-from the device comes back to the device: in place into existing tensors, and
-into new tensors on the device.
+from the device comes back to the device: in place into existing tensors
+(all at once, and the model first by a priority load), and into new tensors
+on the device.
 """
 
 import pytest
@@ -73,6 +74,40 @@ def test_gpu_state_round_trips_bit_for_bit(make):
     assert torch.equal(fresh["model"]["t"], want["t"])
     assert torch.equal(fresh["optim"]["exp_avg"], want["exp_avg"])
     assert torch.equal(fresh["cpu"].cpu(), torch.arange(1000, dtype=torch.int64))
+
+
+def test_gpu_priority_load_fills_the_model_first_and_the_rest_on_wait(make):
+    """load_into(first="model") with the state on the GPU: the model's
+    tensors are on the device, bit for bit, when it returns; the optimizer
+    state is untouched until wait() fills it in."""
+    ckpt = make(keep_last=3)
+    _gpu_or_skip(ckpt)
+    state = _state()
+    want = {k: v.clone() for k, v in state["model"].items()}
+    want_avg = state["optim"]["exp_avg"].clone()
+    ckpt.save(2, state).wait()
+
+    for t in (*state["model"].values(), state["optim"]["exp_avg"], state["cpu"]):
+        t.zero_()
+    state["step"] = 0
+    torch.cuda.synchronize()
+
+    loading = ckpt.load_into(state, step=2, first="model")
+    torch.cuda.synchronize()
+    for k in ("w", "b", "t"):
+        assert state["model"][k].device.type == "cuda", k
+        assert torch.equal(state["model"][k], want[k]), k
+    # The rest is filled in by wait(), not before.
+    assert int(torch.count_nonzero(state["optim"]["exp_avg"])) == 0
+    assert state["step"] == 0
+    assert loading.first_seconds is not None and loading.first_seconds > 0
+
+    assert loading.wait() == 2
+    torch.cuda.synchronize()
+    assert torch.equal(state["optim"]["exp_avg"], want_avg)
+    assert torch.equal(state["cpu"], torch.arange(1000, dtype=torch.int64))
+    assert state["step"] == 12
+    assert loading.seconds >= loading.first_seconds
 
 
 def test_dcp_saves_gpu_state_sync_and_async_and_loads_it_back_to_the_gpu(make, l1, job):
