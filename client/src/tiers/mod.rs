@@ -15,7 +15,6 @@ pub mod catalog;
 pub mod copy;
 pub mod open;
 pub mod reader;
-mod spare;
 
 use std::sync::Arc;
 

@@ -20,8 +20,6 @@ use strata_tiered::ChunkStoreExt;
 use strata_tiered::StoreErrorKind as K;
 use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore, PutStats, StoreError};
 
-use super::spare::{fit_spare, give_back, Reading};
-
 /// One tier of a read, in the order tried.
 #[derive(Clone, Copy)]
 pub struct ReadTier<'a> {
@@ -270,6 +268,9 @@ impl<'a> TieredReader<'a> {
     }
 }
 
+/// Chunk bytes a [`ShardReader`] reads from the tiers at once.
+const READ_BATCH_BYTES: u64 = 64 << 20;
+
 /// What a [`ShardReader`] read found beyond the bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeStats {
@@ -351,6 +352,42 @@ impl ChunkCache {
         self.held += data.len();
         self.order.push_back(id);
         self.map.insert(id, data);
+    }
+}
+
+/// Bytes of spare read buffers kept for reuse, process-wide (four
+/// default chunks: what one reader's next batch needs, not a second cache).
+const SPARE_BYTES: usize = 64 << 20;
+
+/// Read buffers no longer used, kept for the next reads: a buffer that is
+/// reused is not faulted in and zeroed again (a fresh one costs about as
+/// much CPU as the read). Bounded by [`SPARE_BYTES`].
+static SPARE: Mutex<(Vec<AlignedBuf>, usize)> = Mutex::new((Vec::new(), 0));
+
+/// Up to `n` spare buffers (the most recently returned).
+fn take_spare(n: usize) -> Vec<AlignedBuf> {
+    let Ok(mut p) = SPARE.lock() else {
+        return Vec::new();
+    };
+    let k = n.min(p.0.len());
+    let at = p.0.len() - k;
+    let out: Vec<AlignedBuf> = p.0.split_off(at);
+    p.1 -= out.iter().map(AlignedBuf::capacity).sum::<usize>();
+    out
+}
+
+/// Keeps `data`'s buffer for reuse when nothing else holds it.
+fn give_back(data: ChunkData) {
+    let Some(b) = data.into_buf() else { return };
+    // Foreign memory (pinned, a caller's) is never pooled.
+    if b.is_foreign() {
+        return;
+    }
+    if let Ok(mut p) = SPARE.lock() {
+        if p.1 + b.capacity() <= SPARE_BYTES {
+            p.1 += b.capacity();
+            p.0.push(b);
+        }
     }
 }
 
@@ -548,16 +585,13 @@ impl ShardReader {
             parts.push((c, from as usize..to as usize));
         }
         let mut stats = RangeStats::default();
-        // In batches of about READ_BATCH_BYTES of chunks, shared among the
-        // readers reading now: a whole entry of many GiB is never held
-        // twice (chunks and output) at once.
-        let reading = Reading::start();
+        // In batches of about READ_BATCH_BYTES of chunks: a whole entry of
+        // many GiB is never held twice (chunks and output) at once.
         let mut at = 0;
         while at < parts.len() {
             let mut batch_end = at;
             let mut batch_bytes = 0u64;
-            let budget = reading.batch_bytes();
-            while batch_end < parts.len() && (batch_end == at || batch_bytes < budget) {
+            while batch_end < parts.len() && (batch_end == at || batch_bytes < READ_BATCH_BYTES) {
                 batch_bytes += u64::from(m.chunks[parts[batch_end].0].len);
                 batch_end += 1;
             }
@@ -683,9 +717,6 @@ impl ShardReader {
         have: &mut HashMap<usize, ChunkData>,
     ) -> crate::Result<()> {
         let m = &self.manifest;
-        let lens: Vec<usize> = missing.iter().map(|&c| m.chunks[c].len as usize).collect();
-        let (order, spare) = fit_spare(&lens);
-        let missing: Vec<usize> = order.iter().map(|&k| missing[k]).collect();
         let refs: Vec<ChunkRef> = missing.iter().map(|&c| m.chunks[c]).collect();
         let tiers = self
             .tiers
@@ -697,7 +728,7 @@ impl ShardReader {
             .collect();
         let reader = TieredReader::new(&self.job, tiers)
             .write_back(self.write_back.as_ref().map(|t| &*t.store));
-        let out = reader.read(&refs, spare).await;
+        let out = reader.read(&refs, take_spare(refs.len())).await;
         stats.repaired += out.repaired();
         let mut cache = self.cache.lock();
         for (&c, r) in missing.iter().zip(out.chunks) {
