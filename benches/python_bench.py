@@ -12,6 +12,10 @@ it --reps times into its own directory on the same disk and loads it back:
 * time to load: back into memory (Strata and DCP fill the existing tensors
   in place; torch.load allocates).
 
+Strata's priority load is printed after the table: load_into(state,
+first="model") returns once the weights are in place (a third of the
+bytes), the optimizer state is read behind them, and wait() fills it in.
+
     python benches/python_bench.py --dir /work/bench-py --size 2 --reps 2
 
 With --device cuda the state lives on the GPU: the memcpy baseline is a
