@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use strata::format::DType;
@@ -112,17 +112,6 @@ fn save_world(l1: &Path, l3: &Path, peers: &Peers) {
     });
 }
 
-fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            files_under(&p, out);
-        } else {
-            out.push(p);
-        }
-    }
-}
-
 /// Reads rank 1's shard through `t`'s catalog: every entry whole and in
 /// ranges that cross chunk boundaries, compared with what was saved.
 /// Returns the tier the manifest came from and the read stats summed.
@@ -226,8 +215,7 @@ fn run(peers: &Peers, l1: &Path, l3: &Path) {
         .manifest;
     let w = m.entry("w").unwrap();
     let victim = m.chunks[w.segments[1].chunk as usize].id.to_hex();
-    let mut files = Vec::new();
-    files_under(&l1.join(JOB), &mut files);
+    let files = strata_testkit::files_under(&l1.join(JOB));
     let file = files
         .iter()
         .find(|p| {

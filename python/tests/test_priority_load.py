@@ -81,15 +81,21 @@ def test_first_must_cover_a_tensor(make):
         ckpt.load_into({"model": _model(1).state_dict()}, first="model", discard_newer=True)
 
 
-def test_a_damaged_rest_is_raised_by_wait_and_leaves_the_rest_as_it_was(make, damage):
+def _load_with_a_damaged_rest(make, damage):
+    """Step 1 saved with its optimizer's chunk damaged on disk, then a
+    priority load of the model into a fresh state (optimizer all 5.0).
+    Returns the checkpointer, what was saved, the state and the Loading."""
     ckpt = make(chunk_size=1 << 20)
     torch.manual_seed(0)
     saved = {"model": {"w": torch.randn(1 << 18)}, "optim": {"m": torch.randn(1 << 18)}}
     ckpt.save(1, saved).wait()
     damage(saved["optim"]["m"].numpy().tobytes()[:4096], 100)
-
     state = {"model": {"w": torch.zeros(1 << 18)}, "optim": {"m": torch.full((1 << 18,), 5.0)}}
-    loading = ckpt.load_into(state, first="model")
+    return ckpt, saved, state, ckpt.load_into(state, first="model")
+
+
+def test_a_damaged_rest_is_raised_by_wait_and_leaves_the_rest_as_it_was(make, damage):
+    _, saved, state, loading = _load_with_a_damaged_rest(make, damage)
     assert torch.equal(state["model"]["w"], saved["model"]["w"])
     with pytest.raises(strata.CorruptError):
         loading.wait()
@@ -102,13 +108,7 @@ def test_a_save_after_a_failed_rest_is_refused_once(make, damage):
     """The rest failed and nobody called wait(): saving the half-loaded
     state (new weights, old optimizer) would commit it. The save raises and
     saves nothing."""
-    ckpt = make(chunk_size=1 << 20)
-    torch.manual_seed(0)
-    saved = {"model": {"w": torch.randn(1 << 18)}, "optim": {"m": torch.randn(1 << 18)}}
-    ckpt.save(1, saved).wait()
-    damage(saved["optim"]["m"].numpy().tobytes()[:4096], 100)
-    state = {"model": {"w": torch.zeros(1 << 18)}, "optim": {"m": torch.full((1 << 18,), 5.0)}}
-    loading = ckpt.load_into(state, first="model")
+    ckpt, _, state, loading = _load_with_a_damaged_rest(make, damage)
     with pytest.raises(strata.InvalidError, match="half loaded") as e:
         ckpt.save(2, state)
     assert isinstance(e.value.__cause__, strata.CorruptError)

@@ -106,8 +106,7 @@ impl Checkpointer {
 
     fn restore_whole(&self, step: u64, loaded: Loaded) -> Result<RestoredState> {
         let all = vec![true; loaded.shard.manifest.entries.len()];
-        let (entries, stats) = self.read_part(&loaded, &all, true)?;
-        let mut stats = stats;
+        let (entries, mut stats) = self.read_part(&loaded, &all, true)?;
         if stats.rehydrated {
             stats.rehydrated = self.commit_on_l1(&loaded);
         }
