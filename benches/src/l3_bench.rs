@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
-use strata::format::{DType, EntrySpec};
-use strata::par::default_threads;
-use strata::{synthetic, Checkpointer, Config, Entry, L3State, StepSelector};
+use strata::format::DType;
+use strata::{synthetic, Checkpointer, Config, L3State, StepSelector};
 use strata_benches::cpu::Cpu;
 use strata_benches::s3::{options, raw_store, start_s3s_fs, BUCKET};
+use strata_benches::state::State;
 use strata_tiered::ChunkStoreExt;
 use strata_tiered::{ChunkData, ChunkPut, ChunkStore, L3Options, L3Store};
 
@@ -92,23 +92,6 @@ async fn raw_get(
     Ok((t.elapsed(), sizes.iter().sum()))
 }
 
-struct State {
-    specs: Vec<EntrySpec>,
-    data: Vec<Vec<u8>>,
-}
-
-impl State {
-    fn new(size: u64) -> Self {
-        let (specs, data) = synthetic::generate(size, 7, default_threads());
-        State { specs, data }
-    }
-
-    fn entries(&self) -> Vec<Entry<'_>> {
-        synthetic::as_entries(&self.specs, &self.data)
-    }
-}
-
-/// Real bf16 weights (fp32 weights of all-MiniLM-L6-v2 rounded to bf16).
 fn real_bf16() -> Result<Vec<u8>, String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/model.safetensors");
     let bytes = std::fs::read(&path)
@@ -134,7 +117,7 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
         server: server.pid().to_string(),
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    let state = State::new(size);
+    let state = State::new(size, 7);
     let logical: u64 = state.data.iter().map(|d| d.len() as u64).sum();
     println!(
         "l3-bench: {:.2} GiB synthetic state ({} entries), s3s-fs on loopback, {} requests in flight, best of {reps}",

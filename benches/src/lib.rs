@@ -3,3 +3,4 @@
 pub mod cpu;
 pub mod quic;
 pub mod s3;
+pub mod state;

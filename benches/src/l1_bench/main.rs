@@ -31,10 +31,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use strata::format::{DType, EntryKind, EntrySpec};
+use strata::format::{DType, EntryKind};
 use strata::par::{default_threads, par_map};
-use strata::synthetic;
-use strata::{Checkpointer, Config, Entry, StepSelector};
+use strata::{Checkpointer, Config, StepSelector};
+use strata_benches::state::State;
 
 mod phases;
 
@@ -211,108 +211,54 @@ fn raw_io(file: &Path, bytes: u64, write: bool) -> Result<Raw, String> {
     })
 }
 
-/// The benchmark state: synthetic mixed-dtype tensors, regenerated in place.
-struct State {
-    specs: Vec<EntrySpec>,
-    data: Vec<Vec<u8>>,
-}
-
-impl State {
-    fn new(size: u64) -> Self {
-        let (specs, data) = synthetic::generate(size, 0x5EED, default_threads());
-        State { specs, data }
-    }
-
-    fn entries(&self) -> Vec<Entry<'_>> {
-        synthetic::as_entries(&self.specs, &self.data)
-    }
-
-    /// The state's own buffers as restore destinations.
-    fn dests(&mut self) -> Vec<(&str, &mut [u8])> {
-        self.specs
-            .iter()
-            .zip(self.data.iter_mut())
-            .map(|(s, d)| (s.name.as_str(), d.as_mut_slice()))
-            .collect()
-    }
-
-    fn logical(&self) -> u64 {
-        self.data.iter().map(|d| d.len() as u64).sum()
-    }
-
-    /// Changes one byte in every chunk-sized block of every entry, so every
-    /// chunk gets a new id.
-    fn touch_all(&mut self, chunk: usize, salt: u8) {
-        for d in &mut self.data {
-            for at in (0..d.len()).step_by(chunk) {
-                d[at] ^= salt | 1;
-            }
-        }
-    }
-
-    /// Changes every 20th entry (whole tensors change between steps, as
-    /// when part of a model is frozen), one byte per chunk-sized block.
-    /// Returns the bytes of the entries changed.
-    fn touch_every_20th_entry(&mut self, chunk: usize, salt: u8) -> u64 {
-        let mut bytes = 0u64;
-        for d in self.data.iter_mut().skip(7).step_by(20) {
-            for at in (0..d.len()).step_by(chunk) {
-                d[at] ^= salt | 1;
-            }
-            bytes += d.len() as u64;
-        }
-        bytes
-    }
-
-    /// Writes the state as a safetensors file the numpy loader reads:
-    /// bf16 and fp8 stored as same-sized unsigned integers (numpy has no
-    /// such dtypes; the bytes, and so the work, are the same), blobs as u8.
-    fn write_safetensors(&self, path: &Path) -> Result<(), String> {
-        let numpy_dtype = |d: DType| match d {
-            DType::BF16 => DType::U16,
-            DType::F8_E4M3 | DType::F8_E5M2 => DType::U8,
-            other => other,
-        };
-        let descr: Vec<(String, DType, Vec<u64>)> = self
-            .specs
-            .iter()
-            .map(|s| match &s.kind {
-                EntryKind::Tensor { dtype, shape } => {
-                    let nd = numpy_dtype(*dtype);
-                    // Same bytes: scale the last dimension if sizes differ.
-                    let mut shape = shape.clone();
-                    if nd.size() != dtype.size() {
-                        if let Some(last) = shape.last_mut() {
-                            *last = *last * dtype.size() as u64 / nd.size() as u64;
-                        }
+/// Writes the state as a safetensors file the numpy loader reads:
+/// bf16 and fp8 stored as same-sized unsigned integers (numpy has no
+/// such dtypes; the bytes, and so the work, are the same), blobs as u8.
+fn write_safetensors(state: &State, path: &Path) -> Result<(), String> {
+    let numpy_dtype = |d: DType| match d {
+        DType::BF16 => DType::U16,
+        DType::F8_E4M3 | DType::F8_E5M2 => DType::U8,
+        other => other,
+    };
+    let descr: Vec<(String, DType, Vec<u64>)> = state
+        .specs
+        .iter()
+        .map(|s| match &s.kind {
+            EntryKind::Tensor { dtype, shape } => {
+                let nd = numpy_dtype(*dtype);
+                // Same bytes: scale the last dimension if sizes differ.
+                let mut shape = shape.clone();
+                if nd.size() != dtype.size() {
+                    if let Some(last) = shape.last_mut() {
+                        *last = *last * dtype.size() as u64 / nd.size() as u64;
                     }
-                    (s.name.clone(), nd, shape)
                 }
-                EntryKind::Blob => (s.name.clone(), DType::U8, vec![s.len]),
-            })
-            .collect();
-        let tensors: Vec<(&str, DType, &[u64])> = descr
-            .iter()
-            .map(|(n, d, s)| (n.as_str(), *d, s.as_slice()))
-            .collect();
-        let (prefix, _) = strata::format::safetensors::encode_header(
-            &tensors,
-            &[("format".to_string(), "np".to_string())].into(),
-        )
-        .map_err(|e| e.to_string())?;
-        let mut f = std::io::BufWriter::with_capacity(
-            8 << 20,
-            std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
-        );
-        f.write_all(&prefix).map_err(|e| e.to_string())?;
-        for d in &self.data {
-            f.write_all(d).map_err(|e| e.to_string())?;
-        }
-        f.into_inner()
-            .map_err(|e| e.to_string())?
-            .sync_all()
-            .map_err(|e| e.to_string())
+                (s.name.clone(), nd, shape)
+            }
+            EntryKind::Blob => (s.name.clone(), DType::U8, vec![s.len]),
+        })
+        .collect();
+    let tensors: Vec<(&str, DType, &[u64])> = descr
+        .iter()
+        .map(|(n, d, s)| (n.as_str(), *d, s.as_slice()))
+        .collect();
+    let (prefix, _) = strata::format::safetensors::encode_header(
+        &tensors,
+        &[("format".to_string(), "np".to_string())].into(),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut f = std::io::BufWriter::with_capacity(
+        8 << 20,
+        std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
+    );
+    f.write_all(&prefix).map_err(|e| e.to_string())?;
+    for d in &state.data {
+        f.write_all(d).map_err(|e| e.to_string())?;
     }
+    f.into_inner()
+        .map_err(|e| e.to_string())?
+        .sync_all()
+        .map_err(|e| e.to_string())
 }
 
 fn best(v: &[Duration]) -> Duration {
@@ -389,7 +335,7 @@ fn run(o: &Opts) -> Result<bool, String> {
     let store = o.dir.join("l1");
     let _ = std::fs::remove_dir_all(&store);
     let t = Instant::now();
-    let mut state = State::new(o.size);
+    let mut state = State::new(o.size, 0x5EED);
     let logical = state.logical();
     let chunk = o.chunk_size as usize;
     println!(
@@ -516,7 +462,7 @@ fn run(o: &Opts) -> Result<bool, String> {
 
     // The safetensors baseline on the same tensors.
     let st_file = o.dir.join("state.safetensors");
-    state.write_safetensors(&st_file)?;
+    write_safetensors(&state, &st_file)?;
     drop(state);
     let py = python_baseline(o, &st_file);
     let _ = std::fs::remove_file(&st_file);

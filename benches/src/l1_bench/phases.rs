@@ -105,7 +105,7 @@ fn uploading(ck: &Checkpointer, step: u64) -> bool {
 pub(crate) fn background(
     dir: &std::path::Path,
     cfg: Config,
-    state: &mut super::State,
+    state: &mut strata_benches::state::State,
     chunk: usize,
     reps: usize,
 ) -> Result<Background, String> {
@@ -125,11 +125,12 @@ pub(crate) fn background(
     let ck = Checkpointer::new(cfg).map_err(|e| e.to_string())?;
     ck.prepare(&state.entries()).map_err(|e| e.to_string())?;
     let mut step = 0u64;
-    let mut save = |state: &super::State| -> Result<(u64, strata::SaveStats), String> {
-        step += 1;
-        let h = ck.save(step, &state.entries()).map_err(|e| e.to_string())?;
-        h.wait().map(|s| (step, s)).map_err(|e| e.to_string())
-    };
+    let mut save =
+        |state: &strata_benches::state::State| -> Result<(u64, strata::SaveStats), String> {
+            step += 1;
+            let h = ck.save(step, &state.entries()).map_err(|e| e.to_string())?;
+            h.wait().map(|s| (step, s)).map_err(|e| e.to_string())
+        };
     // Warm-up: both staging buffers used once, the uploads done.
     save(state)?;
     state.touch_all(chunk, 0x61);
