@@ -13,7 +13,7 @@ use crate::checkpointer::Checkpointer;
 use crate::config::Config;
 use crate::coord::commit::{CommitEvents, KnownCommitted};
 use crate::coord::coordinator::{Coordinator, SoloCoordinator};
-use crate::coord::etcd::{EtcdCoordinator, EtcdOptions};
+use crate::coord::etcd::{EtcdCoordinator, EtcdOptions, NodePlace};
 use crate::error::{Error, Result};
 use crate::health::Background;
 use crate::mirror;
@@ -145,12 +145,29 @@ impl Checkpointer {
             .transpose()?;
         let coord: Arc<dyn Coordinator> = match b.coord {
             Some(c) => c,
-            None if !cfg.etcd_endpoints.is_empty() => Arc::new(EtcdCoordinator::connect(
-                EtcdOptions::from_config(&cfg)?,
-                &cfg.job,
-                cfg.rank,
-                cfg.world_size,
-            )?),
+            None if !cfg.etcd_endpoints.is_empty() => match NodePlace::from_config(&cfg) {
+                Some(place) => {
+                    let opts = EtcdOptions::from_config(&cfg)?;
+                    // A member waits for its leader as long as the leader
+                    // may wait for a dead predecessor's lease, and more.
+                    let wait = Duration::from_secs(cfg.coordination_timeout_secs)
+                        .max(opts.lease_ttl * 3 + Duration::from_secs(10));
+                    Arc::new(EtcdCoordinator::join_node(
+                        opts,
+                        &cfg.job,
+                        cfg.rank,
+                        cfg.world_size,
+                        &place,
+                        wait,
+                    )?)
+                }
+                None => Arc::new(EtcdCoordinator::connect(
+                    EtcdOptions::from_config(&cfg)?,
+                    &cfg.job,
+                    cfg.rank,
+                    cfg.world_size,
+                )?),
+            },
             None if cfg.world_size == 1 => Arc::new(SoloCoordinator),
             None => {
                 return Err(Error::Config(format!(

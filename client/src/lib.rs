@@ -71,7 +71,7 @@ pub use config::{BusyPolicy, Config, UploadBacklog};
 pub use coord::{coordinator, etcd};
 pub use coordinator::{Coordinator, InProcessCoordinator, SoloCoordinator};
 pub use error::{Error, ErrorKind, Result};
-pub use etcd::{EtcdCoordinator, EtcdOptions};
+pub use etcd::{EtcdCoordinator, EtcdOptions, NodeCoordinator, NodePlace};
 pub use gpu::DeviceBytes;
 pub use handle::{SaveHandle, Target};
 pub use redact::{is_secret_option, REDACTED};

@@ -54,6 +54,7 @@ pub(crate) const SETTINGS: &[&str] = &[
     "ETCD_USER",
     "ETCD_PASSWORD_FILE",
     "ETCD_ALLOW_PLAINTEXT_AUTH",
+    "ETCD_NODE_ROUNDS",
     "METRICS_LISTEN",
 ];
 

@@ -39,6 +39,7 @@
 //! etcd_user = "strata"                  # with etcd_password_file; sent to https:// endpoints only
 //! etcd_password_file = "/etc/strata/etcd-password"
 //! etcd_allow_plaintext_auth = false     # true: also send it to http:// endpoints, in clear
+//! etcd_node_rounds = true               # a node's rank processes meet locally: etcd sees one per node
 //!
 //! [l3_options]                          # object_store options (win over the environment)
 //! endpoint = "http://127.0.0.1:9000"
@@ -281,6 +282,13 @@ pub struct Config {
     /// anyone on the path): off by default, and a user with an `http://`
     /// endpoint is then a configuration error. For a network you trust.
     pub etcd_allow_plaintext_auth: bool,
+    /// When the launcher says where this rank sits on its node
+    /// (`local_rank`, `local_world_size` > 1), the node's rank processes
+    /// meet over a local socket and local rank 0 takes part in etcd's
+    /// rounds for all of them: a round costs etcd a few requests per node,
+    /// not per rank. Needs each node's ranks consecutive (torchrun; Slurm's
+    /// block distribution); off: every process is its own etcd client.
+    pub etcd_node_rounds: bool,
     /// Serve this process's metrics to Prometheus at
     /// `http://<metrics_listen>/metrics` (`"0.0.0.0:9400"`; port 0 picks
     /// one, [`crate::Checkpointer::metrics_addr`] says which). None: not
@@ -338,6 +346,7 @@ impl Default for Config {
             etcd_user: None,
             etcd_password_file: None,
             etcd_allow_plaintext_auth: false,
+            etcd_node_rounds: true,
             metrics_listen: None,
             incarnation: None,
         }
@@ -630,6 +639,7 @@ impl Config {
                     self.etcd_password_file = (!v.is_empty()).then(|| PathBuf::from(&v))
                 }
                 "ETCD_ALLOW_PLAINTEXT_AUTH" => self.etcd_allow_plaintext_auth = flag(&v)?,
+                "ETCD_NODE_ROUNDS" => self.etcd_node_rounds = flag(&v)?,
                 "METRICS_LISTEN" => self.metrics_listen = (!v.is_empty()).then(|| v.clone()),
                 other => {
                     if let Some(setting) = env_names::nearest(other) {

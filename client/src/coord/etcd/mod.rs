@@ -24,8 +24,14 @@ mod claims;
 mod decide;
 mod gather;
 mod node;
+mod node_leader;
+#[cfg(test)]
+mod node_link_tests;
+mod node_member;
+mod wire;
 
 pub use node::EtcdRank;
+pub use node_member::{NodeCoordinator, NodeMember, NodePlace};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -506,7 +512,7 @@ impl Coordinator for EtcdCoordinator {
         timeout: Duration,
         reduce: &Reduce<'_>,
     ) -> Result<Vec<u8>> {
-        self.reduce_locally(rank, key, value, timeout, reduce)
+        self.reduce_locally(rank, key, value, timeout, Some(reduce))
     }
 }
 

@@ -45,6 +45,13 @@ impl std::fmt::Debug for EtcdRank {
     }
 }
 
+impl EtcdRank {
+    /// The process's coordinator this rank takes part through.
+    pub fn node(&self) -> &Arc<EtcdCoordinator> {
+        &self.node
+    }
+}
+
 impl EtcdCoordinator {
     /// The coordinator of `rank`, one of the ranks this process holds.
     pub fn rank_handle(self: &Arc<Self>, rank: u32) -> Result<EtcdRank> {
@@ -65,15 +72,19 @@ impl EtcdCoordinator {
         self.rank..self.rank + self.count
     }
 
-    /// A reducing round for `rank`: with the process's other ranks, then
-    /// in etcd ([`EtcdCoordinator::decide`]) by whichever arrives last.
+    /// A reducing round for `rank`: with the node's other ranks, then in
+    /// etcd ([`EtcdCoordinator::decide`]) by a rank that brought `reduce`
+    /// once every value is in: the last to arrive among the ranks on this
+    /// process's threads. A rank of another process of the node (through
+    /// the node link, [`super::node_leader`]) brings none: the leader's
+    /// own rank runs the round for it.
     pub(super) fn reduce_locally(
         &self,
         rank: u32,
         key: &str,
         value: Vec<u8>,
         timeout: Duration,
-        reduce: &Reduce<'_>,
+        reduce: Option<&Reduce<'_>>,
     ) -> Result<Vec<u8>> {
         if !self.ranks().contains(&rank) {
             return Err(Error::Config(format!(
@@ -86,7 +97,7 @@ impl EtcdCoordinator {
             )));
         }
         self.check_lost()?;
-        if self.count == 1 {
+        if let (1, Some(reduce)) = (self.count, reduce) {
             return self.on_own_thread(self.decide(key, vec![(rank, value)], timeout, reduce));
         }
         let deadline = Instant::now() + timeout;
@@ -121,26 +132,42 @@ impl EtcdCoordinator {
                 .map_err(poisoned)?
                 .0;
         }
-        let round = rounds.entry(key.to_string()).or_default();
-        round.values.insert(rank, value);
-        if round.values.len() == self.count as usize {
-            round.running = true;
-            let values: Vec<(u32, Vec<u8>)> =
-                std::mem::take(&mut round.values).into_iter().collect();
-            drop(rounds);
-            let left = deadline.saturating_duration_since(Instant::now());
-            let outcome = self.on_own_thread(self.decide(key, values, left, reduce));
-            rounds = local.rounds.lock().map_err(poisoned)?;
-            if let Some(r) = rounds.get_mut(key) {
-                r.running = false;
-                r.result = Some(outcome);
-            }
-            local.changed.notify_all();
-        }
+        rounds
+            .entry(key.to_string())
+            .or_default()
+            .values
+            .insert(rank, value);
+        local.changed.notify_all();
         loop {
             let Some(round) = rounds.get_mut(key) else {
                 return Err(Error::Coordination(format!("{key}: the round vanished")));
             };
+            if let (Some(reduce), None, false) = (reduce, &round.result, round.running) {
+                if round.values.len() == self.count as usize {
+                    round.running = true;
+                    let values: Vec<(u32, Vec<u8>)> =
+                        std::mem::take(&mut round.values).into_iter().collect();
+                    drop(rounds);
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let outcome = self.on_own_thread(self.decide(key, values, left, reduce));
+                    rounds = local.rounds.lock().map_err(poisoned)?;
+                    if let Some(r) = rounds.get_mut(key) {
+                        r.running = false;
+                        r.result = Some(outcome);
+                    }
+                    local.changed.notify_all();
+                    continue;
+                }
+            }
+            if round.result.is_none() && !round.running {
+                // The node gave up (a rank's process ended without leaving):
+                // no round of it can complete.
+                if let Some(e) = self.state.lock().map_err(poisoned)?.lost.clone() {
+                    round.values.clear();
+                    round.result = Some(Err(e));
+                    continue;
+                }
+            }
             let now = Instant::now();
             if round.result.is_none() && now >= deadline && !round.running {
                 // Given up: every rank of this process gets this outcome
@@ -177,9 +204,30 @@ impl EtcdCoordinator {
     }
 }
 
+impl EtcdCoordinator {
+    /// The node cannot go on (a rank's process ended without leaving the
+    /// node link): every round of it fails from now on with `e`, and its
+    /// claims go at once (the lease revoked), so the other nodes see its
+    /// ranks gone as they would see a dead process's.
+    pub(super) fn give_up(&self, e: Error) {
+        match self.state.lock() {
+            Ok(mut st) if st.lost.is_none() => st.lost = Some(e),
+            _ => return,
+        }
+        let (api, lease) = (self.api.clone(), self.lease);
+        let t = self.opts.request_timeout.min(Duration::from_secs(2));
+        if let Err(e) = self.on_own_thread(async move { api.revoke(lease, t).await }) {
+            tracing::warn!(error = %e, "could not revoke the node's lease; it expires");
+        }
+        if let Ok(_rounds) = self.local.rounds.lock() {
+            self.local.changed.notify_all();
+        }
+    }
+}
+
 /// Every rank's value, one after another with its length: the outcome of
 /// an all-gather made of a reducing round.
-fn concat(all: &[Vec<u8>]) -> Vec<u8> {
+pub(super) fn concat(all: &[Vec<u8>]) -> Vec<u8> {
     let mut out = Vec::with_capacity(all.iter().map(|v| v.len() + 4).sum());
     for v in all {
         out.extend_from_slice(&(v.len() as u32).to_le_bytes());
@@ -188,7 +236,7 @@ fn concat(all: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-fn split(key: &str, world: u32, mut b: &[u8]) -> Result<Vec<Vec<u8>>> {
+pub(super) fn split(key: &str, world: u32, mut b: &[u8]) -> Result<Vec<Vec<u8>>> {
     let bad = || Error::Coordination(format!("{key}: a malformed all-gather outcome"));
     let mut out = Vec::with_capacity((world as usize).min(b.len() / 4));
     while !b.is_empty() {
@@ -238,7 +286,8 @@ impl Coordinator for EtcdRank {
                 self.rank
             )));
         }
-        self.node.reduce_locally(rank, key, value, timeout, reduce)
+        self.node
+            .reduce_locally(rank, key, value, timeout, Some(reduce))
     }
 }
 

@@ -1,0 +1,360 @@
+//! The node's leader: when a node's ranks are separate processes (one per
+//! GPU, as torchrun and srun start them), the process of local rank 0
+//! claims all of the node's ranks in etcd and the others reach it over a
+//! local socket ([`super::node_member`]). Their values join its reducing
+//! rounds as if their ranks ran on its threads, so a round costs etcd a
+//! few requests per node, not per rank.
+//!
+//! The socket is in Linux's abstract namespace (no file to leave behind;
+//! one namespace per network namespace, as a node has), and only a process
+//! of the same user is served. A member that ends without saying goodbye
+//! (killed, crashed) ends the node: every round of it fails and its claims
+//! go at once, as a dead process's would, so the other nodes never wait
+//! for a rank that cannot answer.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::wire::{self, Hello, ToLeader, ToMember, WireError};
+use super::{poisoned, EtcdCoordinator};
+use crate::error::{Error, Result};
+
+/// Rounds one member may have open at once (a checkpointer runs one or
+/// two); more is a misbehaving process.
+const MAX_OPEN_ROUNDS: usize = 64;
+
+/// Longest round a member may ask for.
+const MAX_ROUND: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How long a connecting process has to introduce itself.
+const HELLO_WITHIN: Duration = Duration::from_secs(10);
+
+/// The abstract socket name of a node's link: the same for every process
+/// of the node's ranks, different for every other node, job or start
+/// sharing the host's network namespace.
+pub(super) fn link_name(prefix: &str, job: &str, incarnation: &str, node: &str) -> String {
+    // FNV-1a: stable across builds (the processes may not share one).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in [prefix, job, incarnation, node] {
+        for b in part.bytes().chain([0xff]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("strata-node-{h:016x}")
+}
+
+pub(super) fn link_addr(name: &str) -> Result<SocketAddr> {
+    SocketAddr::from_abstract_name(name.as_bytes())
+        .map_err(|e| Error::Config(format!("node link {name}: {e}")))
+}
+
+/// The user id of the process at the other end of `s`.
+fn peer_uid(s: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and
+    // the descriptor is a connected Unix socket owned by `s`.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred.uid)
+}
+
+/// Binds the node's link, waiting (until `deadline`) for a leader of an
+/// earlier start of the job that still holds the name.
+pub(super) fn bind(name: &str, deadline: Instant) -> Result<UnixListener> {
+    let addr = link_addr(name)?;
+    loop {
+        match UnixListener::bind_addr(&addr) {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => {
+                return Err(Error::Coordination(format!(
+                    "node link {name}: cannot listen ({e}): another process of this node's local rank 0 still runs"
+                )))
+            }
+        }
+    }
+}
+
+/// What a member's hello must say.
+#[derive(Clone, Debug)]
+pub(super) struct Expect {
+    pub(super) job: String,
+    pub(super) incarnation: String,
+    pub(super) world: u32,
+    /// The leader's own rank (no member may take it).
+    pub(super) own: u32,
+    pub(super) local_world: u32,
+}
+
+struct Served {
+    node: Arc<EtcdCoordinator>,
+    expect: Expect,
+    stop: AtomicBool,
+    /// Members by rank: the pid, and a handle to close the link.
+    members: Mutex<BTreeMap<u32, (u32, UnixStream)>>,
+}
+
+/// The listening side of a node's link, run by local rank 0's process
+/// for as long as its coordinator lives.
+pub(super) struct NodeServer {
+    served: Arc<Served>,
+    name: String,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NodeServer {
+    /// Serves the node's members on `listener` (bound with [`bind`]),
+    /// their rounds joining `node`'s.
+    pub(super) fn start(
+        listener: UnixListener,
+        name: String,
+        node: Arc<EtcdCoordinator>,
+        expect: Expect,
+    ) -> Result<NodeServer> {
+        let served = Arc::new(Served {
+            node,
+            expect,
+            stop: AtomicBool::new(false),
+            members: Mutex::default(),
+        });
+        let s = served.clone();
+        let accept = std::thread::Builder::new()
+            .name("strata-node-link".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if s.stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let s = s.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("strata-node-member".into())
+                        .spawn(move || serve(&s, conn));
+                }
+            })
+            .map_err(|e| Error::Config(format!("cannot start the node link: {e}")))?;
+        tracing::info!(name, "node link listening");
+        Ok(NodeServer {
+            served,
+            name,
+            accept: Some(accept),
+        })
+    }
+
+    /// Ranks whose processes are on the link now.
+    pub(super) fn members(&self) -> Vec<u32> {
+        self.served
+            .members
+            .lock()
+            .map(|m| m.keys().copied().collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for NodeServer {
+    fn drop(&mut self) {
+        self.served.stop.store(true, Ordering::Release);
+        if let Ok(m) = self.served.members.lock() {
+            for (_, s) in m.values() {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        // Wakes the accepting thread (it sees `stop` and ends).
+        if let Ok(addr) = link_addr(&self.name) {
+            let _ = UnixStream::connect_addr(&addr);
+        }
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn refuse(conn: &mut UnixStream, e: WireError) {
+    let _ = wire::write_frame(conn, &ToMember::Refused(e).encode());
+}
+
+/// Checks a hello against what the leader expects.
+fn admit(s: &Served, h: &Hello) -> std::result::Result<(), WireError> {
+    let x = &s.expect;
+    if h.version != wire::VERSION {
+        return Err(WireError::Config(format!(
+            "node link version {} (the leader speaks {}): every process of a node must run the same strata",
+            h.version,
+            wire::VERSION
+        )));
+    }
+    if h.job != x.job || h.incarnation != x.incarnation || h.world != x.world {
+        return Err(WireError::Config(format!(
+            "this node's leader runs job {:?} (start {:?}) of {} ranks, not job {:?} (start {:?}) of {}",
+            x.job, x.incarnation, x.world, h.job, h.incarnation, h.world
+        )));
+    }
+    let ranks = s.node.ranks();
+    if !ranks.contains(&h.rank) {
+        return Err(WireError::Config(format!(
+            "rank {} is not one of this node's ranks {ranks:?} (local rank 0 is rank {}, {} ranks on the node): the node link needs each node's ranks consecutive; set etcd_node_rounds = false for a launcher that places them otherwise",
+            h.rank, x.own, x.local_world
+        )));
+    }
+    if h.rank == x.own {
+        return Err(WireError::RankClaimed {
+            job: x.job.clone(),
+            rank: h.rank,
+            other: format!(
+                "the node's leader (pid {}) is that rank",
+                std::process::id()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// One member's link, from its hello to its goodbye (or its end).
+fn serve(s: &Served, mut conn: UnixStream) {
+    if s.stop.load(Ordering::Acquire) {
+        return;
+    }
+    let uid = peer_uid(&conn);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if uid != Some(me) {
+        tracing::warn!(?uid, "node link: a process of another user was refused");
+        refuse(
+            &mut conn,
+            WireError::Config("the node's leader serves only its own user".into()),
+        );
+        return;
+    }
+    let _ = conn.set_read_timeout(Some(HELLO_WITHIN));
+    let hello = match wire::read_frame(&mut conn).map(|f| f.map(|b| ToLeader::decode(&b))) {
+        Ok(Some(Ok(ToLeader::Hello(h)))) => h,
+        other => {
+            tracing::warn!(?other, "node link: no hello; closed");
+            refuse(
+                &mut conn,
+                WireError::Coordination("node link: expected a hello".into()),
+            );
+            return;
+        }
+    };
+    if let Err(e) = admit(s, &hello) {
+        tracing::warn!(rank = hello.rank, pid = hello.pid, error = ?e, "node link: refused");
+        refuse(&mut conn, e);
+        return;
+    }
+    let (rank, pid) = (hello.rank, hello.pid);
+    {
+        let Ok(mut m) = s.members.lock() else { return };
+        if let Some((held, _)) = m.get(&rank) {
+            let other = format!("process {held} of this node holds it through the node link");
+            drop(m);
+            refuse(
+                &mut conn,
+                WireError::RankClaimed {
+                    job: s.expect.job.clone(),
+                    rank,
+                    other,
+                },
+            );
+            return;
+        }
+        let Ok(handle) = conn.try_clone() else { return };
+        m.insert(rank, (pid, handle));
+    }
+    let _ = conn.set_read_timeout(None);
+    let writer = match conn.try_clone() {
+        Ok(w) => Arc::new(Mutex::new(w)),
+        Err(_) => return,
+    };
+    if write(&writer, &ToMember::Welcome).is_err() {
+        forget(s, rank);
+        return;
+    }
+    tracing::info!(rank, pid, "node link: a rank joined");
+    let open = Arc::new(AtomicUsize::new(0));
+    let why = loop {
+        let msg = match wire::read_frame(&mut conn) {
+            Ok(Some(b)) => ToLeader::decode(&b),
+            Ok(None) => break "ended without leaving".to_string(),
+            Err(e) => break format!("broke the link ({e})"),
+        };
+        match msg {
+            Ok(ToLeader::Bye) => {
+                tracing::info!(rank, pid, "node link: a rank left");
+                forget(s, rank);
+                return;
+            }
+            Ok(ToLeader::Round {
+                id,
+                key,
+                timeout_ms,
+                value,
+            }) => {
+                if open.fetch_add(1, Ordering::AcqRel) >= MAX_OPEN_ROUNDS {
+                    open.fetch_sub(1, Ordering::AcqRel);
+                    break format!("opened more than {MAX_OPEN_ROUNDS} rounds at once");
+                }
+                let (node, writer, open) = (s.node.clone(), writer.clone(), open.clone());
+                let timeout = Duration::from_millis(timeout_ms).min(MAX_ROUND);
+                let spawned = std::thread::Builder::new()
+                    .name("strata-node-round".into())
+                    .spawn(move || {
+                        let r = node.reduce_locally(rank, &key, value, timeout, None);
+                        let result = r.map_err(|e| WireError::from(&e));
+                        let _ = write(&writer, &ToMember::Outcome { id, result });
+                        open.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    break "could not be served (no thread)".to_string();
+                }
+            }
+            Ok(ToLeader::Hello(_)) => break "said hello twice".to_string(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    forget(s, rank);
+    if s.stop.load(Ordering::Acquire) {
+        return;
+    }
+    let e = Error::Coordination(format!(
+        "local rank {rank} (pid {pid}) {why}: this node's ranks stop (the launcher restarts the node's processes)"
+    ));
+    tracing::error!(error = %e, "node link: a rank's process is gone");
+    // The other members learn it from their next round (or the one they
+    // wait in), with this reason.
+    s.node.give_up(e);
+}
+
+fn forget(s: &Served, rank: u32) {
+    if let Ok(mut m) = s.members.lock() {
+        m.remove(&rank);
+    }
+}
+
+fn write(w: &Mutex<UnixStream>, m: &ToMember) -> Result<()> {
+    let mut w = w.lock().map_err(poisoned)?;
+    wire::write_frame(&mut *w, &m.encode())
+        .and_then(|()| w.flush())
+        .map_err(|e| Error::Coordination(format!("node link: {e}")))
+}

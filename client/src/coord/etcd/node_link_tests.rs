@@ -1,0 +1,125 @@
+//! The node link against hostile local processes: bytes that are not a
+//! hello, lengths meant to exhaust memory, a hello for another job: each
+//! connection is refused or closed, nothing panics or allocates what it
+//! claims, and the node goes on serving its real members.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use super::node_leader::{link_addr, link_name};
+use super::wire::{self, Hello, ToLeader, ToMember, WireError};
+use super::{EtcdCoordinator, EtcdOptions, NodePlace};
+use crate::coord::coordinator::Coordinator;
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn opts(url: &str) -> EtcdOptions {
+    EtcdOptions {
+        endpoints: vec![url.to_string()],
+        lease_ttl: Duration::from_secs(60),
+        ..EtcdOptions::default()
+    }
+}
+
+fn place(local_rank: u32) -> NodePlace {
+    NodePlace {
+        node: "h".into(),
+        local_rank,
+        local_world: 2,
+    }
+}
+
+fn connect() -> UnixStream {
+    let addr = link_addr(&link_name("/strata", "hostile", "", "h")).unwrap();
+    let s = UnixStream::connect_addr(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s
+}
+
+/// What the leader sends back before closing: a refusal, or nothing.
+fn answer(mut s: UnixStream) -> Option<ToMember> {
+    let got = wire::read_frame(&mut s).ok()??;
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "the link closes after a refusal");
+    ToMember::decode(&got).ok()
+}
+
+#[test]
+fn hostile_connections_are_refused_and_the_node_goes_on() {
+    let Some(etcd) = strata_testkit::etcd::Etcd::start() else {
+        return;
+    };
+    let leader =
+        EtcdCoordinator::join_node(opts(&etcd.url), "hostile", 0, 2, &place(0), LONG).unwrap();
+
+    // Not a frame of a hello.
+    let mut s = connect();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    assert!(matches!(
+        answer(s),
+        None | Some(ToMember::Refused(WireError::Coordination(_)))
+    ));
+    // A header claiming 4 GiB: refused before any allocation.
+    let mut s = connect();
+    s.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    assert!(matches!(
+        answer(s),
+        None | Some(ToMember::Refused(WireError::Coordination(_)))
+    ));
+    // A well-formed hello for another job, and one from another build.
+    let hello = Hello {
+        version: wire::VERSION,
+        job: "someone-else".into(),
+        incarnation: String::new(),
+        world: 2,
+        rank: 1,
+        pid: 1,
+    };
+    for h in [
+        hello.clone(),
+        Hello {
+            version: wire::VERSION + 1,
+            job: "hostile".into(),
+            ..hello.clone()
+        },
+        Hello {
+            job: "hostile".into(),
+            rank: 0,
+            ..hello.clone()
+        },
+    ] {
+        let mut s = connect();
+        wire::write_frame(&mut s, &ToLeader::Hello(h.clone()).encode()).unwrap();
+        match answer(s) {
+            Some(ToMember::Refused(e)) => eprintln!("{h:?}: refused: {e:?}"),
+            other => panic!("{h:?}: {other:?}"),
+        }
+    }
+    // A round before any hello.
+    let mut s = connect();
+    let round = ToLeader::Round {
+        id: 1,
+        key: "r".into(),
+        timeout_ms: 10,
+        value: vec![1],
+    };
+    wire::write_frame(&mut s, &round.encode()).unwrap();
+    assert!(matches!(answer(s), Some(ToMember::Refused(_))));
+
+    // None of it ended the node: its real member joins and a round runs.
+    let member =
+        EtcdCoordinator::join_node(opts(&etcd.url), "hostile", 1, 2, &place(1), LONG).unwrap();
+    let sum = |all: &[Vec<u8>]| vec![all.iter().map(|v| v[0]).sum::<u8>()];
+    std::thread::scope(|sc| {
+        let m = sc.spawn(|| member.all_reduce(1, "r/0", vec![2], LONG, &sum).unwrap());
+        assert_eq!(
+            leader.all_reduce(0, "r/0", vec![3], LONG, &sum).unwrap(),
+            [5]
+        );
+        assert_eq!(m.join().unwrap(), [5]);
+    });
+    assert_eq!(leader.linked_ranks(), vec![1]);
+}

@@ -1,0 +1,349 @@
+//! The node link over a real etcd: a node's ranks as separate processes
+//! (torchrun's and srun's one process per GPU) meet on a local socket and
+//! local rank 0 takes part in etcd's rounds for all of them, so a round
+//! costs about three requests per node however many ranks it runs. A rank
+//! process killed mid-job ends its node at once (the other nodes see its
+//! ranks gone, no round waits out its timeout); one that leaves cleanly is
+//! forgotten; a launcher that places ranks cyclically is told so.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata::{
+    Checkpointer, Config, Coordinator, Entry, ErrorKind, EtcdCoordinator, EtcdOptions,
+    NodeCoordinator, NodePlace, StepSelector,
+};
+use strata_testkit::etcd;
+
+const LONG: Duration = Duration::from_secs(60);
+const CHILD: &str = "STRATA_NODE_LINK_CHILD";
+
+fn opts(url: &str, lease: u64) -> EtcdOptions {
+    EtcdOptions {
+        endpoints: vec![url.to_string()],
+        lease_ttl: Duration::from_secs(lease),
+        ..EtcdOptions::default()
+    }
+}
+
+fn place(node: &str, local_rank: u32, local_world: u32) -> NodePlace {
+    NodePlace {
+        node: node.into(),
+        local_rank,
+        local_world,
+    }
+}
+
+fn sum(all: &[Vec<u8>]) -> Vec<u8> {
+    let s: u32 = all.iter().map(|v| u32::from(v[0])).sum();
+    let mut out = s.to_le_bytes().to_vec();
+    out.push(all.len() as u8);
+    out
+}
+
+/// The node coordinators of `nodes` nodes of `per` ranks, all joined at
+/// once (members wait for their leader), by rank.
+fn join_all(url: &str, job: &str, nodes: u32, per: u32, lease: u64) -> Vec<NodeCoordinator> {
+    let world = nodes * per;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..world)
+            .map(|r| {
+                s.spawn(move || {
+                    EtcdCoordinator::join_node(
+                        opts(url, lease),
+                        job,
+                        r,
+                        world,
+                        &place(&format!("n{}", r / per), r % per, per),
+                        LONG,
+                    )
+                    .unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn the_rank_processes_of_two_nodes_meet_locally_for_three_requests_per_node() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let (nodes, per) = (2u32, 4u32);
+    let world = nodes * per;
+    let coords = join_all(&etcd.url, "link", nodes, per, 60);
+    let leaders: Vec<&Arc<EtcdCoordinator>> = coords.iter().filter_map(|c| c.etcd()).collect();
+    assert_eq!(leaders.len(), 2, "local rank 0 of each node leads it");
+    assert_eq!(coords[0].linked_ranks(), vec![1, 2, 3]);
+    assert_eq!(coords[4].linked_ranks(), vec![5, 6, 7]);
+    assert!(coords[1].etcd().is_none() && coords[1].linked_ranks().is_empty());
+    // Each leader claimed its node's ranks: a claim per rank in etcd.
+    assert_eq!(leaders[0].members().unwrap().len(), world as usize);
+    let requests = || leaders.iter().map(|n| n.round_requests()).sum::<u64>();
+    let rounds = 10u8;
+    let before = requests();
+    std::thread::scope(|s| {
+        for (rank, c) in coords.iter().enumerate() {
+            let rank = rank as u32;
+            s.spawn(move || {
+                for round in 0..rounds {
+                    let got = c
+                        .all_reduce(
+                            rank,
+                            &format!("r/{round}"),
+                            vec![rank as u8 + round],
+                            LONG,
+                            &sum,
+                        )
+                        .unwrap();
+                    let want = (0..world).map(|r| r + u32::from(round)).sum::<u32>();
+                    assert_eq!(got[..4], want.to_le_bytes(), "round {round}");
+                    assert_eq!(u32::from(got[4]), world);
+                }
+                let all = c.all_gather(rank, "g", vec![rank as u8; 3], LONG).unwrap();
+                assert_eq!(
+                    all,
+                    (0..world as u8).map(|r| vec![r; 3]).collect::<Vec<_>>()
+                );
+            });
+        }
+    });
+    let per_round = (requests() - before) as f64 / f64::from(rounds + 1);
+    eprintln!("etcd requests per round, {nodes} nodes of {per} rank processes: {per_round:.1}");
+    assert!(per_round <= 3.0 * f64::from(nodes) + 1.0, "{per_round}");
+    // The same world with every rank its own etcd client: three per rank.
+    let solo: Vec<EtcdCoordinator> = (0..world)
+        .map(|r| EtcdCoordinator::connect(opts(&etcd.url, 60), "solo", r, world).unwrap())
+        .collect();
+    let before: u64 = solo.iter().map(|c| c.round_requests()).sum();
+    std::thread::scope(|s| {
+        for (rank, c) in solo.iter().enumerate() {
+            s.spawn(move || c.all_reduce(rank as u32, "r", vec![1], LONG, &sum).unwrap());
+        }
+    });
+    let solo_round = solo.iter().map(|c| c.round_requests()).sum::<u64>() - before;
+    eprintln!("etcd requests per round, {world} rank processes each its own client: {solo_round}");
+    assert!(
+        solo_round as f64 >= 2.0 * per_round,
+        "{solo_round} vs {per_round}"
+    );
+    // A member serves only its own rank.
+    let e = coords[1]
+        .all_reduce(2, "x", vec![], LONG, &sum)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+}
+
+/// The member process of the next test: joins node "a" as rank 1 and
+/// takes part in one round (`r/<round>`), then waits to be killed
+/// (`stay`) or leaves cleanly (`leave`).
+fn child(spec: &str) -> ! {
+    let v: Vec<&str> = spec.split(',').collect();
+    let [url, job, world, round, mode] = v[..] else {
+        panic!("{spec}")
+    };
+    let world: u32 = world.parse().unwrap();
+    let c =
+        EtcdCoordinator::join_node(opts(url, 3), job, 1, world, &place("a", 1, 2), LONG).unwrap();
+    c.all_reduce(1, &format!("r/{round}"), vec![1], LONG, &sum)
+        .unwrap();
+    if mode == "leave" {
+        drop(c);
+        std::process::exit(0);
+    }
+    std::thread::sleep(Duration::from_secs(600));
+    std::process::exit(3);
+}
+
+const THIS_TEST: &str =
+    "a_killed_rank_process_ends_its_node_at_once_and_one_that_leaves_is_forgotten";
+
+/// Rank 1 of node "a" as a process of its own (this test binary again).
+fn spawn_child(url: &str, job: &str, world: u32, round: u32, mode: &str) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", THIS_TEST, "--nocapture"])
+        .env(CHILD, format!("{url},{job},{world},{round},{mode}"))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_killed_rank_process_ends_its_node_at_once_and_one_that_leaves_is_forgotten() {
+    if let Ok(spec) = std::env::var(CHILD) {
+        child(&spec);
+    }
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    // Node "a": rank 0 here, rank 1 a process of its own; node "b": 2, 3.
+    let mut proc1 = spawn_child(&etcd.url, "kill", 4, 0, "stay");
+    let coords: Vec<(u32, NodeCoordinator)> = std::thread::scope(|s| {
+        let url = &etcd.url;
+        let hs: Vec<_> = [(0, "a", 0), (2, "b", 0), (3, "b", 1)]
+            .into_iter()
+            .map(|(r, n, l)| {
+                s.spawn(move || {
+                    let p = place(n, l, 2);
+                    (
+                        r,
+                        EtcdCoordinator::join_node(opts(url, 3), "kill", r, 4, &p, LONG).unwrap(),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // A round of all four: the other process's value arrived.
+    std::thread::scope(|s| {
+        for (r, c) in &coords {
+            s.spawn(move || {
+                let got = c.all_reduce(*r, "r/0", vec![*r as u8], LONG, &sum).unwrap();
+                // Ranks 0, 2, 3 give their rank; the child gives 1.
+                assert_eq!(got, [6, 0, 0, 0, 4]);
+            });
+        }
+    });
+    assert_eq!(coords[0].1.linked_ranks(), vec![1]);
+    // SIGKILL: no goodbye. The next round fails on every rank, long before
+    // its 60 s timeout: node "a" ended itself and revoked its claims.
+    proc1.kill().unwrap();
+    proc1.wait().unwrap();
+    let t = Instant::now();
+    let errs: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = coords
+            .iter()
+            .map(|(r, c)| s.spawn(move || c.all_reduce(*r, "r/1", vec![1], LONG, &sum)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap().unwrap_err().to_string())
+            .collect()
+    });
+    let took = t.elapsed();
+    eprintln!("after the kill, every rank failed in {took:?}: {errs:?}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    assert!(
+        errs[0].contains("local rank 1") && errs[0].contains("ended without leaving"),
+        "{}",
+        errs[0]
+    );
+    drop(coords);
+
+    // A process that leaves cleanly is forgotten: the leader goes on, its
+    // claims stay, and the rank joins again in a new process.
+    let p = place("a", 0, 2);
+    let leader = EtcdCoordinator::join_node(opts(&etcd.url, 3), "leave", 0, 2, &p, LONG).unwrap();
+    for round in 0..2u32 {
+        let mut c = spawn_child(&etcd.url, "leave", 2, round, "leave");
+        let got = leader
+            .all_reduce(0, &format!("r/{round}"), vec![0], LONG, &sum)
+            .unwrap();
+        assert_eq!(got, [1, 0, 0, 0, 2], "round {round}");
+        assert!(c.wait().unwrap().success());
+        let t = Instant::now();
+        while !leader.linked_ranks().is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(10), "never forgotten");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let node = leader.etcd().unwrap();
+        assert_eq!(node.members().unwrap().len(), 2, "the claims stay");
+    }
+}
+
+#[test]
+fn ranks_a_launcher_placed_cyclically_are_told_to_turn_the_link_off() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let url = &etcd.url;
+    // Node "a" holds ranks 0 and 2 (cyclic): rank 0 leads 0..2, rank 2
+    // comes as its local rank 1.
+    let leader =
+        EtcdCoordinator::join_node(opts(url, 60), "cyc", 0, 4, &place("a", 0, 2), LONG).unwrap();
+    let e = EtcdCoordinator::join_node(opts(url, 60), "cyc", 3, 4, &place("a", 1, 2), LONG)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    assert!(e.to_string().contains("etcd_node_rounds = false"), "{e}");
+    // A second process for a rank already linked is refused, naming it.
+    let first =
+        EtcdCoordinator::join_node(opts(url, 60), "cyc", 1, 4, &place("a", 1, 2), LONG).unwrap();
+    let e = EtcdCoordinator::join_node(opts(url, 60), "cyc", 1, 4, &place("a", 1, 2), LONG)
+        .unwrap_err();
+    assert!(
+        matches!(e, strata::Error::RankClaimed { rank: 1, .. }),
+        "{e}"
+    );
+    // Another job, or another start of it, never meets this node's leader.
+    let short = Duration::from_secs(2);
+    let e = EtcdCoordinator::join_node(opts(url, 60), "other", 1, 4, &place("a", 1, 2), short)
+        .unwrap_err();
+    assert!(e.to_string().contains("never listened"), "{e}");
+    drop((first, leader));
+    // Impossible places are configuration errors before anything starts.
+    let e = EtcdCoordinator::join_node(opts(url, 60), "cyc", 1, 4, &place("a", 2, 2), LONG)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+}
+
+/// Through the settings: four checkpointers of one node, configured as
+/// torchrun configures its processes (`LOCAL_RANK`, `LOCAL_WORLD_SIZE`),
+/// save and restore through the node link.
+#[test]
+fn checkpointers_configured_by_the_launcher_commit_and_restore_through_the_link() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let world = 4u32;
+    let cfg = |rank: u32| {
+        let mut c = Config::builder()
+            .job("cfg-link")
+            .rank(rank, world)
+            .l1_dir(dir.path());
+        c.etcd_endpoints = vec![etcd.url.clone()];
+        c.local_rank = Some(rank);
+        c.local_world_size = Some(world);
+        c.node = "n0".into();
+        c
+    };
+    assert!(NodePlace::from_config(&cfg(1)).is_some());
+    let mut off = cfg(1);
+    off.etcd_node_rounds = false;
+    assert!(NodePlace::from_config(&off).is_none());
+    std::thread::scope(|s| {
+        for rank in 0..world {
+            let c = cfg(rank);
+            s.spawn(move || {
+                let ck = Checkpointer::new(c).unwrap();
+                for step in 1..=3u64 {
+                    let data = vec![rank as u8 ^ step as u8; 4096];
+                    let e = [Entry::tensor(
+                        "w",
+                        strata::format::DType::U8,
+                        &[4096],
+                        &data,
+                    )];
+                    ck.save(step, &e).unwrap().wait().unwrap();
+                }
+                let got = ck.restore(StepSelector::Latest).unwrap();
+                assert_eq!(got.step, 3);
+                assert_eq!(got.get("w").unwrap().bytes, vec![rank as u8 ^ 3; 4096]);
+            });
+        }
+    });
+    // One process held the node's four claims (local rank 0's, on one
+    // lease), not four.
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let leases: std::collections::BTreeSet<String> = (0..world)
+        .map(|r| {
+            let key = b64.encode(format!("/strata/cfg-link/ranks/{r:08}"));
+            let got = etcd.call("/v3/kv/range", &serde_json::json!({ "key": key }));
+            got["kvs"][0]["lease"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(leases.len(), 1, "{leases:?}");
+}
