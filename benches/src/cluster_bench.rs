@@ -29,7 +29,7 @@ fn strata_bin() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/strata"))
 }
 
-fn spec(dir: &Path, nodes: usize, per_node: usize, job: &str) -> Spec {
+fn spec(dir: &Path, nodes: usize, per_node: usize, job: &str, node_link: bool) -> Spec {
     Spec {
         nodes,
         ranks_per_node: per_node,
@@ -42,6 +42,7 @@ fn spec(dir: &Path, nodes: usize, per_node: usize, job: &str) -> Spec {
         chunk_size: 4 << 20,
         keep_last: 2,
         force_loopback: false,
+        node_link,
     }
 }
 
@@ -60,6 +61,25 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
         return 0.0;
     }
     v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Requests etcd has served so far (every gRPC call and stream started,
+/// the gateway's included), from its own metrics.
+fn etcd_requests(url: &str) -> Result<u64, String> {
+    let addr = url.trim_start_matches("http://").to_string();
+    let mut s = std::net::TcpStream::connect(&addr).map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+    Ok(out
+        .lines()
+        .filter(|l| l.starts_with("grpc_server_started_total{") && l.contains("etcdserverpb"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
 }
 
 /// Median time of one `PUT` to etcd's gateway over a fresh HTTP/1.1
@@ -87,21 +107,30 @@ fn raw_etcd_put(url: &str, n: usize) -> Result<f64, String> {
     Ok(pct(&mut ms, 0.5))
 }
 
-fn barrier(dir: &Path, steps: u64, worlds: &[usize], per_node: usize) -> Result<(), String> {
+fn barrier(
+    dir: &Path,
+    steps: u64,
+    worlds: &[usize],
+    per_node: usize,
+    node_link: bool,
+) -> Result<(), String> {
     println!(
-        "  ranks  nodes  barrier+commit per step: median     p90   raw etcd put  ratio (median)"
+        "  ranks  nodes  barrier+commit per step: median     p90   raw etcd put  ratio (median)  etcd requests per step"
     );
     for &world in worlds {
         let d = dir.join(format!("barrier-{world}"));
         let _ = std::fs::remove_dir_all(&d);
         let n = world.div_ceil(per_node);
-        let c = Cluster::start(spec(&d, n, per_node, "bench"))?;
+        let c = Cluster::start(spec(&d, n, per_node, "bench", node_link))?;
         let nodes: Vec<usize> = (0..n).collect();
         let args: Vec<String> = ["--steps", &steps.to_string(), "--state-size", "1MiB"]
             .map(String::from)
             .to_vec();
+        let before = etcd_requests(&c.etcd_url)?;
         let mut ranks = c.spawn_ranks(&nodes, &args)?;
         finish(&mut ranks)?;
+        // Every request of the run (claims, keep-alives, rounds) by step.
+        let per_step = (etcd_requests(&c.etcd_url)? - before) as f64 / steps as f64;
         // Step 1 is warm-up (connections, first writes).
         let mut v: Vec<f64> = ranks
             .iter()
@@ -112,7 +141,7 @@ fn barrier(dir: &Path, steps: u64, worlds: &[usize], per_node: usize) -> Result<
         let raw = raw_etcd_put(&c.etcd_url, 50)?;
         let med = pct(&mut v, 0.5);
         println!(
-            "  {world:>5}  {:>5}  {:>33.1} ms {:>5.1} ms {:>11.2} ms  {:>6.1}x",
+            "  {world:>5}  {:>5}  {:>33.1} ms {:>5.1} ms {:>11.2} ms  {:>13.1}x  {per_step:>22.1}",
             n,
             med,
             pct(&mut v, 0.9),
@@ -130,7 +159,7 @@ fn barrier(dir: &Path, steps: u64, worlds: &[usize], per_node: usize) -> Result<
 fn node_loss(dir: &Path, size: &str) -> Result<(), String> {
     let d = dir.join("loss");
     let _ = std::fs::remove_dir_all(&d);
-    let mut c = Cluster::start(spec(&d, 3, 2, "bench"))?;
+    let mut c = Cluster::start(spec(&d, 3, 2, "bench", true))?;
     let all = [0usize, 1, 2];
     let common = ["--state-size".to_string(), size.to_string()];
     let mut first = c.spawn_ranks(
@@ -245,6 +274,7 @@ fn main() {
     let mut worlds = vec![2usize, 6, 12];
     let mut per_node = 2usize;
     let mut node_loss_too = true;
+    let mut node_link = true;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -261,16 +291,24 @@ fn main() {
                 per_node = it.next().and_then(|v| v.parse().ok()).unwrap_or(per_node)
             }
             "--no-node-loss" => node_loss_too = false,
+            "--no-node-link" => node_link = false,
             other => {
                 eprintln!(
-                    "cluster-bench: unknown argument {other} (--steps N --size SIZE --dir DIR --worlds 2,6,12 --ranks-per-node 2 --no-node-loss)"
+                    "cluster-bench: unknown argument {other} (--steps N --size SIZE --dir DIR --worlds 2,6,12 --ranks-per-node 2 --no-node-loss --no-node-link)"
                 );
                 std::process::exit(2);
             }
         }
     }
-    println!("cluster-bench: ranks as processes ({per_node} per node), etcd and s3s-fs on the bridge, {steps} steps");
-    let r = barrier(&dir, steps, &worlds, per_node).and_then(|()| {
+    println!(
+        "cluster-bench: ranks as processes ({per_node} per node{}), etcd and s3s-fs on the bridge, {steps} steps",
+        if node_link {
+            ", meeting on the node link"
+        } else {
+            ", each its own etcd client"
+        }
+    );
+    let r = barrier(&dir, steps, &worlds, per_node, node_link).and_then(|()| {
         if node_loss_too {
             node_loss(&dir, &size)
         } else {

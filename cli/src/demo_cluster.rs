@@ -92,6 +92,7 @@ pub(crate) fn run(d: &ClusterDemo) -> Result<(), CliError> {
         chunk_size: 4 << 20,
         keep_last: 2,
         force_loopback: false,
+        node_link: true,
     };
     let t0 = Instant::now();
     let mut c = Cluster::start(spec).map_err(CliError::Store)?;

@@ -21,6 +21,17 @@ const JOB: &str = "cluster";
 /// A cluster of `nodes` × `ranks` under `dir`, or None (skipped) without
 /// etcd or s3s-fs, unless the test command requires them.
 fn cluster(dir: &std::path::Path, nodes: usize, ranks: usize) -> Option<Cluster> {
+    cluster_with(dir, nodes, ranks, false)
+}
+
+/// [`cluster`], its ranks started as torchrun starts them when
+/// `node_link` (a node's rank processes meet on the node link).
+fn cluster_with(
+    dir: &std::path::Path,
+    nodes: usize,
+    ranks: usize,
+    node_link: bool,
+) -> Option<Cluster> {
     for bin in ["etcd", "s3s-fs"] {
         if find_bin(bin).is_none() {
             let required = std::env::var("STRATA_REQUIRE_ETCD").as_deref() == Ok("1")
@@ -42,6 +53,7 @@ fn cluster(dir: &std::path::Path, nodes: usize, ranks: usize) -> Option<Cluster>
         chunk_size: 1 << 20,
         keep_last: 2,
         force_loopback: false,
+        node_link,
     })
     .unwrap();
     match &c.fabric.isolation {
@@ -627,4 +639,98 @@ fn a_delay_is_set_where_the_kernel_has_netem_and_refused_clearly_elsewhere() {
     let lo = strata_cli::cluster::Fabric::new(1, true);
     assert!(lo.delay(0, Duration::from_millis(1)).is_err());
     assert!(lo.link(0, false).is_err());
+}
+
+/// torchrun's placement (`LOCAL_RANK`, `LOCAL_WORLD_SIZE`): each node's
+/// rank processes meet on the node link, local rank 0 holding the node's
+/// claims. One rank process killed inside a save ends its node at once:
+/// every rank of the job fails that save long before the coordination
+/// timeout (120 s), nothing commits it, and the job started again resumes
+/// the step before on every rank.
+#[test]
+fn rank_processes_on_the_node_link_commit_and_one_killed_fails_the_save_everywhere_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(c) = cluster_with(dir.path(), 2, 3, true) else {
+        return;
+    };
+    let common = ["--state-size", "1MiB"];
+    let mut first = c
+        .spawn_ranks(
+            &[0, 1],
+            &args(&[&["--steps", "2", "--verify"][..], &common].concat()),
+        )
+        .unwrap();
+    let ok = wait_all(&mut first, Duration::from_secs(300));
+    for (r, ok) in first.iter().zip(&ok) {
+        assert!(
+            ok,
+            "rank {}: {:?}\n{}",
+            r.rank,
+            r.events(),
+            c.rank_log(r.node, r.rank)
+        );
+    }
+    // Each node's claims are one process's: local rank 0's.
+    let claims = etcd_range(&c, &format!("/strata/{JOB}/ranks/"));
+    let pid = |v: &str| {
+        v.split_whitespace()
+            .find(|w| w.starts_with("pid="))
+            .map(String::from)
+    };
+    let pids: Vec<Option<String>> = claims.iter().map(|(_, v)| pid(v)).collect();
+    assert_eq!(pids.len(), 6, "{claims:?}");
+    assert!(pids[..3].iter().all(|p| p == &pids[0]), "{claims:?}");
+    assert!(
+        pids[3..].iter().all(|p| p == &pids[3]) && pids[0] != pids[3],
+        "{claims:?}"
+    );
+
+    // Step 3: every rank holds before it until the gate exists; then node
+    // 1's local rank 2 (a member, not the leader) is killed.
+    let gate = dir.path().join("gate-step-3");
+    let run: Vec<String> = args(&[&["--resume", "--steps", "1"][..], &common].concat())
+        .into_iter()
+        .chain(args(&["--hold-before", &format!("3:{}", gate.display())]))
+        .collect();
+    let mut ranks = c.spawn_ranks(&[0, 1], &run).unwrap();
+    until(Duration::from_secs(120), "never resumed", || {
+        ranks.iter().all(|r| !of(&r.events(), "resumed").is_empty())
+    });
+    let victim = c.rank_of(1, 2);
+    let t = Instant::now();
+    for r in ranks.iter_mut().filter(|r| r.rank == victim) {
+        r.proc.kill();
+    }
+    std::fs::write(&gate, b"").unwrap();
+    let ok = wait_all(&mut ranks, Duration::from_secs(100));
+    let took = t.elapsed();
+    eprintln!("one rank process killed: every rank's save ended in {took:?}");
+    assert!(ok.iter().all(|&ok| !ok), "no rank commits step 3: {ok:?}");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    for r in &ranks {
+        assert!(
+            !of(&r.events(), "saved").iter().any(|e| e["step"] == 3),
+            "rank {}: {:?}",
+            r.rank,
+            r.events()
+        );
+    }
+    // Started again (as the launcher would): every rank resumes step 2.
+    let mut again = c
+        .spawn_ranks(
+            &[0, 1],
+            &args(&[&["--resume", "--steps", "1", "--verify"][..], &common].concat()),
+        )
+        .unwrap();
+    let ok = wait_all(&mut again, Duration::from_secs(300));
+    for (r, ok) in again.iter().zip(&ok) {
+        let ev = r.events();
+        assert!(
+            ok,
+            "rank {}: {ev:?}\n{}",
+            r.rank,
+            c.rank_log(r.node, r.rank)
+        );
+        assert_eq!(of(&ev, "resumed")[0]["step"], 2, "rank {}: {ev:?}", r.rank);
+    }
 }

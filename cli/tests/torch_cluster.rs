@@ -126,6 +126,7 @@ fn torchrun_on_two_nodes_resumes_a_replaced_node_from_its_peers() {
         chunk_size: 1 << 20,
         keep_last: 3,
         force_loopback: false,
+        node_link: false,
     })
     .unwrap();
     if let Isolation::Loopback(why) = &c.fabric.isolation {

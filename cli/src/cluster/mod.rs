@@ -53,6 +53,10 @@ pub struct Spec {
     pub keep_last: usize,
     /// Use loopback addresses even where namespaces are possible.
     pub force_loopback: bool,
+    /// Start the ranks as torchrun does (`LOCAL_RANK`, `LOCAL_WORLD_SIZE`):
+    /// a node's rank processes then meet on the node link and local rank
+    /// 0 takes part in etcd's rounds for all of them.
+    pub node_link: bool,
 }
 
 /// A child process killed when dropped.
@@ -374,6 +378,9 @@ impl Cluster {
                     .args(args)
                     .env("STRATA_RANK", rank.to_string())
                     .env("STRATA_WORLD_SIZE", world.to_string())
+                    .env("STRATA_ETCD_NODE_ROUNDS", self.spec.node_link.to_string())
+                    .env("LOCAL_RANK", local.to_string())
+                    .env("LOCAL_WORLD_SIZE", self.spec.ranks_per_node.to_string())
                     .env("STRATA_NODE", &n.name)
                     .env("STRATA_L1_DIR", &n.l1)
                     .env("STRATA_LOG", "warn")
