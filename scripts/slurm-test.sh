@@ -217,9 +217,29 @@ def ls(path, steps, world, l1_ranks=None, l2=None):
                 bad.append(f"step {s['step']}: l2 {s.get('l2')}, expected {replicas} of {wanted}")
     return bad
 
+def claims(etcd, job, ranks, processes):
+    """The claims of ranks 0..ranks-1 of `job` in etcd are held by exactly
+    `processes` processes (with the node link, one per node: local rank
+    0's), counted by the pid each claim names."""
+    import base64, urllib.request
+    b64 = lambda s: base64.b64encode(s.encode()).decode()
+    prefix = f"/strata/{job}/ranks/"
+    body = json.dumps({"key": b64(prefix), "range_end": b64(prefix[:-1] + "0")}).encode()
+    got = json.load(urllib.request.urlopen(f"{etcd}/v3/kv/range", body, timeout=10))
+    kvs = got.get("kvs", [])
+    pids = {base64.b64decode(kv["key"]).decode(): [w for w in base64.b64decode(kv["value"]).decode().split()
+                                                    if w.startswith("pid=")] for kv in kvs}
+    bad = []
+    if len(pids) != ranks:
+        bad.append(f"{len(pids)} claims, expected {ranks}: {sorted(pids)}")
+    held = {tuple(p) for p in pids.values()}
+    if len(held) != processes:
+        bad.append(f"claims held by {len(held)} processes, expected {processes}: {pids}")
+    return bad
+
 if __name__ == "__main__":
     what, args = sys.argv[1], json.loads(sys.argv[2])
-    bad = {"rank": rank, "ls": ls}[what](**args)
+    bad = {"rank": rank, "ls": ls, "claims": claims}[what](**args)
     for b in bad:
         print("  " + b)
     sys.exit(1 if bad else 0)
@@ -269,6 +289,9 @@ EOF
   check rank "{\"path\": \"$TMP/a1.out\", \"tasks\": 4, \"first\": 1, \"last\": 3, \"node\": \"$NODE\"}" \
     || { show "$TMP/a1.out" "$TMP/a1.err"; return 1; }
   echo "  srun -n 4: ranks 0-3 (SLURM_PROCID) saved, committed and verified steps 1-3"
+  check claims "{\"etcd\": \"$ETCD\", \"job\": \"$TAG-rank\", \"ranks\": 4, \"processes\": 1}" \
+    || return 1
+  echo "  the node's 4 rank processes met on the node link: one process (SLURM_LOCALID 0) held their etcd claims"
   if ! srun_t a2 "${run[@]}" --resume; then
     echo "  second srun -n 4 --resume failed (exit $RC)"; show "$TMP/a2.out" "$TMP/a2.err"; return 1
   fi
