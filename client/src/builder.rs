@@ -151,7 +151,11 @@ impl Checkpointer {
                     // A member waits for its leader as long as the leader
                     // may wait for a dead predecessor's lease, and more.
                     let wait = Duration::from_secs(cfg.coordination_timeout_secs)
-                        .max(opts.lease_ttl * 3 + Duration::from_secs(10));
+                        .max(
+                            opts.lease_ttl
+                                .saturating_mul(3)
+                                .saturating_add(Duration::from_secs(10)),
+                        );
                     Arc::new(EtcdCoordinator::join_node(
                         opts,
                         &cfg.job,

@@ -238,6 +238,11 @@ fn a_killed_rank_process_ends_its_node_at_once_and_one_that_leaves_is_forgotten(
     let leader = EtcdCoordinator::join_node(opts(&etcd.url, 3), "leave", 0, 2, &p, LONG).unwrap();
     for round in 0..2u32 {
         let mut c = spawn_child(&etcd.url, "leave", 2, round, "leave");
+        let t = Instant::now();
+        while leader.linked_ranks().is_empty() {
+            assert!(t.elapsed() < LONG, "rank 1 never joined again");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let got = leader
             .all_reduce(0, &format!("r/{round}"), vec![0], LONG, &sum)
             .unwrap();
@@ -250,6 +255,13 @@ fn a_killed_rank_process_ends_its_node_at_once_and_one_that_leaves_is_forgotten(
         }
         let node = leader.etcd().unwrap();
         assert_eq!(node.members().unwrap().len(), 2, "the claims stay");
+        // A round that needs the rank that left fails at once, naming it.
+        let t = Instant::now();
+        let e = leader
+            .all_reduce(0, &format!("x/{round}"), vec![0], LONG, &sum)
+            .unwrap_err();
+        assert!(e.to_string().contains("left this node"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     }
 }
 
@@ -282,6 +294,13 @@ fn ranks_a_launcher_placed_cyclically_are_told_to_turn_the_link_off() {
         .unwrap_err();
     assert!(e.to_string().contains("never listened"), "{e}");
     drop((first, leader));
+    // The last node of a Slurm step may hold fewer ranks than
+    // SLURM_NTASKS_PER_NODE says (a maximum): its leader claims up to the
+    // world's end.
+    let last =
+        EtcdCoordinator::join_node(opts(url, 60), "tail", 4, 6, &place("z", 0, 4), LONG).unwrap();
+    assert_eq!(last.etcd().unwrap().ranks(), 4..6);
+    drop(last);
     // Impossible places are configuration errors before anything starts.
     let e = EtcdCoordinator::join_node(opts(url, 60), "cyc", 1, 4, &place("a", 2, 2), LONG)
         .unwrap_err();

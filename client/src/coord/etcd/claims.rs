@@ -111,7 +111,8 @@ pub(super) async fn keep_alive(
         if let Some(e) = lost {
             tracing::error!(error = %e, "lost the rank");
             if let Ok(mut st) = state.lock() {
-                st.lost = Some(e);
+                // An earlier reason (the node gave up) stays the reason.
+                st.lost.get_or_insert(e);
             }
             return;
         }

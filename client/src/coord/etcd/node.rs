@@ -17,6 +17,9 @@ use crate::error::{Error, Result};
 pub(super) struct Local {
     rounds: Mutex<HashMap<String, LocalRound>>,
     changed: Condvar,
+    /// Ranks whose process left the node link cleanly (locked after
+    /// `rounds`): a round that lacks one of their values fails at once.
+    departed: Mutex<std::collections::BTreeSet<u32>>,
 }
 
 #[derive(Default)]
@@ -29,6 +32,9 @@ struct LocalRound {
     result: Option<Result<Vec<u8>>>,
     /// Ranks that took the outcome (the round goes when all did).
     took: std::collections::BTreeSet<u32>,
+    /// The earliest deadline of the ranks that arrived: the round in etcd
+    /// ends by it, so no rank gives up on a round that then succeeds.
+    deadline: Option<Instant>,
 }
 
 /// One rank of a process that runs several ([`EtcdCoordinator::connect_node`]):
@@ -120,6 +126,7 @@ impl EtcdCoordinator {
             if r.result.is_none() && !r.running && !r.values.contains_key(&rank) {
                 break;
             }
+            self.check_lost()?;
             let now = Instant::now();
             if now >= deadline {
                 return Err(Error::Coordination(format!(
@@ -132,11 +139,9 @@ impl EtcdCoordinator {
                 .map_err(poisoned)?
                 .0;
         }
-        rounds
-            .entry(key.to_string())
-            .or_default()
-            .values
-            .insert(rank, value);
+        let round = rounds.entry(key.to_string()).or_default();
+        round.values.insert(rank, value);
+        round.deadline = Some(round.deadline.map_or(deadline, |d| d.min(deadline)));
         local.changed.notify_all();
         loop {
             let Some(round) = rounds.get_mut(key) else {
@@ -147,8 +152,9 @@ impl EtcdCoordinator {
                     round.running = true;
                     let values: Vec<(u32, Vec<u8>)> =
                         std::mem::take(&mut round.values).into_iter().collect();
+                    let until = round.deadline.map_or(deadline, |d| d.min(deadline));
                     drop(rounds);
-                    let left = deadline.saturating_duration_since(Instant::now());
+                    let left = until.saturating_duration_since(Instant::now());
                     let outcome = self.on_own_thread(self.decide(key, values, left, reduce));
                     rounds = local.rounds.lock().map_err(poisoned)?;
                     if let Some(r) = rounds.get_mut(key) {
@@ -167,9 +173,28 @@ impl EtcdCoordinator {
                     round.result = Some(Err(e));
                     continue;
                 }
+                // A rank whose process left cleanly never brings its value.
+                let gone: Vec<u32> = local
+                    .departed
+                    .lock()
+                    .map_err(poisoned)?
+                    .iter()
+                    .copied()
+                    .filter(|r| !round.values.contains_key(r))
+                    .collect();
+                if !gone.is_empty() {
+                    round.values.clear();
+                    round.result = Some(Err(Error::Coordination(format!(
+                        "{key}: local rank(s) {gone:?} left this node (their processes ended)"
+                    ))));
+                    continue;
+                }
             }
             let now = Instant::now();
-            if round.result.is_none() && now >= deadline && !round.running {
+            // All values in: the rank that brought `reduce` is about to
+            // run it (never given up under it).
+            let complete = round.values.len() == self.count as usize;
+            if round.result.is_none() && now >= deadline && !round.running && !complete {
                 // Given up: every rank of this process gets this outcome
                 // (one that comes later too), and the process's count of
                 // rounds of this key moves on as the other processes' did.
@@ -214,14 +239,35 @@ impl EtcdCoordinator {
             Ok(mut st) if st.lost.is_none() => st.lost = Some(e),
             _ => return,
         }
+        // Waiters first: they fail at once, the revocation may take a while.
+        if let Ok(_rounds) = self.local.rounds.lock() {
+            self.local.changed.notify_all();
+        }
         let (api, lease) = (self.api.clone(), self.lease);
         let t = self.opts.request_timeout.min(Duration::from_secs(2));
         if let Err(e) = self.on_own_thread(async move { api.revoke(lease, t).await }) {
             tracing::warn!(error = %e, "could not revoke the node's lease; it expires");
         }
+    }
+
+    /// `rank`'s process left the node link cleanly (`true`) or joined it
+    /// again (`false`).
+    pub(super) fn set_departed(&self, rank: u32, gone: bool) {
         if let Ok(_rounds) = self.local.rounds.lock() {
+            if let Ok(mut d) = self.local.departed.lock() {
+                if gone {
+                    d.insert(rank);
+                } else {
+                    d.remove(&rank);
+                }
+            }
             self.local.changed.notify_all();
         }
+    }
+
+    /// Why this node cannot take part any more, if so.
+    pub(super) fn lost(&self) -> Option<Error> {
+        self.state.lock().ok().and_then(|st| st.lost.clone())
     }
 }
 

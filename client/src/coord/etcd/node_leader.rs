@@ -35,6 +35,13 @@ const MAX_ROUND: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How long a connecting process has to introduce itself.
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
 
+/// Largest hello (a job id, a start, a few numbers).
+const MAX_HELLO: usize = 256 << 10;
+
+/// How long a leader that ends waits for its threads to hand out the
+/// outcomes of rounds already decided.
+const DRAIN_WITHIN: Duration = Duration::from_secs(5);
+
 /// The abstract socket name of a node's link: the same for every process
 /// of the node's ranks, different for every other node, job or start
 /// sharing the host's network namespace.
@@ -77,6 +84,13 @@ fn peer_uid(s: &UnixStream) -> Option<u32> {
     (rc == 0).then_some(cred.uid)
 }
 
+/// Whether the process at the other end of `s` runs as this one's user.
+pub(super) fn same_user(s: &UnixStream) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    peer_uid(s) == Some(me)
+}
+
 /// Binds the node's link, waiting (until `deadline`) for a leader of an
 /// earlier start of the job that still holds the name.
 pub(super) fn bind(name: &str, deadline: Instant) -> Result<UnixListener> {
@@ -113,6 +127,24 @@ struct Served {
     stop: AtomicBool,
     /// Members by rank: the pid, and a handle to close the link.
     members: Mutex<BTreeMap<u32, (u32, UnixStream)>>,
+    /// Threads serving a link or a round (each holds the coordinator).
+    active: AtomicUsize,
+}
+
+/// Counts a serving thread for as long as it lives.
+struct Active<'a>(&'a AtomicUsize);
+
+impl<'a> Active<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::AcqRel);
+        Active(n)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The listening side of a node's link, run by local rank 0's process
@@ -137,6 +169,7 @@ impl NodeServer {
             expect,
             stop: AtomicBool::new(false),
             members: Mutex::default(),
+            active: AtomicUsize::new(0),
         });
         let s = served.clone();
         let accept = std::thread::Builder::new()
@@ -146,11 +179,18 @@ impl NodeServer {
                     if s.stop.load(Ordering::Acquire) {
                         break;
                     }
-                    let Ok(conn) = conn else { continue };
+                    let Ok(conn) = conn else {
+                        // Out of descriptors, say: never spin on it.
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    };
                     let s = s.clone();
                     let _ = std::thread::Builder::new()
                         .name("strata-node-member".into())
-                        .spawn(move || serve(&s, conn));
+                        .spawn(move || {
+                            let _active = Active::new(&s.active);
+                            serve(&s, conn)
+                        });
                 }
             })
             .map_err(|e| Error::Config(format!("cannot start the node link: {e}")))?;
@@ -174,10 +214,26 @@ impl NodeServer {
 
 impl Drop for NodeServer {
     fn drop(&mut self) {
-        self.served.stop.store(true, Ordering::Release);
-        if let Ok(m) = self.served.members.lock() {
-            for (_, s) in m.values() {
-                let _ = s.shutdown(std::net::Shutdown::Both);
+        let s = &self.served;
+        let linked: Vec<u32> = match s.members.lock() {
+            Ok(m) => {
+                s.stop.store(true, Ordering::Release);
+                m.keys().copied().collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        // Rounds still waiting for a member fail now; those decided hand
+        // their outcomes out before the links close.
+        for r in linked {
+            s.node.set_departed(r, true);
+        }
+        let t = Instant::now();
+        while s.active.load(Ordering::Acquire) > linked_threads(s) && t.elapsed() < DRAIN_WITHIN {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if let Ok(m) = s.members.lock() {
+            for (_, c) in m.values() {
+                let _ = c.shutdown(std::net::Shutdown::Both);
             }
         }
         // Wakes the accepting thread (it sees `stop` and ends).
@@ -187,7 +243,18 @@ impl Drop for NodeServer {
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
+        // The links' threads end with their sockets: the coordinator's
+        // last holder is then the caller.
+        let t = Instant::now();
+        while s.active.load(Ordering::Acquire) > 0 && t.elapsed() < DRAIN_WITHIN {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
+}
+
+/// Threads that serve a link (not a round): one per member.
+fn linked_threads(s: &Served) -> usize {
+    s.members.lock().map(|m| m.len()).unwrap_or(0)
 }
 
 fn refuse(conn: &mut UnixStream, e: WireError) {
@@ -231,15 +298,12 @@ fn admit(s: &Served, h: &Hello) -> std::result::Result<(), WireError> {
 }
 
 /// One member's link, from its hello to its goodbye (or its end).
-fn serve(s: &Served, mut conn: UnixStream) {
+fn serve(s: &Arc<Served>, mut conn: UnixStream) {
     if s.stop.load(Ordering::Acquire) {
         return;
     }
-    let uid = peer_uid(&conn);
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if uid != Some(me) {
-        tracing::warn!(?uid, "node link: a process of another user was refused");
+    if !same_user(&conn) {
+        tracing::warn!(uid = ?peer_uid(&conn), "node link: a process of another user was refused");
         refuse(
             &mut conn,
             WireError::Config("the node's leader serves only its own user".into()),
@@ -247,18 +311,23 @@ fn serve(s: &Served, mut conn: UnixStream) {
         return;
     }
     let _ = conn.set_read_timeout(Some(HELLO_WITHIN));
-    let hello = match wire::read_frame(&mut conn).map(|f| f.map(|b| ToLeader::decode(&b))) {
-        Ok(Some(Ok(ToLeader::Hello(h)))) => h,
-        other => {
-            tracing::warn!(?other, "node link: no hello; closed");
-            refuse(
-                &mut conn,
-                WireError::Coordination("node link: expected a hello".into()),
-            );
-            return;
-        }
-    };
-    if let Err(e) = admit(s, &hello) {
+    let hello =
+        match wire::read_frame_max(&mut conn, MAX_HELLO).map(|f| f.map(|b| ToLeader::decode(&b))) {
+            Ok(Some(Ok(ToLeader::Hello(h)))) => h,
+            other => {
+                tracing::warn!(?other, "node link: no hello; closed");
+                refuse(
+                    &mut conn,
+                    WireError::Coordination("node link: expected a hello".into()),
+                );
+                return;
+            }
+        };
+    if let Err(e) = admit(s, &hello).and_then(|()| match s.node.lost() {
+        // A node that gave up takes no one in.
+        Some(e) => Err(WireError::from(&e)),
+        None => Ok(()),
+    }) {
         tracing::warn!(rank = hello.rank, pid = hello.pid, error = ?e, "node link: refused");
         refuse(&mut conn, e);
         return;
@@ -279,13 +348,22 @@ fn serve(s: &Served, mut conn: UnixStream) {
             );
             return;
         }
+        // Checked under the lock the leader's end takes: a member is
+        // either seen (and closed) by it, or never admitted.
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
         let Ok(handle) = conn.try_clone() else { return };
         m.insert(rank, (pid, handle));
     }
+    s.node.set_departed(rank, false);
     let _ = conn.set_read_timeout(None);
     let writer = match conn.try_clone() {
         Ok(w) => Arc::new(Mutex::new(w)),
-        Err(_) => return,
+        Err(_) => {
+            forget(s, rank);
+            return;
+        }
     };
     if write(&writer, &ToMember::Welcome).is_err() {
         forget(s, rank);
@@ -303,6 +381,7 @@ fn serve(s: &Served, mut conn: UnixStream) {
             Ok(ToLeader::Bye) => {
                 tracing::info!(rank, pid, "node link: a rank left");
                 forget(s, rank);
+                s.node.set_departed(rank, true);
                 return;
             }
             Ok(ToLeader::Round {
@@ -317,15 +396,26 @@ fn serve(s: &Served, mut conn: UnixStream) {
                 }
                 let (node, writer, open) = (s.node.clone(), writer.clone(), open.clone());
                 let timeout = Duration::from_millis(timeout_ms).min(MAX_ROUND);
+                s.active.fetch_add(1, Ordering::AcqRel);
+                let served = Arc::clone(s);
                 let spawned = std::thread::Builder::new()
                     .name("strata-node-round".into())
                     .spawn(move || {
                         let r = node.reduce_locally(rank, &key, value, timeout, None);
                         let result = r.map_err(|e| WireError::from(&e));
-                        let _ = write(&writer, &ToMember::Outcome { id, result });
+                        if write(&writer, &ToMember::Outcome { id, result }).is_err() {
+                            // Too large to send, say: the member must not
+                            // wait for an answer that never comes.
+                            let e = WireError::Coordination(format!(
+                                "{key}: the outcome could not be sent over the node link"
+                            ));
+                            let _ = write(&writer, &ToMember::Outcome { id, result: Err(e) });
+                        }
                         open.fetch_sub(1, Ordering::AcqRel);
+                        served.active.fetch_sub(1, Ordering::AcqRel);
                     });
                 if spawned.is_err() {
+                    s.active.fetch_sub(1, Ordering::AcqRel);
                     break "could not be served (no thread)".to_string();
                 }
             }

@@ -144,16 +144,21 @@ impl EtcdCoordinator {
             local_world,
         } = place;
         let first = rank.checked_sub(*local_rank);
-        let Some(first) = first.filter(|f| {
-            *local_rank < *local_world && f.checked_add(*local_world).is_some_and(|e| e <= world)
-        }) else {
+        let Some(first) = first.filter(|_| *local_rank < *local_world && rank < world) else {
             return Err(Error::Config(format!(
                 "rank {rank} as local rank {local_rank} of {local_world} on its node, in a world of {world}: the node's ranks must be consecutive (set etcd_node_rounds = false otherwise)"
             )));
         };
         let incarnation = opts.incarnation.clone().unwrap_or_default();
         let name = node_leader::link_name(&opts.prefix, job, &incarnation, node);
-        let deadline = Instant::now() + wait;
+        // The last node of a Slurm step may hold fewer ranks than
+        // SLURM_NTASKS_PER_NODE (a maximum): the node's ranks end at the
+        // world's end.
+        let end = first.saturating_add(*local_world).min(world);
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(wait)
+            .unwrap_or(now + Duration::from_secs(86_400));
         if *local_rank > 0 {
             let hello = Hello {
                 version: wire::VERSION,
@@ -169,7 +174,20 @@ impl EtcdCoordinator {
         }
         // Listen first: the members may connect while the claims are made.
         let listener = node_leader::bind(&name, deadline)?;
-        let coord = EtcdCoordinator::connect_node(opts, job, first..first + local_world, world)?;
+        let coord = EtcdCoordinator::connect_node(opts, job, first..end, world).map_err(|e| {
+            match e {
+                // Another node's leader claimed some of these ranks: the
+                // launcher did not place each node's ranks consecutively.
+                Error::RankClaimed { job, rank, other } => Error::RankClaimed {
+                    job,
+                    rank,
+                    other: format!(
+                        "{other} (as this node's leader, local rank 0 claims ranks {first}..{end}: if the launcher places a node's ranks otherwise, set etcd_node_rounds = false)"
+                    ),
+                },
+                e => e,
+            }
+        })?;
         let handle = coord.rank_handle(rank)?;
         let server = NodeServer::start(
             listener,
@@ -225,7 +243,15 @@ impl NodeMember {
         let addr = node_leader::link_addr(name)?;
         let mut conn = loop {
             match UnixStream::connect_addr(&addr) {
-                Ok(c) => break c,
+                // Only a leader of this user is trusted with the rank's
+                // rounds (an abstract name can be bound by anyone).
+                Ok(c) if node_leader::same_user(&c) => break c,
+                Ok(_) => {
+                    return Err(Error::Coordination(format!(
+                        "rank {}: the process listening on {name} runs as another user: not this node's leader",
+                        hello.rank
+                    )))
+                }
                 Err(e) if Instant::now() >= deadline => {
                     return Err(Error::Coordination(format!(
                         "rank {}: the node's leader (local rank 0) never listened on {name} ({e}): is it running on this node, with the same job and node name?",
@@ -302,7 +328,15 @@ impl NodeMember {
             value,
         };
         let sent = self.writer.lock().map_err(poisoned).and_then(|mut w| {
-            wire::write_frame(&mut *w, &msg.encode()).map_err(|e| {
+            let b = msg.encode();
+            if b.len() > wire::MAX_FRAME {
+                return Err(Error::Coordination(format!(
+                    "{key}: a value of {} bytes is larger than the node link carries ({} bytes)",
+                    b.len(),
+                    wire::MAX_FRAME
+                )));
+            }
+            wire::write_frame(&mut *w, &b).map_err(|e| {
                 Error::Coordination(format!("{key}: the node's leader is unreachable ({e})"))
             })
         });
@@ -310,13 +344,16 @@ impl NodeMember {
             self.forget(id);
             return Err(e);
         }
-        match rx.recv_timeout(timeout.saturating_add(self.grace)) {
+        // The leader answers every round it took (by the earliest deadline
+        // of the node's ranks in it), or the link ends: this bound is only
+        // a safety net, far beyond the round's own.
+        let limit = timeout.saturating_mul(2).saturating_add(self.grace);
+        match rx.recv_timeout(limit) {
             Ok(a) => a,
             Err(RecvTimeoutError::Timeout) => {
                 self.forget(id);
                 Err(Error::Coordination(format!(
-                    "{key}: no answer from the node's leader within {:?}",
-                    timeout.saturating_add(self.grace)
+                    "{key}: no answer from the node's leader within {limit:?}"
                 )))
             }
             Err(RecvTimeoutError::Disconnected) => Err(self.closed_error(key)),

@@ -311,6 +311,12 @@ pub(super) fn write_frame(w: &mut impl Write, msg: &[u8]) -> std::io::Result<()>
 /// frames). A frame longer than [`MAX_FRAME`] is an error before anything
 /// is allocated for it.
 pub(super) fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> {
+    read_frame_max(r, MAX_FRAME)
+}
+
+/// [`read_frame`] with a smaller bound (a hello is small: a process that
+/// has not introduced itself gets no large buffer).
+pub(super) fn read_frame_max(r: &mut impl Read, max: usize) -> std::io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -323,10 +329,10 @@ pub(super) fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> 
         }
     }
     let n = u32::from_le_bytes(len) as usize;
-    if n > MAX_FRAME {
+    if n > max {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("node link: a frame of {n} bytes (at most {MAX_FRAME})"),
+            format!("node link: a frame of {n} bytes (at most {max})"),
         ));
     }
     let mut b = vec![0u8; n];
