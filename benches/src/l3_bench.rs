@@ -92,6 +92,7 @@ async fn raw_get(
     Ok((t.elapsed(), sizes.iter().sum()))
 }
 
+/// Real bf16 weights (fp32 weights of all-MiniLM-L6-v2 rounded to bf16).
 fn real_bf16() -> Result<Vec<u8>, String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/model.safetensors");
     let bytes = std::fs::read(&path)

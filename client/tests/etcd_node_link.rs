@@ -139,13 +139,21 @@ fn the_rank_processes_of_two_nodes_meet_locally_for_three_requests_per_node() {
 
 /// The member process of the next test: joins node "a" as rank 1 and
 /// takes part in one round (`r/<round>`), then waits to be killed
-/// (`stay`) or leaves cleanly (`leave`).
+/// (`stay`) or leaves cleanly (`leave`); or (`squat`) holds node "a"'s
+/// socket as its leader, for the test of another user's leader.
 fn child(spec: &str) -> ! {
     let v: Vec<&str> = spec.split(',').collect();
     let [url, job, world, round, mode] = v[..] else {
         panic!("{spec}")
     };
     let world: u32 = world.parse().unwrap();
+    if mode == "squat" {
+        // Another user's process holding the node's socket name.
+        let p = place("a", 0, 2);
+        let _c = EtcdCoordinator::join_node(opts(url, 3), job, 0, world, &p, LONG).unwrap();
+        std::thread::sleep(Duration::from_secs(600));
+        std::process::exit(3);
+    }
     let c =
         EtcdCoordinator::join_node(opts(url, 3), job, 1, world, &place("a", 1, 2), LONG).unwrap();
     c.all_reduce(1, &format!("r/{round}"), vec![1], LONG, &sum)
@@ -162,13 +170,16 @@ const THIS_TEST: &str =
     "a_killed_rank_process_ends_its_node_at_once_and_one_that_leaves_is_forgotten";
 
 /// Rank 1 of node "a" as a process of its own (this test binary again).
-fn spawn_child(url: &str, job: &str, world: u32, round: u32, mode: &str) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", THIS_TEST, "--nocapture"])
+fn child_command(url: &str, job: &str, world: u32, round: u32, mode: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", THIS_TEST, "--nocapture"])
         .env(CHILD, format!("{url},{job},{world},{round},{mode}"))
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
+        .stdout(Stdio::null());
+    c
+}
+
+fn spawn_child(url: &str, job: &str, world: u32, round: u32, mode: &str) -> std::process::Child {
+    child_command(url, job, world, round, mode).spawn().unwrap()
 }
 
 #[test]
@@ -230,6 +241,12 @@ fn a_killed_rank_process_ends_its_node_at_once_and_one_that_leaves_is_forgotten(
         "{}",
         errs[0]
     );
+    // The keep-alive (every third of the 3 s lease) then finds the lease
+    // revoked: the reason the rounds fail with stays the node's own.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (r, c) = &coords[0];
+    let e = c.all_reduce(*r, "r/2", vec![1], LONG, &sum).unwrap_err();
+    assert!(e.to_string().contains("ended without leaving"), "{e}");
     drop(coords);
 
     // A process that leaves cleanly is forgotten: the leader goes on, its
@@ -365,4 +382,118 @@ fn checkpointers_configured_by_the_launcher_commit_and_restore_through_the_link(
         })
         .collect();
     assert_eq!(leases.len(), 1, "{leases:?}");
+}
+
+/// A member gives its round the time it asked for, and no more: the
+/// leader's round in etcd ends by the earliest deadline of the node's
+/// ranks in it (a member that gave up while the leader's longer round
+/// went on could see it fail where the others commit).
+#[test]
+fn a_node_round_ends_by_the_earliest_deadline_of_its_ranks() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let url = &etcd.url;
+    // Rank 2 (node "b") never comes to the round.
+    let _absent = EtcdCoordinator::connect(opts(url, 60), "early", 2, 3).unwrap();
+    let (leader, member) = std::thread::scope(|s| {
+        let m = s.spawn(|| {
+            let p = place("a", 1, 2);
+            EtcdCoordinator::join_node(opts(url, 60), "early", 1, 3, &p, LONG).unwrap()
+        });
+        let p = place("a", 0, 2);
+        let l = EtcdCoordinator::join_node(opts(url, 60), "early", 0, 3, &p, LONG).unwrap();
+        (l, m.join().unwrap())
+    });
+    let t = Instant::now();
+    let (l, m) = std::thread::scope(|s| {
+        let m = s.spawn(|| member.all_reduce(1, "r", vec![1], Duration::from_secs(1), &sum));
+        std::thread::sleep(Duration::from_millis(300));
+        let l = leader.all_reduce(0, "r", vec![0], LONG, &sum);
+        (l, m.join().unwrap())
+    });
+    let took = t.elapsed();
+    eprintln!("a member of 1 s and a leader of 60 s: the round ended in {took:?}: {l:?} / {m:?}");
+    assert!(l.is_err() && m.is_err(), "{l:?} {m:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+/// A leader that ends hands out the outcome of a round it decided before
+/// it closes its links: the member sees the same success.
+#[test]
+fn a_leader_that_ends_hands_out_the_rounds_it_decided() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let url = &etcd.url;
+    for i in 0..10 {
+        let job = format!("drain-{i}");
+        let job = job.as_str();
+        std::thread::scope(|s| {
+            let m = s.spawn(|| {
+                let p = place("a", 1, 2);
+                let c = EtcdCoordinator::join_node(opts(url, 60), job, 1, 2, &p, LONG).unwrap();
+                c.all_reduce(1, "r", vec![2], LONG, &sum)
+            });
+            let p = place("a", 0, 2);
+            let l = EtcdCoordinator::join_node(opts(url, 60), job, 0, 2, &p, LONG).unwrap();
+            while l.linked_ranks().is_empty() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let want = [5, 0, 0, 0, 2];
+            assert_eq!(l.all_reduce(0, "r", vec![3], LONG, &sum).unwrap(), want);
+            drop(l);
+            assert_eq!(m.join().unwrap().unwrap(), want, "run {i}");
+        });
+    }
+}
+
+/// Two leaders whose ranges overlap (a launcher that does not place a
+/// node's ranks consecutively): the second is refused and told what to
+/// turn off.
+#[test]
+fn overlapping_node_leaders_are_told_to_turn_the_link_off() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let url = &etcd.url;
+    let a = place("a", 0, 4);
+    let _a = EtcdCoordinator::join_node(opts(url, 1), "overlap", 0, 4, &a, LONG).unwrap();
+    let b = place("b", 0, 2);
+    let e = EtcdCoordinator::join_node(opts(url, 1), "overlap", 2, 4, &b, LONG).unwrap_err();
+    assert!(
+        matches!(e, strata::Error::RankClaimed { rank: 2, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("etcd_node_rounds = false"), "{e}");
+}
+
+/// The node's socket name can be bound by any user of the host's network
+/// namespace: a member trusts only a leader of its own user (the leader's
+/// side: `node_link_tests.rs`). Needs root (to start a process as another
+/// user).
+#[test]
+fn a_leader_of_another_user_is_refused() {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: geteuid cannot fail and touches no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root to start a process as another user");
+        return;
+    }
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let nobody = 65_534;
+    // Another user's process took the node's name first: this member
+    // refuses it, never sending it a value.
+    let mut squat = child_command(&etcd.url, "users", 2, 0, "squat")
+        .uid(nobody)
+        .gid(nobody)
+        .spawn()
+        .unwrap();
+    let p = place("a", 1, 2);
+    let e = EtcdCoordinator::join_node(opts(&etcd.url, 3), "users", 1, 2, &p, LONG).unwrap_err();
+    squat.kill().unwrap();
+    squat.wait().unwrap();
+    assert!(e.to_string().contains("another user"), "{e}");
 }

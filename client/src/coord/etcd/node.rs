@@ -264,16 +264,24 @@ impl EtcdCoordinator {
             self.local.changed.notify_all();
         }
     }
+}
 
-    /// Why this node cannot take part any more, if so.
-    pub(super) fn lost(&self) -> Option<Error> {
-        self.state.lock().ok().and_then(|st| st.lost.clone())
-    }
+/// An all-gather made of a reducing round whose outcome is every value
+/// (every rank reads all of them: O(world) each).
+pub(super) fn gather_through_reduce(
+    c: &(impl Coordinator + ?Sized),
+    rank: u32,
+    key: &str,
+    value: Vec<u8>,
+    timeout: Duration,
+) -> Result<Vec<Vec<u8>>> {
+    let all = c.all_reduce(rank, key, value, timeout, &concat)?;
+    split(key, c.world_size(), &all)
 }
 
 /// Every rank's value, one after another with its length: the outcome of
 /// an all-gather made of a reducing round.
-pub(super) fn concat(all: &[Vec<u8>]) -> Vec<u8> {
+fn concat(all: &[Vec<u8>]) -> Vec<u8> {
     let mut out = Vec::with_capacity(all.iter().map(|v| v.len() + 4).sum());
     for v in all {
         out.extend_from_slice(&(v.len() as u32).to_le_bytes());
@@ -282,7 +290,7 @@ pub(super) fn concat(all: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-pub(super) fn split(key: &str, world: u32, mut b: &[u8]) -> Result<Vec<Vec<u8>>> {
+fn split(key: &str, world: u32, mut b: &[u8]) -> Result<Vec<Vec<u8>>> {
     let bad = || Error::Coordination(format!("{key}: a malformed all-gather outcome"));
     let mut out = Vec::with_capacity((world as usize).min(b.len() / 4));
     while !b.is_empty() {
@@ -314,8 +322,7 @@ impl Coordinator for EtcdRank {
         value: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>> {
-        let all = self.all_reduce(rank, key, value, timeout, &concat)?;
-        split(key, self.node.world, &all)
+        gather_through_reduce(self, rank, key, value, timeout)
     }
 
     fn all_reduce(

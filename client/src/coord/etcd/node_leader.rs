@@ -36,7 +36,7 @@ const MAX_ROUND: Duration = Duration::from_secs(7 * 24 * 3600);
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
 
 /// Largest hello (a job id, a start, a few numbers).
-const MAX_HELLO: usize = 256 << 10;
+pub(super) const MAX_HELLO: usize = 256 << 10;
 
 /// How long a leader that ends waits for its threads to hand out the
 /// outcomes of rounds already decided.
@@ -323,11 +323,10 @@ fn serve(s: &Arc<Served>, mut conn: UnixStream) {
                 return;
             }
         };
-    if let Err(e) = admit(s, &hello).and_then(|()| match s.node.lost() {
-        // A node that gave up takes no one in.
-        Some(e) => Err(WireError::from(&e)),
-        None => Ok(()),
-    }) {
+    // A node that gave up takes no one in.
+    let admitted =
+        admit(s, &hello).and_then(|()| s.node.check_lost().map_err(|e| WireError::from(&e)));
+    if let Err(e) = admitted {
         tracing::warn!(rank = hello.rank, pid = hello.pid, error = ?e, "node link: refused");
         refuse(&mut conn, e);
         return;

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use super::node_leader::{link_addr, link_name};
+use super::node_leader::{link_addr, link_name, MAX_HELLO};
 use super::wire::{self, Hello, ToLeader, ToMember, WireError};
 use super::{EtcdCoordinator, EtcdOptions, NodePlace};
 use crate::coord::coordinator::Coordinator;
@@ -32,7 +32,11 @@ fn place(local_rank: u32) -> NodePlace {
 }
 
 fn connect() -> UnixStream {
-    let addr = link_addr(&link_name("/strata", "hostile", "", "h")).unwrap();
+    connect_to("hostile")
+}
+
+fn connect_to(job: &str) -> UnixStream {
+    let addr = link_addr(&link_name("/strata", job, "", "h")).unwrap();
     let s = UnixStream::connect_addr(&addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s
@@ -62,13 +66,22 @@ fn hostile_connections_are_refused_and_the_node_goes_on() {
         answer(s),
         None | Some(ToMember::Refused(WireError::Coordination(_)))
     ));
-    // A header claiming 4 GiB: refused before any allocation.
-    let mut s = connect();
-    s.write_all(&u32::MAX.to_le_bytes()).unwrap();
-    assert!(matches!(
-        answer(s),
-        None | Some(ToMember::Refused(WireError::Coordination(_)))
-    ));
+    // A header claiming 4 GiB, or just more than a hello may be: refused
+    // at once, before any allocation or any wait for the body.
+    for len in [u32::MAX, MAX_HELLO as u32 + 1] {
+        let t = std::time::Instant::now();
+        let mut s = connect();
+        s.write_all(&len.to_le_bytes()).unwrap();
+        assert!(matches!(
+            answer(s),
+            None | Some(ToMember::Refused(WireError::Coordination(_)))
+        ));
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{len}: {:?}",
+            t.elapsed()
+        );
+    }
     // A well-formed hello for another job, and one from another build.
     let hello = Hello {
         version: wire::VERSION,
@@ -122,4 +135,53 @@ fn hostile_connections_are_refused_and_the_node_goes_on() {
         assert_eq!(m.join().unwrap(), [5]);
     });
     assert_eq!(leader.linked_ranks(), vec![1]);
+}
+
+const INTRUDER: &str = "STRATA_NODE_LINK_INTRUDER";
+
+/// A process of another user (this test binary again, as `nobody`) says a
+/// valid hello to a leader: refused, naming why. Needs root.
+#[test]
+fn a_member_of_another_user_is_refused() {
+    use std::os::unix::process::CommandExt as _;
+    if std::env::var(INTRUDER).is_ok() {
+        let mut s = connect_to("intruded");
+        let hello = Hello {
+            version: wire::VERSION,
+            job: "intruded".into(),
+            incarnation: String::new(),
+            world: 2,
+            rank: 1,
+            pid: std::process::id(),
+        };
+        wire::write_frame(&mut s, &ToLeader::Hello(hello).encode()).unwrap();
+        let refused = matches!(answer(s), Some(ToMember::Refused(WireError::Config(m))) if m.contains("only its own user"));
+        std::process::exit(if refused { 0 } else { 1 });
+    }
+    // SAFETY: geteuid cannot fail and touches no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root to start a process as another user");
+        return;
+    }
+    let Some(etcd) = strata_testkit::etcd::Etcd::start() else {
+        return;
+    };
+    let leader =
+        EtcdCoordinator::join_node(opts(&etcd.url), "intruded", 0, 2, &place(0), LONG).unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "coord::etcd::node_link_tests::a_member_of_another_user_is_refused",
+        ])
+        .env(INTRUDER, "1")
+        .uid(65_534)
+        .gid(65_534)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(leader.linked_ranks().is_empty());
 }

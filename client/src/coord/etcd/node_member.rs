@@ -10,7 +10,7 @@ use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::node::{concat, split};
+use super::node::gather_through_reduce;
 use super::node_leader::{self, Expect, NodeServer};
 use super::wire::{self, Hello, ToLeader, ToMember};
 use super::{poisoned, EtcdCoordinator, EtcdOptions, EtcdRank};
@@ -104,8 +104,7 @@ impl Coordinator for NodeCoordinator {
         value: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>> {
-        let all = self.all_reduce(rank, key, value, timeout, &concat)?;
-        split(key, self.world_size(), &all)
+        gather_through_reduce(self, rank, key, value, timeout)
     }
 
     fn all_reduce(
@@ -310,6 +309,13 @@ impl NodeMember {
             return Err(Error::Config(format!(
                 "this coordinator holds rank {}, not {rank}",
                 self.rank
+            )));
+        }
+        if key.len() > wire::MAX_STRING {
+            return Err(Error::Config(format!(
+                "a round key of {} bytes (the node link carries at most {})",
+                key.len(),
+                wire::MAX_STRING
             )));
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,8 @@
 
 use std::io::{Read, Write};
 
+use strata_format::wire::{Reader, Writer};
+
 use crate::error::{Error, Result};
 
 /// Version of the link; a process of another build is refused.
@@ -16,7 +18,7 @@ pub(super) const VERSION: u8 = 1;
 pub(super) const MAX_FRAME: usize = 72 << 20;
 
 /// Largest string field (a job id, a key, a message).
-const MAX_STRING: usize = 64 << 10;
+pub(super) const MAX_STRING: usize = 64 << 10;
 
 /// What a rank process sends its node's leader.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,120 +100,68 @@ impl From<WireError> for Error {
     }
 }
 
-fn malformed(what: &str) -> Error {
-    Error::Coordination(format!("node link: a malformed message ({what})"))
+fn malformed(e: strata_format::FormatError) -> Error {
+    Error::Coordination(format!("node link: a malformed message ({e})"))
 }
 
-/// Builds a message's bytes.
-#[derive(Default)]
-struct Out(Vec<u8>);
+fn bad(what: &'static str) -> Error {
+    malformed(strata_format::FormatError::malformed(what, "unknown value"))
+}
 
-impl Out {
-    fn u8(&mut self, v: u8) -> &mut Self {
-        self.0.push(v);
-        self
+/// `s` cut to [`MAX_STRING`] bytes (an error message; names and keys are
+/// checked by their senders instead).
+fn cut(s: &str) -> &str {
+    let mut n = s.len().min(MAX_STRING);
+    while !s.is_char_boundary(n) {
+        n -= 1;
     }
-    fn u32(&mut self, v: u32) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn u64(&mut self, v: u64) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn bytes(&mut self, v: &[u8]) -> &mut Self {
-        // Frames are bounded far below 4 GiB (MAX_FRAME), so the length fits.
-        self.u32(v.len() as u32);
-        self.0.extend_from_slice(v);
-        self
-    }
-    fn str(&mut self, v: &str) -> &mut Self {
-        let mut n = v.len().min(MAX_STRING);
-        while !v.is_char_boundary(n) {
-            n -= 1;
+    &s[..n]
+}
+
+fn put_error(w: &mut Writer, e: &WireError) {
+    match e {
+        WireError::Coordination(m) => {
+            w.u8(0);
+            w.string(cut(m));
         }
-        self.bytes(&v.as_bytes()[..n])
-    }
-    fn error(&mut self, e: &WireError) -> &mut Self {
-        match e {
-            WireError::Coordination(m) => self.u8(0).str(m),
-            WireError::Config(m) => self.u8(1).str(m),
-            WireError::RankClaimed { job, rank, other } => {
-                self.u8(2).str(job).u32(*rank).str(other)
-            }
+        WireError::Config(m) => {
+            w.u8(1);
+            w.string(cut(m));
+        }
+        WireError::RankClaimed { job, rank, other } => {
+            w.u8(2);
+            w.string(cut(job));
+            w.u32(*rank);
+            w.string(cut(other));
         }
     }
 }
 
-/// Reads a message's fields, each bounded by what is left.
-struct In<'a>(&'a [u8]);
-
-impl<'a> In<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
-        if self.0.len() < n {
-            return Err(malformed(what));
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Ok(a)
-    }
-    fn u8(&mut self, what: &str) -> Result<u8> {
-        Ok(self.take(1, what)?[0])
-    }
-    fn u32(&mut self, what: &str) -> Result<u32> {
-        let b = self.take(4, what)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self, what: &str) -> Result<u64> {
-        let b = self.take(8, what)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
-    }
-    fn bytes(&mut self, what: &str) -> Result<&'a [u8]> {
-        let n = self.u32(what)? as usize;
-        self.take(n, what)
-    }
-    fn str(&mut self, what: &str) -> Result<String> {
-        let b = self.bytes(what)?;
-        if b.len() > MAX_STRING {
-            return Err(malformed(what));
-        }
-        String::from_utf8(b.to_vec()).map_err(|_| malformed(what))
-    }
-    fn error(&mut self) -> Result<WireError> {
-        Ok(match self.u8("error kind")? {
-            0 => WireError::Coordination(self.str("message")?),
-            1 => WireError::Config(self.str("message")?),
-            2 => WireError::RankClaimed {
-                job: self.str("job")?,
-                rank: self.u32("rank")?,
-                other: self.str("message")?,
-            },
-            _ => return Err(malformed("error kind")),
-        })
-    }
-    fn end(&self, what: &str) -> Result<()> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(malformed(what))
-        }
-    }
+fn get_error(r: &mut Reader<'_>) -> strata_format::Result<Option<WireError>> {
+    Ok(Some(match r.u8("error kind")? {
+        0 => WireError::Coordination(r.string(MAX_STRING, "message")?),
+        1 => WireError::Config(r.string(MAX_STRING, "message")?),
+        2 => WireError::RankClaimed {
+            job: r.string(MAX_STRING, "job")?,
+            rank: r.u32("rank")?,
+            other: r.string(MAX_STRING, "message")?,
+        },
+        _ => return Ok(None),
+    }))
 }
 
 impl ToLeader {
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut o = Out::default();
+        let mut w = Writer::new();
         match self {
             ToLeader::Hello(h) => {
-                o.u8(1)
-                    .u8(h.version)
-                    .str(&h.job)
-                    .str(&h.incarnation)
-                    .u32(h.world)
-                    .u32(h.rank)
-                    .u32(h.pid);
+                w.u8(1);
+                w.u8(h.version);
+                w.string(&h.job);
+                w.string(&h.incarnation);
+                w.u32(h.world);
+                w.u32(h.rank);
+                w.u32(h.pid);
             }
             ToLeader::Round {
                 id,
@@ -219,77 +169,97 @@ impl ToLeader {
                 timeout_ms,
                 value,
             } => {
-                o.u8(2).u64(*id).str(key).u64(*timeout_ms).bytes(value);
+                w.u8(2);
+                w.u64(*id);
+                w.string(key);
+                w.u64(*timeout_ms);
+                w.len32(value.len());
+                w.bytes(value);
             }
-            ToLeader::Bye => {
-                o.u8(3);
-            }
+            ToLeader::Bye => w.u8(3),
         }
-        o.0
+        w.buf
     }
 
     pub(super) fn decode(b: &[u8]) -> Result<ToLeader> {
-        let mut i = In(b);
-        let m = match i.u8("tag")? {
-            1 => ToLeader::Hello(Hello {
-                version: i.u8("version")?,
-                job: i.str("job")?,
-                incarnation: i.str("incarnation")?,
-                world: i.u32("world")?,
-                rank: i.u32("rank")?,
-                pid: i.u32("pid")?,
-            }),
-            2 => ToLeader::Round {
-                id: i.u64("id")?,
-                key: i.str("key")?,
-                timeout_ms: i.u64("timeout")?,
-                value: i.bytes("value")?.to_vec(),
-            },
-            3 => ToLeader::Bye,
-            _ => return Err(malformed("tag")),
-        };
-        i.end("trailing bytes")?;
+        let mut r = Reader::new(b);
+        let m = match r.u8("tag").map_err(malformed)? {
+            1 => (|| {
+                Ok(ToLeader::Hello(Hello {
+                    version: r.u8("version")?,
+                    job: r.string(MAX_STRING, "job")?,
+                    incarnation: r.string(MAX_STRING, "incarnation")?,
+                    world: r.u32("world")?,
+                    rank: r.u32("rank")?,
+                    pid: r.u32("pid")?,
+                }))
+            })(),
+            2 => (|| {
+                Ok(ToLeader::Round {
+                    id: r.u64("id")?,
+                    key: r.string(MAX_STRING, "key")?,
+                    timeout_ms: r.u64("timeout")?,
+                    value: r.blob(MAX_FRAME, "value")?.to_vec(),
+                })
+            })(),
+            3 => Ok(ToLeader::Bye),
+            _ => return Err(bad("tag")),
+        }
+        .map_err(malformed)?;
+        r.finish("message").map_err(malformed)?;
         Ok(m)
     }
 }
 
 impl ToMember {
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut o = Out::default();
+        let mut w = Writer::new();
         match self {
-            ToMember::Welcome => {
-                o.u8(1);
-            }
+            ToMember::Welcome => w.u8(1),
             ToMember::Refused(e) => {
-                o.u8(2).error(e);
+                w.u8(2);
+                put_error(&mut w, e);
             }
             ToMember::Outcome { id, result } => {
-                o.u8(3).u64(*id);
+                w.u8(3);
+                w.u64(*id);
                 match result {
-                    Ok(v) => o.u8(1).bytes(v),
-                    Err(e) => o.u8(0).error(e),
-                };
+                    Ok(v) => {
+                        w.u8(1);
+                        w.len32(v.len());
+                        w.bytes(v);
+                    }
+                    Err(e) => {
+                        w.u8(0);
+                        put_error(&mut w, e);
+                    }
+                }
             }
         }
-        o.0
+        w.buf
     }
 
     pub(super) fn decode(b: &[u8]) -> Result<ToMember> {
-        let mut i = In(b);
-        let m = match i.u8("tag")? {
+        let mut r = Reader::new(b);
+        let error = |r: &mut Reader<'_>| {
+            get_error(r)
+                .map_err(malformed)?
+                .ok_or_else(|| bad("error kind"))
+        };
+        let m = match r.u8("tag").map_err(malformed)? {
             1 => ToMember::Welcome,
-            2 => ToMember::Refused(i.error()?),
+            2 => ToMember::Refused(error(&mut r)?),
             3 => ToMember::Outcome {
-                id: i.u64("id")?,
-                result: match i.u8("outcome")? {
-                    1 => Ok(i.bytes("value")?.to_vec()),
-                    0 => Err(i.error()?),
-                    _ => return Err(malformed("outcome")),
+                id: r.u64("id").map_err(malformed)?,
+                result: match r.u8("outcome").map_err(malformed)? {
+                    1 => Ok(r.blob(MAX_FRAME, "value").map_err(malformed)?.to_vec()),
+                    0 => Err(error(&mut r)?),
+                    _ => return Err(bad("outcome")),
                 },
             },
-            _ => return Err(malformed("tag")),
+            _ => return Err(bad("tag")),
         };
-        i.end("trailing bytes")?;
+        r.finish("message").map_err(malformed)?;
         Ok(m)
     }
 }
