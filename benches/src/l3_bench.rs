@@ -119,7 +119,7 @@ fn run(size: u64, reps: usize, dir: &Path) -> Result<(), String> {
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let state = State::new(size, 7);
-    let logical: u64 = state.data.iter().map(|d| d.len() as u64).sum();
+    let logical = state.logical();
     println!(
         "l3-bench: {:.2} GiB synthetic state ({} entries), s3s-fs on loopback, {} requests in flight, best of {reps}",
         logical as f64 / f64::from(1u32 << 30),
