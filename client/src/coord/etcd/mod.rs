@@ -31,7 +31,7 @@ mod node_member;
 mod wire;
 
 pub use node::EtcdRank;
-pub use node_member::{NodeCoordinator, NodeMember, NodePlace};
+pub use node_member::{NodeCoordinator, NodePlace};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;

@@ -220,7 +220,7 @@ struct Pending {
 
 /// A rank of a node whose leader is another process: its rounds go over
 /// the node link.
-pub struct NodeMember {
+pub(super) struct NodeMember {
     rank: u32,
     world: u32,
     writer: Mutex<UnixStream>,
