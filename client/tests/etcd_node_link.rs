@@ -12,21 +12,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strata::{
-    Checkpointer, Config, Coordinator, Entry, ErrorKind, EtcdCoordinator, EtcdOptions,
-    NodeCoordinator, NodePlace, StepSelector,
+    Checkpointer, Config, Coordinator, Entry, ErrorKind, EtcdCoordinator, NodeCoordinator,
+    NodePlace, StepSelector,
 };
 use strata_testkit::etcd;
 
-const LONG: Duration = Duration::from_secs(60);
-const CHILD: &str = "STRATA_NODE_LINK_CHILD";
+mod rounds;
+use rounds::{opts, rounds_agree, sum, LONG};
 
-fn opts(url: &str, lease: u64) -> EtcdOptions {
-    EtcdOptions {
-        endpoints: vec![url.to_string()],
-        lease_ttl: Duration::from_secs(lease),
-        ..EtcdOptions::default()
-    }
-}
+const CHILD: &str = "STRATA_NODE_LINK_CHILD";
 
 fn place(node: &str, local_rank: u32, local_world: u32) -> NodePlace {
     NodePlace {
@@ -34,13 +28,6 @@ fn place(node: &str, local_rank: u32, local_world: u32) -> NodePlace {
         local_rank,
         local_world,
     }
-}
-
-fn sum(all: &[Vec<u8>]) -> Vec<u8> {
-    let s: u32 = all.iter().map(|v| u32::from(v[0])).sum();
-    let mut out = s.to_le_bytes().to_vec();
-    out.push(all.len() as u8);
-    out
 }
 
 /// The node coordinators of `nodes` nodes of `per` ranks, all joined at
@@ -88,27 +75,7 @@ fn the_rank_processes_of_two_nodes_meet_locally_for_three_requests_per_node() {
     std::thread::scope(|s| {
         for (rank, c) in coords.iter().enumerate() {
             let rank = rank as u32;
-            s.spawn(move || {
-                for round in 0..rounds {
-                    let got = c
-                        .all_reduce(
-                            rank,
-                            &format!("r/{round}"),
-                            vec![rank as u8 + round],
-                            LONG,
-                            &sum,
-                        )
-                        .unwrap();
-                    let want = (0..world).map(|r| r + u32::from(round)).sum::<u32>();
-                    assert_eq!(got[..4], want.to_le_bytes(), "round {round}");
-                    assert_eq!(u32::from(got[4]), world);
-                }
-                let all = c.all_gather(rank, "g", vec![rank as u8; 3], LONG).unwrap();
-                assert_eq!(
-                    all,
-                    (0..world as u8).map(|r| vec![r; 3]).collect::<Vec<_>>()
-                );
-            });
+            s.spawn(move || rounds_agree(c, rank, world, rounds, 3));
         }
     });
     let per_round = (requests() - before) as f64 / f64::from(rounds + 1);

@@ -8,26 +8,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strata::{Coordinator, Error, ErrorKind, EtcdCoordinator, EtcdOptions};
+use strata::{Coordinator, Error, ErrorKind, EtcdCoordinator};
 use strata_testkit::etcd;
 
-fn opts(url: &str, lease: u64) -> EtcdOptions {
-    EtcdOptions {
-        endpoints: vec![url.to_string()],
-        lease_ttl: Duration::from_secs(lease),
-        ..EtcdOptions::default()
-    }
-}
-
-const LONG: Duration = Duration::from_secs(60);
-
-/// The sum of every rank's one-byte value, and how many values there were.
-fn sum(all: &[Vec<u8>]) -> Vec<u8> {
-    let s: u32 = all.iter().map(|v| u32::from(v[0])).sum();
-    let mut out = s.to_le_bytes().to_vec();
-    out.push(all.len() as u8);
-    out
-}
+mod rounds;
+use rounds::{opts, rounds_agree, sum, LONG};
 
 #[test]
 fn the_ranks_of_two_nodes_reduce_once_for_about_three_requests_per_node() {
@@ -48,25 +33,7 @@ fn the_ranks_of_two_nodes_reduce_once_for_about_three_requests_per_node() {
         for node in &nodes {
             for rank in node.ranks() {
                 let h = node.rank_handle(rank).unwrap();
-                s.spawn(move || {
-                    for round in 0..rounds {
-                        let got = h
-                            .all_reduce(
-                                rank,
-                                &format!("r/{round}"),
-                                vec![rank as u8 + round],
-                                LONG,
-                                &sum,
-                            )
-                            .unwrap();
-                        let want = (0..6u32).map(|r| r + u32::from(round)).sum::<u32>();
-                        assert_eq!(got[..4], want.to_le_bytes(), "round {round}");
-                        assert_eq!(got[4], 6);
-                    }
-                    // An all-gather made of a round: every value, by rank.
-                    let all = h.all_gather(rank, "g", vec![rank as u8; 2], LONG).unwrap();
-                    assert_eq!(all, (0..6u8).map(|r| vec![r; 2]).collect::<Vec<_>>());
-                });
+                s.spawn(move || rounds_agree(&h, rank, world, rounds, 2));
             }
         }
     });
