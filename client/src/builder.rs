@@ -36,6 +36,7 @@ pub struct CheckpointerBuilder {
     pub(crate) peers: Option<Vec<Tier>>,
     pub(crate) remote: Option<Option<Arc<dyn ChunkStore>>>,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
 }
 
 impl CheckpointerBuilder {
@@ -47,6 +48,7 @@ impl CheckpointerBuilder {
             peers: None,
             remote: None,
             clock: Arc::new(SystemClock),
+            runtime: None,
         }
     }
 
@@ -91,6 +93,20 @@ impl CheckpointerBuilder {
     /// The clock every time-based decision asks (default: the system's).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Drive the tier calls on `handle`, a multi-thread runtime the caller
+    /// owns, instead of a runtime of the checkpointer's own. For a process
+    /// that runs many checkpointers (a test bed of simulated ranks, a
+    /// process that hosts several ranks): each own runtime costs a worker
+    /// thread and four file descriptors. The caller's runtime keeps its
+    /// threads' priority (an own runtime runs at `background_nice`), and
+    /// tasks the checkpointer spawned on it may outlive the checkpointer by
+    /// the time they take to finish. A current-thread runtime is refused at
+    /// build: calls from the checkpointer's threads would never be driven.
+    pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(handle);
         self
     }
 
@@ -187,16 +203,28 @@ impl Checkpointer {
                 cfg.world_size
             )));
         }
-        // Its threads move the background copies' bytes (and the L1
-        // writes'): at the background priority.
-        let nice = cfg.background_nice;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("strata-rt")
-            .on_thread_start(move || crate::priority::lower_this_thread(nice))
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Config(format!("cannot start the runtime: {e}")))?;
+        let rt = match b.runtime {
+            Some(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread => {
+                return Err(Error::Config(
+                    "the checkpointer's runtime must be a multi-thread one: a current-thread runtime is driven only by its own thread".into(),
+                ))
+            }
+            Some(h) => OwnRuntime::shared(h),
+            // Its threads move the background copies' bytes (and the L1
+            // writes'): at the background priority.
+            None => {
+                let nice = cfg.background_nice;
+                OwnRuntime::own(
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(1)
+                        .thread_name("strata-rt")
+                        .on_thread_start(move || crate::priority::lower_this_thread(nice))
+                        .enable_all()
+                        .build()
+                        .map_err(|e| Error::Config(format!("cannot start the runtime: {e}")))?,
+                )
+            }
+        };
         let (l1, l1_disk) = match b.local {
             Some(l) => (l, None),
             None => {
@@ -241,7 +269,7 @@ impl Checkpointer {
         );
         let tiers = TierStack::local(l1.clone()).with_peers(l2).with_remote(l3);
         let shared = Arc::new(Shared {
-            rt: OwnRuntime(Some(rt)),
+            rt,
             tiers,
             group,
             l1,

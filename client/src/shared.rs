@@ -22,24 +22,42 @@ use crate::tiers::{Catalog, Tier, TierStack};
 /// What an eager push sent, by peer name (chunk bytes).
 pub(crate) type EagerOutcome = HashMap<String, u64>;
 
-/// The checkpointer's private runtime, which drives tier calls. Shut down
-/// without blocking when dropped, so a checkpointer can be dropped inside an
-/// async context (a plain runtime's drop panics there).
-pub(crate) struct OwnRuntime(pub(crate) Option<tokio::runtime::Runtime>);
+/// The runtime that drives the checkpointer's tier calls: its own, or one
+/// the caller shares between several checkpointers
+/// ([`crate::CheckpointerBuilder::runtime`]). Its own is shut down without
+/// blocking when dropped, so a checkpointer can be dropped inside an async
+/// context (a plain runtime's drop panics there); a shared one is left
+/// running for its owner.
+pub(crate) struct OwnRuntime {
+    own: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+}
+
+impl OwnRuntime {
+    /// The checkpointer's own runtime.
+    pub(crate) fn own(rt: tokio::runtime::Runtime) -> Self {
+        OwnRuntime {
+            handle: rt.handle().clone(),
+            own: Some(rt),
+        }
+    }
+
+    /// A runtime someone else owns.
+    pub(crate) fn shared(handle: tokio::runtime::Handle) -> Self {
+        OwnRuntime { own: None, handle }
+    }
+}
 
 impl std::ops::Deref for OwnRuntime {
-    type Target = tokio::runtime::Runtime;
-    fn deref(&self) -> &tokio::runtime::Runtime {
-        // Some until drop.
-        self.0
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("runtime used after drop"))
+    type Target = tokio::runtime::Handle;
+    fn deref(&self) -> &tokio::runtime::Handle {
+        &self.handle
     }
 }
 
 impl Drop for OwnRuntime {
     fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
+        if let Some(rt) = self.own.take() {
             rt.shutdown_background();
         }
     }

@@ -201,6 +201,16 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
     let mut decided: Option<u64> = None;
     let mut restore_fault: Option<u32> = None;
     let mut keepalives = 0u64;
+    widen_futex_hash(plan.ranks);
+    // Every rank's checkpointer drives its tier calls on this one runtime
+    // (its own would cost each rank a thread and four file descriptors:
+    // 16,384 ranks would pass the process's descriptor limit).
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("sim-rt")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the ranks' runtime: {e}"))?;
     let started = Instant::now();
     loop {
         report.epochs += 1;
@@ -268,11 +278,12 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
         let mut t_end = Instant::now();
         let epoch: Result<(), String> = std::thread::scope(|s| {
             for r in 0..plan.ranks {
-                let (sh, coord, disk, l3) = (
+                let (sh, coord, disk, l3, rt) = (
                     &sh,
                     coords[r as usize].clone(),
                     disks[r as usize].clone(),
                     node_l3[node_of(r) as usize].clone(),
+                    rt.handle().clone(),
                 );
                 let mut cfg = Config::builder()
                     .job(job.as_str())
@@ -292,6 +303,7 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                             .coordinator(coord)
                             .local(disk)
                             .remote(Some(l3))
+                            .runtime(rt)
                             .build();
                         rank_main(sh, r, ck);
                     })
@@ -340,6 +352,33 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
     report.keepalives_per_node_s =
         keepalives as f64 / f64::from(nodes) / started.elapsed().as_secs_f64().max(1e-9);
     Ok(report)
+}
+
+/// Gives the process a futex hash table sized for its threads. Linux 6.16
+/// and later give a process its own table sized by the CPUs (16 buckets on
+/// 2 CPUs); with tens of thousands of threads blocked on locks, each wake
+/// walks a chain of thousands of waiters, and the simulation measures the
+/// kernel's hash instead of the protocol (75% of the CPU went to
+/// `futex_wake` at 16,384 ranks). A real rank is a process of a few
+/// threads on a node of many CPUs, which this restores. On an older
+/// kernel the call fails and changes nothing (the global table is used).
+fn widen_futex_hash(ranks: u32) {
+    const PR_FUTEX_HASH: libc::c_int = 78;
+    const PR_FUTEX_HASH_SET_SLOTS: libc::c_ulong = 1;
+    // About four threads per simulated rank; the kernel caps the size.
+    let slots = (u64::from(ranks) * 4)
+        .next_power_of_two()
+        .clamp(16, 1 << 17);
+    // SAFETY: prctl with integer arguments only; it reads no memory of ours.
+    let _ = unsafe {
+        libc::prctl(
+            PR_FUTEX_HASH,
+            PR_FUTEX_HASH_SET_SLOTS,
+            slots as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
 }
 
 type Coordinators = (Vec<Arc<dyn Coordinator>>, Vec<Arc<EtcdCoordinator>>);
