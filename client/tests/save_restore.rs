@@ -329,6 +329,63 @@ fn ranks_on_threads_commit_together_and_restore_the_same_step() {
 }
 
 #[test]
+fn checkpointers_on_one_callers_runtime_commit_and_outlive_each_other() {
+    let d = tempfile::tempdir().unwrap();
+    let world = 2u32;
+    let coord = InProcessCoordinator::new(world);
+    // One worker for both ranks: each blocks on it while the other's calls
+    // run there too.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cks: Vec<Checkpointer> = (0..world)
+        .map(|rank| {
+            Checkpointer::builder(cfg(d.path()).rank(rank, world).coordination_timeout_secs(30))
+                .coordinator(Arc::new(coord.clone()))
+                .runtime(rt.handle().clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for (rank, ck) in cks.iter().enumerate() {
+            s.spawn(move || {
+                for step in [1u64, 2] {
+                    let st = State::new(2, MIB, rank as u8 * 3 + step as u8);
+                    ck.save(step, &st.entries()).unwrap().wait().unwrap();
+                }
+                let got = ck.restore(StepSelector::Latest).unwrap();
+                assert_eq!(got.step, 2);
+                assert_eq!(
+                    got.get("layer.0.weight").unwrap().bytes,
+                    State::new(2, MIB, rank as u8 * 3 + 2).data[0]
+                );
+            });
+        }
+    });
+    let mut cks = cks.into_iter();
+    drop(cks.next());
+    // The caller's runtime still runs once a checkpointer on it is gone,
+    // and the other still reads its disk through it.
+    assert_eq!(rt.block_on(rt.spawn(async { 7 })).unwrap(), 7);
+    let one = cks.next().unwrap();
+    let steps: Vec<(u64, bool)> = one.steps().unwrap().iter().map(|s| (s.step, s.l1)).collect();
+    assert_eq!(steps, [(1, true), (2, true)]);
+    // A current-thread runtime is driven by its own thread only: refused.
+    let ct = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let refused = Checkpointer::builder(cfg(d.path()))
+        .runtime(ct.handle().clone())
+        .build();
+    assert!(
+        matches!(&refused, Err(Error::Config(m)) if m.contains("multi-thread")),
+        "{:?}",
+        refused.err()
+    );
+}
+
+#[test]
 fn a_rank_that_never_reports_leaves_the_step_uncommitted_and_busy_policies_apply() {
     let d = tempfile::tempdir().unwrap();
     // World of two, but only rank 0 saves: its commit barrier waits (2 s).
