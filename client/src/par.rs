@@ -20,6 +20,12 @@ where
 {
     let next = AtomicUsize::new(0);
     let threads = threads.clamp(1, n.max(1));
+    if threads == 1 {
+        // One worker (a save of one chunk, a one-core machine): on this
+        // thread, without the cost of starting one.
+        let mut state = init();
+        return (0..n).map(|i| f(&mut state, i)).collect();
+    }
     let mut parts: Vec<Vec<(usize, T)>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {

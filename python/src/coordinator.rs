@@ -1,18 +1,77 @@
 //! A Rust [`Coordinator`] over a Python callable: how ranks agree through
 //! torch.distributed (`strata/_dist.py` implements the callable over the
 //! process group's key-value store). The callable is
-//! `gather(rank, key, value: bytes, timeout_secs: float) -> list[bytes]`.
+//! `gather(rank, key, value: bytes, timeout_secs: float) -> list[bytes]`;
+//! one that also has `gather.reduce(rank, key, value, timeout_secs,
+//! reducer) -> bytes` runs the reducing rounds (the commit barrier, the
+//! restore agreement) there: one rank runs `reducer` on every value and
+//! the others read only its result.
 //!
 //! Rounds are keyed and may run on the caller's thread (a restore) and on
 //! the background commit worker at the same time, so the exchange must be
 //! addressed by key, not by call order: that is why it is the store and not
 //! collectives on a process group (see docs/python.md).
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyCFunction, PyDict, PyList, PyTuple};
+use strata::coordinator::Reduce;
 use strata::{Coordinator, Error, Result};
+
+/// A round's reduction, lent to Python for the length of one call of
+/// `gather.reduce`: the callable Python gets says so and does nothing once
+/// the call has returned (Python may keep a reference to it).
+struct Lent {
+    reduce: Mutex<Option<&'static Reduce<'static>>>,
+    world: usize,
+}
+
+/// Takes the reduction back from Python when the call ends (returned,
+/// raised or unwound).
+struct TakeBack(Arc<Lent>);
+
+impl Drop for TakeBack {
+    fn drop(&mut self) {
+        *self
+            .0
+            .reduce
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+}
+
+/// `reducer(values: list[bytes]) -> bytes` over `lent`.
+fn reducer<'py>(py: Python<'py>, lent: Arc<Lent>) -> PyResult<Bound<'py, PyCFunction>> {
+    PyCFunction::new_closure(
+        py,
+        Some(c"strata_round_reduce"),
+        Some(c"Reduces every rank's value of a Strata round (by rank) to its decision."),
+        move |args: &Bound<'_, PyTuple>, _kw: Option<&Bound<'_, PyDict>>| -> PyResult<Py<PyBytes>> {
+            let (values,): (Vec<Vec<u8>>,) = args.extract()?;
+            if values.len() != lent.world {
+                return Err(PyRuntimeError::new_err(format!(
+                    "a round of {} ranks reduced over {} values",
+                    lent.world,
+                    values.len()
+                )));
+            }
+            let py = args.py();
+            let out = {
+                let held = lent.reduce.lock().unwrap_or_else(PoisonError::into_inner);
+                let Some(reduce) = *held else {
+                    return Err(PyRuntimeError::new_err(
+                        "this round's reduction was called after its round had ended",
+                    ));
+                };
+                py.detach(|| reduce(&values))
+            };
+            Ok(PyBytes::new(py, &out).unbind())
+        },
+    )
+}
 
 /// Ranks agreeing through a Python callable.
 pub(crate) struct PyCoordinator {
@@ -89,6 +148,57 @@ impl Coordinator for PyCoordinator {
                         })
                 })
                 .collect()
+        });
+        attached.unwrap_or_else(|| Err(fail("the Python interpreter is shutting down".into())))
+    }
+
+    fn all_reduce(
+        &self,
+        rank: u32,
+        key: &str,
+        value: Vec<u8>,
+        timeout: Duration,
+        reduce: &Reduce<'_>,
+    ) -> Result<Vec<u8>> {
+        let fail = |what: String| Error::Coordination(format!("{key}: {what}"));
+        let reduces = Python::try_attach(|py| {
+            self.gather
+                .bind(py)
+                .hasattr("reduce")
+                .unwrap_or(false)
+        })
+        .unwrap_or(false);
+        if !reduces {
+            // A plain gather: every rank reduces every value itself.
+            let all = self.all_gather(rank, key, value, timeout)?;
+            return Ok(reduce(&all));
+        }
+        // SAFETY: only the lifetimes change. The reference is read only
+        // under `lent.reduce`'s lock while it is Some, and `_back` sets it
+        // to None (taking the same lock, so after any call in progress
+        // ends) before this function returns or unwinds: no use outlives
+        // the borrow of `reduce`.
+        let forever: &'static Reduce<'static> =
+            unsafe { std::mem::transmute::<&Reduce<'_>, &'static Reduce<'static>>(reduce) };
+        let lent = Arc::new(Lent {
+            reduce: Mutex::new(Some(forever)),
+            world: self.world as usize,
+        });
+        let _back = TakeBack(lent.clone());
+        let attached = Python::try_attach(|py| {
+            let f = reducer(py, lent).map_err(|e| fail(e.to_string()))?;
+            let out = self
+                .gather
+                .call_method1(
+                    py,
+                    "reduce",
+                    (rank, key, PyBytes::new(py, &value), timeout.as_secs_f64(), f),
+                )
+                .map_err(|e| self.error_of(py, rank, key, e))?;
+            out.bind(py)
+                .cast::<PyBytes>()
+                .map(|b| b.as_bytes().to_vec())
+                .map_err(|_| fail("the coordinator's reduce did not return bytes".into()))
         });
         attached.unwrap_or_else(|| Err(fail("the Python interpreter is shutting down".into())))
     }

@@ -9,6 +9,12 @@ every rank, so the rounds go through the process group's key-value store
 round is addressed by its key, never touches the trainer's NCCL stream,
 and never waits behind (or blocks) a barrier on the main thread.
 
+The commit barrier and the restore rounds are reducing rounds
+(``StoreGather.reduce``): the last rank to arrive reads every value and
+runs the (deterministic) reduction once; every other rank reads only the
+small decision, so a round moves O(world) bytes in total, not O(world)
+to every rank.
+
 A round (see ``StoreGather``) is one *attempt* at a key: each rank counts
 its own attempts of a key, so the n-th attempts of every rank meet and a
 retry never reads an earlier attempt's values. An attempt ends exactly
@@ -39,7 +45,7 @@ import time
 import uuid
 from collections import OrderedDict
 from datetime import timedelta
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ._errors import ConflictError, UnavailableError
 
@@ -141,6 +147,22 @@ class StoreGather:
             return n
 
     def __call__(self, rank: int, key: str, value: bytes, timeout_s: float) -> List[bytes]:
+        """An all-gather: every rank gets every rank's value (O(world)
+        bytes each)."""
+        out = self._round(rank, key, value, timeout_s, _pack)
+        return _unpack(out, self.world)
+
+    def reduce(self, rank: int, key: str, value: bytes, timeout_s: float,
+               reducer: Callable[[List[bytes]], bytes]) -> bytes:
+        """A reducing round: the last rank to arrive reads every value and
+        runs ``reducer`` on them (by rank) once; every rank reads only its
+        result. O(world) bytes in total, where an all-gather moves
+        O(world) to every rank. ``reducer`` must be deterministic and the
+        same on every rank (any rank may be the one that runs it)."""
+        return self._round(rank, key, value, timeout_s, reducer)
+
+    def _round(self, rank: int, key: str, value: bytes, timeout_s: float,
+               combine: Callable[[List[bytes]], bytes]) -> bytes:
         raw, s = self._clients()
         deadline = time.monotonic() + max(timeout_s, 0.001)
         n = self._attempt(key)
@@ -157,7 +179,7 @@ class StoreGather:
         s.set(mine, value)
         arrived = s.add(f"{k}/arrived", 1)
         if arrived == self.world:
-            self._publish(s, k, state, deadline)
+            self._publish(s, k, state, deadline, combine)
         outcome = self._wait(s, state, deadline)
         if outcome != _DONE:
             # Given up: this attempt's value goes (the state stays, so a
@@ -167,18 +189,20 @@ class StoreGather:
             if outcome == b"":
                 why = f"only some of {self.world} ranks reported within {timeout_s:g} s"
             raise RoundFailed(f"round {key} (attempt {n}) failed: {why}")
-        values = _unpack(s.get(f"{k}/all"), self.world)
+        out = bytes(s.get(f"{k}/all"))
         # The decision is final: this rank's value is no longer needed, and
         # the last rank to read the result removes the round's keys.
         s.delete_key(mine)
         if s.add(f"{k}/read", 1) == self.world:
             for suffix in ("all", "state", "arrived", "read"):
                 s.delete_key(f"{k}/{suffix}")
-        return values
+        return out
 
-    def _publish(self, s: Any, k: str, state: str, deadline: float) -> None:
-        """The last rank to arrive: publishes every value, then decides
-        ``done`` unless a rank already gave up."""
+    def _publish(self, s: Any, k: str, state: str, deadline: float,
+                 combine: Callable[[List[bytes]], bytes]) -> None:
+        """The last rank to arrive: publishes what every rank reads (every
+        value, or their reduction), then decides ``done`` unless a rank
+        already gave up."""
         if s.check([state]):
             return  # decided already (aborted)
         keys = [f"{k}/v/{r}" for r in range(self.world)]
@@ -193,7 +217,13 @@ class StoreGather:
             return
         finally:
             s.set_timeout(before)
-        s.set(f"{k}/all", _pack(list(values)))
+        try:
+            out = combine([bytes(v) for v in values])
+        except BaseException:
+            # Nobody completes an attempt whose result was never written.
+            self._decide(s, state, _ABORT)
+            raise
+        s.set(f"{k}/all", out)
         if self._decide(s, state, _DONE) != _DONE:
             s.delete_key(f"{k}/all")
 

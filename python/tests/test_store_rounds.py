@@ -110,3 +110,67 @@ def test_two_rounds_at_once_never_wait_for_each_other(tmp_path):
         assert fast["took"] < 1.5, (r, fast)
         assert slow["ok"], (r, slow)
         assert slow["values"] == [f"{q}-slow" for q in range(WORLD)]
+
+
+def test_a_reducing_round_reduces_once_and_every_rank_reads_the_result(tmp_path):
+    res = run("reduce", str(tmp_path))
+    want = "|".join(f"{q}-v" for q in range(WORLD))
+    for r in range(WORLD):
+        rd = res[f"reduce-{r}"]["round"]
+        assert rd["ok"] and rd["values"] == [want], (r, rd)
+    # One rank (the last to arrive) ran the reduction, over every value.
+    ran = [res[f"reduce-{r}"]["reduced"] for r in range(WORLD)]
+    assert sorted(ran, key=len) == [[]] * (WORLD - 1) + [[WORLD]], ran
+    # A reduction that raises fails the round on every rank, at once.
+    bad = [res[f"reduce-{r}"]["bad"] for r in range(WORLD)]
+    assert not any(b["ok"] for b in bad), bad
+    assert sum(b["error"] == "ValueError" for b in bad) == 1, bad
+    for b in bad:
+        assert b["error"] in ("ValueError", "RoundFailed"), b
+        assert b["took"] < 5, b
+
+
+class _TwinRounds:
+    """Rounds of a world of two whose other rank always says the same as
+    this one; its ``reduce`` keeps the reducers it is lent."""
+
+    def __init__(self):
+        self.lent = []
+        self.miscounted = []
+
+    def __call__(self, rank, key, value, timeout):
+        return [value, value]
+
+    def reduce(self, rank, key, value, timeout, reducer):
+        self.lent.append((key, reducer))
+        try:
+            reducer([value])
+        except RuntimeError as e:
+            self.miscounted.append(str(e))
+        return reducer([value, value])
+
+
+def test_the_reduction_lent_to_the_store_works_only_during_its_round(tmp_path, monkeypatch):
+    import torch
+
+    import strata
+    import strata._checkpointer as ck
+
+    twin = _TwinRounds()
+    monkeypatch.setattr(ck, "torch_world", lambda: (0, 2, None))
+    monkeypatch.setattr(ck, "open_rounds", lambda *a: twin)
+    c = strata.Checkpointer(job="lent", l1_dir=str(tmp_path), coordination_timeout_secs=5)
+    try:
+        c.save(1, {"w": torch.arange(8.0)}).wait()
+        assert c.load()["w"].tolist() == list(range(8))
+    finally:
+        c.close()
+    keys = [k for k, _ in twin.lent]
+    # The commit barrier and the restore agreement reduced in the store.
+    assert any(k.startswith("commit/") for k in keys), keys
+    assert any(k.startswith("restore/") for k in keys), keys
+    assert twin.miscounted and all("2 ranks reduced over 1 values" in m for m in twin.miscounted)
+    # Kept past its round, a reduction refuses to run.
+    _, late = twin.lent[0]
+    with pytest.raises(RuntimeError, match="after its round"):
+        late([b"\x01\x00", b"\x01\x00"])

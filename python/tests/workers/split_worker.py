@@ -29,17 +29,18 @@ commit3 = f"commit/{job}/3"
 if kill in ("before-vote", "after-vote"):
     # The store round of this rank's vote on step 3: the process dies just
     # before it, or just after it (the vote reached the store).
-    original = sdist.StoreGather.__call__
+    # (Every round, gathering or reducing, is one `_round`.)
+    original = sdist.StoreGather._round
 
-    def dying(self, r, key, value, timeout_s):
+    def dying(self, r, key, value, timeout_s, combine):
         if key == commit3 and kill == "before-vote":
             os._exit(9)
-        got = original(self, r, key, value, timeout_s)
+        got = original(self, r, key, value, timeout_s, combine)
         if key == commit3:
             os._exit(9)
         return got
 
-    sdist.StoreGather.__call__ = dying
+    sdist.StoreGather._round = dying
 
 ckpt = strata.Checkpointer(job=job, l1_dir=os.path.join(root, f"node-{rank}"), chunk_size=1 << 16,
                            keep_last=int(keep), gc_grace_secs=0, coordination_timeout_secs=6)

@@ -14,6 +14,9 @@ Scenarios:
             then ranks 0..3 run a round
   concurrent  a slow round on a thread (rank 3 joins it late) and a fast
             round on the main thread at the same time
+  reduce    a reducing round "red": one rank runs the reducer on every
+            value, every rank reads its result; then round "bad", whose
+            reducer raises: the round fails on every rank at once
   claimckpt as claim, through strata.Checkpointer (the store given as
             torch.distributed's): the intruder's Checkpointer() fails, and
             the holder's next commit fails with ConflictError
@@ -143,6 +146,22 @@ else:
         result["fast"] = attempt(gather, "fast", f"{rank}-fast".encode(), 2.0)
         th.join()
         result["slow"] = slow
+    elif scenario == "reduce":
+        ran = []
+
+        def reducer(values):
+            ran.append(len(values))
+            return b"|".join(values)
+
+        result["round"] = attempt(lambda r, k, v, t: [gather.reduce(r, k, v, t, reducer)], "red",
+                                  f"{rank}-v".encode(), 10.0)
+        result["reduced"] = ran
+
+        def refuses(values):
+            raise ValueError("this reduction refuses")
+
+        result["bad"] = attempt(lambda r, k, v, t: [gather.reduce(r, k, v, t, refuses)], "bad",
+                                f"{rank}".encode(), 10.0)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
 
