@@ -100,11 +100,17 @@ impl CheckpointerBuilder {
     /// owns, instead of a runtime of the checkpointer's own. For a process
     /// that runs many checkpointers (a test bed of simulated ranks, a
     /// process that hosts several ranks): each own runtime costs a worker
-    /// thread and four file descriptors. The caller's runtime keeps its
-    /// threads' priority (an own runtime runs at `background_nice`), and
-    /// tasks the checkpointer spawned on it may outlive the checkpointer by
-    /// the time they take to finish. A current-thread runtime is refused at
-    /// build: calls from the checkpointer's threads would never be driven.
+    /// thread and four file descriptors. The runtime must have I/O and
+    /// time enabled, keep a worker free for the checkpointer's calls, and
+    /// outlive the checkpointer; never drop or close the checkpointer, nor
+    /// call its blocking methods, from a task of that runtime (its threads
+    /// wait on the runtime, which that task would be holding). Threads the
+    /// checkpointer's calls start in the runtime's blocking pool may run at
+    /// `background_nice` (a thread inherits its starter's priority); an
+    /// own runtime runs at it throughout. Tasks the checkpointer spawned
+    /// may outlive it by the time they take to finish. A current-thread
+    /// runtime is refused at build: calls from the checkpointer's threads
+    /// would never be driven.
     pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
         self.runtime = Some(handle);
         self

@@ -25,9 +25,9 @@ pub(crate) type EagerOutcome = HashMap<String, u64>;
 /// The runtime that drives the checkpointer's tier calls: its own, or one
 /// the caller shares between several checkpointers
 /// ([`crate::CheckpointerBuilder::runtime`]). Its own is shut down without
-/// blocking when dropped, so a checkpointer can be dropped inside an async
-/// context (a plain runtime's drop panics there); a shared one is left
-/// running for its owner.
+/// blocking when dropped, so a checkpointer with its own runtime can be
+/// dropped inside an async context (a plain runtime's drop panics there);
+/// a shared one is left running for its owner.
 pub(crate) struct OwnRuntime {
     own: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,

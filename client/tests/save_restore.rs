@@ -342,11 +342,15 @@ fn checkpointers_on_one_callers_runtime_commit_and_outlive_each_other() {
         .unwrap();
     let cks: Vec<Checkpointer> = (0..world)
         .map(|rank| {
-            Checkpointer::builder(cfg(d.path()).rank(rank, world).coordination_timeout_secs(30))
-                .coordinator(Arc::new(coord.clone()))
-                .runtime(rt.handle().clone())
-                .build()
-                .unwrap()
+            Checkpointer::builder(
+                cfg(d.path())
+                    .rank(rank, world)
+                    .coordination_timeout_secs(30),
+            )
+            .coordinator(Arc::new(coord.clone()))
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap()
         })
         .collect();
     std::thread::scope(|s| {
@@ -371,10 +375,17 @@ fn checkpointers_on_one_callers_runtime_commit_and_outlive_each_other() {
     // and the other still reads its disk through it.
     assert_eq!(rt.block_on(rt.spawn(async { 7 })).unwrap(), 7);
     let one = cks.next().unwrap();
-    let steps: Vec<(u64, bool)> = one.steps().unwrap().iter().map(|s| (s.step, s.l1)).collect();
+    let steps: Vec<(u64, bool)> = one
+        .steps()
+        .unwrap()
+        .iter()
+        .map(|s| (s.step, s.l1))
+        .collect();
     assert_eq!(steps, [(1, true), (2, true)]);
     // A current-thread runtime is driven by its own thread only: refused.
-    let ct = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let ct = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let refused = Checkpointer::builder(cfg(d.path()))
         .runtime(ct.handle().clone())
         .build();

@@ -2,8 +2,8 @@
 //! torch.distributed (`strata/_dist.py` implements the callable over the
 //! process group's key-value store). The callable is
 //! `gather(rank, key, value: bytes, timeout_secs: float) -> list[bytes]`;
-//! one that also has `gather.reduce(rank, key, value, timeout_secs,
-//! reducer) -> bytes` runs the reducing rounds (the commit barrier, the
+//! one whose `_strata_reduces` is true also has `gather.reduce(rank, key,
+//! value, timeout_secs, reducer) -> bytes`, and runs the reducing rounds (the commit barrier, the
 //! restore agreement) there: one rank runs `reducer` on every value and
 //! the others read only its result.
 //!
@@ -35,11 +35,7 @@ struct TakeBack(Arc<Lent>);
 
 impl Drop for TakeBack {
     fn drop(&mut self) {
-        *self
-            .0
-            .reduce
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = None;
+        *self.0.reduce.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 
@@ -49,7 +45,9 @@ fn reducer<'py>(py: Python<'py>, lent: Arc<Lent>) -> PyResult<Bound<'py, PyCFunc
         py,
         Some(c"strata_round_reduce"),
         Some(c"Reduces every rank's value of a Strata round (by rank) to its decision."),
-        move |args: &Bound<'_, PyTuple>, _kw: Option<&Bound<'_, PyDict>>| -> PyResult<Py<PyBytes>> {
+        move |args: &Bound<'_, PyTuple>,
+              _kw: Option<&Bound<'_, PyDict>>|
+              -> PyResult<Py<PyBytes>> {
             let (values,): (Vec<Vec<u8>>,) = args.extract()?;
             if values.len() != lent.world {
                 return Err(PyRuntimeError::new_err(format!(
@@ -59,15 +57,19 @@ fn reducer<'py>(py: Python<'py>, lent: Arc<Lent>) -> PyResult<Bound<'py, PyCFunc
                 )));
             }
             let py = args.py();
-            let out = {
-                let held = lent.reduce.lock().unwrap_or_else(PoisonError::into_inner);
-                let Some(reduce) = *held else {
-                    return Err(PyRuntimeError::new_err(
+            // The lock is taken without the GIL (and the reduction runs
+            // without it): a thread holding the lock never waits for the
+            // GIL while another holds the GIL and waits for the lock.
+            let out = py
+                .detach(|| {
+                    let held = lent.reduce.lock().unwrap_or_else(PoisonError::into_inner);
+                    held.map(|reduce| reduce(&values))
+                })
+                .ok_or_else(|| {
+                    PyRuntimeError::new_err(
                         "this round's reduction was called after its round had ended",
-                    ));
-                };
-                py.detach(|| reduce(&values))
-            };
+                    )
+                })?;
             Ok(PyBytes::new(py, &out).unbind())
         },
     )
@@ -164,7 +166,8 @@ impl Coordinator for PyCoordinator {
         let reduces = Python::try_attach(|py| {
             self.gather
                 .bind(py)
-                .hasattr("reduce")
+                .getattr("_strata_reduces")
+                .and_then(|v| v.is_truthy())
                 .unwrap_or(false)
         })
         .unwrap_or(false);
@@ -192,7 +195,13 @@ impl Coordinator for PyCoordinator {
                 .call_method1(
                     py,
                     "reduce",
-                    (rank, key, PyBytes::new(py, &value), timeout.as_secs_f64(), f),
+                    (
+                        rank,
+                        key,
+                        PyBytes::new(py, &value),
+                        timeout.as_secs_f64(),
+                        f,
+                    ),
                 )
                 .map_err(|e| self.error_of(py, rank, key, e))?;
             out.bind(py)

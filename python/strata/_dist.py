@@ -107,6 +107,9 @@ class StoreGather:
     """``gather(rank, key, value, timeout_s) -> list[bytes]`` over a
     torch.distributed ``Store`` (see the module documentation)."""
 
+    #: Tells the native module that ``reduce`` is this protocol's.
+    _strata_reduces = True
+
     def __init__(self, store: Any, world: int, prefix: str, claim: Optional[str] = None,
                  job: str = "?") -> None:
         self._base = store
@@ -179,7 +182,13 @@ class StoreGather:
         s.set(mine, value)
         arrived = s.add(f"{k}/arrived", 1)
         if arrived == self.world:
-            self._publish(s, k, state, deadline, combine)
+            try:
+                self._publish(s, k, state, deadline, combine)
+            except BaseException:
+                # The reduction raised (the attempt is aborted): this
+                # rank's value goes, as a rank's that gives up does.
+                s.delete_key(mine)
+                raise
         outcome = self._wait(s, state, deadline)
         if outcome != _DONE:
             # Given up: this attempt's value goes (the state stays, so a

@@ -134,6 +134,8 @@ class _TwinRounds:
     """Rounds of a world of two whose other rank always says the same as
     this one; its ``reduce`` keeps the reducers it is lent."""
 
+    _strata_reduces = True
+
     def __init__(self):
         self.lent = []
         self.miscounted = []

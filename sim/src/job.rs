@@ -360,16 +360,32 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
 /// walks a chain of thousands of waiters, and the simulation measures the
 /// kernel's hash instead of the protocol (75% of the CPU went to
 /// `futex_wake` at 16,384 ranks). A real rank is a process of a few
-/// threads on a node of many CPUs, which this restores. On an older
-/// kernel the call fails and changes nothing (the global table is used).
+/// threads on a node of many CPUs, where this does not arise. The table
+/// only grows (a later, smaller run keeps it); on an older kernel the
+/// calls fail and change nothing (the global table is used).
 fn widen_futex_hash(ranks: u32) {
     const PR_FUTEX_HASH: libc::c_int = 78;
     const PR_FUTEX_HASH_SET_SLOTS: libc::c_ulong = 1;
-    // About four threads per simulated rank; the kernel caps the size.
+    const PR_FUTEX_HASH_GET_SLOTS: libc::c_ulong = 2;
+    // About four threads per simulated rank, up to 131,072 buckets.
     let slots = (u64::from(ranks) * 4)
         .next_power_of_two()
         .clamp(16, 1 << 17);
-    // SAFETY: prctl with integer arguments only; it reads no memory of ours.
+    // SAFETY: prctl with integer arguments only; it reads and writes no
+    // memory of ours.
+    let now = unsafe {
+        libc::prctl(
+            PR_FUTEX_HASH,
+            PR_FUTEX_HASH_GET_SLOTS,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    if now < 0 || now as u64 >= slots {
+        return;
+    }
+    // SAFETY: as above.
     let _ = unsafe {
         libc::prctl(
             PR_FUTEX_HASH,
