@@ -1,7 +1,8 @@
 //! The etcd coordinator against a real etcd server: all-gathers in order,
 //! old rounds cleaned up, a rank claimed twice is an error on both
 //! processes, a rank killed with SIGKILL is seen within its lease (not at
-//! the timeout), a rank that never came is named at the timeout, and
+//! the timeout), a rank that never came is named at the timeout, a
+//! decider whose lease expired fails its round at once, and
 //! etcd's authentication is used when configured.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -372,5 +373,34 @@ fn a_process_whose_claim_lapsed_while_waiting_never_completes_the_round() {
             .all_gather(0, "commit/fence/8", b"x".to_vec(), Duration::from_secs(2))
             .unwrap_err();
         assert!(matches!(e, Error::RankClaimed { .. }), "{e}");
+    });
+}
+
+#[test]
+fn a_decider_whose_lease_expired_fails_its_round_at_once_not_at_the_timeout() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    // Rank 1 is there but never votes: rank 0 (the decider) waits for it.
+    let a = EtcdCoordinator::connect(opts(&etcd.url), "lapse", 0, 2).unwrap();
+    let _b = EtcdCoordinator::connect(opts(&etcd.url), "lapse", 1, 2).unwrap();
+    let reduce = |v: &[Vec<u8>]| v.concat();
+    std::thread::scope(|s| {
+        let started = Instant::now();
+        let waiting = s.spawn(|| a.all_reduce(0, "commit/lapse/1", vec![1], LONG, &reduce));
+        std::thread::sleep(Duration::from_millis(100));
+        // Its lease goes (etcd starved of its keep-alives, a partition):
+        // its keep-alive learns it within a third of the lease.
+        etcd.revoke_claim("lapse", 0);
+        let e = waiting.join().unwrap().unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(15),
+            "the round held on for {took:?} (its timeout is {LONG:?}): {e}"
+        );
+        assert!(
+            e.to_string().contains("lease expired") || matches!(e, Error::RankClaimed { .. }),
+            "{e}"
+        );
     });
 }

@@ -696,9 +696,10 @@ impl EtcdApi {
 
 /// Runs `read` until it answers, retrying a failure every 200 ms while
 /// `deadline` has not passed (etcd restarting, a leader election); the
-/// failure once it has.
+/// failure once it has. `stop`'s error ends it at once.
 pub(crate) async fn until_answered<T, F, Fut>(
     deadline: std::time::Instant,
+    stop: impl Fn() -> Result<()>,
     mut read: F,
 ) -> Result<T>
 where
@@ -706,6 +707,9 @@ where
     Fut: std::future::Future<Output = Result<T>>,
 {
     loop {
+        // Checked before every try: a process that lost its ranks (its
+        // lease expired) fails at once; no read can bring them back.
+        stop()?;
         match read().await {
             Ok(v) => return Ok(v),
             Err(e) if std::time::Instant::now() < deadline => {

@@ -377,10 +377,11 @@ impl EtcdCoordinator {
             // deadline passed, written whatever the claims)
             let (outcome, read_at): (Result<Vec<u8>>, Option<i64>) = loop {
                 let ranges: [(&[u8], &[u8]); 2] = [(&vdir, &vend), (&members, &mend)];
-                let (got, rev) = until_answered(deadline, || async {
-                    self.check_lost()?;
-                    self.round_api().ranges(&ranges, t).await
-                })
+                let (got, rev) = until_answered(
+                    deadline,
+                    || self.check_lost(),
+                    || async { self.round_api().ranges(&ranges, t).await },
+                )
                 .await?;
                 let [vals, claims]: [Vec<Kv>; 2] = got
                     .try_into()

@@ -63,12 +63,15 @@ impl EtcdCoordinator {
         loop {
             // The round and the claims at one revision (a transient etcd
             // error is retried until the deadline).
-            let (values, claims, rev) = until_answered(deadline, || async {
-                self.check_lost()?;
-                self.api
-                    .range_two(round.as_bytes(), members.as_bytes(), t)
-                    .await
-            })
+            let (values, claims, rev) = until_answered(
+                deadline,
+                || self.check_lost(),
+                || async {
+                    self.api
+                        .range_two(round.as_bytes(), members.as_bytes(), t)
+                        .await
+                },
+            )
             .await?;
             let holder = self.holders(&claims);
             // Fencing: only the current holder of this rank completes a
