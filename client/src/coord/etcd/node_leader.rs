@@ -35,6 +35,11 @@ const MAX_ROUND: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How long a connecting process has to introduce itself.
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
 
+/// Connections that have not said their hello yet, beyond the node's
+/// own ranks: more are closed at once (a process of this user opening
+/// them in a loop), so they cost neither a thread nor a hello's buffer.
+const SPARE_GREETINGS: usize = 8;
+
 /// Largest hello (a job id, a start, a few numbers).
 pub(super) const MAX_HELLO: usize = 256 << 10;
 
@@ -129,6 +134,38 @@ struct Served {
     members: Mutex<BTreeMap<u32, (u32, UnixStream)>>,
     /// Threads serving a link or a round (each holds the coordinator).
     active: AtomicUsize,
+    /// Connections not past their hello yet.
+    greeting: AtomicUsize,
+}
+
+impl Served {
+    /// Connections that may be waiting for their hello at once: every
+    /// member reconnecting twice, and a few more.
+    fn max_greeting(&self) -> usize {
+        2 * self.expect.local_world as usize + SPARE_GREETINGS
+    }
+}
+
+/// A connection counted as not past its hello until dropped.
+struct Greeting(Arc<Served>);
+
+impl Greeting {
+    /// Counts a new connection, or None when too many are waiting.
+    fn new(s: &Arc<Served>) -> Option<Greeting> {
+        let max = s.max_greeting();
+        s.greeting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Greeting(s.clone()))
+    }
+}
+
+impl Drop for Greeting {
+    fn drop(&mut self) {
+        self.0.greeting.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Counts a serving thread for as long as it lives.
@@ -170,6 +207,7 @@ impl NodeServer {
             stop: AtomicBool::new(false),
             members: Mutex::default(),
             active: AtomicUsize::new(0),
+            greeting: AtomicUsize::new(0),
         });
         let s = served.clone();
         let accept = std::thread::Builder::new()
@@ -184,12 +222,20 @@ impl NodeServer {
                         std::thread::sleep(Duration::from_millis(50));
                         continue;
                     };
+                    let Some(greeting) = Greeting::new(&s) else {
+                        tracing::warn!(
+                            max = s.max_greeting(),
+                            "node link: too many connections without a hello; one closed"
+                        );
+                        drop(conn);
+                        continue;
+                    };
                     let s = s.clone();
                     let _ = std::thread::Builder::new()
                         .name("strata-node-member".into())
                         .spawn(move || {
                             let _active = Active::new(&s.active);
-                            serve(&s, conn)
+                            serve(&s, conn, greeting)
                         });
                 }
             })
@@ -298,7 +344,7 @@ fn admit(s: &Served, h: &Hello) -> std::result::Result<(), WireError> {
 }
 
 /// One member's link, from its hello to its goodbye (or its end).
-fn serve(s: &Arc<Served>, mut conn: UnixStream) {
+fn serve(s: &Arc<Served>, mut conn: UnixStream, greeting: Greeting) {
     if s.stop.load(Ordering::Acquire) {
         return;
     }
@@ -323,6 +369,7 @@ fn serve(s: &Arc<Served>, mut conn: UnixStream) {
                 return;
             }
         };
+    drop(greeting);
     // A node that gave up takes no one in.
     let admitted =
         admit(s, &hello).and_then(|()| s.node.check_lost().map_err(|e| WireError::from(&e)));

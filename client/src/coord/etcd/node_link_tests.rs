@@ -1,5 +1,6 @@
 //! The node link against hostile local processes: bytes that are not a
-//! hello, lengths meant to exhaust memory, a hello for another job: each
+//! hello, lengths meant to exhaust memory, a hello for another job, more
+//! connections than the node has ranks that never say hello: each
 //! connection is refused or closed, nothing panics or allocates what it
 //! claims, and the node goes on serving its real members.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -135,6 +136,40 @@ fn hostile_connections_are_refused_and_the_node_goes_on() {
         assert_eq!(m.join().unwrap(), [5]);
     });
     assert_eq!(leader.linked_ranks(), vec![1]);
+}
+
+#[test]
+fn connections_that_never_say_hello_are_bounded_and_a_member_still_joins() {
+    let Some(etcd) = strata_testkit::etcd::Etcd::start() else {
+        return;
+    };
+    let leader =
+        EtcdCoordinator::join_node(opts(&etcd.url), "flood", 0, 2, &place(0), LONG).unwrap();
+    // Two ranks on the node: at most 2 × 2 + 8 connections wait for their
+    // hello at once (each for up to 10 s).
+    let silent: Vec<UnixStream> = (0..12).map(|_| connect_to("flood")).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // The next ones are closed at once: no thread, no wait for a hello.
+    for _ in 0..20 {
+        let t = std::time::Instant::now();
+        let mut extra = connect_to("flood");
+        let mut b = [0u8; 1];
+        assert_eq!(extra.read(&mut b).unwrap_or(0), 0, "closed, unanswered");
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+    // The real member connects again until the silent ones' time is up.
+    let member =
+        EtcdCoordinator::join_node(opts(&etcd.url), "flood", 1, 2, &place(1), LONG).unwrap();
+    let sum = |all: &[Vec<u8>]| vec![all.iter().map(|v| v[0]).sum::<u8>()];
+    std::thread::scope(|sc| {
+        let m = sc.spawn(|| member.all_reduce(1, "r/0", vec![2], LONG, &sum).unwrap());
+        assert_eq!(
+            leader.all_reduce(0, "r/0", vec![3], LONG, &sum).unwrap(),
+            [5]
+        );
+        assert_eq!(m.join().unwrap(), [5]);
+    });
+    drop(silent);
 }
 
 const INTRUDER: &str = "STRATA_NODE_LINK_INTRUDER";

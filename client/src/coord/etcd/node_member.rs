@@ -240,50 +240,61 @@ impl NodeMember {
         opts: &EtcdOptions,
     ) -> Result<NodeMember> {
         let addr = node_leader::link_addr(name)?;
-        let mut conn = loop {
-            match UnixStream::connect_addr(&addr) {
-                // Only a leader of this user is trusted with the rank's
-                // rounds (an abstract name can be bound by anyone).
-                Ok(c) if node_leader::same_user(&c) => break c,
-                Ok(_) => {
-                    return Err(Error::Coordination(format!(
-                        "rank {}: the process listening on {name} runs as another user: not this node's leader",
-                        hello.rank
-                    )))
-                }
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(Error::Coordination(format!(
-                        "rank {}: the node's leader (local rank 0) never listened on {name} ({e}): is it running on this node, with the same job and node name?",
-                        hello.rank
-                    )))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        };
         let io = |e: std::io::Error| Error::Coordination(format!("node link {name}: {e}"));
         let (rank, world) = (hello.rank, hello.world);
-        // The leader answers once its claims are made (it may wait out a
-        // dead predecessor's lease).
-        let left = deadline.saturating_duration_since(Instant::now());
-        conn.set_read_timeout(Some(left.max(Duration::from_secs(1))))
-            .map_err(io)?;
-        wire::write_frame(&mut conn, &ToLeader::Hello(hello).encode()).map_err(io)?;
-        match wire::read_frame(&mut conn).map_err(io)? {
-            Some(b) => match ToMember::decode(&b)? {
-                ToMember::Welcome => {}
-                ToMember::Refused(e) => return Err(e.into()),
-                ToMember::Outcome { .. } => {
-                    return Err(Error::Coordination(
-                        "node link: an answer before the welcome".into(),
-                    ))
+        // A leader with too many connections waiting for their hello
+        // closes new ones at once: connect again until the deadline.
+        let conn = loop {
+            let mut conn = loop {
+                match UnixStream::connect_addr(&addr) {
+                    // Only a leader of this user is trusted with the rank's
+                    // rounds (an abstract name can be bound by anyone).
+                    Ok(c) if node_leader::same_user(&c) => break c,
+                    Ok(_) => {
+                        return Err(Error::Coordination(format!(
+                            "rank {}: the process listening on {name} runs as another user: not this node's leader",
+                            hello.rank
+                        )))
+                    }
+                    Err(e) if Instant::now() >= deadline => {
+                        return Err(Error::Coordination(format!(
+                            "rank {}: the node's leader (local rank 0) never listened on {name} ({e}): is it running on this node, with the same job and node name?",
+                            hello.rank
+                        )))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
                 }
-            },
-            None => {
-                return Err(Error::Coordination(format!(
-                    "rank {rank}: the node's leader closed the link before welcoming it"
-                )))
+            };
+            // The leader answers once its claims are made (it may wait out a
+            // dead predecessor's lease).
+            let left = deadline.saturating_duration_since(Instant::now());
+            conn.set_read_timeout(Some(left.max(Duration::from_secs(1))))
+                .map_err(io)?;
+            // A write to, or a read from, a link the leader closed at once
+            // fails: as a close.
+            let answer = wire::write_frame(&mut conn, &ToLeader::Hello(hello.clone()).encode())
+                .and_then(|()| wire::read_frame(&mut conn));
+            match answer {
+                Ok(Some(b)) => match ToMember::decode(&b)? {
+                    ToMember::Welcome => break conn,
+                    ToMember::Refused(e) => return Err(e.into()),
+                    ToMember::Outcome { .. } => {
+                        return Err(Error::Coordination(
+                            "node link: an answer before the welcome".into(),
+                        ))
+                    }
+                },
+                Ok(None) | Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(io(e)),
+                Ok(None) => {
+                    return Err(Error::Coordination(format!(
+                        "rank {rank}: the node's leader closed the link before welcoming it"
+                    )))
+                }
             }
-        }
+        };
         conn.set_read_timeout(None).map_err(io)?;
         let writer = Mutex::new(conn.try_clone().map_err(io)?);
         let pending = Arc::new(Mutex::new(Pending::default()));
