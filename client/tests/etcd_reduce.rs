@@ -2,7 +2,8 @@
 //! every rank gets the same decision for about three requests per process;
 //! the ranks of one process share a round; a rank that leaves, or a decider
 //! that dies, fails the round on every rank; a process whose claim lapsed
-//! never takes a decision.
+//! never takes a decision; a round longer than the lease costs the decider
+//! no more requests.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -199,5 +200,34 @@ fn a_round_a_node_gave_up_keeps_its_rounds_in_step_with_the_others() {
             let got = h.join().unwrap().unwrap();
             assert_eq!(got[..4], 4u32.to_le_bytes());
         }
+    });
+}
+
+#[test]
+fn a_round_longer_than_the_lease_costs_no_more_requests_and_a_late_claim_counts() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    // A 2 s lease; rank 1's process comes (claims its rank) 5 s into the
+    // round: the decider follows the job's keys instead of reading the
+    // round and every claim again each half lease.
+    let a = EtcdCoordinator::connect(opts(&etcd.url, 2), "late", 0, 2).unwrap();
+    std::thread::scope(|s| {
+        let decided = s.spawn(|| {
+            let before = a.round_requests();
+            let got = a.all_reduce(0, "r", vec![3], LONG, &sum);
+            (got, a.round_requests() - before)
+        });
+        std::thread::sleep(Duration::from_secs(5));
+        let b = EtcdCoordinator::connect(opts(&etcd.url, 2), "late", 1, 2).unwrap();
+        assert_eq!(
+            b.all_reduce(1, "r", vec![4], LONG, &sum).unwrap(),
+            sum(&[vec![3], vec![4]])
+        );
+        let (got, requests) = decided.join().unwrap();
+        assert_eq!(got.unwrap(), sum(&[vec![3], vec![4]]));
+        // Its read, its watch, its decision (one more read if the value
+        // came between the read and the watch).
+        assert!(requests <= 4, "the decider sent {requests} requests");
     });
 }

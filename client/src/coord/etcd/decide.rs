@@ -371,6 +371,8 @@ impl EtcdCoordinator {
         let vend = prefix_end(&vdir);
         let members = format!("{}/ranks/", self.root).into_bytes();
         let mend = prefix_end(&members);
+        // The values and the claims, followed by one watch.
+        let job_keys = format!("{}/", self.root).into_bytes();
         let own: BTreeMap<u32, Vec<u8>> = values.into_iter().collect();
         loop {
             // (the outcome, the revision of the claims it counted by; None: the
@@ -429,28 +431,54 @@ impl EtcdCoordinator {
                     None,
                 );
                 }
-                // Follow the values as they come (one request), counting
-                // those of the holders just read, until every rank's is there
-                // (decided without reading again), a value is taken back, or
-                // it is time to look at the claims again.
+                // Follow the job's keys as they change (one request):
+                // count the values of the holders as they come, until every
+                // rank's is there (decided without reading again); a rank
+                // claimed for the first time is a holder from then on (its
+                // values come after its claim); a value taken back, or a
+                // claim that goes, exits or changes hands, is read again
+                // (never a timer: a round as long as the lease costs no
+                // more requests than a short one).
                 let world = self.world as usize;
-                let wait = (deadline - now).min(self.opts.lease_ttl / 2);
+                let wait = deadline - now;
                 let watched = Instant::now();
+                let mut holder = holder;
+                // The claims as the read and the events so far show them:
+                // those at the newest event's revision (the watch reports
+                // every change of a claim, in order).
+                let mut seen = rev;
                 let followed = self
                     .round_api()
-                    .watch(&vdir, rev, wait, |ev| match ev {
-                        Event::Put(kv) => {
+                    .watch(&job_keys, rev, wait, |ev| match ev {
+                        Event::Put(kv) if kv.key.starts_with(&vdir) => {
+                            seen = seen.max(kv.mod_revision);
                             // A malformed value is named by the next read.
                             !count_values(&holder, &vdir, &kv, &mut by_rank)
                                 || by_rank.len() >= world
                         }
-                        Event::Delete(_) => true,
+                        Event::Delete(k) if k.starts_with(&vdir) => true,
+                        Event::Put(kv) if kv.key.starts_with(&members) => {
+                            seen = seen.max(kv.mod_revision);
+                            let new = self.holders(std::slice::from_ref(&kv));
+                            match new.into_iter().next() {
+                                Some((r, c)) if !c.exited && !holder.contains_key(&r) => {
+                                    holder.insert(r, c);
+                                    false
+                                }
+                                _ => true,
+                            }
+                        }
+                        Event::Delete(k) => k.starts_with(&members),
+                        Event::Put(kv) => {
+                            seen = seen.max(kv.mod_revision);
+                            false
+                        }
                     })
                     .await;
                 match followed {
                     Ok(true) if by_rank.len() == world => {
                         let all: Vec<Vec<u8>> = by_rank.into_values().collect();
-                        break (Ok(reduce(&all)), Some(rev));
+                        break (Ok(reduce(&all)), Some(seen));
                     }
                     // A watch that ended at once with nothing (etcd closed it):
                     // not a storm of reads.
