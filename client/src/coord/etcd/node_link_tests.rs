@@ -52,6 +52,19 @@ fn answer(mut s: UnixStream) -> Option<ToMember> {
     ToMember::decode(&got).ok()
 }
 
+/// The leader (rank 0) and its member (rank 1) run a round and agree.
+fn a_round_of_the_node_runs(leader: &impl Coordinator, member: &impl Coordinator) {
+    let sum = |all: &[Vec<u8>]| vec![all.iter().map(|v| v[0]).sum::<u8>()];
+    std::thread::scope(|sc| {
+        let m = sc.spawn(|| member.all_reduce(1, "r/0", vec![2], LONG, &sum).unwrap());
+        assert_eq!(
+            leader.all_reduce(0, "r/0", vec![3], LONG, &sum).unwrap(),
+            [5]
+        );
+        assert_eq!(m.join().unwrap(), [5]);
+    });
+}
+
 #[test]
 fn hostile_connections_are_refused_and_the_node_goes_on() {
     let Some(etcd) = strata_testkit::etcd::Etcd::start() else {
@@ -126,15 +139,7 @@ fn hostile_connections_are_refused_and_the_node_goes_on() {
     // None of it ended the node: its real member joins and a round runs.
     let member =
         EtcdCoordinator::join_node(opts(&etcd.url), "hostile", 1, 2, &place(1), LONG).unwrap();
-    let sum = |all: &[Vec<u8>]| vec![all.iter().map(|v| v[0]).sum::<u8>()];
-    std::thread::scope(|sc| {
-        let m = sc.spawn(|| member.all_reduce(1, "r/0", vec![2], LONG, &sum).unwrap());
-        assert_eq!(
-            leader.all_reduce(0, "r/0", vec![3], LONG, &sum).unwrap(),
-            [5]
-        );
-        assert_eq!(m.join().unwrap(), [5]);
-    });
+    a_round_of_the_node_runs(&leader, &member);
     assert_eq!(leader.linked_ranks(), vec![1]);
 }
 
@@ -160,15 +165,7 @@ fn connections_that_never_say_hello_are_bounded_and_a_member_still_joins() {
     // The real member connects again until the silent ones' time is up.
     let member =
         EtcdCoordinator::join_node(opts(&etcd.url), "flood", 1, 2, &place(1), LONG).unwrap();
-    let sum = |all: &[Vec<u8>]| vec![all.iter().map(|v| v[0]).sum::<u8>()];
-    std::thread::scope(|sc| {
-        let m = sc.spawn(|| member.all_reduce(1, "r/0", vec![2], LONG, &sum).unwrap());
-        assert_eq!(
-            leader.all_reduce(0, "r/0", vec![3], LONG, &sum).unwrap(),
-            [5]
-        );
-        assert_eq!(m.join().unwrap(), [5]);
-    });
+    a_round_of_the_node_runs(&leader, &member);
     drop(silent);
 }
 
