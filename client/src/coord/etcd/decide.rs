@@ -354,9 +354,10 @@ impl EtcdCoordinator {
         }
     }
 
-    /// The decider: read the values and the claims, follow the values as
-    /// etcd streams them until every rank's is there (or a rank left, or
-    /// the time ran out), then create the decision.
+    /// The decider: read the values and the claims, follow the job's keys
+    /// (values and claims) as etcd streams their changes until every rank's
+    /// value is there (or a rank left, or the time ran out), then create
+    /// the decision.
     async fn decide_here(
         &self,
         key: &str,
@@ -371,7 +372,7 @@ impl EtcdCoordinator {
         let vend = prefix_end(&vdir);
         let members = format!("{}/ranks/", self.root).into_bytes();
         let mend = prefix_end(&members);
-        // The values and the claims, followed by one watch.
+        // The values and the claims, followed by one watch at a time.
         let job_keys = format!("{}/", self.root).into_bytes();
         let own: BTreeMap<u32, Vec<u8>> = values.into_iter().collect();
         loop {
@@ -431,50 +432,69 @@ impl EtcdCoordinator {
                     None,
                 );
                 }
-                // Follow the job's keys as they change (one request):
-                // count the values of the holders as they come, until every
-                // rank's is there (decided without reading again); a rank
-                // claimed for the first time is a holder from then on (its
-                // values come after its claim); a value taken back, or a
-                // claim that goes, exits or changes hands, is read again
-                // (never a timer: a round as long as the lease costs no
-                // more requests than a short one).
+                // Follow the job's keys as they change: count the values of
+                // the holders as they come, until every rank's is there
+                // (decided without reading again); a rank claimed for the
+                // first time is a holder from then on (its values come
+                // after its claim); a value taken back, or a claim that
+                // goes, exits or changes hands, is read again. Each watch
+                // lasts at most half a lease: then this process checks it
+                // still holds its ranks and follows on from where it was
+                // (one small request, where it read every value and claim
+                // again before).
                 let world = self.world as usize;
-                let wait = deadline - now;
-                let watched = Instant::now();
                 let mut holder = holder;
                 // The claims as the read and the events so far show them:
                 // those at the newest event's revision (the watch reports
                 // every change of a claim, in order).
                 let mut seen = rev;
-                let followed = self
-                    .round_api()
-                    .watch(&job_keys, rev, wait, |ev| match ev {
-                        Event::Put(kv) if kv.key.starts_with(&vdir) => {
-                            seen = seen.max(kv.mod_revision);
-                            // A malformed value is named by the next read.
-                            !count_values(&holder, &vdir, &kv, &mut by_rank)
-                                || by_rank.len() >= world
-                        }
-                        Event::Delete(k) if k.starts_with(&vdir) => true,
-                        Event::Put(kv) if kv.key.starts_with(&members) => {
-                            seen = seen.max(kv.mod_revision);
-                            let new = self.holders(std::slice::from_ref(&kv));
-                            match new.into_iter().next() {
-                                Some((r, c)) if !c.exited && !holder.contains_key(&r) => {
-                                    holder.insert(r, c);
-                                    false
-                                }
-                                _ => true,
+                let (followed, watched) = loop {
+                    let wait = deadline
+                        .saturating_duration_since(Instant::now())
+                        .min(self.opts.lease_ttl / 2);
+                    let watched = Instant::now();
+                    let mut joined = Vec::new();
+                    let r = self
+                        .round_api()
+                        .watch(&job_keys, seen, wait, |ev| match ev {
+                            Event::Put(kv) if kv.key.starts_with(&vdir) => {
+                                seen = seen.max(kv.mod_revision);
+                                // A malformed value is named by the next read.
+                                !count_values(&holder, &vdir, &kv, &mut by_rank)
+                                    || by_rank.len() >= world
                             }
-                        }
-                        Event::Delete(k) => k.starts_with(&members),
-                        Event::Put(kv) => {
-                            seen = seen.max(kv.mod_revision);
-                            false
-                        }
-                    })
-                    .await;
+                            Event::Delete(k) if k.starts_with(&vdir) => true,
+                            Event::Put(kv) if kv.key.starts_with(&members) => {
+                                seen = seen.max(kv.mod_revision);
+                                let new = self.holders(std::slice::from_ref(&kv));
+                                match new.into_iter().next() {
+                                    Some((r, c)) if !c.exited && !holder.contains_key(&r) => {
+                                        holder.insert(r, c);
+                                        joined.push(r);
+                                        false
+                                    }
+                                    _ => true,
+                                }
+                            }
+                            Event::Delete(k) => k.starts_with(&members),
+                            Event::Put(kv) => {
+                                seen = seen.max(kv.mod_revision);
+                                false
+                            }
+                        })
+                        .await;
+                    if !joined.is_empty() {
+                        // Seen live: if it goes later, it left (as a read
+                        // would have noted).
+                        self.state.lock().map_err(poisoned)?.seen.extend(joined);
+                    }
+                    let quiet = matches!(r, Ok(false)) && watched.elapsed() >= wait;
+                    if quiet && Instant::now() < deadline {
+                        self.check_lost()?;
+                        continue;
+                    }
+                    break (r, watched);
+                };
                 match followed {
                     Ok(true) if by_rank.len() == world => {
                         let all: Vec<Vec<u8>> = by_rank.into_values().collect();
