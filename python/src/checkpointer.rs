@@ -10,7 +10,7 @@ use strata::format::{DType, EntryKind};
 use strata::{Checkpointer, DeviceBytes, Entry, RestorePlan, RestoreStats, StepSelector};
 
 use crate::config::build;
-use crate::coordinator::PyCoordinator;
+use crate::coordinator::{gather_reduces, PyCoordinator};
 use crate::errors::{invalid, to_py, IntoPy};
 use crate::handle::PySaveHandle;
 use crate::logs::drain;
@@ -239,17 +239,23 @@ impl PyCheckpointer {
     ) -> PyResult<Self> {
         let settings = settings.to_string();
         let path = path.map(str::to_string);
+        // Whether the gather also reduces is asked once, here, with the GIL.
+        let gather = gather.map(|g| {
+            let reduces = gather_reduces(py, &g);
+            (g, reduces)
+        });
         let r = py.detach(move || -> strata::Result<(Checkpointer, String)> {
             let cfg = build(&settings, path.as_deref())?;
             // What Python shows as `Checkpointer.config`: secrets redacted.
             let json = cfg.redacted().to_string();
             let ckpt = match gather {
-                Some(g) => Checkpointer::with_coordinator(
+                Some((g, reduces)) => Checkpointer::with_coordinator(
                     cfg.clone(),
                     Arc::new(PyCoordinator {
                         job: cfg.job.clone(),
                         world: cfg.world_size,
                         gather: g,
+                        reduces,
                     }),
                 )?,
                 None => Checkpointer::new(cfg)?,

@@ -80,6 +80,19 @@ pub(crate) struct PyCoordinator {
     pub(crate) job: String,
     pub(crate) world: u32,
     pub(crate) gather: Py<PyAny>,
+    /// `gather` runs reducing rounds too ([`gather_reduces`], asked once
+    /// when the coordinator is made).
+    pub(crate) reduces: bool,
+}
+
+/// Whether `gather` runs reducing rounds too (`gather.reduce`): Strata's
+/// own store rounds say so with `_strata_reduces`.
+pub(crate) fn gather_reduces(py: Python<'_>, gather: &Py<PyAny>) -> bool {
+    gather
+        .bind(py)
+        .getattr("_strata_reduces")
+        .and_then(|v| v.is_truthy())
+        .unwrap_or(false)
 }
 
 impl PyCoordinator {
@@ -163,18 +176,9 @@ impl Coordinator for PyCoordinator {
         reduce: &Reduce<'_>,
     ) -> Result<Vec<u8>> {
         let fail = |what: String| Error::Coordination(format!("{key}: {what}"));
-        let reduces = Python::try_attach(|py| {
-            self.gather
-                .bind(py)
-                .getattr("_strata_reduces")
-                .and_then(|v| v.is_truthy())
-                .unwrap_or(false)
-        })
-        .unwrap_or(false);
-        if !reduces {
+        if !self.reduces {
             // A plain gather: every rank reduces every value itself.
-            let all = self.all_gather(rank, key, value, timeout)?;
-            return Ok(reduce(&all));
+            return strata::coordinator::reduce_gathered(self, rank, key, value, timeout, reduce);
         }
         // SAFETY: only the lifetimes change. The reference is read only
         // under `lent.reduce`'s lock while it is Some, and `_back` sets it

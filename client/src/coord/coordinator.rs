@@ -40,16 +40,30 @@ pub trait Coordinator: Send + Sync {
         timeout: Duration,
         reduce: &Reduce<'_>,
     ) -> Result<Vec<u8>> {
-        let all = self.all_gather(rank, key, value, timeout)?;
-        if all.len() != self.world_size() as usize {
-            return Err(Error::Coordination(format!(
-                "{key}: the coordinator returned {} answers for a world of {}",
-                all.len(),
-                self.world_size()
-            )));
-        }
-        Ok(reduce(&all))
+        reduce_gathered(self, rank, key, value, timeout, reduce)
     }
+}
+
+/// [`Coordinator::all_reduce`] by gathering: every rank reads every value
+/// and runs `reduce` on them itself (the trait's default; for a
+/// coordinator whose own reducing round serves only some callers).
+pub fn reduce_gathered<C: Coordinator + ?Sized>(
+    coord: &C,
+    rank: u32,
+    key: &str,
+    value: Vec<u8>,
+    timeout: Duration,
+    reduce: &Reduce<'_>,
+) -> Result<Vec<u8>> {
+    let all = coord.all_gather(rank, key, value, timeout)?;
+    if all.len() != coord.world_size() as usize {
+        return Err(Error::Coordination(format!(
+            "{key}: the coordinator returned {} answers for a world of {}",
+            all.len(),
+            coord.world_size()
+        )));
+    }
+    Ok(reduce(&all))
 }
 
 /// What [`Coordinator::all_reduce`] runs on every rank's value (by rank).
