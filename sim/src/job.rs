@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use strata::format::DType;
 use strata::tiered::wrap::OpFamily;
-use strata::tiered::{ChunkStore, MemoryStore, MetricsStore, SharedListing};
+use strata::tiered::{ChunkStore, MemoryStore, MetricsStore};
 use strata::{
     Checkpointer, Config, Coordinator, Entry, Error, EtcdCoordinator, EtcdOptions,
     InProcessCoordinator, StepSelector,
@@ -263,17 +263,9 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
             outcomes: Mutex::new(vec![Outcome::Pending; plan.ranks as usize]),
             bytes: plan.bytes,
         };
-        // Each node lists L3 once for all its ranks (a listing is shared
-        // for a few seconds, never across a step written through it).
+        // One L3 for the job: a restore lists it on rank 0 only (the
+        // product's own sharing, `restore::shared_l3`).
         let l3_store: Arc<dyn ChunkStore> = l3.clone();
-        let node_l3: Vec<Arc<dyn ChunkStore>> = (0..nodes)
-            .map(|_| {
-                Arc::new(SharedListing::new(
-                    l3_store.clone(),
-                    Duration::from_secs(10),
-                )) as Arc<dyn ChunkStore>
-            })
-            .collect();
         let mut done = false;
         let mut t_end = Instant::now();
         let epoch: Result<(), String> = std::thread::scope(|s| {
@@ -282,7 +274,7 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                     &sh,
                     coords[r as usize].clone(),
                     disks[r as usize].clone(),
-                    node_l3[node_of(r) as usize].clone(),
+                    l3_store.clone(),
                     rt.handle().clone(),
                 );
                 let mut cfg = Config::builder()

@@ -51,6 +51,13 @@ fn in_process_ranks_with_seeded_faults_never_split() {
     // Every step committed in the end, after the restarts.
     assert!(r.committed >= plan.steps, "{r:?}");
     assert!(r.epochs >= 4, "three deaths, three restarts: {r:?}");
+    // L3 is listed once per restore for the whole job (rank 0), not per
+    // rank or per node.
+    assert!(
+        !r.restore_lists.is_empty() && r.restore_lists.iter().all(|&n| n <= 1),
+        "L3 listings per restore: {:?}",
+        r.restore_lists
+    );
 }
 
 #[test]
@@ -73,6 +80,11 @@ fn etcd_ranks_with_seeded_faults_never_split() {
     eprintln!("{r:?}\n{}", r.line());
     assert!(r.committed >= plan.steps, "{r:?}");
     assert!(r.epochs >= 4, "{r:?}");
+    assert!(
+        !r.restore_lists.is_empty() && r.restore_lists.iter().all(|&n| n <= 1),
+        "L3 listings per restore: {:?}",
+        r.restore_lists
+    );
     // A round costs etcd about three requests per node, not per rank.
     let nodes = f64::from(r.nodes);
     let worst = r.round_requests.iter().copied().fold(0.0, f64::max);

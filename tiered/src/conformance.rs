@@ -338,6 +338,24 @@ pub async fn commits_are_create_only(s: &dyn ChunkStore) -> Outcome {
     ensure(st.is_complete() && st.world_size() == Some(2), || {
         format!("both ranks committed but {st:?}")
     })?;
+    // Each slot read directly, as a restore reads its own record when
+    // another rank listed the tier: the first record written, or nothing.
+    let direct = s
+        .get_commit_record(JOB, 10, 0)
+        .await
+        .map_err(err("record read directly"))?;
+    ensure(direct.as_ref() == Some(&r0), || {
+        format!("slot 0 of step 10 read directly gave {direct:?}")
+    })?;
+    for (step, slot) in [(10, 5), (12, 0)] {
+        let none = s
+            .get_commit_record(JOB, step, slot)
+            .await
+            .map_err(err("empty slot read directly"))?;
+        ensure(none.is_none(), || {
+            format!("slot {slot} of step {step} is empty but gave {none:?}")
+        })?;
+    }
     // A whole-step record (as L3 writes) for another step.
     s.commit(&record(11, 2, &[0, 1]))
         .await

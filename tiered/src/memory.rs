@@ -244,6 +244,28 @@ impl ChunkStore for MemoryStore {
         })
     }
 
+    async fn get_commit_record(
+        &self,
+        job: &str,
+        step: u64,
+        first: u32,
+    ) -> Result<Option<CommitRecord>> {
+        self.with(job, |j| {
+            let Some(bytes) = j.records.get(&(step, first)) else {
+                return Ok(None);
+            };
+            let bad = |why: String| StoreError::Corrupt {
+                what: format!("commit record of step {step} rank {first}"),
+                source: strata_format::FormatError::malformed("commit record", why),
+            };
+            match CommitRecord::decode(bytes) {
+                Ok(rec) if rec.step == step && rec.job == job => Ok(Some(rec)),
+                Ok(_) => Err(bad("names another step or job".into())),
+                Err(e) => Err(bad(e.to_string())),
+            }
+        })
+    }
+
     async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>> {
         self.with(job, |j| {
             let mut out: BTreeMap<u64, StepInfo> = BTreeMap::new();

@@ -71,7 +71,7 @@ use strata_format::{ChunkId, CommitRecord};
 
 use crate::aligned::AlignedBuf;
 use crate::chunk_data::ChunkData;
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 use crate::l3::Frame;
 
 /// One chunk to store.
@@ -324,6 +324,22 @@ pub trait ChunkStore: Send + Sync + std::fmt::Debug {
     /// The steps the tier holds anything of, oldest first.
     async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>>;
 
+    /// The commit record of `step` in the slot of rank `first` (a record is
+    /// keyed by the first rank it names; each rank commits one of its own),
+    /// read without listing the tier where it can: one request on an object
+    /// store. `None` when the slot is empty; an unreadable record is
+    /// [`StoreError::Corrupt`]. A restore reads its own record this way when
+    /// another rank listed the tier for the job. This default lists.
+    async fn get_commit_record(
+        &self,
+        job: &str,
+        step: u64,
+        first: u32,
+    ) -> Result<Option<CommitRecord>> {
+        let steps = self.list_steps(job).await?;
+        record_in_listing(&steps, step, first)
+    }
+
     /// Deletes a step's commit records, then its manifests.
     async fn delete_step(&self, job: &str, step: u64) -> Result<()>;
 
@@ -462,6 +478,25 @@ pub fn check_manifest_replace(
             "step {step} rank {rank} is committed (its manifest is never replaced; save under a new step number)"
         ),
     })
+}
+
+/// The record in slot `first` of `step` as a listing shows it (see
+/// [`ChunkStore::get_commit_record`]).
+pub fn record_in_listing(
+    steps: &[StepInfo],
+    step: u64,
+    first: u32,
+) -> Result<Option<CommitRecord>> {
+    let Some(info) = steps.iter().find(|i| i.step == step) else {
+        return Ok(None);
+    };
+    if let Some(why) = info.unreadable.get(&first) {
+        return Err(StoreError::Corrupt {
+            what: format!("commit record of step {step} rank {first}"),
+            source: strata_format::FormatError::malformed("commit record", why.clone()),
+        });
+    }
+    Ok(info.records.get(&first).cloned())
 }
 
 /// Where a commit record goes and what it holds: the rank that names it (its

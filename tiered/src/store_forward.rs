@@ -72,6 +72,14 @@ macro_rules! forward_chunk_store {
             async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>> {
                 (**self).list_steps(job).await
             }
+            async fn get_commit_record(
+                &self,
+                job: &str,
+                step: u64,
+                first: u32,
+            ) -> Result<Option<CommitRecord>> {
+                (**self).get_commit_record(job, step, first).await
+            }
             async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
                 (**self).delete_step(job, step).await
             }

@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::coord::coordinator::Coordinator;
 use crate::coord::verdict;
 use crate::error::{Error, Result};
+use crate::restore::shared_l3::{L3View, LISTER};
 
 /// Tag of the current payload. An older build sends a bare list of
 /// little-endian `u64` steps (a multiple of 8 bytes); this one's length is
@@ -28,6 +29,12 @@ const TAG: u8 = 0xA1;
 /// Tag of a payload that carries only the newest steps
 /// ([`Holdings::compact`]): older steps the rank may hold are not in it.
 const TAG_COMPACT: u8 = 0xA2;
+/// [`TAG`] and [`TAG_COMPACT`] of a payload that also says how this rank
+/// saw L3: it left the listing to [`LISTER`], or it is the lister and
+/// carries its [`L3View`] (`shared_l3`). Without either, a payload keeps
+/// the older tags, so a build without shared listings reads it.
+const TAG_L3: u8 = 0xA3;
+const TAG_L3_COMPACT: u8 = 0xA4;
 /// Steps of each kind a compact payload carries (the newest): a round's
 /// size no longer grows with the job's history.
 pub(crate) const WINDOW: usize = 64;
@@ -54,6 +61,10 @@ pub(crate) struct Holdings {
     pub(crate) l1_empty: bool,
     /// Only the newest steps are listed ([`Holdings::compact`]).
     pub(crate) compact: bool,
+    /// This rank did not list L3: [`LISTER`]'s view stands for it.
+    pub(crate) l3_deferred: bool,
+    /// The lister's view of L3, for every rank that left L3 to it.
+    pub(crate) l3: Option<L3View>,
 }
 
 impl Holdings {
@@ -61,7 +72,11 @@ impl Holdings {
     /// [`WINDOW`] committed and partial steps, and `wanted` where held.
     /// Unchanged (and not marked compact) when nothing is left out.
     pub(crate) fn compact(&self, wanted: Option<u64>) -> Holdings {
-        if self.committed.len() <= WINDOW && self.partial.len() <= WINDOW {
+        let view_steps = self.l3.as_ref().map_or(BTreeSet::new(), L3View::steps);
+        if self.committed.len() <= WINDOW
+            && self.partial.len() <= WINDOW
+            && view_steps.len() <= WINDOW
+        {
             return self.clone();
         }
         let newest = |set: &BTreeSet<u64>| -> BTreeSet<u64> {
@@ -69,10 +84,12 @@ impl Holdings {
             kept.extend(wanted.filter(|w| set.contains(w)));
             kept
         };
+        let in_view = newest(&view_steps);
         Holdings {
             committed: newest(&self.committed),
             partial: newest(&self.partial),
             compact: true,
+            l3: self.l3.as_ref().map(|v| v.only(|s| in_view.contains(&s))),
             ..self.clone()
         }
     }
@@ -108,7 +125,13 @@ impl Holdings {
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = vec![if self.compact { TAG_COMPACT } else { TAG }];
+        let shares = self.l3_deferred || self.l3.is_some();
+        let mut out = vec![match (shares, self.compact) {
+            (false, false) => TAG,
+            (false, true) => TAG_COMPACT,
+            (true, false) => TAG_L3,
+            (true, true) => TAG_L3_COMPACT,
+        }];
         for set in [&self.committed, &self.partial] {
             out.extend_from_slice(&(set.len() as u32).to_le_bytes());
             for s in set {
@@ -121,6 +144,16 @@ impl Holdings {
         let note = &text.as_bytes()[..floor_char_boundary(text, MAX_NOTE)];
         out.extend_from_slice(&(note.len() as u16).to_le_bytes());
         out.extend_from_slice(note);
+        if shares {
+            out.push(u8::from(self.l3_deferred));
+            match &self.l3 {
+                Some(v) => {
+                    out.push(1);
+                    v.encode(&mut out);
+                }
+                None => out.push(0),
+            }
+        }
         while out.len() % 8 != 1 {
             out.push(0);
         }
@@ -143,20 +176,27 @@ impl Holdings {
             return None;
         }
         let mut r = Reader(b);
-        let compact = match r.take(1)? {
-            [TAG] => false,
-            [TAG_COMPACT] => true,
+        let (shares, compact) = match r.take(1)? {
+            [TAG] => (false, false),
+            [TAG_COMPACT] => (false, true),
+            [TAG_L3] => (true, false),
+            [TAG_L3_COMPACT] => (true, true),
             _ => return None,
         };
         let sets = [r.steps()?, r.steps()?];
         let foreign = r.foreign()?;
-        let l1_empty = match r.take(1)? {
-            [0] => false,
-            [1] => true,
-            _ => return None,
-        };
+        let l1_empty = flag(r.take(1)?)?;
         let n = u16::from_le_bytes(r.take(2)?.try_into().ok()?) as usize;
         let note = r.take(n)?;
+        let (mut l3_deferred, mut l3) = (false, None);
+        if shares {
+            l3_deferred = flag(r.take(1)?)?;
+            if flag(r.take(1)?)? {
+                let (view, rest) = L3View::decode(r.0)?;
+                l3 = Some(view);
+                r.0 = rest;
+            }
+        }
         if r.0.iter().any(|&p| p != 0) {
             return None;
         }
@@ -168,7 +208,18 @@ impl Holdings {
             unreadable: (!note.is_empty()).then(|| String::from_utf8_lossy(note).into_owned()),
             l1_empty,
             compact,
+            l3_deferred,
+            l3,
         })
+    }
+}
+
+/// A byte that must be 0 or 1.
+fn flag(v: &[u8]) -> Option<bool> {
+    match v {
+        [0] => Some(false),
+        [1] => Some(true),
+        _ => None,
     }
 }
 
@@ -245,27 +296,54 @@ pub(crate) struct Agreement {
     /// No step is common and some rank sent only its newest steps: the
     /// ranks must exchange everything they hold ([`agree`] does).
     pub(crate) widen: bool,
+    /// The lister's view of L3 (its steps among the decision's), for the
+    /// ranks that left L3 to it.
+    pub(crate) l3: Option<L3View>,
 }
 
 impl Agreement {
     /// Combines every rank's holdings (by rank).
     pub(crate) fn of(all: &[Holdings]) -> Result<Agreement> {
-        let blind = all
+        let mut blind: Vec<(u32, String, bool)> = all
             .iter()
             .enumerate()
             .filter_map(|(r, h)| h.unreadable.clone().map(|t| (r as u32, t, h.l1_empty)))
             .collect();
+        // L3 as the lister saw it stands for every rank that did not list
+        // it: the steps it names a rank committed are that rank's too.
+        let view = all.get(LISTER as usize).and_then(|h| h.l3.clone());
+        let deferred = all.iter().position(|h| h.l3_deferred);
+        if let Some(first) = deferred {
+            // Whether L3 may hide a rank's newest step: any rank's L1 empty.
+            let any_empty = all.iter().any(|h| h.l1_empty);
+            match &view {
+                Some(L3View::Listed(_)) => {}
+                Some(L3View::Unreadable(why)) => blind.push((LISTER, why.clone(), any_empty)),
+                None => blind.push((
+                    first as u32,
+                    format!("L3: rank {LISTER} sent no listing of it"),
+                    any_empty,
+                )),
+            }
+            blind.sort_by_key(|b| b.0);
+        }
+        let from_view = |rank: usize, h: &Holdings| match (&view, h.l3_deferred) {
+            (Some(v), true) => v.steps_of(rank as u32),
+            _ => BTreeSet::new(),
+        };
         let decided: BTreeSet<u64> = all
             .iter()
             .flat_map(|h| h.committed.iter().copied())
+            .chain(view.iter().flat_map(L3View::steps))
             .collect();
         let mut common: Option<BTreeSet<u64>> = None;
-        for h in all {
+        for (rank, h) in all.iter().enumerate() {
             let can: BTreeSet<u64> = h
                 .committed
                 .iter()
                 .copied()
                 .chain(h.partial.intersection(&decided).copied())
+                .chain(from_view(rank, h))
                 .collect();
             common = Some(match common {
                 None => can,
@@ -274,12 +352,19 @@ impl Agreement {
         }
         let foreign = all.iter().filter_map(|h| h.foreign).max();
         let common = common.unwrap_or_default();
+        // The decision carries the view's steps it names (the newest
+        // common and decided ones) and its newest: bounded like them.
+        let kept: BTreeSet<u64> = [&common, &decided]
+            .into_iter()
+            .flat_map(|set| set.iter().rev().take(WINDOW).copied())
+            .collect();
         Ok(Agreement {
             widen: common.is_empty() && all.iter().any(|h| h.compact),
             common,
             decided,
             foreign,
             blind,
+            l3: deferred.and(view).map(|v| v.only(|s| kept.contains(&s))),
         })
     }
 
@@ -311,6 +396,11 @@ impl Agreement {
             out.extend_from_slice(&(note.len() as u16).to_le_bytes());
             out.extend_from_slice(note);
         }
+        // Only when there is a view, so a build without shared listings
+        // reads every other decision.
+        if let Some(v) = &self.l3 {
+            v.encode(&mut out);
+        }
         out
     }
 
@@ -318,11 +408,6 @@ impl Agreement {
     /// the payload's length).
     pub(crate) fn decode(b: &[u8]) -> Option<Agreement> {
         let mut r = Reader(b);
-        let flag = |v: &[u8]| match v {
-            [0] => Some(false),
-            [1] => Some(true),
-            _ => None,
-        };
         let widen = flag(r.take(1)?)?;
         let sets = [r.steps()?, r.steps()?];
         let foreign = r.foreign()?;
@@ -338,9 +423,15 @@ impl Agreement {
             let note = String::from_utf8_lossy(r.take(len)?).into_owned();
             blind.push((rank, note, l1_empty));
         }
-        if !r.0.is_empty() {
-            return None;
-        }
+        let l3 = if r.0.is_empty() {
+            None
+        } else {
+            let (view, rest) = L3View::decode(r.0)?;
+            if !rest.is_empty() {
+                return None;
+            }
+            Some(view)
+        };
         let [common, decided] = sets;
         Some(Agreement {
             common,
@@ -348,6 +439,7 @@ impl Agreement {
             foreign,
             blind,
             widen,
+            l3,
         })
     }
 
@@ -465,6 +557,8 @@ mod tests {
             unreadable: Some("L3: connection refused".into()),
             l1_empty: true,
             compact: false,
+            l3_deferred: false,
+            l3: None,
         };
         let b = h.encode();
         assert_eq!(b.len() % 8, 1);
@@ -626,6 +720,7 @@ mod tests {
             foreign: Some((7, 2)),
             blind: Vec::new(),
             widen: false,
+            l3: None,
         };
         let e = ag.check_world(&cfg, None).unwrap_err();
         assert!(e.to_string().contains("world of 2"), "{e}");

@@ -9,6 +9,7 @@ pub(crate) mod fetch;
 pub(crate) mod l3;
 pub(crate) mod place;
 pub(crate) mod priority;
+pub(crate) mod shared_l3;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -19,6 +20,7 @@ use crate::gpu::DeviceBytes;
 use crate::restore::agreement::Holdings;
 use crate::restore::fetch::fetch_into;
 use crate::restore::place::{Loaded, Source};
+use crate::restore::shared_l3::{L3View, LISTER};
 use crate::state::RestoredState;
 use crate::stats::RestoreStats;
 use crate::tiers::copy::commit_copy;
@@ -298,7 +300,7 @@ impl Checkpointer {
         // own record: wait for it first (its handle reports its outcome).
         self.wait_inflight();
         let Listed {
-            ref catalog,
+            ref mut catalog,
             ref holdings,
         } = self.list_tiers()?;
         // What this rank committed anywhere: a later save of one of these
@@ -318,6 +320,11 @@ impl Checkpointer {
         )?;
         agreement.check_blind(wanted)?;
         agreement.check_world(cfg, wanted)?;
+        // What L3 holds of this rank as the lister saw it, when this rank
+        // left L3 to it (`shared_l3`).
+        let view = agreement.l3.as_ref().filter(|_| holdings.l3_deferred);
+        let l3_mine = view.map_or_else(Default::default, |v| v.steps_of(cfg.rank));
+        s.committed.fill(l3_mine.clone());
         let mut common = agreement.common;
         // The newest common step (or the one asked for); if its manifest
         // turns out unusable on some rank, every rank drops it together and
@@ -342,16 +349,17 @@ impl Checkpointer {
                     }))
                 }
             };
-            let here = if holdings.committed.contains(&step) {
-                self.load_step(catalog, step)
+            let here = if holdings.committed.contains(&step) || l3_mine.contains(&step) {
+                self.load_step(catalog, step, l3_mine.contains(&step))
             } else {
                 // Decided (another rank committed it) and held here without
                 // a record: roll it forward, then read it from L1. L3 gets
                 // this shard too if it holds the step of other ranks.
-                let upload = s.tiers.remote().is_some_and(|l3| {
-                    catalog
+                let upload = s.tiers.remote().is_some_and(|l3| match view {
+                    Some(v) => v.steps().contains(&step),
+                    None => catalog
                         .info(l3, step)
-                        .is_some_and(|st| !st.records.is_empty())
+                        .is_some_and(|st| !st.records.is_empty()),
                 });
                 crate::roll_forward::roll_forward(s, step, upload).map(|shard| Loaded {
                     shard,
@@ -394,16 +402,42 @@ impl Checkpointer {
     /// a newer step ([`crate::restore::agreement::Agreement::check_blind`]: this
     /// rank's L1 holds no committed step, or another rank holds a newer
     /// one), unless `skip_unreadable_tiers` is set.
+    ///
+    /// In a job of several ranks, only rank [`LISTER`] lists L3; it sends
+    /// what it saw ([`L3View`]) in its holdings, and the others leave L3
+    /// out of theirs (`shared_l3`).
     fn list_tiers(&self) -> Result<Listed> {
         let s = &self.shared;
         let cfg = &s.cfg;
-        let catalog = s.catalog();
-        let mut holdings = Holdings::default();
+        let shared = cfg.world_size > 1 && s.tiers.remote().is_some();
+        let defer = shared && cfg.rank != LISTER;
+        let catalog = if defer {
+            s.rt.block_on(Catalog::list_some(
+                &cfg.job,
+                s.tiers.tiers().to_vec(),
+                |t| t.kind != TierKind::L3,
+            ))
+        } else {
+            s.catalog()
+        };
+        let mut holdings = Holdings {
+            l3_deferred: defer,
+            ..Holdings::default()
+        };
         let mut unreadable = Vec::new();
         for l in catalog.listings() {
             let local = l.tier.kind == TierKind::L1;
+            let l3 = l.tier.kind == TierKind::L3;
+            if l3 && defer {
+                continue;
+            }
             match &l.steps {
-                Ok(steps) => holdings.add_listing(cfg, steps, local),
+                Ok(steps) => {
+                    holdings.add_listing(cfg, steps, local);
+                    if l3 && shared {
+                        holdings.l3 = Some(L3View::of(cfg, steps));
+                    }
+                }
                 Err(e) if local => return Err(e.clone().into()),
                 Err(e) => {
                     tracing::warn!(tier = %l.tier.name, error = %e, "cannot list a tier");
@@ -411,7 +445,17 @@ impl Checkpointer {
                         TierKind::L2 => format!("L2 {}", l.tier.node()),
                         _ => l.tier.name.clone(),
                     };
-                    unreadable.push(format!("{name}: {e}"));
+                    let why = format!("{name}: {e}");
+                    if l3 && shared && !cfg.skip_unreadable_tiers {
+                        // Every rank is as blind to it: the agreement says
+                        // so for all of them (`Agreement::of`).
+                        holdings.l3 = Some(L3View::Unreadable(why));
+                    } else {
+                        if l3 && shared {
+                            holdings.l3 = Some(L3View::Listed(Default::default()));
+                        }
+                        unreadable.push(why);
+                    }
                 }
             }
         }
@@ -433,10 +477,72 @@ impl Checkpointer {
     /// This rank's manifest of `step`, checked against its record, from
     /// the fastest tier that holds a usable copy (one where this rank's
     /// shard of the step is restorable).
-    fn load_step(&self, catalog: &Catalog, step: u64) -> Result<Loaded> {
+    ///
+    /// `in_l3`: the lister saw this rank's record of the step in L3, which
+    /// this rank did not list: its record is read there directly (one
+    /// request) when no faster tier holds a usable copy.
+    fn load_step(&self, catalog: &mut Catalog, step: u64, in_l3: bool) -> Result<Loaded> {
         let s = &self.shared;
-        let found = s.rt.block_on(catalog.shard(step, s.cfg.rank, |_, steps| {
-            restorable(&s.cfg, steps).contains(&step)
+        let (rank, l3) = (s.cfg.rank, s.tiers.remote().filter(|_| in_l3));
+        let faster = catalog
+            .listings()
+            .iter()
+            .filter_map(|l| l.steps.as_ref().ok())
+            .any(|steps| restorable(&s.cfg, steps).contains(&step));
+        let found = match l3 {
+            None => self.find_shard(catalog, step, |_| true),
+            Some(l3) if faster => match self.find_shard(catalog, step, |_| true) {
+                Ok(found) => Ok(found),
+                Err(e) => {
+                    tracing::warn!(step, error = %e, "no usable manifest in a faster tier; reading it from L3");
+                    self.fill_l3(catalog, l3, step)?;
+                    self.find_shard(catalog, step, |t| t.kind == TierKind::L3)
+                }
+            },
+            Some(l3) => {
+                self.fill_l3(catalog, l3, step)?;
+                self.find_shard(catalog, step, |_| true)
+            }
+        };
+        let found = found.map_err(|e| match e {
+            Error::NothingToRestore(Some(why)) if in_l3 => Error::NothingToRestore(Some(format!(
+                "{why}; rank {LISTER} listed rank {rank}'s record of it in L3"
+            ))),
+            e => e,
+        })?;
+        Ok(found)
+    }
+
+    /// L3's listing in `catalog` for `step`, from this rank's own commit
+    /// record read directly; the whole listing when the record is keyed by
+    /// another rank (a record naming several shards).
+    fn fill_l3(&self, catalog: &mut Catalog, l3: &crate::tiers::Tier, step: u64) -> Result<()> {
+        let s = &self.shared;
+        let (job, rank) = (&s.cfg.job, s.cfg.rank);
+        let steps = match s.rt.block_on(l3.store.get_commit_record(job, step, rank))? {
+            Some(record) => vec![strata_tiered::StepInfo {
+                step,
+                records: [(rank, record)].into(),
+                manifests: [rank].into(),
+                ..Default::default()
+            }],
+            None => s.rt.block_on(l3.store.list_steps(job))?,
+        };
+        catalog.set_listing(&l3.name, steps);
+        Ok(())
+    }
+
+    /// [`Catalog::shard`] over the tiers `tier` picks, where this rank's
+    /// shard of `step` is restorable, as a [`Loaded`].
+    fn find_shard(
+        &self,
+        catalog: &Catalog,
+        step: u64,
+        tier: impl Fn(&crate::tiers::Tier) -> bool,
+    ) -> Result<Loaded> {
+        let s = &self.shared;
+        let found = s.rt.block_on(catalog.shard(step, s.cfg.rank, |t, steps| {
+            tier(t) && restorable(&s.cfg, steps).contains(&step)
         }))?;
         for (tier, e) in &found.errors {
             tracing::warn!(step, tier = %tier, error = %e, "manifest unusable; tried the next tier");

@@ -78,6 +78,40 @@ impl Catalog {
         }
     }
 
+    /// [`Catalog::list`] of the tiers `list` picks; the others are kept
+    /// with an empty listing, to be filled by [`Catalog::set_listing`]
+    /// (a restore leaves L3 to one rank, `restore::shared_l3`).
+    pub(crate) async fn list_some(
+        job: &str,
+        tiers: Vec<Tier>,
+        list: impl Fn(&Tier) -> bool,
+    ) -> Self {
+        let listed = futures::future::join_all(tiers.iter().map(|t| async {
+            if list(t) {
+                t.store.list_steps(job).await
+            } else {
+                Ok(Vec::new())
+            }
+        }))
+        .await;
+        Catalog {
+            job: job.to_string(),
+            tiers: tiers
+                .into_iter()
+                .zip(listed)
+                .map(|(tier, steps)| Listing { tier, steps })
+                .collect(),
+        }
+    }
+
+    /// Replaces the listing of the tier named `name` (what a restore learnt
+    /// of it without listing it).
+    pub(crate) fn set_listing(&mut self, name: &str, steps: Vec<StepInfo>) {
+        if let Some(l) = self.tiers.iter_mut().find(|l| l.tier.name == name) {
+            l.steps = Ok(steps);
+        }
+    }
+
     /// The job.
     pub fn job(&self) -> &str {
         &self.job

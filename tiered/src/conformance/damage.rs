@@ -291,6 +291,13 @@ pub async fn damaged_record_is_reported(s: &dyn ChunkStore, d: Option<&dyn Damag
                 && !st.is_complete(),
             || format!("with a {what} record in slot 1: {st:?}"),
         )?;
+        let direct = s.get_commit_record(JOB, 50, 1).await;
+        ensure(
+            direct
+                .as_ref()
+                .is_err_and(|e| e.kind() == StoreErrorKind::Corrupt),
+            || format!("a {what} record read directly gave {direct:?}"),
+        )?;
         let other = steps
             .iter()
             .find(|st| st.step == 51)

@@ -776,6 +776,15 @@ impl ChunkStore for L3Store {
         self.steps(job).await
     }
 
+    async fn get_commit_record(
+        &self,
+        job: &str,
+        step: u64,
+        first: u32,
+    ) -> Result<Option<CommitRecord>> {
+        self.slot_record(job, step, first).await
+    }
+
     async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
         self.remove_step(job, step).await
     }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use strata_format::manifest::MAX_MANIFEST_LEN;
 use strata_format::names::validate_job_id;
@@ -15,6 +15,16 @@ use strata_format::CommitRecord;
 use super::{os_err, L3Store, MAX_RECORD_LEN};
 use crate::error::{Result, StoreError};
 use crate::store::{check_manifest_replace, commit_conflict, commit_slot, StepInfo};
+
+/// What one commit record slot of a step holds.
+enum Slot {
+    /// A readable record of this job and step.
+    Record(CommitRecord),
+    /// Nothing.
+    Empty,
+    /// Something that is not a usable record, with why.
+    Unreadable(String),
+}
 
 impl L3Store {
     pub(super) async fn put_shard_manifest(
@@ -124,49 +134,85 @@ impl L3Store {
                 step,
                 ..StepInfo::default()
             };
+            let mut slots = Vec::new();
             for name in self.step_objects(job, step).await? {
                 if let Some(rank) = name.strip_prefix("m-").and_then(|r| r.parse::<u32>().ok()) {
                     info.manifests.insert(rank);
                 } else if let Some(first) =
                     name.strip_prefix("c-").and_then(|r| r.parse::<u32>().ok())
                 {
-                    let key = self.step_key(job, step).join(name.as_str());
-                    let what = format!("commit record of step {step} rank {first}");
-                    let bytes = match self.get_bounded(&key, MAX_RECORD_LEN, &what).await {
-                        Ok(b) => b,
-                        // Deleted between the listing and the read.
-                        Err(StoreError::NotFound { .. }) => continue,
-                        // Too large to be a record: damage, reported.
-                        Err(e @ StoreError::Corrupt { .. }) => {
-                            info.unreadable.insert(first, e.to_string());
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    // One bad record (damage, a newer format during a
-                    // rolling upgrade) hides only its own shard.
-                    match CommitRecord::decode(&bytes) {
-                        Ok(r) if r.step == step && r.job == job => {
-                            info.records.insert(first, r);
-                        }
-                        Ok(_) => {
-                            info.unreadable
-                                .insert(first, "names another step or job".into());
-                        }
-                        Err(e) => {
-                            tracing::warn!(step, rank = first, error = %e, "unreadable commit record on L3; this rank treated as uncommitted there");
-                            info.unreadable.insert(first, format!("{what}: {e}"));
-                        }
-                    }
+                    slots.push(first);
                 } else if let Some(rank) =
                     name.strip_prefix("r-").and_then(|r| r.parse::<u32>().ok())
                 {
                     info.retiring.insert(rank);
                 }
             }
+            // A step of a large world has a record per rank: read them
+            // concurrently (one after another, 16,384 reads at 10 ms each
+            // would take minutes).
+            let reads: Vec<(u32, Result<Slot>)> = futures::stream::iter(slots)
+                .map(|first| async move { (first, self.read_slot(job, step, first).await) })
+                .buffer_unordered(self.opts.concurrency.max(1))
+                .collect()
+                .await;
+            for (first, read) in reads {
+                match read? {
+                    Slot::Record(r) => {
+                        info.records.insert(first, r);
+                    }
+                    Slot::Empty => {}
+                    Slot::Unreadable(why) => {
+                        info.unreadable.insert(first, why);
+                    }
+                }
+            }
             steps.insert(step, info);
         }
         Ok(steps.into_values().collect())
+    }
+
+    /// `ChunkStore::get_commit_record`: [`L3Store::read_slot`], an
+    /// unreadable record as an error.
+    pub(super) async fn slot_record(
+        &self,
+        job: &str,
+        step: u64,
+        first: u32,
+    ) -> Result<Option<CommitRecord>> {
+        match self.read_slot(job, step, first).await? {
+            Slot::Record(r) => Ok(Some(r)),
+            Slot::Empty => Ok(None),
+            Slot::Unreadable(why) => Err(StoreError::Corrupt {
+                what: format!("commit record of step {step} rank {first} in {}", self.url),
+                source: strata_format::FormatError::malformed("commit record", why),
+            }),
+        }
+    }
+
+    /// The commit record in slot `first` of `step`: one read, no listing.
+    /// One bad record (damage, a newer format during a rolling upgrade)
+    /// hides only its own shard: it is reported, not an error.
+    async fn read_slot(&self, job: &str, step: u64, first: u32) -> Result<Slot> {
+        validate_job_id(job)?;
+        let key = self.step_key(job, step).join(format!("c-{first}"));
+        let what = format!("commit record of step {step} rank {first}");
+        let bytes = match self.get_bounded(&key, MAX_RECORD_LEN, &what).await {
+            Ok(b) => b,
+            // Absent, or deleted between a listing and the read.
+            Err(StoreError::NotFound { .. }) => return Ok(Slot::Empty),
+            // Too large to be a record: damage, reported.
+            Err(e @ StoreError::Corrupt { .. }) => return Ok(Slot::Unreadable(e.to_string())),
+            Err(e) => return Err(e),
+        };
+        Ok(match CommitRecord::decode(&bytes) {
+            Ok(r) if r.step == step && r.job == job => Slot::Record(r),
+            Ok(_) => Slot::Unreadable("names another step or job".into()),
+            Err(e) => {
+                tracing::warn!(step, rank = first, error = %e, "unreadable commit record on L3; this rank treated as uncommitted there");
+                Slot::Unreadable(format!("{what}: {e}"))
+            }
+        })
     }
 
     pub(super) async fn remove_step(&self, job: &str, step: u64) -> Result<()> {

@@ -130,6 +130,15 @@ impl<S: ChunkStore> ChunkStore for LimitStore<S> {
         let _p = self.permit().await?;
         self.inner.list_steps(job).await
     }
+    async fn get_commit_record(
+        &self,
+        job: &str,
+        step: u64,
+        first: u32,
+    ) -> Result<Option<CommitRecord>> {
+        let _p = self.permit().await?;
+        self.inner.get_commit_record(job, step, first).await
+    }
     async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
         let _p = self.permit().await?;
         self.inner.delete_step(job, step).await

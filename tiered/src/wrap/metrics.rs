@@ -221,6 +221,16 @@ impl<S: ChunkStore> ChunkStore for MetricsStore<S> {
         let r = self.inner.list_steps(job).await;
         self.done(OpFamily::List, t0, r)
     }
+    async fn get_commit_record(
+        &self,
+        job: &str,
+        step: u64,
+        first: u32,
+    ) -> Result<Option<CommitRecord>> {
+        let t0 = Instant::now();
+        let r = self.inner.get_commit_record(job, step, first).await;
+        self.done(OpFamily::Manifest, t0, r)
+    }
     async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
         let t0 = Instant::now();
         let r = self.inner.delete_step(job, step).await;

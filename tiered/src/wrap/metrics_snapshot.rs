@@ -17,7 +17,7 @@ pub enum OpFamily {
     Has,
     /// `list_chunks`, `list_chunk_info`, `list_steps`.
     List,
-    /// `put_manifest`, `get_manifest`.
+    /// `put_manifest`, `get_manifest`, `get_commit_record`.
     Manifest,
     /// `commit`.
     Commit,

@@ -188,6 +188,15 @@ impl<S: ChunkStore> ChunkStore for FaultStore<S> {
     async fn list_steps(&self, job: &str) -> Result<Vec<StepInfo>> {
         self.call(Class::List, self.inner.list_steps(job)).await
     }
+    async fn get_commit_record(
+        &self,
+        job: &str,
+        step: u64,
+        first: u32,
+    ) -> Result<Option<CommitRecord>> {
+        self.call(Class::Read, self.inner.get_commit_record(job, step, first))
+            .await
+    }
     async fn delete_step(&self, job: &str, step: u64) -> Result<()> {
         self.call(Class::Write, self.inner.delete_step(job, step))
             .await

@@ -1,0 +1,167 @@
+//! L3 is listed once per restore for the whole job, not once per rank:
+//! rank 0 lists it and the agreement carries what it saw to the others.
+//! A rank whose disk was lost still restores its shard from L3 (reading
+//! its own commit record directly), and when the lister cannot list L3
+//! every rank fails alike.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use strata::format::DType;
+use strata::tiered::wrap::OpFamily;
+use strata::tiered::{ChunkStore, FaultPlan, FaultStore, MemoryStore, MetricsStore};
+use strata::{Checkpointer, Config, Entry, Error, InProcessCoordinator, StepSelector};
+
+const WORLD: u32 = 4;
+const KIB: usize = 1 << 10;
+
+fn cfg(dir: &Path, rank: u32) -> Config {
+    Config::builder()
+        .job("shared-l3")
+        .rank(rank, WORLD)
+        .l1_dir(dir)
+        .chunk_size(64 * KIB as u32)
+        .io_engine("psync")
+        .upload_every(1)
+}
+
+fn state(rank: u32, step: u64) -> Vec<u8> {
+    (0..192 * KIB)
+        .map(|i| (i as u8) ^ (rank as u8).wrapping_mul(17) ^ (step as u8).wrapping_mul(29))
+        .collect()
+}
+
+/// Runs `f(rank, checkpointer)` on every rank at once, each on its own
+/// disk, all sharing `l3`; returns the results by rank.
+fn on_every_rank<T: Send>(
+    dirs: &[tempfile::TempDir],
+    l3: &Arc<dyn ChunkStore>,
+    f: impl Fn(u32, &Checkpointer) -> T + Sync,
+) -> Vec<T> {
+    let coord = InProcessCoordinator::new(WORLD);
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..WORLD)
+            .map(|rank| {
+                let (coord, l3, f) = (coord.clone(), l3.clone(), &f);
+                let dir = dirs[rank as usize].path();
+                sc.spawn(move || {
+                    let ck = Checkpointer::builder(cfg(dir, rank))
+                        .coordinator(Arc::new(coord))
+                        .remote(Some(l3))
+                        .build()
+                        .unwrap();
+                    f(rank, &ck)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Saves steps 1 and 2 on every rank and uploads both to `l3`.
+fn save_two_steps(dirs: &[tempfile::TempDir], l3: &Arc<dyn ChunkStore>) {
+    on_every_rank(dirs, l3, |rank, ck| {
+        for step in 1..=2u64 {
+            let d = state(rank, step);
+            let shape = [d.len() as u64];
+            ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &d)])
+                .unwrap()
+                .wait()
+                .unwrap();
+        }
+        ck.wait_uploads();
+    });
+}
+
+fn dirs() -> Vec<tempfile::TempDir> {
+    (0..WORLD).map(|_| tempfile::tempdir().unwrap()).collect()
+}
+
+#[test]
+fn l3_is_listed_once_per_restore_and_a_replaced_node_reads_its_own_record() {
+    let store = Arc::new(MetricsStore::new(MemoryStore::new()));
+    let l3: Arc<dyn ChunkStore> = store.clone();
+    let dirs = dirs();
+    save_two_steps(&dirs, &l3);
+    let lists = || store.snapshot().family(OpFamily::List).ops;
+
+    // Every disk holds both steps: one listing of L3 for the four ranks
+    // (each rank listed it before).
+    let before = lists();
+    let got = on_every_rank(&dirs, &l3, |_, ck| {
+        ck.restore(StepSelector::Latest).unwrap()
+    });
+    assert_eq!(
+        lists() - before,
+        1,
+        "L3 listings for one restore of 4 ranks"
+    );
+    for (rank, st) in got.iter().enumerate() {
+        assert_eq!(st.step, 2);
+        assert_eq!(st.get("w").unwrap().bytes, state(rank as u32, 2));
+        assert_eq!(st.stats.bytes_from_l3, 0, "rank {rank} read its own disk");
+    }
+
+    // Rank 2's node was replaced: its disk is empty. It did not list L3,
+    // yet the lister's view says L3 holds its shard of step 2: it reads
+    // its record there directly and restores step 2 with the others.
+    std::fs::remove_dir_all(dirs[2].path()).unwrap();
+    let (before, records) = (lists(), store.snapshot().family(OpFamily::Manifest).ops);
+    let got = on_every_rank(&dirs, &l3, |_, ck| {
+        ck.restore(StepSelector::Latest).unwrap()
+    });
+    assert_eq!(lists() - before, 1, "L3 listings with a replaced node");
+    for (rank, st) in got.iter().enumerate() {
+        assert_eq!(st.step, 2, "rank {rank}");
+        assert_eq!(st.get("w").unwrap().bytes, state(rank as u32, 2));
+    }
+    assert!(got[2].stats.bytes_from_l3 > 0, "rank 2 read L3");
+    // Its record and its manifest, nothing per other rank.
+    let reads = store.snapshot().family(OpFamily::Manifest).ops - records;
+    assert_eq!(reads, 2, "rank 2's record and manifest read from L3");
+    // An explicit older step, also only on L3 for rank 2.
+    std::fs::remove_dir_all(dirs[2].path()).unwrap();
+    let before = lists();
+    let got = on_every_rank(&dirs, &l3, |_, ck| {
+        ck.restore(StepSelector::Step(1)).unwrap()
+    });
+    assert_eq!(lists() - before, 1);
+    assert_eq!(got[2].get("w").unwrap().bytes, state(2, 1));
+}
+
+#[test]
+fn a_lister_blind_to_l3_fails_every_rank_alike_where_l3_may_hold_a_shard() {
+    let mem = Arc::new(MemoryStore::new());
+    let dirs = dirs();
+    save_two_steps(&dirs, &(mem.clone() as Arc<dyn ChunkStore>));
+    let down: Arc<dyn ChunkStore> = Arc::new(FaultStore::new(
+        mem.clone(),
+        FaultPlan {
+            outage_after: Some(0),
+            ..FaultPlan::default()
+        },
+    ));
+    // Every disk holds the newest step: nothing is hidden, the restore
+    // goes on from L1 though nobody could list L3.
+    let got = on_every_rank(&dirs, &down, |_, ck| ck.restore(StepSelector::Latest));
+    for (rank, r) in got.iter().enumerate() {
+        let st = r.as_ref().unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(st.step, 2);
+    }
+    // Rank 3's disk is lost: its shards may be only on L3, which rank 0
+    // could not list. Every rank fails, naming the lister's view.
+    std::fs::remove_dir_all(dirs[3].path()).unwrap();
+    let got = on_every_rank(&dirs, &down, |_, ck| ck.restore(StepSelector::Latest));
+    for (rank, r) in got.iter().enumerate() {
+        let e = r
+            .as_ref()
+            .err()
+            .unwrap_or_else(|| panic!("rank {rank} restored"));
+        assert!(
+            matches!(e, Error::TierUnavailable { .. }),
+            "rank {rank}: {e}"
+        );
+        assert!(e.to_string().contains("seen by rank 0"), "rank {rank}: {e}");
+    }
+}
