@@ -122,11 +122,22 @@ pub async fn collect(
     if dry_run {
         return Ok((p, report));
     }
-    for &(step, rank) in p.retire.iter().chain(&p.partial) {
-        store
-            .delete_shard(job, step, rank)
-            .await
-            .map_err(GcError::store(format!("retiring step {step} rank {rank}")))?;
+    // Concurrently (the store's own concurrency): one collector of a large
+    // job retires thousands of shards per step. Each retirement is ordered
+    // in itself (marker, record, manifest); the first failure stops it.
+    {
+        use futures::StreamExt;
+        let mut retiring = futures::stream::iter(p.retire.iter().chain(&p.partial))
+            .map(|&(step, rank)| async move {
+                store
+                    .delete_shard(job, step, rank)
+                    .await
+                    .map_err(GcError::store(format!("retiring step {step} rank {rank}")))
+            })
+            .buffer_unordered(store.concurrency().max(1));
+        while let Some(done) = retiring.next().await {
+            done?;
+        }
     }
     report.chunks_deleted = 0;
     report.bytes_freed = 0;

@@ -76,33 +76,43 @@ pub async fn take_inventory(
     })
 }
 
-/// The references of every manifest of `steps`.
+/// The references of every manifest of `steps`, read concurrently (the
+/// store's own concurrency): one collector reads every rank's manifests,
+/// thousands of them in a large job.
 pub(crate) async fn read_manifests(
     store: &dyn ChunkStore,
     job: &str,
     steps: &[StepInfo],
 ) -> Result<BTreeMap<(u64, u32), ManifestRefs>> {
+    use futures::StreamExt;
+    let keys: Vec<(u64, u32)> = steps
+        .iter()
+        .flat_map(|st| st.manifests.iter().map(move |&rank| (st.step, rank)))
+        .collect();
+    let mut reads = futures::stream::iter(keys)
+        .map(
+            |(step, rank)| async move { ((step, rank), store.get_manifest(job, step, rank).await) },
+        )
+        .buffered(store.concurrency().max(1));
     let mut out = BTreeMap::new();
-    for st in steps {
-        for &rank in &st.manifests {
-            match store.get_manifest(job, st.step, rank).await {
-                Ok(bytes) => {
-                    let refs = match ShardManifest::decode(&bytes) {
-                        Ok(m) => ManifestRefs::Chunks(m.chunks.iter().map(|c| c.id).collect()),
-                        Err(e) => ManifestRefs::Unreadable(e.to_string()),
-                    };
-                    out.insert((st.step, rank), refs);
-                }
-                Err(e) if e.kind() == StoreErrorKind::NotFound => {}
-                Err(e) if e.kind() == StoreErrorKind::Corrupt => {
-                    out.insert((st.step, rank), ManifestRefs::Unreadable(e.to_string()));
-                }
-                Err(e) => {
-                    return Err(GcError::Store {
-                        what: format!("reading the manifest of step {} rank {rank}", st.step),
-                        source: e,
-                    })
-                }
+    while let Some(((step, rank), read)) = reads.next().await {
+        match read {
+            Ok(bytes) => {
+                let refs = match ShardManifest::decode(&bytes) {
+                    Ok(m) => ManifestRefs::Chunks(m.chunks.iter().map(|c| c.id).collect()),
+                    Err(e) => ManifestRefs::Unreadable(e.to_string()),
+                };
+                out.insert((step, rank), refs);
+            }
+            Err(e) if e.kind() == StoreErrorKind::NotFound => {}
+            Err(e) if e.kind() == StoreErrorKind::Corrupt => {
+                out.insert((step, rank), ManifestRefs::Unreadable(e.to_string()));
+            }
+            Err(e) => {
+                return Err(GcError::Store {
+                    what: format!("reading the manifest of step {step} rank {rank}"),
+                    source: e,
+                })
             }
         }
     }

@@ -284,9 +284,9 @@ pub fn run(plan: &Plan, mut coord: Coord<'_>) -> Result<Report, String> {
                     .keep_last(3)
                     .coordination_timeout_secs(plan.timeout_secs)
                     .upload_every(u64::from(plan.upload));
-                // L3 is never collected here: its collection lists L3 on
-                // every rank after every upload (a cost of its own, not the
-                // protocol's; see docs/scale.md).
+                // L3 is never collected here: rank 0 collects it for the
+                // job after its uploads (one listing each), a cost of the
+                // uploader's, not of the protocol's rounds.
                 cfg.l3_keep_last = 0;
                 std::thread::Builder::new()
                     .name(format!("rank-{r}"))

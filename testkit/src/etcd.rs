@@ -124,7 +124,7 @@ impl Etcd {
 
     fn wait_serving(&self, tls: bool) {
         let (e, client, metrics) = (self, self.client, self.metrics);
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
             assert!(Instant::now() < deadline, "etcd did not start");
             std::thread::sleep(Duration::from_millis(50));

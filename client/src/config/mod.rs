@@ -207,9 +207,10 @@ pub struct Config {
     /// being pushed); each is held on L1 meanwhile (0: no bound). Past it,
     /// `upload_backlog` applies (a dropped push leaves the step degraded).
     pub max_pending_pushes: usize,
-    /// L3 retention, run by each rank's uploader after an upload (its own
-    /// shards; chunks no manifest references): the newest this many steps
-    /// this rank committed on L3 are kept (0: L3 is never collected).
+    /// L3 retention, run by rank 0's uploader after an upload for the
+    /// whole job (every rank's shards; chunks no manifest references): the
+    /// newest this many steps complete on L3 are kept (0: L3 is never
+    /// collected).
     pub l3_keep_last: usize,
     /// Also keep every L3 step divisible by this (0: none).
     pub l3_keep_every: u64,

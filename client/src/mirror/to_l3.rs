@@ -147,29 +147,40 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
     }
 }
 
-/// L3 retention after an upload: this rank's shards of the steps the
-/// policy no longer keeps, then the chunks no manifest references and L3
-/// has not written for `l3_gc_grace_secs` (`strata_gc::collect`). Steps
-/// still queued or uploading are held. A failure is logged, not fatal.
+/// L3 retention after an upload, by rank 0 alone for the whole job: every
+/// rank's shards of the steps the policy no longer keeps, then the chunks
+/// no manifest references and L3 has not written for `l3_gc_grace_secs`
+/// (`strata_gc::collect`). Steps still queued or uploading here are held.
+/// A failure is logged, not fatal.
+///
+/// One collector, not one per rank: each collection lists L3 (every
+/// rank's commit record of every step), so a collector per rank cost
+/// O(world²) requests per upload. Another rank's uploads need no hold
+/// here: the policy retires only complete steps it no longer keeps and
+/// incomplete ones older than the oldest complete step it keeps, and each
+/// rank uploads in step order, so a rank whose record of a kept step is
+/// on L3 has finished (or dropped) every older upload. An upload asked
+/// for (`upload(step)`) on some ranks only is an incomplete step: held
+/// where rank 0 asked for it too.
 fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
     let cfg = &s.cfg;
     // `l3_keep_last = 0`: L3 is never collected.
     let Some(policy) = cfg.retention_for(crate::tiers::TierKind::L3) else {
         return;
     };
+    if cfg.rank != 0 {
+        return;
+    }
     let mut hold: std::collections::BTreeSet<u64> = s.uploads.pinned().into_iter().collect();
     // Steps uploaded on request (`upload(step)`) stay for this process.
     if let Ok(asked) = s.uploads.requested.lock() {
         hold.extend(asked.iter().copied());
     }
     let opts = strata_gc::Options {
-        scope: Some(strata_gc::Scope::Rank(cfg.rank)),
+        scope: Some(strata_gc::Scope::All),
         // Each rank copies its own record to L3: a step counts once every
         // rank's is there.
         evidence: strata_gc::Evidence::EveryRank,
-        // Every rank retires its own shards; rank 0 alone lists and sweeps
-        // the chunks (not every rank listing the whole bucket).
-        skip_chunks: cfg.rank != 0,
         hold,
         lazy: true,
         ..Default::default()
