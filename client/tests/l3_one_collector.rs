@@ -75,12 +75,8 @@ fn only_rank_zero_lists_l3_to_collect_it_and_it_retires_every_ranks_shards() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    for r in 1..WORLD as usize {
-        assert_eq!(
-            lists(r) - after_first[r],
-            0,
-            "rank {r} listed L3 to collect it"
-        );
+    for (r, first) in after_first.iter().enumerate().skip(1) {
+        assert_eq!(lists(r) - first, 0, "rank {r} listed L3 to collect it");
     }
     assert!(lists(0) > after_first[0], "rank 0 collects");
     // Steps 1..3 are gone for every rank (rank 0 retired the others'
