@@ -126,7 +126,14 @@ class Checkpointer:
                 # a ConflictError here, and fails the holder's next round.
                 start = resolved.get("incarnation") or "0"
                 job = str(resolved["job"])
-                gather = open_rounds(store, rank, size, f"strata/{job}/{start}", job)
+                # The node's ranks meet on the node first where the launcher
+                # says where this rank sits (torchrun, Slurm), as with etcd.
+                local = None
+                lr, lw = resolved.get("local_rank"), resolved.get("local_world_size")
+                if resolved.get("etcd_node_rounds", True) and lr is not None and lw is not None:
+                    local = (int(lr), int(lw))
+                gather = open_rounds(store, rank, size, f"strata/{job}/{start}", job, local)
+        self._rounds = gather
         # Also picks up the `strata` logger's level before anything logs.
         _strata.drain_logs()
         try:
@@ -607,6 +614,9 @@ class Checkpointer:
         self._closed = True
         self._settle_loading("log")
         self._native.close()
+        drain = getattr(getattr(self, "_rounds", None), "drain", None)
+        if drain is not None:
+            drain()
 
     def __enter__(self) -> "Checkpointer":
         return self

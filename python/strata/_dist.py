@@ -25,6 +25,11 @@ another process). A rank that times out is therefore never counted: its
 abort either wins, and nobody completes the attempt, or loses to ``done``,
 and it completes it too. Each round costs O(world) store operations.
 
+Where the launcher says where a rank sits on its node, a node's ranks
+meet on a store of the node's own first, and one of them takes part in
+the job's store for all of them (``NodeRounds``): a round costs the job's
+store O(nodes) requests, not O(world).
+
 Every thread gets a store client of its own (``Store.clone()``): a
 TCPStore client serves one request at a time, and a round's ``wait`` on the
 commit worker would otherwise hold up a restore's round on the main thread.
@@ -37,6 +42,7 @@ with the etcd coordinator.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import struct
@@ -45,12 +51,17 @@ import time
 import uuid
 from collections import OrderedDict
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._errors import ConflictError, UnavailableError
 
 _DONE = b"done"
 _ABORT = b"abort"
+# How long the ranks of a node wait past the deadline of the one running
+# the round among the nodes for them (it hands the outcome out), and at
+# most past now whatever it wrote.
+_BUSY_GRACE_S = 5.0
+_MAX_BUSY_S = 7 * 24 * 3600.0
 # Keys whose attempts a rank remembers (the newest; a commit key is used
 # by one step, so an old one is never retried).
 _REMEMBERED = 65536
@@ -110,6 +121,15 @@ class StoreGather:
     #: Tells the native module that ``reduce`` is this protocol's.
     _strata_reduces = True
 
+    #: Whether the last rank to arrive marks the attempt busy while its
+    #: combine runs (a node's rounds, whose combine is a round among nodes).
+    marks_busy = False
+    #: Called with (key, attempt) when an attempt ends without a result on
+    #: this rank (a node's rounds: the attempt among the nodes ends too).
+    on_abort: Optional[Callable[[str, int], None]] = None
+    #: Whether a "rank" is a node (the rounds among nodes): for messages.
+    per_node = False
+
     def __init__(self, store: Any, world: int, prefix: str, claim: Optional[str] = None,
                  job: str = "?") -> None:
         self._base = store
@@ -166,18 +186,27 @@ class StoreGather:
 
     def _round(self, rank: int, key: str, value: bytes, timeout_s: float,
                combine: Callable[[List[bytes]], bytes]) -> bytes:
+        return self._round_at(rank, key, self._attempt(key), value, timeout_s, combine)
+
+    def _round_at(self, rank: int, key: str, n: int, value: bytes, timeout_s: float,
+                  combine: Callable[[List[bytes]], bytes]) -> bytes:
+        """Attempt ``n`` of round ``key`` (see the module documentation)."""
         raw, s = self._clients()
         deadline = time.monotonic() + max(timeout_s, 0.001)
-        n = self._attempt(key)
         k = f"{key}/{n}"
         state, mine = f"{k}/state", f"{k}/v/{rank}"
         if self.claim is not None and raw.check([f"{self.claim}/contested"]):
             # Another process claimed this rank: neither may complete a round.
             self._decide(s, state, _ABORT)
             other = bytes(raw.get(f"{self.claim}/contested")).decode(errors="replace")
-            e = ConflictError(f"rank {rank} of job {self.job} is claimed twice: {other} claimed it "
-                              f"after this process ({_process_token()})")
-            e.other = f"{other} claimed it after this process ({_process_token()})"
+            if self.per_node:
+                e = ConflictError(f"a rank of node {rank} of job {self.job} is claimed twice: "
+                                  f"{other} claimed it after its holder")
+                e.other = f"{other} claimed it after its holder"
+            else:
+                e = ConflictError(f"rank {rank} of job {self.job} is claimed twice: {other} claimed it "
+                                  f"after this process ({_process_token()})")
+                e.other = f"{other} claimed it after this process ({_process_token()})"
             raise e
         s.set(mine, value)
         arrived = s.add(f"{k}/arrived", 1)
@@ -189,11 +218,15 @@ class StoreGather:
                 # rank's value goes, as a rank's that gives up does.
                 s.delete_key(mine)
                 raise
-        outcome = self._wait(s, state, deadline)
+        outcome = self._wait(s, k, state, deadline)
         if outcome != _DONE:
             # Given up: this attempt's value goes (the state stays, so a
             # rank arriving later learns at once that it failed).
             s.delete_key(mine)
+            if self.on_abort is not None:
+                self.on_abort(key, n)
+            if self.marks_busy and s.check([f"{k}/conflict"]):
+                raise ConflictError(bytes(s.get(f"{k}/conflict")).decode(errors="replace"))
             why = "a rank gave up on it" if outcome == _ABORT else f"state {outcome!r}"
             if outcome == b"":
                 why = f"only some of {self.world} ranks reported within {timeout_s:g} s"
@@ -203,7 +236,7 @@ class StoreGather:
         # the last rank to read the result removes the round's keys.
         s.delete_key(mine)
         if s.add(f"{k}/read", 1) == self.world:
-            for suffix in ("all", "state", "arrived", "read"):
+            for suffix in ("all", "state", "arrived", "read", "busy"):
                 s.delete_key(f"{k}/{suffix}")
         return out
 
@@ -226,10 +259,18 @@ class StoreGather:
             return
         finally:
             s.set_timeout(before)
+        if self.marks_busy:
+            # The ranks waiting here wait for this one's combine (a round
+            # among the nodes) until its own deadline, which is later than
+            # theirs: none of them gives up on an attempt it then completes.
+            s.set(f"{k}/busy", repr(time.time() + max(0.0, deadline - time.monotonic())))
         try:
             out = combine([bytes(v) for v in values])
-        except BaseException:
-            # Nobody completes an attempt whose result was never written.
+        except BaseException as e:
+            # Nobody completes an attempt whose result was never written;
+            # a rank of the node claimed twice is every one's conflict.
+            if self.marks_busy and isinstance(e, ConflictError):
+                s.set(f"{k}/conflict", str(e))
             self._decide(s, state, _ABORT)
             raise
         s.set(f"{k}/all", out)
@@ -242,7 +283,7 @@ class StoreGather:
         what was decided before."""
         return bytes(s.compare_set(state, "", want.decode()))
 
-    def _wait(self, s: Any, state: str, deadline: float) -> bytes:
+    def _wait(self, s: Any, k: str, state: str, deadline: float) -> bytes:
         left = deadline - time.monotonic()
         if left > 0:
             try:
@@ -251,32 +292,205 @@ class StoreGather:
                 pass
         if s.check([state]):
             return bytes(s.get(state))
+        if self.marks_busy and s.check([f"{k}/busy"]):
+            # The last rank to arrive is running the round among the nodes:
+            # its deadline, and a grace for handing out the outcome.
+            try:
+                until = float(bytes(s.get(f"{k}/busy")).decode())
+            except ValueError:
+                until = 0.0
+            left = min(until + _BUSY_GRACE_S - time.time(), _MAX_BUSY_S)
+            if left > 0:
+                try:
+                    s.wait([state], timedelta(seconds=left))
+                except Exception:  # noqa: BLE001 - a timeout
+                    pass
+            if s.check([state]):
+                return bytes(s.get(state))
         # Timed out: give up, unless the attempt was decided meanwhile.
         return self._decide(s, state, _ABORT)
 
 
-def claim_rank(store: Any, key: str, rank: int, job: str) -> None:
+def claim_rank(store: Any, key: str, rank: int, job: str, node_key: Optional[str] = None) -> None:
     """Claims ``rank`` for this process (held for the process's life): a
     rank another process holds is a ``ConflictError``, and the holder's
-    next round fails with one too."""
+    next round fails with one too (its node's, ``node_key``, when its
+    node's ranks meet first: the node's round checks one key)."""
     me = _process_token()
     held = bytes(store.compare_set(key, "", me)).decode(errors="replace")
     if held != me:
         store.set(f"{key}/contested", me)
+        if node_key is not None:
+            store.set(f"{node_key}/contested", f"rank {rank}: {me}")
         e = ConflictError(f"rank {rank} of job {job} is claimed twice: {held} holds it (this process is {me}); "
                           "two processes were given one rank: fix the launcher's rank assignment")
         e.other = f"{held} holds it (this process is {me})"
         raise e
 
 
-def open_rounds(store: Any, rank: int, world: int, base: str, job: str) -> StoreGather:
+def open_rounds(store: Any, rank: int, world: int, base: str, job: str,
+                local: Optional[Tuple[int, int]] = None) -> Any:
     """The rounds of this process's next checkpointer on ``rank``: claims
     the rank, then numbers the checkpointer (the n-th a rank opens meets
-    the n-th of every other rank: each opens them in program order)."""
+    the n-th of every other rank: each opens them in program order).
+
+    ``local`` (this rank's local rank and its node's rank count, where the
+    launcher places each node's ranks consecutively, as torchrun does): the
+    node's ranks meet on a store of their own first, and one of them takes
+    part in the job's store for all of them (``NodeRounds``)."""
+    node = None
+    if local is not None:
+        local_rank, local_world = local
+        if (local_world > 1 and world % local_world == 0 and 0 <= local_rank < local_world
+                and rank % local_world == local_rank):
+            node = rank // local_world
+    node_claim = None if node is None else f"{base}/claim/node/{node}"
     claim = f"{base}/claim/{rank}"
-    claim_rank(store, claim, rank, job)
+    claim_rank(store, claim, rank, job, node_claim)
     nth = store.add(f"{base}/opened/{rank}", 1)
-    return StoreGather(store, world, f"{base}/{nth}", claim=claim, job=job)
+    if node is None or local is None:
+        return StoreGather(store, world, f"{base}/{nth}", claim=claim, job=job)
+    return NodeRounds.open(store, rank, world, local[1], f"{base}/{nth}", node_claim, job)
+
+
+class NodeRounds:
+    """Rounds whose ranks meet on their node first: each node's ranks run
+    the round among themselves on a store of the node's own (a TCPStore
+    that local rank 0's process serves on this host), and the last of them
+    to arrive runs it among the nodes, on the job's store, with one value
+    holding its node's values; its outcome is the node round's. A round
+    costs the job's store O(nodes) requests, not O(world) (about nine per
+    node, where each rank made about nine).
+
+    Both levels are ``StoreGather`` rounds, so a round ends one way on
+    every rank: attempt n of a key on a node meets attempt n of it on every
+    other node (every rank counts its own attempts of a key alike). The
+    ranks of a node wait for the one running the round among the nodes
+    until its deadline (``StoreGather.marks_busy``), and a rank claimed
+    twice fails its node's round (the node's claim key, one check per
+    round). The node's store lives as long as local rank 0's process: when
+    it ends, the node's rounds fail, as a rank that died makes them fail."""
+
+    _strata_reduces = True
+
+    def __init__(self, node_rounds: StoreGather, job_rounds: StoreGather, node: int,
+                 local_world: int, world: int, keep: Any = None) -> None:
+        self._node = node_rounds
+        self._job = job_rounds
+        self.node = node
+        self.local_world = local_world
+        self.world = world
+        # Local rank 0's process serves the node's store: held here, and
+        # kept until the node's ranks read the rounds it took part in.
+        self._keep = keep
+        self._served: "OrderedDict[str, None]" = OrderedDict()
+        self._served_lock = threading.Lock()
+        if keep is not None:
+            atexit.register(self.drain)
+
+    @classmethod
+    def open(cls, store: Any, rank: int, world: int, local_world: int, prefix: str,
+             node_claim: str, job: str) -> "NodeRounds":
+        import torch.distributed as dist
+
+        node, local_rank = divmod(rank, local_world)
+        where = f"{prefix}/node/{node}/port"
+        timeout = store.timeout
+        served = None
+        if local_rank == 0:
+            served = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timeout,
+                                   wait_for_workers=False)
+            store.set(where, str(served.port))
+            local = served
+        else:
+            port = int(bytes(store.get(where)).decode())
+            local = dist.TCPStore("127.0.0.1", port, None, False, timeout=timeout)
+        node_rounds = StoreGather(local, local_world, f"{prefix}/local", job=job)
+        node_rounds.marks_busy = True
+        job_rounds = StoreGather(store, world // local_world, f"{prefix}/nodes",
+                                 claim=node_claim, job=job)
+        job_rounds.per_node = True
+        me = cls(node_rounds, job_rounds, node, local_world, world, keep=served)
+        node_rounds.on_abort = me._abort_among_nodes
+        return me
+
+    def _abort_among_nodes(self, key: str, n: int) -> None:
+        """This node's attempt ended without a result (a rank of it gave
+        up, or came after that): so does the attempt among the nodes, at
+        once, not at the other nodes' deadlines. Idempotent; an attempt
+        already decided keeps its outcome."""
+        _, s = self._job._clients()
+        try:
+            self._job._decide(s, f"{key}/{n}/state", _ABORT)
+        except Exception:  # noqa: BLE001 - the job's store is unreachable: its deadline ends it
+            pass
+
+    def __call__(self, rank: int, key: str, value: bytes, timeout_s: float) -> List[bytes]:
+        """An all-gather: every rank gets every rank's value."""
+        return _unpack(self.reduce(rank, key, value, timeout_s, _pack), self.world)
+
+    def reduce(self, rank: int, key: str, value: bytes, timeout_s: float,
+               reducer: Callable[[List[bytes]], bytes]) -> bytes:
+        """A reducing round (``StoreGather.reduce``), met on the node first."""
+        node, local_rank = divmod(rank, self.local_world)
+        if node != self.node:
+            raise ValueError(f"rank {rank} is not on node {self.node} "
+                             f"({self.local_world} ranks per node)")
+        deadline = time.monotonic() + max(timeout_s, 0.001)
+        n = self._node._attempt(key)
+        nodes = self._job.world
+        local_world = self.local_world
+
+        def every_rank(packs: List[bytes]) -> bytes:
+            values: List[bytes] = []
+            for p in packs:
+                values.extend(_unpack(p, local_world))
+            if len(values) != nodes * local_world:
+                raise ValueError(f"{len(values)} values from {nodes} nodes")
+            return reducer(values)
+
+        def among_nodes(local_values: List[bytes]) -> bytes:
+            left = max(deadline - time.monotonic(), 0.001)
+            return self._job._round_at(self.node, key, n, _pack(local_values), left, every_rank)
+
+        out = self._node._round_at(local_rank, key, n, value, timeout_s, among_nodes)
+        if self._keep is not None:
+            self._note(f"{key}/{n}/state")
+        return out
+
+    def _note(self, state: str) -> None:
+        """A round this process serves that the node's other ranks may not
+        have read yet (its state key goes when the last of them did)."""
+        with self._served_lock:
+            self._served[state] = None
+            if len(self._served) > 64:
+                _, s = self._node._clients()
+                for k in [k for k in self._served if not s.check([k])]:
+                    del self._served[k]
+                while len(self._served) > 64:
+                    self._served.popitem(last=False)
+
+    def drain(self, within_s: float = 5.0) -> None:
+        """Waits (at most ``within_s``) until the node's ranks have read
+        every round this process served, so that ending it (and the node's
+        store with it) never takes an outcome from a rank still reading it.
+        Called by ``Checkpointer.close`` and at exit."""
+        if self._keep is None:
+            return
+        _, s = self._node._clients()
+        end = time.monotonic() + within_s
+        with self._served_lock:
+            pending = list(self._served)
+        for k in pending:
+            while time.monotonic() < end:
+                try:
+                    if not s.check([k]):
+                        break
+                except Exception:  # noqa: BLE001 - the store is gone: nothing to wait for
+                    return
+                time.sleep(0.01)
+        with self._served_lock:
+            self._served.clear()
 
 
 def torch_world():

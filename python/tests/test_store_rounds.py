@@ -1,7 +1,9 @@
 """Strata's rounds over torch.distributed's TCPStore (``strata._dist``), four
 processes against one real store: a retry never mixes attempts, a rank that
 gave up is not counted, two claimants of one rank fail, and two rounds at
-once never wait for each other on the store client."""
+once never wait for each other on the store client. Every test runs with
+each rank its own (``flat``) and with two nodes of two ranks that meet on
+their node first (``nodes``, ``NodeRounds``)."""
 
 import json
 import os
@@ -24,19 +26,27 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(scenario, out, extra=()):
+@pytest.fixture(params=["flat", "nodes"])
+def local(request):
+    """Ranks per node meeting on their node first (0: none)."""
+    return 2 if request.param == "nodes" else 0
+
+
+def run(scenario, out, extra=(), local=0):
     """Runs the scenario's four ranks (and `extra` processes: (proc id,
-    claimed rank)); returns each one's result by name."""
+    claimed rank)), `local` ranks per node meeting there first; returns
+    each one's result by name."""
     port = free_port()
     procs = []
+    env = dict(os.environ, STRATA_TEST_LOCAL_WORLD=str(local))
     for r in range(WORLD):
         procs.append((f"{scenario}-{r}", subprocess.Popen(
             [sys.executable, WORKER, scenario, str(port), str(r), str(WORLD), out],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)))
     for pid, claim in extra:
         procs.append((f"{scenario}-{pid}-intruder", subprocess.Popen(
             [sys.executable, WORKER, scenario, str(port), str(pid), str(WORLD), out, str(claim)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)))
     results = {}
     for name, p in procs:
         _, err = p.communicate(timeout=120)
@@ -46,8 +56,8 @@ def run(scenario, out, extra=()):
     return results
 
 
-def test_a_retry_after_a_timeout_never_sees_the_first_attempts_values(tmp_path):
-    res = run("retry", str(tmp_path))
+def test_a_retry_after_a_timeout_never_sees_the_first_attempts_values(tmp_path, local):
+    res = run("retry", str(tmp_path), local=local)
     firsts = [res[f"retry-{r}"]["first"] for r in range(WORLD)]
     # Rank 3 came after the others gave up: the first attempt failed
     # everywhere (rank 3 at once, not after its own timeout).
@@ -59,8 +69,8 @@ def test_a_retry_after_a_timeout_never_sees_the_first_attempts_values(tmp_path):
         assert second["values"] == [f"{q}-a2" for q in range(WORLD)], second
 
 
-def test_a_rank_that_gave_up_is_not_counted(tmp_path):
-    res = run("timedout", str(tmp_path))
+def test_a_rank_that_gave_up_is_not_counted(tmp_path, local):
+    res = run("timedout", str(tmp_path), local=local)
     rounds = [res[f"timedout-{r}"]["round"] for r in range(WORLD)]
     assert not rounds[1]["ok"], rounds[1]
     # Rank 1 gave up: nobody completes the round on its "yes", and the
@@ -70,8 +80,8 @@ def test_a_rank_that_gave_up_is_not_counted(tmp_path):
         assert rounds[r]["took"] < 5, rounds[r]
 
 
-def test_two_processes_claiming_one_rank_fail(tmp_path):
-    res = run("claim", str(tmp_path), extra=[(4, 2)])
+def test_two_processes_claiming_one_rank_fail(tmp_path, local):
+    res = run("claim", str(tmp_path), extra=[(4, 2)], local=local)
     intruder = res["claim-4-intruder"]
     assert intruder["open"] == "ConflictError", intruder
     assert "rank 2" in intruder["message"] and "claimed" in intruder["message"], intruder
@@ -85,8 +95,8 @@ def test_two_processes_claiming_one_rank_fail(tmp_path):
         assert rd["took"] < 4, rd
 
 
-def test_a_second_checkpointer_on_a_claimed_rank_fails_and_so_does_the_holders_commit(tmp_path):
-    res = run("claimckpt", str(tmp_path), extra=[(4, 2)])
+def test_a_second_checkpointer_on_a_claimed_rank_fails_and_so_does_the_holders_commit(tmp_path, local):
+    res = run("claimckpt", str(tmp_path), extra=[(4, 2)], local=local)
     intruder = res["claimckpt-4-intruder"]
     assert intruder["open"] == "ConflictError", intruder
     assert "rank 2" in intruder["message"], intruder
@@ -100,8 +110,8 @@ def test_a_second_checkpointer_on_a_claimed_rank_fails_and_so_does_the_holders_c
         assert rd["took"] < 4.5, rd
 
 
-def test_two_rounds_at_once_never_wait_for_each_other(tmp_path):
-    res = run("concurrent", str(tmp_path))
+def test_two_rounds_at_once_never_wait_for_each_other(tmp_path, local):
+    res = run("concurrent", str(tmp_path), local=local)
     for r in range(WORLD):
         fast = res[f"concurrent-{r}"]["fast"]
         slow = res[f"concurrent-{r}"]["slow"]
@@ -112,8 +122,8 @@ def test_two_rounds_at_once_never_wait_for_each_other(tmp_path):
         assert slow["values"] == [f"{q}-slow" for q in range(WORLD)]
 
 
-def test_a_reducing_round_reduces_once_and_every_rank_reads_the_result(tmp_path):
-    res = run("reduce", str(tmp_path))
+def test_a_reducing_round_reduces_once_and_every_rank_reads_the_result(tmp_path, local):
+    res = run("reduce", str(tmp_path), local=local)
     want = "|".join(f"{q}-v" for q in range(WORLD))
     for r in range(WORLD):
         rd = res[f"reduce-{r}"]["round"]
@@ -176,3 +186,22 @@ def test_the_reduction_lent_to_the_store_works_only_during_its_round(tmp_path, m
     _, late = twin.lent[0]
     with pytest.raises(RuntimeError, match="after its round"):
         late([b"\x01\x00", b"\x01\x00"])
+
+
+def test_a_nodes_ranks_meet_there_first_so_the_jobs_store_serves_one_of_them(tmp_path):
+    # The same round, each rank its own and two nodes of two: with the
+    # nodes, one rank per node (the last to arrive) takes part in the job's
+    # store (its requests per round fall by the ranks per node, plus the
+    # publishing rank's and the cleaning rank's few).
+    ops = {}
+    for local in (0, 2):
+        out = tmp_path / f"l{local}"
+        out.mkdir()
+        res = run("reduce", str(out), local=local)
+        want = "|".join(f"{q}-v" for q in range(WORLD))
+        assert all(res[f"reduce-{r}"]["round"]["values"] == [want] for r in range(WORLD)), res
+        ops[local] = [res[f"reduce-{r}"]["job_ops_red"] for r in range(WORLD)]
+    # Every rank sent the job's store about nine requests, flat; with the
+    # nodes, one rank per node did, the other none.
+    assert min(ops[0]) >= 8, ops
+    assert sorted(ops[2])[:2] == [0, 0] and sum(ops[2]) < 0.7 * sum(ops[0]), ops

@@ -289,6 +289,8 @@ pub struct Config {
     /// rounds for all of them: a round costs etcd a few requests per node,
     /// not per rank. Needs each node's ranks consecutive (torchrun; Slurm's
     /// block distribution); off: every process is its own etcd client.
+    /// The Python package's rounds over torch.distributed's store follow
+    /// it too (a node's ranks meet on a store of the node's own).
     pub etcd_node_rounds: bool,
     /// Serve this process's metrics to Prometheus at
     /// `http://<metrics_listen>/metrics` (`"0.0.0.0:9400"`; port 0 picks

@@ -28,19 +28,23 @@ commit3 = f"commit/{job}/3"
 
 if kill in ("before-vote", "after-vote"):
     # The store round of this rank's vote on step 3: the process dies just
-    # before it, or just after it (the vote reached the store).
-    # (Every round, gathering or reducing, is one `_round`.)
-    original = sdist.StoreGather._round
+    # before it, or just after it (the vote reached the store). Every round
+    # this rank takes part in is one `StoreGather._round`, or one
+    # `NodeRounds.reduce` where its node's ranks meet first (the launcher's
+    # LOCAL_RANK and LOCAL_WORLD_SIZE say where it sits).
+    def dying(original):
+        def round_(self, r, key, value, timeout_s, combine):
+            if key == commit3 and kill == "before-vote":
+                os._exit(9)
+            got = original(self, r, key, value, timeout_s, combine)
+            if key == commit3:
+                os._exit(9)
+            return got
 
-    def dying(self, r, key, value, timeout_s, combine):
-        if key == commit3 and kill == "before-vote":
-            os._exit(9)
-        got = original(self, r, key, value, timeout_s, combine)
-        if key == commit3:
-            os._exit(9)
-        return got
+        return round_
 
-    sdist.StoreGather._round = dying
+    sdist.StoreGather._round = dying(sdist.StoreGather._round)
+    sdist.NodeRounds.reduce = dying(sdist.NodeRounds.reduce)
 
 ckpt = strata.Checkpointer(job=job, l1_dir=os.path.join(root, f"node-{rank}"), chunk_size=1 << 16,
                            keep_last=int(keep), gc_grace_secs=0, coordination_timeout_secs=6)

@@ -20,6 +20,10 @@ Scenarios:
   claimckpt as claim, through strata.Checkpointer (the store given as
             torch.distributed's): the intruder's Checkpointer() fails, and
             the holder's next commit fails with ConflictError
+STRATA_TEST_LOCAL_WORLD=L (L > 1): every scenario with each node's ranks
+meeting on the node first (L consecutive ranks per node, ``NodeRounds``).
+Each result counts the requests this process sent the job's store from
+its rounds ("job_ops").
 Writes OUT_DIR/<scenario>-<rank>[-intruder].json.
 """
 
@@ -34,6 +38,7 @@ import torch.distributed as dist
 
 from strata import ConflictError, StrataError
 
+import strata._dist as rounds_mod
 from strata._dist import open_rounds
 
 scenario, port, rank, world, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -44,6 +49,43 @@ store = dist.TCPStore("127.0.0.1", port, world, rank == 0 and not intruder,
 base = f"strata/j-{scenario}/0"
 result = {"rank": rank, "claim_as": claim_as}
 t0 = time.monotonic()
+LOCAL = int(os.environ.get("STRATA_TEST_LOCAL_WORLD", "0"))
+job_ops = [0]
+
+
+def local_for(r):
+    return (r % LOCAL, LOCAL) if LOCAL > 1 else None
+
+
+class Counted:
+    """A store client that counts the requests sent through it."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        a = getattr(self._inner, name)
+        if not callable(a):
+            return a
+
+        def call(*args, **kw):
+            job_ops[0] += 1
+            return a(*args, **kw)
+
+        return call
+
+
+_clients = rounds_mod.StoreGather._clients
+
+
+def counted_clients(self):
+    raw, s = _clients(self)
+    if self._base is store:
+        return Counted(raw), Counted(s)
+    return raw, s
+
+
+rounds_mod.StoreGather._clients = counted_clients
 
 
 def attempt(gather, key, value, timeout):
@@ -69,6 +111,8 @@ def open_checkpointer(as_rank):
     import strata._checkpointer as ck
 
     ck.torch_world = lambda: (as_rank, world, store)
+    if LOCAL > 1:
+        os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = str(as_rank % LOCAL), str(LOCAL)
     return strata.Checkpointer(job="j-claimckpt", l1_dir=os.path.join(out, f"l1-{rank}"),
                                coordination_timeout_secs=5)
 
@@ -104,21 +148,21 @@ elif scenario == "claim":
         # Starts once the four ranks hold their claims.
         store.wait([f"test/{scenario}/claimed"], timedelta(seconds=60))
         try:
-            open_rounds(store, claim_as, world, base, "j-claim")
+            open_rounds(store, claim_as, world, base, "j-claim", local_for(claim_as))
             result["open"] = "ok"
         except ConflictError as e:
             result["open"] = "ConflictError"
             result["message"] = str(e)
         store.add(f"test/{scenario}/intruder-done", 1)
     else:
-        gather = open_rounds(store, rank, world, base, "j-claim")
+        gather = open_rounds(store, rank, world, base, "j-claim", local_for(rank))
         barrier("opened")
         if rank == 0:
             store.set(f"test/{scenario}/claimed", "1")
         store.wait([f"test/{scenario}/intruder-done"], timedelta(seconds=60))
         result["round"] = attempt(gather, "after", f"{rank}".encode(), 5.0)
 else:
-    gather = open_rounds(store, rank, world, base, f"j-{scenario}")
+    gather = open_rounds(store, rank, world, base, f"j-{scenario}", local_for(rank))
     barrier("opened")
     if scenario == "retry":
         # Attempt 1: rank 3 comes 1.5 s late to a round of 1 s.
@@ -156,6 +200,7 @@ else:
         result["round"] = attempt(lambda r, k, v, t: [gather.reduce(r, k, v, t, reducer)], "red",
                                   f"{rank}-v".encode(), 10.0)
         result["reduced"] = ran
+        result["job_ops_red"] = job_ops[0]
 
         def refuses(values):
             raise ValueError("this reduction refuses")
@@ -165,6 +210,7 @@ else:
     else:
         raise SystemExit(f"unknown scenario {scenario}")
 
+result["job_ops"] = job_ops[0]
 name = f"{scenario}-{rank}" + ("-intruder" if intruder else "") + ".json"
 with open(os.path.join(out, name), "w") as f:
     json.dump(result, f)
