@@ -106,6 +106,10 @@ pub(crate) struct Shared {
     /// Steps this rank knows committed in some tier: a save of one of
     /// them is refused.
     pub(crate) committed: KnownCommitted,
+    /// One past the newest decided step of a restore that left L3 to the
+    /// lister (0: none): a save of a step below it that `committed` does
+    /// not know reads this rank's record on L3 first (`refuse_committed`).
+    pub(crate) l3_unlisted_upto: std::sync::atomic::AtomicU64,
     /// Which rank of this node sends a chunk its ranks share (on the
     /// default L1 only: the claims live in its directory).
     pub(crate) claims: Option<PushClaims>,
@@ -137,6 +141,7 @@ impl Shared {
                 self.committed.contains(step).unwrap_or(false)
             }
         };
+        let known = known || self.committed_on_unlisted_l3(step);
         if known {
             self.vote_already(step);
             return Err(Error::AlreadyCommitted {
@@ -145,6 +150,32 @@ impl Shared {
             });
         }
         Ok(())
+    }
+
+    /// Whether this rank's commit record of `step` is on L3, read directly
+    /// (one request), for a step at most the newest decided one of a
+    /// restore that left L3 to the lister (its view carries only the
+    /// newest steps). An unreachable L3 says no: its own guard still
+    /// refuses to replace a committed manifest.
+    fn committed_on_unlisted_l3(&self, step: u64) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if step >= self.l3_unlisted_upto.load(Relaxed) {
+            return false;
+        }
+        let Some(l3) = self.tiers.remote() else {
+            return false;
+        };
+        // On a thread of its own, as the listing above.
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                self.rt.block_on(
+                    l3.store
+                        .get_commit_record(&self.cfg.job, step, self.cfg.rank),
+                )
+            })
+            .join()
+        })
+        .is_ok_and(|r| matches!(r, Ok(Some(_))))
     }
 
     /// Takes part in the barrier of a step this rank refused to save again

@@ -42,6 +42,8 @@ pub(crate) struct Uploads {
     /// Steps uploaded on request (`Checkpointer::upload`): L3 retention
     /// keeps them for the life of the process.
     pub(crate) requested: std::sync::Mutex<std::collections::BTreeSet<u64>>,
+    /// When L3's collector (rank 0) first saw each step incomplete there.
+    pub(crate) incomplete: strata_gc::IncompleteSeen,
 }
 
 impl Uploads {

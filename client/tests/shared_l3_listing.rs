@@ -39,11 +39,20 @@ fn on_every_rank<T: Send>(
     l3: &Arc<dyn ChunkStore>,
     f: impl Fn(u32, &Checkpointer) -> T + Sync,
 ) -> Vec<T> {
+    on_every_rank_with(dirs, |_| l3.clone(), f)
+}
+
+/// [`on_every_rank`], each rank reaching L3 through `l3_of(rank)`.
+fn on_every_rank_with<T: Send>(
+    dirs: &[tempfile::TempDir],
+    l3_of: impl Fn(u32) -> Arc<dyn ChunkStore> + Sync,
+    f: impl Fn(u32, &Checkpointer) -> T + Sync,
+) -> Vec<T> {
     let coord = InProcessCoordinator::new(WORLD);
     std::thread::scope(|sc| {
         let hs: Vec<_> = (0..WORLD)
             .map(|rank| {
-                let (coord, l3, f) = (coord.clone(), l3.clone(), &f);
+                let (coord, l3, f) = (coord.clone(), l3_of(rank), &f);
                 let dir = dirs[rank as usize].path();
                 sc.spawn(move || {
                     let ck = Checkpointer::builder(cfg(dir, rank))
@@ -164,4 +173,47 @@ fn a_lister_blind_to_l3_fails_every_rank_alike_where_l3_may_hold_a_shard() {
         );
         assert!(e.to_string().contains("seen by rank 0"), "rank {rank}: {e}");
     }
+}
+
+#[test]
+fn a_rank_that_cannot_read_l3_stops_every_rank_instead_of_going_back() {
+    let mem = Arc::new(MemoryStore::new());
+    let dirs = dirs();
+    save_two_steps(&dirs, &(mem.clone() as Arc<dyn ChunkStore>));
+    // Rank 2's node was replaced and its credentials for L3 are wrong:
+    // rank 0 lists L3 fine and says rank 2's shard of step 2 is there, but
+    // rank 2 cannot read it. Every rank stops with TierUnavailable (before:
+    // the ranks dropped the step as unusable and went back to an older
+    // one, or failed each with its own error).
+    std::fs::remove_dir_all(dirs[2].path()).unwrap();
+    let down: Arc<dyn ChunkStore> = Arc::new(FaultStore::new(
+        mem.clone(),
+        FaultPlan {
+            outage_after: Some(0),
+            ..FaultPlan::default()
+        },
+    ));
+    let got = on_every_rank_with(
+        &dirs,
+        |r| {
+            if r == 2 {
+                down.clone()
+            } else {
+                mem.clone() as Arc<dyn ChunkStore>
+            }
+        },
+        |_, ck| ck.restore(StepSelector::Latest),
+    );
+    for (rank, r) in got.iter().enumerate() {
+        let e = r
+            .as_ref()
+            .err()
+            .unwrap_or_else(|| panic!("rank {rank} restored"));
+        assert!(
+            matches!(e, Error::TierUnavailable { .. }),
+            "rank {rank}: {e}"
+        );
+    }
+    let e = got[2].as_ref().err().unwrap().to_string();
+    assert!(e.contains("seen by rank 2"), "{e}");
 }

@@ -1,8 +1,10 @@
 //! [`collect`]: inventory, plan, sweep.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
-use strata_tiered::ChunkStore;
+use strata_tiered::{ChunkStore, StepInfo};
 
 use crate::error::{GcError, Result};
 use crate::inventory::{read_manifests, take_inventory, Inventory, ManifestRefs};
@@ -55,6 +57,45 @@ pub struct Options {
     /// each save, a tier whose retention has nothing to do is not listed
     /// chunk by chunk (orphaned chunks wait for the next retirement).
     pub lazy: bool,
+    /// With [`Evidence::EveryRank`] and one collector for every rank (L3):
+    /// when each step was first seen incomplete, kept across runs by the
+    /// caller, and how long such a step is held. Another rank may still be
+    /// uploading it (an upload asked for again, a roll-forward's), which
+    /// the collector cannot see; past the grace, its uploads are over.
+    pub incomplete: Option<(IncompleteSeen, Duration)>,
+}
+
+/// When each step was first seen incomplete ([`Options::incomplete`]).
+pub type IncompleteSeen = Arc<Mutex<BTreeMap<u64, SystemTime>>>;
+
+/// The steps listed incomplete that were first seen so less than the grace
+/// ago (noting those seen for the first time, forgetting the others).
+fn young_incomplete(opts: &Options, steps: &[StepInfo]) -> BTreeSet<u64> {
+    let Some((seen, grace)) = &opts.incomplete else {
+        return BTreeSet::new();
+    };
+    let Ok(mut seen) = seen.lock() else {
+        // A poisoned map: hold every incomplete step (safe, only late).
+        return steps
+            .iter()
+            .filter(|st| !st.is_complete())
+            .map(|st| st.step)
+            .collect();
+    };
+    let now = SystemTime::now();
+    let incomplete: BTreeSet<u64> = steps
+        .iter()
+        .filter(|st| !st.is_complete())
+        .map(|st| st.step)
+        .collect();
+    seen.retain(|s, _| incomplete.contains(s));
+    incomplete
+        .into_iter()
+        .filter(|&s| {
+            let first = *seen.entry(s).or_insert(now);
+            now.duration_since(first).unwrap_or_default() < *grace
+        })
+        .collect()
 }
 
 /// Collects `job` in `store`: takes the inventory (strictly: any listing
@@ -88,6 +129,8 @@ pub async fn collect(
             store.name()
         )))?;
         pins.extend(opts.pins.iter().copied());
+        let mut hold = opts.hold.clone();
+        hold.extend(young_incomplete(opts, &steps));
         let shallow = Inventory {
             steps,
             manifests: Default::default(),
@@ -95,7 +138,7 @@ pub async fn collect(
             pins,
             now: std::time::UNIX_EPOCH,
         };
-        let p = plan_with(&shallow, policy, scope, opts.evidence, &opts.hold);
+        let p = plan_with(&shallow, policy, scope, opts.evidence, &hold);
         if p.retire.is_empty() && p.partial.is_empty() {
             let report = Report {
                 dry_run,
@@ -107,7 +150,9 @@ pub async fn collect(
     }
     let mut inv = take_inventory(store, job, !opts.skip_chunks).await?;
     inv.pins.extend(opts.pins.iter().copied());
-    let p = plan_with(&inv, policy, scope, opts.evidence, &opts.hold);
+    let mut hold = opts.hold.clone();
+    hold.extend(young_incomplete(opts, &inv.steps));
+    let p = plan_with(&inv, policy, scope, opts.evidence, &hold);
     let mut report = Report {
         dry_run,
         kept: p.keep.iter().copied().collect(),

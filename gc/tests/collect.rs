@@ -510,3 +510,55 @@ async fn older_than_the_tier(s: &dyn ChunkStore, path: &std::path::Path) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// One collector for every rank's shards (L3's): an incomplete step older
+/// than the kept ones may still be uploading on another rank (an upload
+/// asked for again), so it is held for the grace from when the collector
+/// first saw it incomplete; past that it goes.
+#[tokio::test]
+async fn one_collector_holds_a_young_incomplete_step_for_its_grace() {
+    let s = MemoryStore::new();
+    for step in 2..=5 {
+        save(&s, step).await;
+    }
+    // Step 1: rank 0 uploaded it again, rank 1 is still on its way.
+    let m = manifest(1, 0);
+    s.put_manifest(JOB, 1, 0, &m).await.unwrap();
+    s.commit(&CommitRecord {
+        job: JOB.into(),
+        step: 1,
+        world_size: WORLD,
+        committed_unix_ms: 1,
+        shards: vec![ShardRef {
+            rank: 0,
+            manifest: ChunkId::of(&m),
+            logical_bytes: 1,
+        }],
+    })
+    .await
+    .unwrap();
+    let seen = strata_gc::IncompleteSeen::default();
+    let opts = |seen: &strata_gc::IncompleteSeen| Options {
+        scope: Some(Scope::All),
+        evidence: strata_gc::Evidence::EveryRank,
+        incomplete: Some((seen.clone(), Duration::from_secs(3600))),
+        ..Options::default()
+    };
+    let (_, report) = collect(&s, JOB, &policy(), &opts(&seen)).await.unwrap();
+    let listed = |steps: Vec<strata_tiered::StepInfo>| -> BTreeSet<u64> {
+        steps.iter().map(|st| st.step).collect()
+    };
+    assert!(
+        listed(s.list_steps(JOB).await.unwrap()).contains(&1),
+        "a young incomplete step is held: {report:?}"
+    );
+    assert!(seen.lock().unwrap().contains_key(&1));
+    // Seen incomplete two hours ago: its uploads are over; it goes.
+    seen.lock()
+        .unwrap()
+        .insert(1, SystemTime::now() - Duration::from_secs(7200));
+    collect(&s, JOB, &policy(), &opts(&seen)).await.unwrap();
+    assert!(!listed(s.list_steps(JOB).await.unwrap()).contains(&1));
+    collect(&s, JOB, &policy(), &opts(&seen)).await.unwrap();
+    assert!(seen.lock().unwrap().is_empty(), "forgotten once gone");
+}

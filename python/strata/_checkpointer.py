@@ -612,11 +612,13 @@ class Checkpointer:
         reported. Idempotent."""
         _OPEN.discard(self)
         self._closed = True
-        self._settle_loading("log")
-        self._native.close()
-        drain = getattr(getattr(self, "_rounds", None), "drain", None)
-        if drain is not None:
-            drain()
+        try:
+            self._settle_loading("log")
+            self._native.close()
+        finally:
+            close = getattr(getattr(self, "_rounds", None), "close", None)
+            if close is not None:
+                close()
 
     def __enter__(self) -> "Checkpointer":
         return self

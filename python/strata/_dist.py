@@ -49,6 +49,7 @@ import struct
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -57,9 +58,11 @@ from ._errors import ConflictError, UnavailableError
 
 _DONE = b"done"
 _ABORT = b"abort"
-# How long the ranks of a node wait past the deadline of the one running
-# the round among the nodes for them (it hands the outcome out), and at
-# most past now whatever it wrote.
+# A node's attempt whose last rank runs the round among the nodes: its
+# state holds this and that rank's deadline (wall clock, one host).
+_RUNNING = "running:"
+# How long the ranks of a node wait past that deadline (it hands the
+# outcome out), and at most past now whatever it wrote.
 _BUSY_GRACE_S = 5.0
 _MAX_BUSY_S = 7 * 24 * 3600.0
 # Keys whose attempts a rank remembers (the newest; a commit key is used
@@ -200,8 +203,8 @@ class StoreGather:
             self._decide(s, state, _ABORT)
             other = bytes(raw.get(f"{self.claim}/contested")).decode(errors="replace")
             if self.per_node:
-                e = ConflictError(f"a rank of node {rank} of job {self.job} is claimed twice: "
-                                  f"{other} claimed it after its holder")
+                e = ConflictError(f"a rank of job {self.job} is claimed twice: {other} "
+                                  f"claimed it after its holder")
                 e.other = f"{other} claimed it after its holder"
             else:
                 e = ConflictError(f"rank {rank} of job {self.job} is claimed twice: {other} claimed it "
@@ -236,7 +239,7 @@ class StoreGather:
         # the last rank to read the result removes the round's keys.
         s.delete_key(mine)
         if s.add(f"{k}/read", 1) == self.world:
-            for suffix in ("all", "state", "arrived", "read", "busy"):
+            for suffix in ("all", "state", "arrived", "read"):
                 s.delete_key(f"{k}/{suffix}")
         return out
 
@@ -245,7 +248,17 @@ class StoreGather:
         """The last rank to arrive: publishes what every rank reads (every
         value, or their reduction), then decides ``done`` unless a rank
         already gave up."""
-        if s.check([state]):
+        # A node's round: the attempt is "running" (with this rank's
+        # deadline) before the round among the nodes starts, so no rank of
+        # the node can give up on an attempt that then completes: only this
+        # rank ends a running attempt (or, past its deadline and a grace,
+        # a rank that finds it dead).
+        expect = ""
+        if self.marks_busy:
+            expect = _RUNNING + repr(time.time() + max(0.0, deadline - time.monotonic()))
+            if bytes(s.compare_set(state, "", expect)).decode(errors="replace") != expect:
+                return  # decided already (aborted)
+        elif s.check([state]):
             return  # decided already (aborted)
         keys = [f"{k}/v/{r}" for r in range(self.world)]
         # A value is removed only once the attempt is aborted; bound the
@@ -255,15 +268,10 @@ class StoreGather:
         try:
             values = s.multi_get(keys)
         except Exception:  # noqa: BLE001 - a value vanished: the attempt was aborted
-            self._decide(s, state, _ABORT)
+            self._decide(s, state, _ABORT, expect)
             return
         finally:
             s.set_timeout(before)
-        if self.marks_busy:
-            # The ranks waiting here wait for this one's combine (a round
-            # among the nodes) until its own deadline, which is later than
-            # theirs: none of them gives up on an attempt it then completes.
-            s.set(f"{k}/busy", repr(time.time() + max(0.0, deadline - time.monotonic())))
         try:
             out = combine([bytes(v) for v in values])
         except BaseException as e:
@@ -271,17 +279,17 @@ class StoreGather:
             # a rank of the node claimed twice is every one's conflict.
             if self.marks_busy and isinstance(e, ConflictError):
                 s.set(f"{k}/conflict", str(e))
-            self._decide(s, state, _ABORT)
+            self._decide(s, state, _ABORT, expect)
             raise
         s.set(f"{k}/all", out)
-        if self._decide(s, state, _DONE) != _DONE:
+        if self._decide(s, state, _DONE, expect) != _DONE:
             s.delete_key(f"{k}/all")
 
     @staticmethod
-    def _decide(s: Any, state: str, want: bytes) -> bytes:
-        """The attempt's outcome: ``want`` if this call decided it, else
-        what was decided before."""
-        return bytes(s.compare_set(state, "", want.decode()))
+    def _decide(s: Any, state: str, want: bytes, expect: str = "") -> bytes:
+        """The attempt's outcome: ``want`` if this call decided it (the
+        state was ``expect``), else what was decided before."""
+        return bytes(s.compare_set(state, expect, want.decode()))
 
     def _wait(self, s: Any, k: str, state: str, deadline: float) -> bytes:
         left = deadline - time.monotonic()
@@ -291,37 +299,40 @@ class StoreGather:
             except Exception:  # noqa: BLE001 - a timeout (the store's own error type)
                 pass
         if s.check([state]):
-            return bytes(s.get(state))
-        if self.marks_busy and s.check([f"{k}/busy"]):
-            # The last rank to arrive is running the round among the nodes:
-            # its deadline, and a grace for handing out the outcome.
+            return self._settled(s, state, bytes(s.get(state)))
+        # Timed out: give up, unless the attempt was decided meanwhile.
+        return self._settled(s, state, self._decide(s, state, _ABORT))
+
+    def _settled(self, s: Any, state: str, now: bytes) -> bytes:
+        """The outcome, once a running attempt (a node's, whose last rank
+        runs the round among the nodes) has ended: polled until then; past
+        that rank's deadline and a grace, it is taken as dead and the
+        attempt aborted."""
+        pause, started = 0.002, time.time()
+        while now.startswith(_RUNNING.encode()):
             try:
-                until = float(bytes(s.get(f"{k}/busy")).decode())
+                until = float(now[len(_RUNNING):].decode())
             except ValueError:
                 until = 0.0
-            left = min(until + _BUSY_GRACE_S - time.time(), _MAX_BUSY_S)
-            if left > 0:
-                try:
-                    s.wait([state], timedelta(seconds=left))
-                except Exception:  # noqa: BLE001 - a timeout
-                    pass
-            if s.check([state]):
-                return bytes(s.get(state))
-        # Timed out: give up, unless the attempt was decided meanwhile.
-        return self._decide(s, state, _ABORT)
+            if time.time() > min(until + _BUSY_GRACE_S, started + _MAX_BUSY_S):
+                return self._decide(s, state, _ABORT, now.decode(errors="replace"))
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            now = bytes(s.get(state))
+        return now
 
 
-def claim_rank(store: Any, key: str, rank: int, job: str, node_key: Optional[str] = None) -> None:
+def claim_rank(store: Any, key: str, rank: int, job: str, any_key: Optional[str] = None) -> None:
     """Claims ``rank`` for this process (held for the process's life): a
     rank another process holds is a ``ConflictError``, and the holder's
-    next round fails with one too (its node's, ``node_key``, when its
-    node's ranks meet first: the node's round checks one key)."""
+    next round fails with one too (with ``any_key``, the job's: the rounds
+    among nodes check that one key)."""
     me = _process_token()
     held = bytes(store.compare_set(key, "", me)).decode(errors="replace")
     if held != me:
         store.set(f"{key}/contested", me)
-        if node_key is not None:
-            store.set(f"{node_key}/contested", f"rank {rank}: {me}")
+        if any_key is not None:
+            store.set(f"{any_key}/contested", f"rank {rank}: {me}")
         e = ConflictError(f"rank {rank} of job {job} is claimed twice: {held} holds it (this process is {me}); "
                           "two processes were given one rank: fix the launcher's rank assignment")
         e.other = f"{held} holds it (this process is {me})"
@@ -334,23 +345,48 @@ def open_rounds(store: Any, rank: int, world: int, base: str, job: str,
     the rank, then numbers the checkpointer (the n-th a rank opens meets
     the n-th of every other rank: each opens them in program order).
 
-    ``local`` (this rank's local rank and its node's rank count, where the
-    launcher places each node's ranks consecutively, as torchrun does): the
-    node's ranks meet on a store of their own first, and one of them takes
-    part in the job's store for all of them (``NodeRounds``)."""
-    node = None
-    if local is not None:
-        local_rank, local_world = local
-        if (local_world > 1 and world % local_world == 0 and 0 <= local_rank < local_world
-                and rank % local_world == local_rank):
-            node = rank // local_world
-    node_claim = None if node is None else f"{base}/claim/node/{node}"
+    ``local`` (this rank's local rank and its node's rank count, as the
+    launcher says): where every rank's place makes whole nodes of
+    consecutive ranks on one host each, the node's ranks meet on a store of
+    their own first and one of them takes part in the job's store for all
+    of them (``NodeRounds``). Every rank takes the same path: one round at
+    open decides it from every rank's place (``_layout``)."""
+    any_claim = f"{base}/claim/any"
     claim = f"{base}/claim/{rank}"
-    claim_rank(store, claim, rank, job, node_claim)
+    claim_rank(store, claim, rank, job, any_claim)
     nth = store.add(f"{base}/opened/{rank}", 1)
-    if node is None or local is None:
-        return StoreGather(store, world, f"{base}/{nth}", claim=claim, job=job)
-    return NodeRounds.open(store, rank, world, local[1], f"{base}/{nth}", node_claim, job)
+    flat = StoreGather(store, world, f"{base}/{nth}", claim=claim, job=job)
+    place = b"" if local is None else f"{local[0]} {local[1]} {socket.gethostname()}".encode()
+    layout = flat.reduce(rank, "layout", place, store.timeout.total_seconds(),
+                         lambda places: _layout(places, world))
+    if not layout.startswith(b"nodes "):
+        return flat
+    per_node = int(layout[len(b"nodes "):].decode())
+    return NodeRounds.open(store, rank, world, per_node, f"{base}/{nth}", any_claim, job)
+
+
+def _layout(places: List[bytes], world: int) -> bytes:
+    """``b"nodes L"`` when every rank named its place and they make whole
+    nodes of L > 1 consecutive ranks, each node's on one host (torchrun;
+    Slurm's block distribution); else ``b"flat"`` (a rank without a place,
+    cyclic placement, nodes of unequal size)."""
+    parsed = []
+    for p in places:
+        parts = p.decode(errors="replace").split(" ", 2)
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+            return b"flat"
+        parsed.append((int(parts[0]), int(parts[1]), parts[2]))
+    if len(parsed) != world:
+        return b"flat"
+    per_node = parsed[0][1]
+    if per_node < 2 or world % per_node:
+        return b"flat"
+    for r, (local_rank, local_world, host) in enumerate(parsed):
+        if local_world != per_node or local_rank != r % per_node:
+            return b"flat"
+        if host != parsed[r - local_rank][2]:
+            return b"flat"
+    return f"nodes {per_node}".encode()
 
 
 class NodeRounds:
@@ -366,9 +402,10 @@ class NodeRounds:
     every rank: attempt n of a key on a node meets attempt n of it on every
     other node (every rank counts its own attempts of a key alike). The
     ranks of a node wait for the one running the round among the nodes
-    until its deadline (``StoreGather.marks_busy``), and a rank claimed
-    twice fails its node's round (the node's claim key, one check per
-    round). The node's store lives as long as local rank 0's process: when
+    until its deadline (``StoreGather.marks_busy``: the attempt is
+    "running" from before the round among the nodes starts, and only that
+    rank ends it), and a rank claimed twice anywhere fails every node's
+    round (the job's claim key, one check per node and round). The node's store lives as long as local rank 0's process: when
     it ends, the node's rounds fail, as a rank that died makes them fail."""
 
     _strata_reduces = True
@@ -386,11 +423,11 @@ class NodeRounds:
         self._served: "OrderedDict[str, None]" = OrderedDict()
         self._served_lock = threading.Lock()
         if keep is not None:
-            atexit.register(self.drain)
+            atexit.register(_close_at_exit, weakref.ref(self))
 
     @classmethod
     def open(cls, store: Any, rank: int, world: int, local_world: int, prefix: str,
-             node_claim: str, job: str) -> "NodeRounds":
+             any_claim: str, job: str) -> "NodeRounds":
         import torch.distributed as dist
 
         node, local_rank = divmod(rank, local_world)
@@ -408,7 +445,7 @@ class NodeRounds:
         node_rounds = StoreGather(local, local_world, f"{prefix}/local", job=job)
         node_rounds.marks_busy = True
         job_rounds = StoreGather(store, world // local_world, f"{prefix}/nodes",
-                                 claim=node_claim, job=job)
+                                 claim=any_claim, job=job)
         job_rounds.per_node = True
         me = cls(node_rounds, job_rounds, node, local_world, world, keep=served)
         node_rounds.on_abort = me._abort_among_nodes
@@ -491,6 +528,18 @@ class NodeRounds:
                 time.sleep(0.01)
         with self._served_lock:
             self._served.clear()
+
+    def close(self) -> None:
+        """``drain``, then stops serving the node's store (local rank 0;
+        the node's other ranks' rounds fail from then on)."""
+        self.drain()
+        self._keep = None
+
+
+def _close_at_exit(ref: "weakref.ReferenceType[NodeRounds]") -> None:
+    rounds = ref()
+    if rounds is not None:
+        rounds.close()
 
 
 def torch_world():

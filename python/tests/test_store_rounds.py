@@ -205,3 +205,22 @@ def test_a_nodes_ranks_meet_there_first_so_the_jobs_store_serves_one_of_them(tmp
     # nodes, one rank per node did, the other none.
     assert min(ops[0]) >= 8, ops
     assert sorted(ops[2])[:2] == [0, 0] and sum(ops[2]) < 0.7 * sum(ops[0]), ops
+
+
+def test_ranks_meet_on_nodes_only_when_every_rank_s_place_makes_whole_nodes():
+    # Every rank takes the path one round at open decides from every
+    # rank's place (local rank, ranks per node, host): never some ranks on
+    # nodes and others on their own (which would wait for each other).
+    from strata._dist import _layout
+
+    def place(local_rank, per_node, host="a"):
+        return f"{local_rank} {per_node} {host}".encode()
+
+    assert _layout([place(r % 2, 2) for r in range(4)], 4) == b"nodes 2"
+    # Slurm's cyclic distribution: rank r on node r % 2.
+    assert _layout([place(r // 2, 2, f"h{r % 2}") for r in range(4)], 4) == b"flat"
+    # A rank without a place, nodes of unequal size, a node on two hosts.
+    assert _layout([place(r % 2, 2) for r in range(3)] + [b""], 4) == b"flat"
+    assert _layout([place(r, 4) for r in range(4)] + [place(r, 2, "b") for r in range(2)], 6) == b"flat"
+    assert _layout([place(r % 2, 2, "b" if r == 1 else "a") for r in range(4)], 4) == b"flat"
+    assert _layout([place(0, 1) for _ in range(4)], 4) == b"flat"

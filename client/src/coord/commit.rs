@@ -263,6 +263,53 @@ pub(crate) fn all_ready(
     }
 }
 
+/// What a rank says of the step every rank was asked to restore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    /// Its manifest is loaded and checked.
+    Usable,
+    /// Not usable here (a bad manifest, no copy): try an older step.
+    Unusable,
+    /// A tier that holds its shard cannot be read: an older step would
+    /// silently lose the newer ones, so every rank stops.
+    Blind,
+}
+
+/// [`all_ready`] for a restore's step: usable on every rank, or some rank
+/// is blind to a tier holding its shard (every rank stops), or not usable
+/// somewhere (every rank tries an older step). The same on every rank.
+pub(crate) fn restore_ready(
+    coord: &dyn Coordinator,
+    cfg: &Config,
+    key: &str,
+    mine: Readiness,
+) -> Result<Readiness> {
+    let code = |r: Readiness| match r {
+        Readiness::Unusable => 0u8,
+        Readiness::Usable => 1,
+        Readiness::Blind => 2,
+    };
+    let decided = coord.all_reduce(
+        cfg.rank,
+        key,
+        vec![code(mine)],
+        Duration::from_secs(cfg.coordination_timeout_secs),
+        &|all| {
+            let blind = all.iter().any(|v| v.as_slice() == [2]);
+            let usable = all.iter().all(|v| v.as_slice() == [1]);
+            vec![if blind { 2 } else { u8::from(usable) }]
+        },
+    )?;
+    match decided.as_slice() {
+        [0] => Ok(Readiness::Unusable),
+        [1] => Ok(Readiness::Usable),
+        [2] => Ok(Readiness::Blind),
+        _ => Err(Error::Coordination(format!(
+            "{key}: the coordinator returned a malformed decision"
+        ))),
+    }
+}
+
 /// The steps this rank knows committed in some tier: what a listing of
 /// the tiers found, plus what this process committed since (whichever came
 /// first: a commit noted while the listing runs is kept).

@@ -130,20 +130,27 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
             Ok((sent, deduped)) => {
                 tracing::info!(step, sent, deduped, "step committed on L3");
                 s.uploads.set(step, L3State::Committed { sent, deduped });
-                let collected =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collect_l3(s, &*dst)));
-                if collected.is_err() {
-                    tracing::warn!(step, "L3 retention panicked; the uploader goes on");
-                }
+                collect_after(s, &*dst, step);
             }
             Err(e) => {
                 tracing::warn!(step, error = %e, "upload to L3 failed");
                 s.uploads.set(step, L3State::Failed(e.to_string()));
+                // The collector runs on rank 0 alone: not after its own
+                // successful uploads only, or L3 would grow while they fail.
+                collect_after(s, &*dst, step);
             }
         }
         s.uploads.queued.fetch_sub(1, Ordering::SeqCst);
         // Wakes `wait_uploads`, which watches the count.
         s.uploads.states.update(|_| ());
+    }
+}
+
+/// [`collect_l3`] after the upload of `step`; a panic in it is logged.
+fn collect_after(s: &Shared, l3: &dyn ChunkStore, step: u64) {
+    let collected = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collect_l3(s, l3)));
+    if collected.is_err() {
+        tracing::warn!(step, "L3 retention panicked; the uploader goes on");
     }
 }
 
@@ -155,13 +162,14 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
 ///
 /// One collector, not one per rank: each collection lists L3 (every
 /// rank's commit record of every step), so a collector per rank cost
-/// O(world²) requests per upload. Another rank's uploads need no hold
-/// here: the policy retires only complete steps it no longer keeps and
-/// incomplete ones older than the oldest complete step it keeps, and each
-/// rank uploads in step order, so a rank whose record of a kept step is
-/// on L3 has finished (or dropped) every older upload. An upload asked
-/// for (`upload(step)`) on some ranks only is an incomplete step: held
-/// where rank 0 asked for it too.
+/// O(world²) requests per upload. The policy retires only complete steps
+/// it no longer keeps and incomplete ones older than the oldest complete
+/// step it keeps; each rank uploads in step order, so a rank whose record
+/// of a kept step is on L3 has finished (or dropped) every older upload of
+/// its queue. Uploads out of that order (one asked for again with
+/// `upload(step)`, a restore's roll-forward) may still be running on
+/// another rank: an incomplete step is held for `l3_gc_grace_secs` from
+/// when rank 0 first saw it so (`strata_gc::Options::incomplete`).
 fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
     let cfg = &s.cfg;
     // `l3_keep_last = 0`: L3 is never collected.
@@ -181,6 +189,10 @@ fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
         // Each rank copies its own record to L3: a step counts once every
         // rank's is there.
         evidence: strata_gc::Evidence::EveryRank,
+        incomplete: Some((
+            s.uploads.incomplete.clone(),
+            std::time::Duration::from_secs(cfg.l3_gc_grace_secs),
+        )),
         hold,
         lazy: true,
         ..Default::default()

@@ -31,8 +31,10 @@ const TAG: u8 = 0xA1;
 const TAG_COMPACT: u8 = 0xA2;
 /// [`TAG`] and [`TAG_COMPACT`] of a payload that also says how this rank
 /// saw L3: it left the listing to [`LISTER`], or it is the lister and
-/// carries its [`L3View`] (`shared_l3`). Without either, a payload keeps
-/// the older tags, so a build without shared listings reads it.
+/// carries its [`L3View`] (`shared_l3`). Without either (no L3, or a
+/// world of one), a payload keeps the older tags, which an older build
+/// reads; with L3 and several ranks, every rank must run a build that
+/// shares the listing (an older one refuses these tags).
 const TAG_L3: u8 = 0xA3;
 const TAG_L3_COMPACT: u8 = 0xA4;
 /// Steps of each kind a compact payload carries (the newest): a round's
@@ -299,6 +301,9 @@ pub(crate) struct Agreement {
     /// The lister's view of L3 (its steps among the decision's), for the
     /// ranks that left L3 to it.
     pub(crate) l3: Option<L3View>,
+    /// The step asked for: a decision carries it beside the newest ones
+    /// (not sent itself: every rank asks for the same).
+    pub(crate) wanted: Option<u64>,
 }
 
 impl Agreement {
@@ -352,20 +357,23 @@ impl Agreement {
         }
         let foreign = all.iter().filter_map(|h| h.foreign).max();
         let common = common.unwrap_or_default();
-        // The decision carries the view's steps it names (the newest
-        // common and decided ones) and its newest: bounded like them.
-        let kept: BTreeSet<u64> = [&common, &decided]
-            .into_iter()
-            .flat_map(|set| set.iter().rev().take(WINDOW).copied())
-            .collect();
         Ok(Agreement {
             widen: common.is_empty() && all.iter().any(|h| h.compact),
             common,
             decided,
             foreign,
             blind,
-            l3: deferred.and(view).map(|v| v.only(|s| kept.contains(&s))),
+            l3: deferred.and(view),
+            wanted: None,
         })
+    }
+
+    /// The steps of `set` a decision carries: the newest [`WINDOW`], and
+    /// the one asked for.
+    fn sent(&self, set: &BTreeSet<u64>) -> BTreeSet<u64> {
+        let mut kept: BTreeSet<u64> = set.iter().rev().take(WINDOW).copied().collect();
+        kept.extend(self.wanted.filter(|w| set.contains(w)));
+        kept
     }
 
     /// The decision as the reducing rank sends it: bounded whatever the
@@ -374,15 +382,15 @@ impl Agreement {
     /// pick).
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = vec![u8::from(self.widen)];
-        let steps = |out: &mut Vec<u8>, set: &BTreeSet<u64>| {
-            let kept: Vec<u64> = set.iter().rev().take(WINDOW).copied().collect();
+        let steps = |out: &mut Vec<u8>, kept: &BTreeSet<u64>| {
             out.extend_from_slice(&(kept.len() as u32).to_le_bytes());
-            for s in kept.iter().rev() {
+            for s in kept {
                 out.extend_from_slice(&s.to_le_bytes());
             }
         };
-        steps(&mut out, &self.common);
-        steps(&mut out, &self.decided);
+        let (common, decided) = (self.sent(&self.common), self.sent(&self.decided));
+        steps(&mut out, &common);
+        steps(&mut out, &decided);
         write_foreign(&mut out, self.foreign);
         let empty = self.blind.iter().filter(|b| b.2).take(MAX_BLIND);
         let other = self.blind.iter().filter(|b| !b.2).take(MAX_BLIND);
@@ -398,8 +406,10 @@ impl Agreement {
         }
         // Only when there is a view, so a build without shared listings
         // reads every other decision.
+        // The view's steps the decision names, no more: bounded like them.
         if let Some(v) = &self.l3 {
-            v.encode(&mut out);
+            v.only(|s| common.contains(&s) || decided.contains(&s))
+                .encode(&mut out);
         }
         out
     }
@@ -440,6 +450,7 @@ impl Agreement {
             blind,
             widen,
             l3,
+            wanted: None,
         })
     }
 
@@ -505,14 +516,20 @@ pub(crate) fn agree(
     mine: &Holdings,
     wanted: Option<u64>,
 ) -> Result<Agreement> {
-    let first = round(coord, cfg, key, &mine.compact(wanted))?;
+    let first = round(coord, cfg, key, &mine.compact(wanted), wanted)?;
     if !first.widen {
         return Ok(first);
     }
-    round(coord, cfg, &format!("{key}/all"), mine)
+    round(coord, cfg, &format!("{key}/all"), mine, wanted)
 }
 
-fn round(coord: &dyn Coordinator, cfg: &Config, key: &str, mine: &Holdings) -> Result<Agreement> {
+fn round(
+    coord: &dyn Coordinator,
+    cfg: &Config,
+    key: &str,
+    mine: &Holdings,
+    wanted: Option<u64>,
+) -> Result<Agreement> {
     let name = key.to_string();
     let decided = coord.all_reduce(
         cfg.rank,
@@ -529,7 +546,8 @@ fn round(coord: &dyn Coordinator, cfg: &Config, key: &str, mine: &Holdings) -> R
                     })
                 })
                 .collect::<Result<Vec<_>>>()
-                .and_then(|all| Agreement::of(&all));
+                .and_then(|all| Agreement::of(&all))
+                .map(|a| Agreement { wanted, ..a });
             verdict::encode(combined.map(|a| a.encode()))
         },
     )?;
@@ -620,6 +638,17 @@ mod tests {
         assert!(ag.common.is_empty() && ag.widen);
         let ag = Agreement::of(&[ahead, behind.clone()]).unwrap();
         assert_eq!((ag.common.clone(), ag.widen), (set(&[10]), false));
+        // A step asked for, older than the newest common ones, stays in
+        // the decision (before, only the newest 64 were sent).
+        let long_ag = Agreement::of(&[long.clone(), long.clone()]).unwrap();
+        let plain = Agreement::decode(&long_ag.encode()).unwrap();
+        assert!(!plain.common.contains(&5));
+        let kept = Agreement {
+            wanted: Some(5),
+            ..long_ag
+        }
+        .encode();
+        assert!(Agreement::decode(&kept).unwrap().common.contains(&5));
         // A decision round-trips, and a malformed one is refused.
         let mut ag = ag;
         ag.foreign = Some((9, 4));
@@ -721,6 +750,7 @@ mod tests {
             blind: Vec::new(),
             widen: false,
             l3: None,
+            wanted: None,
         };
         let e = ag.check_world(&cfg, None).unwrap_err();
         assert!(e.to_string().contains("world of 2"), "{e}");

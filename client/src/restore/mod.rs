@@ -303,9 +303,6 @@ impl Checkpointer {
             ref mut catalog,
             ref holdings,
         } = self.list_tiers()?;
-        // What this rank committed anywhere: a later save of one of these
-        // steps is refused without listing the tiers again.
-        s.committed.fill(holdings.committed.clone());
         let n = s.restores.fetch_add(1, Ordering::Relaxed);
         let wanted = match which {
             StepSelector::Latest => None,
@@ -324,7 +321,20 @@ impl Checkpointer {
         // left L3 to it (`shared_l3`).
         let view = agreement.l3.as_ref().filter(|_| holdings.l3_deferred);
         let l3_mine = view.map_or_else(Default::default, |v| v.steps_of(cfg.rank));
+        // What this rank committed anywhere: a later save of one of these
+        // steps is refused without listing the tiers again. (Only once the
+        // ranks agreed: a failed agreement leaves the first save to list.)
+        // Where L3 was left to the lister, the view is the newest steps
+        // only: a save of an older decided step reads this rank's record
+        // there first (`Shared::refuse_committed`).
+        s.committed.fill(holdings.committed.clone());
         s.committed.fill(l3_mine.clone());
+        if view.is_some() {
+            if let Some(&newest) = agreement.decided.last() {
+                s.l3_unlisted_upto
+                    .fetch_max(newest.saturating_add(1), Ordering::Relaxed);
+            }
+        }
         let mut common = agreement.common;
         // The newest common step (or the one asked for); if its manifest
         // turns out unusable on some rank, every rank drops it together and
@@ -366,14 +376,27 @@ impl Checkpointer {
                     source: Source::L1,
                 })
             };
-            let ready = crate::coord::commit::all_ready(
+            use crate::coord::commit::Readiness;
+            let mine = match &here {
+                Ok(_) => Readiness::Usable,
+                Err(Error::TierUnavailable { .. }) => Readiness::Blind,
+                Err(_) => Readiness::Unusable,
+            };
+            let ready = crate::coord::commit::restore_ready(
                 &*s.coord,
                 cfg,
                 &format!("restore/{}/{n}/ready/{step}", cfg.job),
-                here.is_ok(),
+                mine,
             )?;
             match here {
-                Ok(loaded) if ready => return Ok((step, loaded)),
+                Ok(loaded) if ready == Readiness::Usable => return Ok((step, loaded)),
+                Err(e @ Error::TierUnavailable { .. }) => return Err(e),
+                _ if ready == Readiness::Blind => {
+                    return Err(Error::TierUnavailable {
+                        tier: "L3 (seen by another rank)".into(),
+                        reason: format!("a rank could not read its shard of step {step} there"),
+                    })
+                }
                 Ok(_) => {
                     tracing::warn!(
                         step,
@@ -516,17 +539,38 @@ impl Checkpointer {
     /// L3's listing in `catalog` for `step`, from this rank's own commit
     /// record read directly; the whole listing when the record is keyed by
     /// another rank (a record naming several shards).
+    ///
+    /// L3 unreachable from here (while the lister read it) is
+    /// [`Error::TierUnavailable`]: the ranks then stop together rather
+    /// than go back to an older step (unless `skip_unreadable_tiers`).
     fn fill_l3(&self, catalog: &mut Catalog, l3: &crate::tiers::Tier, step: u64) -> Result<()> {
         let s = &self.shared;
         let (job, rank) = (&s.cfg.job, s.cfg.rank);
-        let steps = match s.rt.block_on(l3.store.get_commit_record(job, step, rank))? {
+        let blind = |e: strata_tiered::StoreError| {
+            let e = Error::from(e);
+            match e.kind() {
+                crate::ErrorKind::Unavailable | crate::ErrorKind::Unauthorized
+                    if !s.cfg.skip_unreadable_tiers =>
+                {
+                    Error::TierUnavailable {
+                        tier: format!("{} (seen by rank {rank})", l3.name),
+                        reason: e.to_string(),
+                    }
+                }
+                _ => e,
+            }
+        };
+        let record =
+            s.rt.block_on(l3.store.get_commit_record(job, step, rank))
+                .map_err(blind)?;
+        let steps = match record {
             Some(record) => vec![strata_tiered::StepInfo {
                 step,
                 records: [(rank, record)].into(),
                 manifests: [rank].into(),
                 ..Default::default()
             }],
-            None => s.rt.block_on(l3.store.list_steps(job))?,
+            None => s.rt.block_on(l3.store.list_steps(job)).map_err(blind)?,
         };
         catalog.set_listing(&l3.name, steps);
         Ok(())

@@ -101,10 +101,16 @@ impl Ranks {
             [1] => {
                 let end = r.u32()?;
                 let bits = r.take(end.div_ceil(8) as usize)?;
-                let set: BTreeSet<u32> = (0..end)
-                    .filter(|&i| bits[(i / 8) as usize] & (1 << (i % 8)) != 0)
-                    .collect();
-                Some(Ranks::of(&set))
+                // Straight to ranges: never more than one per set bit, and
+                // no set of every rank on the way.
+                let mut out: Vec<(u32, u32)> = Vec::new();
+                for i in (0..end).filter(|&i| bits[(i / 8) as usize] & (1 << (i % 8)) != 0) {
+                    match out.last_mut() {
+                        Some((_, e)) if *e == i => *e = i + 1,
+                        _ => out.push((i, i + 1)),
+                    }
+                }
+                Some(Ranks(out))
             }
             _ => None,
         }

@@ -197,10 +197,11 @@ else:
             ran.append(len(values))
             return b"|".join(values)
 
+        before = job_ops[0]
         result["round"] = attempt(lambda r, k, v, t: [gather.reduce(r, k, v, t, reducer)], "red",
                                   f"{rank}-v".encode(), 10.0)
         result["reduced"] = ran
-        result["job_ops_red"] = job_ops[0]
+        result["job_ops_red"] = job_ops[0] - before
 
         def refuses(values):
             raise ValueError("this reduction refuses")

@@ -151,12 +151,12 @@ impl L3Store {
             // A step of a large world has a record per rank: read them
             // concurrently (one after another, 16,384 reads at 10 ms each
             // would take minutes).
-            let reads: Vec<(u32, Result<Slot>)> = futures::stream::iter(slots)
+            let mut reads = futures::stream::iter(slots)
                 .map(|first| async move { (first, self.read_slot(job, step, first).await) })
-                .buffer_unordered(self.opts.concurrency.max(1))
-                .collect()
-                .await;
-            for (first, read) in reads {
+                .buffer_unordered(self.opts.concurrency.max(1));
+            // The first failure ends the listing (the reads in flight are
+            // dropped), not the last of thousands.
+            while let Some((first, read)) = reads.next().await {
                 match read? {
                     Slot::Record(r) => {
                         info.records.insert(first, r);
