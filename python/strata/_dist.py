@@ -340,7 +340,7 @@ def claim_rank(store: Any, key: str, rank: int, job: str, any_key: Optional[str]
 
 
 def open_rounds(store: Any, rank: int, world: int, base: str, job: str,
-                local: Optional[Tuple[int, int]] = None) -> Any:
+                local: Optional[Tuple[int, int]] = None) -> "Rounds":
     """The rounds of this process's next checkpointer on ``rank``: claims
     the rank, then numbers the checkpointer (the n-th a rank opens meets
     the n-th of every other rank: each opens them in program order).
@@ -349,20 +349,71 @@ def open_rounds(store: Any, rank: int, world: int, base: str, job: str,
     launcher says): where every rank's place makes whole nodes of
     consecutive ranks on one host each, the node's ranks meet on a store of
     their own first and one of them takes part in the job's store for all
-    of them (``NodeRounds``). Every rank takes the same path: one round at
-    open decides it from every rank's place (``_layout``)."""
+    of them (``NodeRounds``). Every rank takes the same path, which its
+    first round decides (``Rounds``)."""
     any_claim = f"{base}/claim/any"
     claim = f"{base}/claim/{rank}"
     claim_rank(store, claim, rank, job, any_claim)
     nth = store.add(f"{base}/opened/{rank}", 1)
     flat = StoreGather(store, world, f"{base}/{nth}", claim=claim, job=job)
     place = b"" if local is None else f"{local[0]} {local[1]} {socket.gethostname()}".encode()
-    layout = flat.reduce(rank, "layout", place, store.timeout.total_seconds(),
-                         lambda places: _layout(places, world))
-    if not layout.startswith(b"nodes "):
-        return flat
-    per_node = int(layout[len(b"nodes "):].decode())
-    return NodeRounds.open(store, rank, world, per_node, f"{base}/{nth}", any_claim, job)
+
+    def nodes(per_node: int) -> NodeRounds:
+        return NodeRounds.open(store, rank, world, per_node, f"{base}/{nth}", any_claim, job)
+
+    return Rounds(flat, place, world, nodes)
+
+
+class Rounds:
+    """A checkpointer's rounds: each rank on its own (``StoreGather``), or
+    its node's ranks meeting first (``NodeRounds``). Which is decided by a
+    round of its own before the first one, from every rank's place
+    (``_layout``), so every rank takes the same path; it is a part of that
+    first round (its timeout, its failure), so opening a checkpointer
+    waits for no other rank."""
+
+    _strata_reduces = True
+
+    def __init__(self, flat: StoreGather, place: bytes, world: int,
+                 nodes: Callable[[int], "NodeRounds"]) -> None:
+        self._flat = flat
+        self._place = place
+        self._world = world
+        self._nodes = nodes
+        self._chosen: Any = None
+        self._lock = threading.Lock()
+
+    def _rounds(self, rank: int, timeout_s: float) -> Any:
+        with self._lock:
+            if self._chosen is None:
+                world = self._world
+                layout = self._flat.reduce(rank, "layout", self._place, timeout_s,
+                                           lambda places: _layout(places, world))
+                if layout.startswith(b"nodes "):
+                    self._chosen = self._nodes(int(layout[len(b"nodes "):].decode()))
+                else:
+                    self._chosen = self._flat
+            return self._chosen
+
+    def __call__(self, rank: int, key: str, value: bytes, timeout_s: float) -> List[bytes]:
+        """An all-gather (``StoreGather.__call__``)."""
+        return self._rounds(rank, timeout_s)(rank, key, value, timeout_s)
+
+    def reduce(self, rank: int, key: str, value: bytes, timeout_s: float,
+               reducer: Callable[[List[bytes]], bytes]) -> bytes:
+        """A reducing round (``StoreGather.reduce``)."""
+        return self._rounds(rank, timeout_s).reduce(rank, key, value, timeout_s, reducer)
+
+    @property
+    def on_nodes(self) -> Optional[bool]:
+        """Whether the node's ranks meet first; None before the first round."""
+        return None if self._chosen is None else self._chosen is not self._flat
+
+    def close(self) -> None:
+        """Closes the node's rounds, if chosen (``NodeRounds.close``)."""
+        close = getattr(self._chosen, "close", None)
+        if close is not None:
+            close()
 
 
 def _layout(places: List[bytes], world: int) -> bytes:

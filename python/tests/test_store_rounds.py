@@ -208,9 +208,10 @@ def test_a_nodes_ranks_meet_there_first_so_the_jobs_store_serves_one_of_them(tmp
 
 
 def test_ranks_meet_on_nodes_only_when_every_rank_s_place_makes_whole_nodes():
-    # Every rank takes the path one round at open decides from every
-    # rank's place (local rank, ranks per node, host): never some ranks on
-    # nodes and others on their own (which would wait for each other).
+    # Every rank takes the path one round before its first decides from
+    # every rank's place (local rank, ranks per node, host): never some
+    # ranks on nodes and others on their own (which would wait for each
+    # other).
     from strata._dist import _layout
 
     def place(local_rank, per_node, host="a"):

@@ -197,6 +197,9 @@ else:
             ran.append(len(values))
             return b"|".join(values)
 
+        # The first round also decides whether the node's ranks meet
+        # first (one round of its own): counted apart.
+        result["warm"] = attempt(gather, "warm", b"w", 10.0)
         before = job_ops[0]
         result["round"] = attempt(lambda r, k, v, t: [gather.reduce(r, k, v, t, reducer)], "red",
                                   f"{rank}-v".encode(), 10.0)
