@@ -294,7 +294,7 @@ impl Checkpointer {
             metrics: crate::metrics::Metrics::new(&cfg.job, cfg.rank, &cfg.node),
             commits: CommitEvents::default(),
             committed: KnownCommitted::default(),
-            l3_unlisted_upto: Default::default(),
+            l3_unlisted_below: Default::default(),
             claims,
             foreground: crate::foreground::Foreground::default(),
             cfg,

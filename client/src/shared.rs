@@ -106,10 +106,11 @@ pub(crate) struct Shared {
     /// Steps this rank knows committed in some tier: a save of one of
     /// them is refused.
     pub(crate) committed: KnownCommitted,
-    /// One past the newest decided step of a restore that left L3 to the
-    /// lister (0: none): a save of a step below it that `committed` does
-    /// not know reads this rank's record on L3 first (`refuse_committed`).
-    pub(crate) l3_unlisted_upto: std::sync::atomic::AtomicU64,
+    /// After a restore that left L3 to the lister: the oldest step from
+    /// which its view showed every L3 step (0: none). A save of an older
+    /// step that `committed` does not know reads this rank's record on L3
+    /// first (`refuse_committed`).
+    pub(crate) l3_unlisted_below: std::sync::atomic::AtomicU64,
     /// Which rank of this node sends a chunk its ranks share (on the
     /// default L1 only: the claims live in its directory).
     pub(crate) claims: Option<PushClaims>,
@@ -153,13 +154,13 @@ impl Shared {
     }
 
     /// Whether this rank's commit record of `step` is on L3, read directly
-    /// (one request), for a step at most the newest decided one of a
-    /// restore that left L3 to the lister (its view carries only the
-    /// newest steps). An unreachable L3 says no: its own guard still
-    /// refuses to replace a committed manifest.
+    /// (one request), for a step older than what a restore that left L3 to
+    /// the lister was shown (its view carries the newest steps only). An
+    /// unreachable L3 says no: its own guard still refuses to replace a
+    /// committed manifest.
     fn committed_on_unlisted_l3(&self, step: u64) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        if step >= self.l3_unlisted_upto.load(Relaxed) {
+        if step >= self.l3_unlisted_below.load(Relaxed) {
             return false;
         }
         let Some(l3) = self.tiers.remote() else {

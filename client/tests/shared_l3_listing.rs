@@ -83,6 +83,17 @@ fn save_two_steps(dirs: &[tempfile::TempDir], l3: &Arc<dyn ChunkStore>) {
     });
 }
 
+/// `mem` behind a store that answers nothing (an outage from the start).
+fn unreachable(mem: &Arc<MemoryStore>) -> Arc<dyn ChunkStore> {
+    Arc::new(FaultStore::new(
+        mem.clone(),
+        FaultPlan {
+            outage_after: Some(0),
+            ..FaultPlan::default()
+        },
+    ))
+}
+
 fn dirs() -> Vec<tempfile::TempDir> {
     (0..WORLD).map(|_| tempfile::tempdir().unwrap()).collect()
 }
@@ -144,13 +155,7 @@ fn a_lister_blind_to_l3_fails_every_rank_alike_where_l3_may_hold_a_shard() {
     let mem = Arc::new(MemoryStore::new());
     let dirs = dirs();
     save_two_steps(&dirs, &(mem.clone() as Arc<dyn ChunkStore>));
-    let down: Arc<dyn ChunkStore> = Arc::new(FaultStore::new(
-        mem.clone(),
-        FaultPlan {
-            outage_after: Some(0),
-            ..FaultPlan::default()
-        },
-    ));
+    let down = unreachable(&mem);
     // Every disk holds the newest step: nothing is hidden, the restore
     // goes on from L1 though nobody could list L3.
     let got = on_every_rank(&dirs, &down, |_, ck| ck.restore(StepSelector::Latest));
@@ -186,13 +191,7 @@ fn a_rank_that_cannot_read_l3_stops_every_rank_instead_of_going_back() {
     // the ranks dropped the step as unusable and went back to an older
     // one, or failed each with its own error).
     std::fs::remove_dir_all(dirs[2].path()).unwrap();
-    let down: Arc<dyn ChunkStore> = Arc::new(FaultStore::new(
-        mem.clone(),
-        FaultPlan {
-            outage_after: Some(0),
-            ..FaultPlan::default()
-        },
-    ));
+    let down = unreachable(&mem);
     let got = on_every_rank_with(
         &dirs,
         |r| {

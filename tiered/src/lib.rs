@@ -54,5 +54,5 @@ pub use store::{
 };
 pub use wrap::{
     FaultPlan, FaultStore, LimitStore, MetricsSnapshot, MetricsStore, RetryPolicy, RetryStore,
-    SharedListing, ThrottleConfig, ThrottleStore,
+    ThrottleConfig, ThrottleStore,
 };

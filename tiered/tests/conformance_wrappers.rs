@@ -43,15 +43,6 @@ mod limit {
     });
 }
 
-mod shared_listing {
-    // Nothing shared across calls (max age zero): every call reaches the
-    // store, so damage done beside it is seen as the suite expects.
-    strata_tiered::conformance_tests!(damage {
-        let (m, d) = super::memory();
-        (strata_tiered::SharedListing::new(m, std::time::Duration::ZERO), (), d)
-    });
-}
-
 mod throttle {
     strata_tiered::conformance_tests!(damage {
         let (m, d) = super::memory();

@@ -247,20 +247,12 @@ pub(crate) fn all_ready(
     key: &str,
     ok: bool,
 ) -> Result<bool> {
-    let decided = coord.all_reduce(
-        cfg.rank,
-        key,
-        vec![u8::from(ok)],
-        Duration::from_secs(cfg.coordination_timeout_secs),
-        &|all| vec![u8::from(all.iter().all(|v| v.as_slice() == [1]))],
-    )?;
-    match decided.as_slice() {
-        [0] => Ok(false),
-        [1] => Ok(true),
-        _ => Err(Error::Coordination(format!(
-            "{key}: the coordinator returned a malformed decision"
-        ))),
-    }
+    let mine = if ok {
+        Readiness::Usable
+    } else {
+        Readiness::Unusable
+    };
+    Ok(restore_ready(coord, cfg, key, mine)? == Readiness::Usable)
 }
 
 /// What a rank says of the step every rank was asked to restore.
@@ -275,9 +267,11 @@ pub(crate) enum Readiness {
     Blind,
 }
 
-/// [`all_ready`] for a restore's step: usable on every rank, or some rank
-/// is blind to a tier holding its shard (every rank stops), or not usable
-/// somewhere (every rank tries an older step). The same on every rank.
+/// Whether a step every rank was asked to restore (or to roll back) can
+/// be used: usable on every rank, or some rank is blind to a tier holding
+/// its shard (every rank stops), or not usable somewhere (every rank tries
+/// an older step). The same on every rank: one rank decides. ([`all_ready`]
+/// is its yes-or-no form.)
 pub(crate) fn restore_ready(
     coord: &dyn Coordinator,
     cfg: &Config,

@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::coord::coordinator::Coordinator;
 use crate::coord::verdict;
 use crate::error::{Error, Result};
+use crate::restore::payload::Reader;
 use crate::restore::shared_l3::{L3View, LISTER};
 
 /// Tag of the current payload. An older build sends a bare list of
@@ -185,8 +186,8 @@ impl Holdings {
             [TAG_L3_COMPACT] => (true, true),
             _ => return None,
         };
-        let sets = [r.steps()?, r.steps()?];
-        let foreign = r.foreign()?;
+        let sets = [read_steps(&mut r)?, read_steps(&mut r)?];
+        let foreign = read_foreign(&mut r)?;
         let l1_empty = flag(r.take(1)?)?;
         let n = u16::from_le_bytes(r.take(2)?.try_into().ok()?) as usize;
         let note = r.take(n)?;
@@ -233,8 +234,6 @@ fn floor_char_boundary(s: &str, max: usize) -> usize {
     n
 }
 
-struct Reader<'a>(&'a [u8]);
-
 /// The newest step of another world size, as a payload carries it.
 fn write_foreign(out: &mut Vec<u8>, foreign: Option<(u64, u32)>) {
     match foreign {
@@ -247,38 +246,22 @@ fn write_foreign(out: &mut Vec<u8>, foreign: Option<(u64, u32)>) {
     }
 }
 
-impl<'a> Reader<'a> {
-    /// A count, then that many steps (bounded by the payload itself: no
-    /// allocation past its length).
-    fn steps(&mut self) -> Option<BTreeSet<u64>> {
-        let n = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
-        if n > self.0.len() / 8 {
-            return None;
-        }
-        (0..n)
-            .map(|_| Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?)))
-            .collect()
+/// A count, then that many steps (bounded by the payload itself: no
+/// allocation past its length).
+fn read_steps(r: &mut Reader<'_>) -> Option<BTreeSet<u64>> {
+    let n = r.u32()? as usize;
+    if n > r.left() / 8 {
+        return None;
     }
+    (0..n).map(|_| r.u64()).collect()
+}
 
-    /// What [`write_foreign`] wrote.
-    fn foreign(&mut self) -> Option<Option<(u64, u32)>> {
-        match self.take(1)? {
-            [0] => Some(None),
-            [1] => Some(Some((
-                u64::from_le_bytes(self.take(8)?.try_into().ok()?),
-                u32::from_le_bytes(self.take(4)?.try_into().ok()?),
-            ))),
-            _ => None,
-        }
-    }
-
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.0.len() < n {
-            return None;
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Some(a)
+/// What [`write_foreign`] wrote.
+fn read_foreign(r: &mut Reader<'_>) -> Option<Option<(u64, u32)>> {
+    match r.take(1)? {
+        [0] => Some(None),
+        [1] => Some(Some((r.u64()?, r.u32()?))),
+        _ => None,
     }
 }
 
@@ -419,8 +402,8 @@ impl Agreement {
     pub(crate) fn decode(b: &[u8]) -> Option<Agreement> {
         let mut r = Reader(b);
         let widen = flag(r.take(1)?)?;
-        let sets = [r.steps()?, r.steps()?];
-        let foreign = r.foreign()?;
+        let sets = [read_steps(&mut r)?, read_steps(&mut r)?];
+        let foreign = read_foreign(&mut r)?;
         let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
         if n > r.0.len() / 7 {
             return None;

@@ -7,6 +7,7 @@
 pub(crate) mod agreement;
 pub(crate) mod fetch;
 pub(crate) mod l3;
+pub(crate) mod payload;
 pub(crate) mod place;
 pub(crate) mod priority;
 pub(crate) mod shared_l3;
@@ -324,15 +325,17 @@ impl Checkpointer {
         // What this rank committed anywhere: a later save of one of these
         // steps is refused without listing the tiers again. (Only once the
         // ranks agreed: a failed agreement leaves the first save to list.)
-        // Where L3 was left to the lister, the view is the newest steps
-        // only: a save of an older decided step reads this rank's record
-        // there first (`Shared::refuse_committed`).
+        // Where L3 was left to the lister, the view holds every L3 step
+        // from the oldest of the newest decided ones a decision carries:
+        // only a save of a step older than that reads this rank's record
+        // there first (`Shared::refuse_committed`; a save past the window,
+        // the rare case, not every save).
         s.committed.fill(holdings.committed.clone());
         s.committed.fill(l3_mine.clone());
         if view.is_some() {
-            if let Some(&newest) = agreement.decided.last() {
-                s.l3_unlisted_upto
-                    .fetch_max(newest.saturating_add(1), Ordering::Relaxed);
+            let window = crate::restore::agreement::WINDOW;
+            if let Some(&edge) = agreement.decided.iter().rev().nth(window - 1) {
+                s.l3_unlisted_below.fetch_max(edge, Ordering::Relaxed);
             }
         }
         let mut common = agreement.common;

@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use strata_tiered::StepInfo;
 
 use crate::config::Config;
+use crate::restore::payload::Reader;
 
 /// The rank that lists L3 for the job at a restore.
 pub(crate) const LISTER: u32 = 0;
@@ -81,7 +82,7 @@ impl Ranks {
 
     /// What [`Ranks::encode`] wrote; `None` when malformed (ranges out of
     /// order, a count or length past the payload).
-    fn decode(r: &mut Take<'_>) -> Option<Ranks> {
+    fn decode(r: &mut Reader<'_>) -> Option<Ranks> {
         match r.take(1)? {
             [0] => {
                 let n = r.u32()? as usize;
@@ -198,7 +199,7 @@ impl L3View {
     /// What [`L3View::encode`] wrote, from the front of `b`; returns the
     /// view and the bytes after it. `None` when malformed.
     pub(crate) fn decode(b: &[u8]) -> Option<(L3View, &[u8])> {
-        let mut r = Take(b);
+        let mut r = Reader(b);
         let view = match r.take(1)? {
             [0] => {
                 let n = r.u32()? as usize;
@@ -207,7 +208,7 @@ impl L3View {
                 }
                 let mut m = BTreeMap::new();
                 for _ in 0..n {
-                    let step = u64::from_le_bytes(r.take(8)?.try_into().ok()?);
+                    let step = r.u64()?;
                     if m.insert(step, Ranks::decode(&mut r)?).is_some() {
                         return None;
                     }
@@ -221,28 +222,6 @@ impl L3View {
             _ => return None,
         };
         Some((view, r.0))
-    }
-}
-
-/// A reader over a payload that never reads (or allocates) past its end.
-struct Take<'a>(&'a [u8]);
-
-impl<'a> Take<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.0.len() < n {
-            return None;
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Some(a)
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-
-    fn left(&self) -> usize {
-        self.0.len()
     }
 }
 

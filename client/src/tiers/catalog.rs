@@ -67,15 +67,7 @@ impl Catalog {
     /// Lists the job's steps in every tier of `tiers` (all at once; a tier
     /// that cannot be listed is kept with its error: the others answer).
     pub async fn list(job: &str, tiers: Vec<Tier>) -> Self {
-        let listed = futures::future::join_all(tiers.iter().map(|t| t.store.list_steps(job))).await;
-        Catalog {
-            job: job.to_string(),
-            tiers: tiers
-                .into_iter()
-                .zip(listed)
-                .map(|(tier, steps)| Listing { tier, steps })
-                .collect(),
-        }
+        Self::list_some(job, tiers, |_| true).await
     }
 
     /// [`Catalog::list`] of the tiers `list` picks; the others are kept

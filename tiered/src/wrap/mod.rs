@@ -7,8 +7,6 @@
 //!   deadline;
 //! * [`LimitStore`]: at most N calls in flight;
 //! * [`ThrottleStore`]: a bandwidth cap on chunk bytes read and written;
-//! * [`SharedListing`]: one listing of a job's steps for the callers of a
-//!   process that ask at once (the ranks of a node restoring together);
 //! * [`MetricsStore`]: counters of operations, errors by kind, bytes and
 //!   latency per operation family;
 //! * [`FaultStore`]: seeded, replayable fault injection (errors, timeouts,
@@ -30,7 +28,6 @@ mod limit;
 mod metrics;
 mod metrics_snapshot;
 mod retry;
-mod shared_listing;
 mod throttle;
 
 pub use fault::{FaultCounts, FaultPlan, FaultStore, FaultTargets};
@@ -38,5 +35,4 @@ pub use limit::LimitStore;
 pub use metrics::MetricsStore;
 pub use metrics_snapshot::{ErrorCounts, FamilyStats, MetricsSnapshot, OpFamily};
 pub use retry::{RetryPolicy, RetryStore};
-pub use shared_listing::SharedListing;
 pub use throttle::{ThrottleConfig, ThrottleStore};
