@@ -370,47 +370,76 @@ impl Replicas {
             .map(|_| ())
     }
 
-    /// Writes every chunk held in memory to the spill directory, so that
-    /// the next start of the service finds it (a graceful stop calls this
-    /// once no request is in flight). Returns (chunks kept, chunks that
-    /// could not be written: those are lost with the process, and the
-    /// next start retires the shards that named them).
+    /// Writes the chunks held in memory to the spill directory, so that
+    /// the next start of the service finds them (a graceful stop calls
+    /// this once no request is in flight), as far as the spill's room
+    /// allows: `--memory` plus `--disk` in all (what the operations guide
+    /// sizes the directory for; a start reloads what was kept, above the
+    /// disk budget, and new writes go to memory), so restarts never grow
+    /// it past that. The most recently put or checked first (the newest
+    /// step's chunks, which a restore wants), each charged before it is
+    /// written.
+    /// Returns (chunks kept, chunks not kept: over the budget, or not
+    /// written; those are lost with the process, and the next start
+    /// retires the shards that named them).
     pub fn keep_memory_on_disk(&self) -> Result<(u64, u64)> {
-        let in_memory: Vec<(String, ChunkId, bytes::Bytes)> = {
+        let mut in_memory: Vec<(String, ChunkId, bytes::Bytes, Instant)> = {
             let c = self.chunks.lock().map_err(|_| poisoned())?;
             c.map
                 .iter()
                 .filter_map(|((job, id), s)| match &s.place {
-                    Place::Memory(b) => Some((job.clone(), *id, b.clone())),
+                    Place::Memory(b) => Some((job.clone(), *id, b.clone(), s.touched)),
                     Place::Disk { .. } => None,
                 })
                 .collect()
         };
-        let (mut kept, mut lost) = (0, 0);
-        for (job, id, frame) in in_memory {
-            match self.write_spill(&job, &id, &frame) {
-                Ok(seq) => {
-                    let mut c = self.chunks.lock().map_err(|_| poisoned())?;
-                    let len = frame.len() as u64;
-                    match c.map.get_mut(&(job.clone(), id)) {
-                        Some(slot) if matches!(slot.place, Place::Memory(_)) => {
-                            slot.place = Place::Disk { len, seq };
-                            c.release(&job, len, true, 0);
-                            c.add(&job, len, false, 0);
-                            kept += 1;
-                        }
-                        _ => {
-                            // Deleted meanwhile: its file goes too.
-                            drop(c);
-                            remove_any(&self.file(&job, &id, seq));
-                        }
-                    }
+        in_memory.sort_by(|a, b| b.3.cmp(&a.3));
+        let room = self
+            .limits
+            .memory_bytes
+            .saturating_add(self.limits.disk_bytes);
+        let (mut kept, mut lost, mut over) = (0, 0, 0u64);
+        for (job, id, frame, _) in in_memory {
+            let len = frame.len() as u64;
+            {
+                let mut c = self.chunks.lock().map_err(|_| poisoned())?;
+                if c.all.disk.saturating_add(len) > room {
+                    over += 1;
+                    lost += 1;
+                    continue;
                 }
+                // Reserved before the write: nothing else can take it.
+                c.add(&job, len, false, 0);
+            }
+            let written = self.write_spill(&job, &id, &frame);
+            let mut c = self.chunks.lock().map_err(|_| poisoned())?;
+            match written {
+                Ok(seq) => match c.map.get_mut(&(job.clone(), id)) {
+                    Some(slot) if matches!(slot.place, Place::Memory(_)) => {
+                        slot.place = Place::Disk { len, seq };
+                        c.release(&job, len, true, 0);
+                        kept += 1;
+                    }
+                    _ => {
+                        // Deleted meanwhile: its file goes too.
+                        c.release(&job, len, false, 0);
+                        drop(c);
+                        remove_any(&self.file(&job, &id, seq));
+                    }
+                },
                 Err(e) => {
+                    c.release(&job, len, false, 0);
                     tracing::warn!(job, chunk = %id, error = %e, "a replica in memory could not be kept on disk");
                     lost += 1;
                 }
             }
+        }
+        if over > 0 {
+            tracing::warn!(
+                chunks = over,
+                room = room,
+                "replicas in memory not kept on disk: the spill holds --memory plus --disk already; the next start retires the shards that named them"
+            );
         }
         Ok((kept, lost))
     }

@@ -326,3 +326,65 @@ async fn a_start_applies_its_own_retention_to_every_reloaded_job() {
     assert_eq!(steps, [6]);
     assert_eq!(r.reloaded().steps, 2, "both were reloaded before retention");
 }
+
+#[tokio::test]
+async fn graceful_stops_keep_the_spill_within_memory_plus_disk_newest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill");
+    let one = frame(&chunk(0, 0)).len() as u64;
+    // Memory takes four frames, the disk two: the spill directory is
+    // sized for six (docs/operations.md), across any number of restarts.
+    let limits = Limits {
+        memory_bytes: 4 * one,
+        disk_bytes: 2 * one,
+        ..Limits::default()
+    };
+    let room = limits.memory_bytes + limits.disk_bytes;
+    let put = |r: &Replicas, cs: &[(u32, u32)]| -> Vec<ChunkId> {
+        cs.iter()
+            .map(|&(rank, i)| {
+                let c = chunk(rank, i);
+                r.put_chunk(JOB, ChunkId::of(&c), frame(&c)).unwrap();
+                // Puts told apart by the clock that orders what is kept.
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                ChunkId::of(&c)
+            })
+            .collect()
+    };
+    let on_disk = || -> u64 {
+        spilled(&spill)
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum()
+    };
+    let first = {
+        let r = Replicas::new(&spill, limits.clone()).unwrap();
+        let ids = put(&r, &[(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]);
+        assert_eq!(r.stats().unwrap().1, one, "one frame spilled past memory");
+        assert_eq!(r.keep_memory_on_disk().unwrap(), (4, 0));
+        ids
+    };
+    assert_eq!(on_disk(), 5 * one);
+    // The next run reloads five frames (over the disk budget, admitted
+    // before) and takes four new ones into its empty memory; its stop
+    // has room for one: the one put last.
+    let second = {
+        let r = Replicas::new(&spill, limits.clone()).unwrap();
+        assert_eq!(r.reloaded().chunks, 5);
+        let ids = put(&r, &[(1, 1), (1, 2), (1, 3), (2, 0)]);
+        assert_eq!(r.stats().unwrap().0, 4 * one, "the new frames in memory");
+        assert_eq!(r.keep_memory_on_disk().unwrap(), (1, 3));
+        let (_, disk, _, _) = r.stats().unwrap();
+        assert!(disk <= room, "{disk} bytes on disk, room {room}");
+        ids
+    };
+    assert!(on_disk() <= room, "{} bytes in the spill, room {room}", on_disk());
+    let r = Replicas::new(&spill, limits).unwrap();
+    assert_eq!(r.reloaded().chunks, 6);
+    for id in first.iter().chain(&second[3..]) {
+        assert!(r.get_frame(JOB, id).is_ok(), "{id} kept");
+    }
+    for id in &second[..3] {
+        assert!(r.get_frame(JOB, id).is_err(), "{id} is over the room");
+    }
+}
