@@ -153,3 +153,48 @@ fn a_damaged_chunk_of_the_rest_fails_the_rest_only() {
     let e = p.wait().expect_err("the rest is damaged");
     assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
 }
+
+#[test]
+fn dropping_the_handle_stops_the_rest_and_lets_go_of_the_checkpointer() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = open(dir.path());
+    // The rest is 128 chunks of 1 MiB: eight batches, of which the three
+    // lanes have at most three in flight when the handle is dropped.
+    let st = vec![
+        ("model.w".to_string(), bytes(2 * MIB, 1)),
+        ("optim.m".to_string(), bytes(64 * MIB, 2)),
+        ("optim.v".to_string(), bytes(64 * MIB, 3)),
+    ];
+    save(&ck, 1, &st);
+    let p = ck.restore_first(StepSelector::Latest, &["model"]).unwrap();
+    assert_eq!(p.first.entries[0].bytes, st[0].1);
+    drop(p);
+    // The rest's thread ends and lets go of the checkpointer.
+    let t = std::time::Instant::now();
+    while Arc::strong_count(&ck) > 1 {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "the rest still runs"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // It stopped before its end: no restore was counted as read (a whole
+    // one counts every byte of both parts), nor as failed.
+    let m = ck.metrics_text();
+    let l1_bytes = m
+        .lines()
+        .find(|l| l.starts_with("strata_restore_bytes_total{") && l.contains("tier=\"l1\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .map(str::to_string);
+    assert_eq!(l1_bytes.as_deref(), Some("0"), "{m}");
+    let failed = m
+        .lines()
+        .find(|l| l.starts_with("strata_restores_failed_total{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .map(str::to_string);
+    assert_eq!(failed.as_deref(), Some("0"));
+    // The checkpointer serves the next restore whole.
+    let again = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(again.entries.len(), 3);
+    assert_eq!(again.entries[2].bytes, st[2].1);
+}

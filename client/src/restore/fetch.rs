@@ -32,11 +32,16 @@ const RESTORE_LANES: usize = 3;
 /// out: while one lane verifies and copies, another's reads keep the disk
 /// busy. From L3 (a step L1 does not hold), see `l3.rs`. Memory in
 /// flight is bounded by the lanes, whatever the shard's size.
+///
+/// `stop` ends the read at the next batch when set from outside (a
+/// dropped [`crate::PriorityRestore`]): the result is then an error, as
+/// when a lane fails (which sets it too, to stop the others).
 pub(crate) fn fetch_into(
     s: &Shared,
     loaded: &Loaded,
     dests: &mut [Option<&mut [u8]>],
     rehydrate: bool,
+    stop: &AtomicBool,
 ) -> Result<RestoreStats> {
     let m = &loaded.shard.manifest;
     let started = Instant::now();
@@ -46,21 +51,27 @@ pub(crate) fn fetch_into(
     let wanted: Vec<usize> = (0..m.chunks.len())
         .filter(|&c| slots[c].lock().is_ok_and(|t| t.is_some()))
         .collect();
-    let failed = AtomicBool::new(false);
+    let failed = stop;
     let counters = Counters {
         l1_copy: AtomicBool::new(rehydrate && loaded.source != Source::L1 && s.cfg.rehydrate_l1),
         ..Counters::default()
     };
     let mut errors: Vec<(usize, Error)> = match (s.l3(), loaded.source) {
         (Some(l3), Source::L3) => {
-            crate::restore::l3::l3_restore(s, l3, loaded, &wanted, &slots, &failed, &counters)
+            crate::restore::l3::l3_restore(s, l3, loaded, &wanted, &slots, failed, &counters)
         }
-        _ => batch_restore(s, loaded, &wanted, &slots, &failed, &counters),
+        _ => batch_restore(s, loaded, &wanted, &slots, failed, &counters),
     };
     // Report the first damaged chunk in shard order, whichever lane saw it.
     errors.sort_by_key(|(c, _)| *c);
     if let Some((_, e)) = errors.into_iter().next() {
         return Err(e);
+    }
+    if failed.load(Ordering::Relaxed) {
+        return Err(Error::Pipeline(format!(
+            "the read of step {} was stopped before its end",
+            m.info.step
+        )));
     }
     Ok(RestoreStats {
         step: m.info.step,

@@ -13,7 +13,7 @@ pub(crate) mod priority;
 pub(crate) mod shared_l3;
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::checkpointer::Checkpointer;
 use crate::error::{Error, Result};
@@ -109,7 +109,7 @@ impl Checkpointer {
 
     fn restore_whole(&self, step: u64, loaded: Loaded) -> Result<RestoredState> {
         let all = vec![true; loaded.shard.manifest.entries.len()];
-        let (entries, mut stats) = self.read_part(&loaded, &all, true)?;
+        let (entries, mut stats) = self.read_part(&loaded, &all, true, &AtomicBool::new(false))?;
         if stats.rehydrated {
             stats.rehydrated = self.commit_on_l1(&loaded);
         }
@@ -217,7 +217,13 @@ impl Checkpointer {
             }
             slots[i] = Some(&mut **buf);
         }
-        fetch_into(&self.shared, loaded, &mut slots, false)
+        fetch_into(
+            &self.shared,
+            loaded,
+            &mut slots,
+            false,
+            &AtomicBool::new(false),
+        )
     }
 
     /// Restores the selected step into GPU memory, by entry name: each

@@ -4,6 +4,7 @@
 //! thread of its own, so training can start its forward passes while the
 //! optimizer state is still arriving.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +36,18 @@ pub struct PriorityRestore {
     pub first: RestoredState,
     rest: mpsc::Receiver<Result<RestoredState>>,
     outcome: Option<Result<RestoredState>>,
+    /// Set on drop: the rest's read ends at its next batch.
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for PriorityRestore {
+    /// Stops the rest's read at its next batch (a batch in flight
+    /// finishes) and returns at once; the thread then frees what it read
+    /// and lets go of the checkpointer. Nothing is committed or written
+    /// back for a step whose rest was not read whole.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for PriorityRestore {
@@ -95,7 +108,9 @@ impl Checkpointer {
     /// While the rest is read, the process's background copies hold back
     /// (as for any restore), which slows what waits for them (`flush`,
     /// `delete`, a save's wait for the peers or L3). Dropping the
-    /// [`PriorityRestore`] does not stop the rest's read. A chunk holding
+    /// [`PriorityRestore`] before [`PriorityRestore::wait`] stops the
+    /// rest's read at its next batch; such a restore is counted neither
+    /// as done nor as failed in the metrics. A chunk holding
     /// entries of both parts (small entries packed together) is read, and
     /// counted in the stats, by each part.
     pub fn restore_first(
@@ -130,7 +145,8 @@ impl Checkpointer {
             self.shared.metrics.read_done(Err(&e));
             return Err(e);
         }
-        let head = match self.read_part(&loaded, &early, true) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let head = match self.read_part(&loaded, &early, true, &stop) {
             Ok(part) => part,
             Err(e) => {
                 self.shared.metrics.read_done(Err(&e));
@@ -150,11 +166,15 @@ impl Checkpointer {
         let (tx, rx) = mpsc::channel();
         let me = self.clone();
         let late: Vec<bool> = early.iter().map(|e| !e).collect();
+        let stopped = stop.clone();
         let spawned = std::thread::Builder::new()
             .name("strata-restore-rest".into())
             .spawn(move || {
-                let r = me.read_rest(step, &loaded, &late, first_stats, started);
-                me.shared.metrics.read_done(r.as_ref().map(|st| &st.stats));
+                let r = me.read_rest(step, &loaded, &late, first_stats, started, &stopped);
+                // A dropped handle stopped it: neither done nor failed.
+                if !stopped.load(Ordering::Relaxed) || r.is_ok() {
+                    me.shared.metrics.read_done(r.as_ref().map(|st| &st.stats));
+                }
                 // Once `wait` returns, nothing holds the checkpointer for
                 // this restore (`Arc::try_unwrap` works again).
                 drop(me);
@@ -169,6 +189,7 @@ impl Checkpointer {
             first: first_part,
             rest: rx,
             outcome: None,
+            stop,
         })
     }
 
@@ -179,6 +200,7 @@ impl Checkpointer {
         loaded: &Loaded,
         which: &[bool],
         rehydrate: bool,
+        stop: &AtomicBool,
     ) -> Result<(Vec<RestoredEntry>, RestoreStats)> {
         let m = &loaded.shard.manifest;
         let mut entries: Vec<RestoredEntry> = m
@@ -209,7 +231,7 @@ impl Checkpointer {
                     }
                 })
                 .collect();
-            fetch_into(&self.shared, loaded, &mut dests, rehydrate)?
+            fetch_into(&self.shared, loaded, &mut dests, rehydrate, stop)?
         };
         Ok((entries, stats))
     }
@@ -222,9 +244,10 @@ impl Checkpointer {
         which: &[bool],
         first: RestoreStats,
         started: Instant,
+        stop: &AtomicBool,
     ) -> Result<RestoredState> {
         let (entries, rest) = if which.contains(&true) {
-            self.read_part(loaded, which, true)?
+            self.read_part(loaded, which, true, stop)?
         } else {
             (Vec::new(), RestoreStats::default())
         };

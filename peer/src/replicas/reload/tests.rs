@@ -378,7 +378,11 @@ async fn graceful_stops_keep_the_spill_within_memory_plus_disk_newest_first() {
         assert!(disk <= room, "{disk} bytes on disk, room {room}");
         ids
     };
-    assert!(on_disk() <= room, "{} bytes in the spill, room {room}", on_disk());
+    assert!(
+        on_disk() <= room,
+        "{} bytes in the spill, room {room}",
+        on_disk()
+    );
     let r = Replicas::new(&spill, limits).unwrap();
     assert_eq!(r.reloaded().chunks, 6);
     for id in first.iter().chain(&second[3..]) {
