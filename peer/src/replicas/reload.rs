@@ -393,7 +393,7 @@ impl Replicas {
                 })
                 .collect()
         };
-        in_memory.sort_by(|a, b| b.3.cmp(&a.3));
+        in_memory.sort_by_key(|c| std::cmp::Reverse(c.3));
         let room = self
             .limits
             .memory_bytes
