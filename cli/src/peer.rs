@@ -81,6 +81,10 @@ pub(crate) struct ServeArgs {
     /// Also keep steps committed within this many seconds.
     #[arg(long)]
     keep_within_secs: Option<u64>,
+    /// A job no request named for this many seconds has its unpinned
+    /// replicas dropped (its steps stay in L1 and L3; 0: never).
+    #[arg(long, default_value_t = strata_peer::replicas::DEFAULT_JOB_IDLE.as_secs())]
+    job_idle_secs: u64,
     /// Chunks touched this recently are never deleted by retention.
     #[arg(long, default_value_t = strata_gc::Retention::l2().grace.as_secs())]
     grace_secs: u64,
@@ -179,6 +183,7 @@ fn serve(a: &ServeArgs) -> Result<(), CliError> {
             manifest_bytes: a.manifest_memory,
             job_bytes: a.job_quota.unwrap_or(u64::MAX),
             job_manifest_bytes: a.job_manifest_quota.unwrap_or(u64::MAX),
+            job_idle: (a.job_idle_secs > 0).then(|| Duration::from_secs(a.job_idle_secs)),
         },
         max_streams: 32,
         inflight_bytes: usize::try_from(a.inflight).unwrap_or(usize::MAX),

@@ -87,6 +87,12 @@ pub fn render(service: &Service) -> String {
         "Requests answered with an error.",
         &[("", s.errors)],
     );
+    metric(
+        "strata_peer_jobs_expired_total",
+        "counter",
+        "Idle jobs whose unpinned replicas were dropped (--job-idle-secs).",
+        &[("", c.jobs_expired.load(Ordering::Relaxed))],
+    );
     let back = service.reloaded();
     metric(
         "strata_peer_reloaded_chunks",

@@ -4,7 +4,8 @@
 //! `strata_gc` (children: `store.rs` the service's view of itself as a
 //! store, `ledger.rs` what manifests and records cost, `reload.rs` the
 //! spill directory's layout and what survives a restart, `retention.rs`
-//! retention and pins, `tests.rs`).
+//! retention and pins, `expiry.rs` jobs no request named for a long time,
+//! `tests.rs`).
 //!
 //! Frames are kept as the client sent them (any codec), after the service
 //! decoded and verified each against its id, so a peer never holds or
@@ -28,8 +29,10 @@ use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
 use strata_tiered::{ChunkStore, L1Store, Result, StepInfo, StoreError};
 
+pub use expiry::{expiry_tick, Expired};
 use ledger::{Kind, Ledger};
 pub use reload::Reloaded;
+mod expiry;
 mod ledger;
 mod reload;
 mod retention;
@@ -170,7 +173,15 @@ pub struct Limits {
     pub job_bytes: u64,
     /// Manifest and record bytes one job may hold.
     pub job_manifest_bytes: u64,
+    /// A job no request named for this long is expired: every step it
+    /// has not pinned and every chunk only those steps name are dropped
+    /// (`expiry.rs`). None: never.
+    pub job_idle: Option<Duration>,
 }
+
+/// How long a job may go unnamed by any request before a service drops
+/// its unpinned replicas: a day (its steps stay in L1 and L3).
+pub const DEFAULT_JOB_IDLE: Duration = Duration::from_secs(24 * 3600);
 
 /// What each manifest and record costs beyond its bytes (the service's
 /// own bookkeeping of it): an empty one is not free.
@@ -192,6 +203,7 @@ impl Default for Limits {
             manifest_bytes: 1 << 30,
             job_bytes: u64::MAX,
             job_manifest_bytes: u64::MAX,
+            job_idle: Some(DEFAULT_JOB_IDLE),
         }
     }
 }
@@ -218,6 +230,8 @@ pub struct Replicas {
     retaining: Mutex<HashMap<String, bool>>,
     /// What the start found in the spill directory.
     reloaded: Reloaded,
+    /// When a request last named each job (`expiry.rs`).
+    used: Mutex<HashMap<String, Instant>>,
 }
 
 impl std::fmt::Debug for Replicas {
@@ -248,6 +262,7 @@ impl Replicas {
             anchor: (Instant::now(), std::time::SystemTime::now()),
             retaining: Mutex::new(HashMap::new()),
             reloaded: Reloaded::default(),
+            used: Mutex::new(HashMap::new()),
         };
         r.reloaded = r.reload()?;
         Ok(r)

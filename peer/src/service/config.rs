@@ -125,6 +125,8 @@ pub struct Counters {
     pub errors: AtomicU64,
     /// Requests served.
     pub requests: AtomicU64,
+    /// Idle jobs whose replicas were expired (`Limits::job_idle`).
+    pub jobs_expired: AtomicU64,
     /// Time from a request's stream opening to its answer handed to QUIC, by
     /// kind ([`OPS`], same order).
     pub latency: [Histogram; OPS.len()],

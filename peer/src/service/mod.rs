@@ -176,8 +176,13 @@ impl Service {
         &self.counters
     }
 
-    /// Serves until [`Self::shutdown`].
+    /// Serves until [`Self::shutdown`]; expires idle jobs meanwhile
+    /// (`Limits::job_idle`).
     pub async fn run(self: Arc<Self>) {
+        if let Some(idle) = self.replicas.limits().job_idle {
+            let me = self.clone();
+            tokio::spawn(async move { me.expire_idle_jobs(idle).await });
+        }
         while let Some(incoming) = self.endpoint.accept().await {
             if self.open.load(Ordering::Acquire) >= self.max_connections as u64 {
                 let remote = incoming.remote_address();
@@ -192,6 +197,26 @@ impl Service {
                 let _open = ActiveGuard(&me.open);
                 me.clone().connection(incoming).await;
             });
+        }
+    }
+
+    /// Looks for idle jobs every [`crate::replicas::expiry_tick`] until
+    /// the service drains.
+    async fn expire_idle_jobs(&self, idle: Duration) {
+        let tick = crate::replicas::expiry_tick(idle);
+        loop {
+            tokio::time::sleep(tick).await;
+            if self.draining.load(Ordering::Acquire) {
+                return;
+            }
+            match self.replicas.expire_idle().await {
+                Ok(gone) => {
+                    self.counters
+                        .jobs_expired
+                        .fetch_add(gone.len() as u64, Ordering::Relaxed);
+                }
+                Err(e) => tracing::warn!(error = %e, "looking for idle jobs failed"),
+            }
         }
     }
 
@@ -492,6 +517,7 @@ impl Service {
             }
             return "refused";
         }
+        self.replicas.touch_job(job);
         let mut op = "invalid";
         let resp = match self.read_request(&mut recv, mine, self.max_request).await {
             // A chunk is kept where it was received: no copy out of the
