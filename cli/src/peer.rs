@@ -82,8 +82,10 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     keep_within_secs: Option<u64>,
     /// A job no request named for this many seconds has its unpinned
-    /// replicas dropped (its steps stay in L1 and L3; 0: never).
-    #[arg(long, default_value_t = strata_peer::replicas::DEFAULT_JOB_IDLE.as_secs())]
+    /// replicas dropped (0, the default: never). Only where L3 holds every
+    /// job's steps: a job whose node died may have its newest steps only
+    /// on the peers.
+    #[arg(long, default_value_t = 0)]
     job_idle_secs: u64,
     /// Chunks touched this recently are never deleted by retention.
     #[arg(long, default_value_t = strata_gc::Retention::l2().grace.as_secs())]

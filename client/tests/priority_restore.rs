@@ -152,6 +152,14 @@ fn a_damaged_chunk_of_the_rest_fails_the_rest_only() {
     }
     let e = p.wait().expect_err("the rest is damaged");
     assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    // A failure of the rest is counted as a failed restore.
+    let m = ck.metrics_text();
+    let failed = m
+        .lines()
+        .find(|l| l.starts_with("strata_restores_failed_total{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .map(str::to_string);
+    assert_eq!(failed.as_deref(), Some("1"), "{m}");
 }
 
 #[test]
@@ -166,8 +174,12 @@ fn dropping_the_handle_stops_the_rest_and_lets_go_of_the_checkpointer() {
         ("optim.v".to_string(), bytes(64 * MIB, 3)),
     ];
     save(&ck, 1, &st);
-    let p = ck.restore_first(StepSelector::Latest, &["model"]).unwrap();
+    let mut p = ck.restore_first(StepSelector::Latest, &["model"]).unwrap();
     assert_eq!(p.first.entries[0].bytes, st[0].1);
+    assert!(
+        !p.is_done(),
+        "the rest (128 MiB) still runs when it is dropped"
+    );
     drop(p);
     // The rest's thread ends and lets go of the checkpointer.
     let t = std::time::Instant::now();

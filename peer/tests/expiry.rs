@@ -58,3 +58,26 @@ async fn an_idle_jobs_replicas_expire_and_a_busy_jobs_stay() {
     assert!(idle.list_steps("job-a").await.unwrap().is_empty());
     assert_eq!(busy.get_manifest("job-b", 1, 0).await.unwrap(), b"manifest");
 }
+
+/// The idle-job ticker sleeps for a minute between looks, holding no
+/// reference to the service: a stopped service is released at once (its
+/// socket and its spill directory's lock), as without expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_service_is_not_kept_alive_by_its_idle_job_ticker() {
+    let local = support::Local::start(Limits {
+        job_idle: Some(Duration::from_secs(3600)),
+        ..Limits::default()
+    });
+    let s = local.client("job-a");
+    put(&s, "job-a", 3).await;
+    drop(s);
+    local.service.shutdown().await;
+    let t = std::time::Instant::now();
+    while std::sync::Arc::strong_count(&local.service) > 1 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "something still holds the stopped service"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -11,7 +11,7 @@ use strata_tiered::AlignedBuf;
 
 use crate::error::{Error, Result};
 use crate::restore::place::{
-    chunk_error, place, run_lanes, split_targets, take, Counters, Loaded, Source, Targets,
+    chunk_error, place, run_lanes, split_targets, take, Counters, Loaded, Source, Stop, Targets,
 };
 use crate::shared::Shared;
 use crate::stats::RestoreStats;
@@ -51,7 +51,7 @@ pub(crate) fn fetch_into(
     let wanted: Vec<usize> = (0..m.chunks.len())
         .filter(|&c| slots[c].lock().is_ok_and(|t| t.is_some()))
         .collect();
-    let failed = stop;
+    let failed = &Stop::new(stop);
     let counters = Counters {
         l1_copy: AtomicBool::new(rehydrate && loaded.source != Source::L1 && s.cfg.rehydrate_l1),
         ..Counters::default()
@@ -67,7 +67,7 @@ pub(crate) fn fetch_into(
     if let Some((_, e)) = errors.into_iter().next() {
         return Err(e);
     }
-    if failed.load(Ordering::Relaxed) {
+    if failed.cancelled() {
         return Err(Error::Pipeline(format!(
             "the read of step {} was stopped before its end",
             m.info.step
@@ -93,7 +93,7 @@ fn batch_restore(
     loaded: &Loaded,
     wanted: &[usize],
     slots: &[Mutex<Option<Targets<'_>>>],
-    failed: &AtomicBool,
+    failed: &Stop<'_>,
     counters: &Counters,
 ) -> Vec<(usize, Error)> {
     let m = &loaded.shard.manifest;
@@ -118,7 +118,7 @@ fn batch_restore(
         let mut spare: Vec<AlignedBuf> = Vec::new();
         loop {
             let b = next.fetch_add(1, Ordering::Relaxed);
-            if b >= batches.len() || failed.load(Ordering::Relaxed) {
+            if b >= batches.len() || failed.now() {
                 return;
             }
             let batch = &batches[b];
@@ -140,7 +140,7 @@ fn batch_restore(
                 match placed {
                     Ok(data) => spare.extend(data.into_buf()),
                     Err(e) => {
-                        failed.store(true, Ordering::Relaxed);
+                        failed.fail();
                         errors.push((c, e));
                     }
                 }

@@ -1,14 +1,14 @@
 //! Restore of a step only L3 holds: ranged fetches, decoding straight into
 //! the destination buffers, and the write-back to L1 on its own thread.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use strata_format::ShardManifest;
 use strata_tiered::{AlignedBuf, ChunkPut, ChunkStore};
 
 use crate::error::{Error, Result};
-use crate::restore::place::{chunk_error, place, run_lanes, take, Counters, Loaded, Targets};
+use crate::restore::place::{chunk_error, place, run_lanes, take, Counters, Loaded, Stop, Targets};
 use crate::shared::Shared;
 use strata_tiered::ChunkStoreExt;
 
@@ -31,7 +31,7 @@ pub(crate) fn l3_restore(
     loaded: &Loaded,
     wanted: &[usize],
     slots: &[Mutex<Option<Targets<'_>>>],
-    failed: &AtomicBool,
+    failed: &Stop<'_>,
     counters: &Counters,
 ) -> Vec<(usize, Error)> {
     let m = &loaded.shard.manifest;
@@ -63,7 +63,7 @@ pub(crate) fn l3_restore(
             let mut frame_buf = Vec::new();
             let mut pending = fetch(Vec::new());
             while let Some((c, handle)) = pending.take() {
-                if failed.load(Ordering::Relaxed) {
+                if failed.now() {
                     handle.abort();
                     break;
                 }
@@ -94,7 +94,7 @@ pub(crate) fn l3_restore(
                         counters.from_l3.fetch_add(n, Ordering::Relaxed);
                     }
                     Err(e) => {
-                        failed.store(true, Ordering::Relaxed);
+                        failed.fail();
                         errors.push((c, e));
                     }
                 }

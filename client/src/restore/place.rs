@@ -89,6 +89,41 @@ pub(crate) fn take<'a>(slots: &[Mutex<Option<Targets<'a>>>], c: usize) -> Target
         .unwrap_or_default()
 }
 
+/// When a restore's lanes stop before their next batch: one of them
+/// failed (it sets this), or the caller stopped the read from outside
+/// (a dropped [`crate::PriorityRestore`]).
+pub(crate) struct Stop<'a> {
+    failed: std::sync::atomic::AtomicBool,
+    cancel: &'a std::sync::atomic::AtomicBool,
+}
+
+impl<'a> Stop<'a> {
+    /// Lanes that stop when one fails or when `cancel` is set.
+    pub(crate) fn new(cancel: &'a std::sync::atomic::AtomicBool) -> Self {
+        Stop {
+            failed: std::sync::atomic::AtomicBool::new(false),
+            cancel,
+        }
+    }
+
+    /// A lane failed: the others stop at their next batch.
+    pub(crate) fn fail(&self) {
+        self.failed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the lanes stop now.
+    pub(crate) fn now(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.failed.load(Relaxed) || self.cancel.load(Relaxed)
+    }
+
+    /// Whether the caller stopped the read (not a lane's failure).
+    pub(crate) fn cancelled(&self) -> bool {
+        self.cancel.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// What the restore lanes count together.
 #[derive(Default)]
 pub(crate) struct Counters {

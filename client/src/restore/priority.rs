@@ -171,8 +171,10 @@ impl Checkpointer {
             .name("strata-restore-rest".into())
             .spawn(move || {
                 let r = me.read_rest(step, &loaded, &late, first_stats, started, &stopped);
-                // A dropped handle stopped it: neither done nor failed.
-                if !stopped.load(Ordering::Relaxed) || r.is_ok() {
+                // A dropped handle stopped it: neither done nor failed
+                // (a failure of the rest is counted, dropped or not).
+                let stopped_by_drop = r.is_err() && stopped.load(Ordering::Relaxed);
+                if !stopped_by_drop {
                     me.shared.metrics.read_done(r.as_ref().map(|st| &st.stats));
                 }
                 // Once `wait` returns, nothing holds the checkpointer for

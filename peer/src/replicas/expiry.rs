@@ -1,25 +1,35 @@
-//! Jobs no request named for [`super::Limits::job_idle`]: a finished
-//! job's newest steps would otherwise stay on the peers for good (retention
-//! runs on a job's commits, which a finished job never sends), holding the
-//! budgets every other job shares. Such a job is expired: every step it
-//! did not pin is dropped (records, then manifests, as retention does),
-//! then every chunk that no pinned step names. Its steps stay in L1 and
-//! L3; a job that comes back pushes again.
+//! Jobs no request named for [`super::Limits::job_idle`] (off by
+//! default): a finished job's newest steps would otherwise stay on the
+//! peers for good (retention runs on a job's commits, which a finished job
+//! never sends), holding the budgets every other job shares. Such a job is
+//! expired: every step it did not pin is dropped (records, then manifests,
+//! as retention does), then every chunk that no pinned step names. Turn it
+//! on only where another tier (L3) holds every job's steps: a job whose
+//! node died may have its newest steps only on the peers.
 //!
-//! A request naming the job while it is expired stops the expiry before
-//! its chunks go, and a chunk put or found present since the expiry began
-//! is kept (as retention re-checks its sweep), so a job that resumes never
-//! has a push deduplicate against a chunk then deleted.
+//! Every request holds its job's gate (read) until it is answered, and an
+//! expiry holds it (write) for the whole job, taken only when no request
+//! of the job runs: a job that resumes never has a request run against a
+//! half-expired job; its requests wait for the expiry, then find the job
+//! empty and push again.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strata_format::manifest::ShardManifest;
 use strata_format::names::validate_job_id;
 use strata_format::ChunkId;
 use strata_tiered::{Result, StoreError};
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use super::{poisoned, Replicas};
+
+/// When a request last named a job, and its gate.
+pub(super) struct JobUse {
+    last: Instant,
+    gate: Arc<RwLock<()>>,
+}
 
 /// What expiring one job dropped.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -35,23 +45,33 @@ pub struct Expired {
 }
 
 impl Replicas {
+    /// Notes that a request named `job` now, and returns its gate.
+    fn touch(&self, job: &str, at: Instant) -> Option<Arc<RwLock<()>>> {
+        let mut used = self.used.lock().ok()?;
+        let u = used.entry(job.to_string()).or_insert_with(|| JobUse {
+            last: at,
+            gate: Arc::new(RwLock::new(())),
+        });
+        u.last = u.last.max(at);
+        Some(u.gate.clone())
+    }
+
     /// Notes that a request named `job` now.
     pub fn touch_job(&self, job: &str) {
-        let now = Instant::now();
-        if let Ok(mut used) = self.used.lock() {
-            match used.get_mut(job) {
-                Some(t) => *t = now,
-                None => {
-                    used.insert(job.to_string(), now);
-                }
-            }
-        }
+        self.touch(job, Instant::now());
+    }
+
+    /// A request of `job` starts: noted, and held off while the job
+    /// expires. Keep the guard until the request is answered.
+    pub async fn enter_job(&self, job: &str) -> Option<OwnedRwLockReadGuard<()>> {
+        let gate = self.touch(job, Instant::now())?;
+        Some(gate.read_owned().await)
     }
 
     /// When a request last named `job` (the service's start if none has).
     fn last_used(&self, job: &str) -> Result<Instant> {
         let used = self.used.lock().map_err(|_| poisoned())?;
-        Ok(used.get(job).copied().unwrap_or(self.anchor.0))
+        Ok(used.get(job).map_or(self.anchor.0, |u| u.last))
     }
 
     /// Every job the service holds chunks or steps of.
@@ -83,20 +103,37 @@ impl Replicas {
     }
 
     /// Expires every job that no request named for the limits' `job_idle`
-    /// (none without it). A job that cannot be expired (a pinned step's
-    /// manifest unreadable, a disk error) is logged and left whole for the
-    /// next round. Returns what was dropped, per job.
+    /// (none without it) and that no request runs for now. A job whose
+    /// expiry fails part-way (a pinned step's manifest unreadable, a disk
+    /// error) keeps what was not dropped yet; it is logged, and tried again
+    /// an idle period later. Returns what was dropped, per job.
     pub async fn expire_idle(&self) -> Result<Vec<Expired>> {
         let Some(idle) = self.limits.job_idle else {
             return Ok(Vec::new());
         };
+        let held = self.held_jobs()?;
+        self.forget_jobs_not_held(&held)?;
         let mut out = Vec::new();
-        for job in self.held_jobs()? {
+        for job in held {
             let started = Instant::now();
             if started.saturating_duration_since(self.last_used(&job)?) < idle {
                 continue;
             }
-            match self.expire(&job, started).await {
+            let Some(gate) = self.touch(&job, self.last_used(&job)?) else {
+                continue;
+            };
+            // Not while a request of the job runs (it would see the job
+            // half gone); requests that come meanwhile wait for this.
+            let Ok(_alone) = gate.try_write_owned() else {
+                continue;
+            };
+            if self.last_used(&job)? > started {
+                continue; // named since it was found idle
+            }
+            let got = self.expire(&job, started).await;
+            // Looked at again a whole idle period from now.
+            self.touch(&job, started);
+            match got {
                 Ok(e) if e.steps + e.chunks > 0 => {
                     tracing::info!(
                         job,
@@ -111,26 +148,16 @@ impl Replicas {
                 Ok(_) => {}
                 Err(e) => tracing::warn!(job, error = %e, "expiring an idle job failed"),
             }
-            // Checked again a whole idle period later (a job with pinned
-            // steps keeps them, and is not re-read every round).
-            self.touch_job_at(&job, started);
         }
         Ok(out)
     }
 
-    /// Marks `job` used at `at` unless a request named it since.
-    fn touch_job_at(&self, job: &str, at: Instant) {
-        if let Ok(mut used) = self.used.lock() {
-            let t = used.entry(job.to_string()).or_insert(at);
-            if *t < at {
-                *t = at;
-            }
-        }
-    }
-
-    /// Whether a request named `job` after `t`.
-    fn named_since(&self, job: &str, t: Instant) -> Result<bool> {
-        Ok(self.last_used(job)? > t)
+    /// Forgets when jobs that hold nothing any more were last named
+    /// (unless a request of theirs runs now).
+    fn forget_jobs_not_held(&self, held: &[String]) -> Result<()> {
+        let mut used = self.used.lock().map_err(|_| poisoned())?;
+        used.retain(|job, u| held.binary_search(job).is_ok() || Arc::strong_count(&u.gate) > 1);
+        Ok(())
     }
 
     async fn expire(&self, job: &str, started: Instant) -> Result<Expired> {
@@ -141,9 +168,6 @@ impl Replicas {
         let pins = self.list_pins(job).await?;
         let mut keep: HashSet<ChunkId> = HashSet::new();
         for st in self.list_steps(job).await? {
-            if self.named_since(job, started)? {
-                return Ok(out);
-            }
             if !pins.contains(&st.step) {
                 self.delete_step(job, st.step).await?;
                 out.steps += 1;
@@ -159,9 +183,6 @@ impl Replicas {
                 })?;
                 keep.extend(m.chunks.iter().map(|c| c.id));
             }
-        }
-        if self.named_since(job, started)? {
-            return Ok(out);
         }
         let doomed: Vec<ChunkId> = self
             .list_chunks(job)?

@@ -175,13 +175,11 @@ pub struct Limits {
     pub job_manifest_bytes: u64,
     /// A job no request named for this long is expired: every step it
     /// has not pinned and every chunk only those steps name are dropped
-    /// (`expiry.rs`). None: never.
+    /// (`expiry.rs`). None (the default): never. Only where another tier
+    /// (L3) holds every job's steps: a job whose node died keeps its
+    /// newest steps only on the peers.
     pub job_idle: Option<Duration>,
 }
-
-/// How long a job may go unnamed by any request before a service drops
-/// its unpinned replicas: a day (its steps stay in L1 and L3).
-pub const DEFAULT_JOB_IDLE: Duration = Duration::from_secs(24 * 3600);
 
 /// What each manifest and record costs beyond its bytes (the service's
 /// own bookkeeping of it): an empty one is not free.
@@ -203,7 +201,7 @@ impl Default for Limits {
             manifest_bytes: 1 << 30,
             job_bytes: u64::MAX,
             job_manifest_bytes: u64::MAX,
-            job_idle: Some(DEFAULT_JOB_IDLE),
+            job_idle: None,
         }
     }
 }
@@ -230,8 +228,9 @@ pub struct Replicas {
     retaining: Mutex<HashMap<String, bool>>,
     /// What the start found in the spill directory.
     reloaded: Reloaded,
-    /// When a request last named each job (`expiry.rs`).
-    used: Mutex<HashMap<String, Instant>>,
+    /// When a request last named each job, and the gate its requests
+    /// hold while they run (`expiry.rs`).
+    used: Mutex<HashMap<String, expiry::JobUse>>,
 }
 
 impl std::fmt::Debug for Replicas {

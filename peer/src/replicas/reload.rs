@@ -378,7 +378,7 @@ impl Replicas {
     /// disk budget, and new writes go to memory), so restarts never grow
     /// it past that. The most recently put or checked first (the newest
     /// step's chunks, which a restore wants), each charged before it is
-    /// written.
+    /// written; the first that does not fit ends it.
     /// Returns (chunks kept, chunks not kept: over the budget, or not
     /// written; those are lost with the process, and the next start
     /// retires the shards that named them).
@@ -399,14 +399,18 @@ impl Replicas {
             .memory_bytes
             .saturating_add(self.limits.disk_bytes);
         let (mut kept, mut lost, mut over) = (0, 0, 0u64);
-        for (job, id, frame, _) in in_memory {
+        let total = in_memory.len() as u64;
+        for (n, (job, id, frame, _)) in (0u64..).zip(in_memory) {
             let len = frame.len() as u64;
             {
                 let mut c = self.chunks.lock().map_err(|_| poisoned())?;
                 if c.all.disk.saturating_add(len) > room {
-                    over += 1;
-                    lost += 1;
-                    continue;
+                    // This one and every older one: a smaller, older chunk
+                    // kept past the first that did not fit would mostly
+                    // belong to a shard the next start retires anyway.
+                    over = total - n;
+                    lost += over;
+                    break;
                 }
                 // Reserved before the write: nothing else can take it.
                 c.add(&job, len, false, 0);

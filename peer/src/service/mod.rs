@@ -180,8 +180,10 @@ impl Service {
     /// (`Limits::job_idle`).
     pub async fn run(self: Arc<Self>) {
         if let Some(idle) = self.replicas.limits().job_idle {
-            let me = self.clone();
-            tokio::spawn(async move { me.expire_idle_jobs(idle).await });
+            // A weak reference: the ticker never keeps a stopped service
+            // (its socket, its spill directory's lock) alive.
+            let me = Arc::downgrade(&self);
+            tokio::spawn(expire_idle_jobs(me, idle));
         }
         while let Some(incoming) = self.endpoint.accept().await {
             if self.open.load(Ordering::Acquire) >= self.max_connections as u64 {
@@ -197,26 +199,6 @@ impl Service {
                 let _open = ActiveGuard(&me.open);
                 me.clone().connection(incoming).await;
             });
-        }
-    }
-
-    /// Looks for idle jobs every [`crate::replicas::expiry_tick`] until
-    /// the service drains.
-    async fn expire_idle_jobs(&self, idle: Duration) {
-        let tick = crate::replicas::expiry_tick(idle);
-        loop {
-            tokio::time::sleep(tick).await;
-            if self.draining.load(Ordering::Acquire) {
-                return;
-            }
-            match self.replicas.expire_idle().await {
-                Ok(gone) => {
-                    self.counters
-                        .jobs_expired
-                        .fetch_add(gone.len() as u64, Ordering::Relaxed);
-                }
-                Err(e) => tracing::warn!(error = %e, "looking for idle jobs failed"),
-            }
         }
     }
 
@@ -517,7 +499,9 @@ impl Service {
             }
             return "refused";
         }
-        self.replicas.touch_job(job);
+        // Held until the answer is sent: an idle job's expiry never runs
+        // beside a request of that job.
+        let _job = self.replicas.enter_job(job).await;
         let mut op = "invalid";
         let resp = match self.read_request(&mut recv, mine, self.max_request).await {
             // A chunk is kept where it was received: no copy out of the
@@ -727,6 +711,27 @@ impl Service {
 /// Ends an answer: finished if it was handed to QUIC whole; reset if the
 /// client did not take it within [`REQUEST_TIMEOUT`] (a client that does
 /// not read its answers holds its budgets that long at most).
+/// Looks for idle jobs every [`crate::replicas::expiry_tick`] until the
+/// service drains or is dropped.
+async fn expire_idle_jobs(service: std::sync::Weak<Service>, idle: Duration) {
+    let tick = crate::replicas::expiry_tick(idle);
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(me) = service.upgrade() else { return };
+        if me.draining.load(Ordering::Acquire) {
+            return;
+        }
+        match me.replicas.expire_idle().await {
+            Ok(gone) => {
+                me.counters
+                    .jobs_expired
+                    .fetch_add(gone.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(error = %e, "looking for idle jobs failed"),
+        }
+    }
+}
+
 fn finish_or_reset(send: &mut quinn::SendStream, sent: Result<bool, tokio::time::error::Elapsed>) {
     match sent {
         Ok(true) => {

@@ -183,3 +183,30 @@ async fn a_job_never_named_since_the_start_counts_from_the_start() {
     assert_eq!((gone.len(), gone[0].steps, gone[0].chunks), (1, 1, 1));
     assert!(steps(&r, "old").await.is_empty());
 }
+
+#[tokio::test]
+async fn a_job_with_a_request_running_is_not_expired_under_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Replicas::new(
+        &dir.path().join("spill"),
+        Limits {
+            job_idle: Some(Duration::from_millis(100)),
+            ..Limits::default()
+        },
+    )
+    .unwrap();
+    save(&r, "slow", 1, &[1, 2]).await;
+    // A request of the job started, and runs longer than the idle time.
+    let running = r.enter_job("slow").await.expect("the job's gate");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(r.expire_idle().await.unwrap().is_empty());
+    assert_eq!(steps(&r, "slow").await, [1]);
+    drop(running);
+    // Answered, and idle since: now it goes.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let gone = r.expire_idle().await.unwrap();
+    assert_eq!((gone.len(), gone[0].steps, gone[0].chunks), (1, 1, 2));
+    // A request that comes during or after the expiry finds the job empty.
+    let _again = r.enter_job("slow").await.expect("the job's gate");
+    assert!(!held(&r, "slow", 1));
+}
