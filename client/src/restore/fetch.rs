@@ -17,6 +17,14 @@ use crate::shared::Shared;
 use crate::stats::RestoreStats;
 use crate::tiers::reader::{ReadTier, TieredReader};
 
+/// What the error of a read its caller stopped says (see [`is_stopped`]).
+const STOPPED: &str = "stopped by its caller before its end";
+
+/// Whether `e` is the error of a read its caller stopped (not a failure).
+pub(crate) fn is_stopped(e: &Error) -> bool {
+    matches!(e, Error::Pipeline(m) if m.ends_with(STOPPED))
+}
+
 /// Most chunks one restore lane reads at once.
 const FETCH_BATCH: usize = 16;
 /// Most bytes one restore lane reads at once.
@@ -69,7 +77,7 @@ pub(crate) fn fetch_into(
     }
     if failed.cancelled() {
         return Err(Error::Pipeline(format!(
-            "the read of step {} was stopped before its end",
+            "the read of step {} was {STOPPED}",
             m.info.step
         )));
     }

@@ -173,7 +173,10 @@ impl Checkpointer {
                 let r = me.read_rest(step, &loaded, &late, first_stats, started, &stopped);
                 // A dropped handle stopped it: neither done nor failed
                 // (a failure of the rest is counted, dropped or not).
-                let stopped_by_drop = r.is_err() && stopped.load(Ordering::Relaxed);
+                let stopped_by_drop = r
+                    .as_ref()
+                    .err()
+                    .is_some_and(crate::restore::fetch::is_stopped);
                 if !stopped_by_drop {
                     me.shared.metrics.read_done(r.as_ref().map(|st| &st.stats));
                 }

@@ -112,7 +112,7 @@ impl Replicas {
             return Ok(Vec::new());
         };
         let held = self.held_jobs()?;
-        self.forget_jobs_not_held(&held)?;
+        self.forget_jobs_not_held(&held, idle)?;
         let mut out = Vec::new();
         for job in held {
             let started = Instant::now();
@@ -153,10 +153,16 @@ impl Replicas {
     }
 
     /// Forgets when jobs that hold nothing any more were last named
-    /// (unless a request of theirs runs now).
-    fn forget_jobs_not_held(&self, held: &[String]) -> Result<()> {
+    /// (unless a request of theirs runs now, or one came within `idle`:
+    /// a new job's first data may have landed since `held` was read).
+    fn forget_jobs_not_held(&self, held: &[String], idle: Duration) -> Result<()> {
+        let now = Instant::now();
         let mut used = self.used.lock().map_err(|_| poisoned())?;
-        used.retain(|job, u| held.binary_search(job).is_ok() || Arc::strong_count(&u.gate) > 1);
+        used.retain(|job, u| {
+            held.binary_search(job).is_ok()
+                || Arc::strong_count(&u.gate) > 1
+                || now.saturating_duration_since(u.last) < idle
+        });
         Ok(())
     }
 
@@ -192,6 +198,16 @@ impl Replicas {
         let (chunks, bytes) = self.delete_untouched_since(job, &doomed, started)?;
         out.chunks = chunks;
         out.bytes = bytes;
+        if pins.is_empty() {
+            // Nothing of the job is left: its directory goes too, so the
+            // job is no longer listed (nor looked at again each period).
+            let dir = self.steps.root().join(job);
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(job, error = %e, "removing an expired job's directory");
+                }
+            }
+        }
         Ok(out)
     }
 }

@@ -708,9 +708,6 @@ impl Service {
     }
 }
 
-/// Ends an answer: finished if it was handed to QUIC whole; reset if the
-/// client did not take it within [`REQUEST_TIMEOUT`] (a client that does
-/// not read its answers holds its budgets that long at most).
 /// Looks for idle jobs every [`crate::replicas::expiry_tick`] until the
 /// service drains or is dropped.
 async fn expire_idle_jobs(service: std::sync::Weak<Service>, idle: Duration) {
@@ -732,6 +729,9 @@ async fn expire_idle_jobs(service: std::sync::Weak<Service>, idle: Duration) {
     }
 }
 
+/// Ends an answer: finished if it was handed to QUIC whole; reset if the
+/// client did not take it within [`REQUEST_TIMEOUT`] (a client that does
+/// not read its answers holds its budgets that long at most).
 fn finish_or_reset(send: &mut quinn::SendStream, sent: Result<bool, tokio::time::error::Elapsed>) {
     match sent {
         Ok(true) => {

@@ -142,6 +142,10 @@ async fn an_idle_job_loses_its_unpinned_steps_and_their_chunks_only() {
     assert_eq!((gone.len(), gone[0].steps, gone[0].chunks), (1, 1, 2));
     assert!(steps(&r, "done").await.is_empty());
     assert_eq!(r.job_stats("done").unwrap(), (0, 0, 0));
+    // Nothing of it is left, not even its directory: it is not looked at
+    // again.
+    assert!(!dir.path().join("spill/steps/done").exists());
+    assert_eq!(r.held_jobs().unwrap(), ["busy"]);
 }
 
 #[tokio::test]
