@@ -499,11 +499,13 @@ impl Service {
             }
             return "refused";
         }
-        // Held until the answer is sent: an idle job's expiry never runs
-        // beside a request of that job.
+        let read = self.read_request(&mut recv, mine, self.max_request).await;
+        // From the request's arrival until its answer is sent: an idle
+        // job's expiry never runs beside a request of that job (a stream
+        // opened with nothing on it does not hold it off).
         let _job = self.replicas.enter_job(job).await;
         let mut op = "invalid";
-        let resp = match self.read_request(&mut recv, mine, self.max_request).await {
+        let resp = match read {
             // A chunk is kept where it was received: no copy out of the
             // message.
             Ok((msg, _permit)) if crate::proto::put_chunk_in(&msg).is_some() => {
