@@ -48,14 +48,24 @@ fn on_every_rank_with<T: Send>(
     l3_of: impl Fn(u32) -> Arc<dyn ChunkStore> + Sync,
     f: impl Fn(u32, &Checkpointer) -> T + Sync,
 ) -> Vec<T> {
+    on_every_rank_cfg(dirs, l3_of, |c| c, f)
+}
+
+/// [`on_every_rank_with`], each rank's configuration changed by `tweak`.
+fn on_every_rank_cfg<T: Send>(
+    dirs: &[tempfile::TempDir],
+    l3_of: impl Fn(u32) -> Arc<dyn ChunkStore> + Sync,
+    tweak: impl Fn(Config) -> Config + Sync,
+    f: impl Fn(u32, &Checkpointer) -> T + Sync,
+) -> Vec<T> {
     let coord = InProcessCoordinator::new(WORLD);
     std::thread::scope(|sc| {
         let hs: Vec<_> = (0..WORLD)
             .map(|rank| {
-                let (coord, l3, f) = (coord.clone(), l3_of(rank), &f);
+                let (coord, l3, f, tweak) = (coord.clone(), l3_of(rank), &f, &tweak);
                 let dir = dirs[rank as usize].path();
                 sc.spawn(move || {
-                    let ck = Checkpointer::builder(cfg(dir, rank))
+                    let ck = Checkpointer::builder(tweak(cfg(dir, rank)))
                         .coordinator(Arc::new(coord))
                         .remote(Some(l3))
                         .build()
@@ -81,6 +91,24 @@ fn save_two_steps(dirs: &[tempfile::TempDir], l3: &Arc<dyn ChunkStore>) {
         }
         ck.wait_uploads();
     });
+}
+
+/// Every rank failed with `TierUnavailable`; returns the errors' texts.
+fn every_rank_unavailable<T>(got: &[strata::Result<T>]) -> Vec<String> {
+    got.iter()
+        .enumerate()
+        .map(|(rank, r)| {
+            let e = r
+                .as_ref()
+                .err()
+                .unwrap_or_else(|| panic!("rank {rank} restored"));
+            assert!(
+                matches!(e, Error::TierUnavailable { .. }),
+                "rank {rank}: {e}"
+            );
+            e.to_string()
+        })
+        .collect()
 }
 
 /// `mem` behind a store that answers nothing (an outage from the start).
@@ -167,16 +195,8 @@ fn a_lister_blind_to_l3_fails_every_rank_alike_where_l3_may_hold_a_shard() {
     // could not list. Every rank fails, naming the lister's view.
     std::fs::remove_dir_all(dirs[3].path()).unwrap();
     let got = on_every_rank(&dirs, &down, |_, ck| ck.restore(StepSelector::Latest));
-    for (rank, r) in got.iter().enumerate() {
-        let e = r
-            .as_ref()
-            .err()
-            .unwrap_or_else(|| panic!("rank {rank} restored"));
-        assert!(
-            matches!(e, Error::TierUnavailable { .. }),
-            "rank {rank}: {e}"
-        );
-        assert!(e.to_string().contains("seen by rank 0"), "rank {rank}: {e}");
+    for (rank, e) in every_rank_unavailable(&got).iter().enumerate() {
+        assert!(e.contains("seen by rank 0"), "rank {rank}: {e}");
     }
 }
 
@@ -203,16 +223,70 @@ fn a_rank_that_cannot_read_l3_stops_every_rank_instead_of_going_back() {
         },
         |_, ck| ck.restore(StepSelector::Latest),
     );
-    for (rank, r) in got.iter().enumerate() {
-        let e = r
-            .as_ref()
-            .err()
-            .unwrap_or_else(|| panic!("rank {rank} restored"));
-        assert!(
-            matches!(e, Error::TierUnavailable { .. }),
-            "rank {rank}: {e}"
-        );
-    }
+    every_rank_unavailable(&got);
     let e = got[2].as_ref().err().unwrap().to_string();
     assert!(e.contains("seen by rank 2"), "{e}");
+}
+
+/// After a restore that left L3 to rank 0, a rank knows the L3 steps of
+/// the agreement's view only (the newest 64 and the one asked for). A save
+/// of an older step this rank committed on L3 is still refused at once
+/// (it reads its own record there), before anything is written.
+#[test]
+fn a_step_older_than_the_restores_view_is_refused_on_every_rank_before_any_write() {
+    const STEPS: u64 = 70; // more than a restore's view carries (64)
+    let l3: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
+    let dirs = dirs();
+    // L3 keeps every step; L1 the newest three.
+    let keep_l3 = |mut c: Config| {
+        c.l3_keep_last = 0;
+        c
+    };
+    let save = |ck: &Checkpointer, rank: u32, step: u64| {
+        let d = state(rank, step);
+        let shape = [d.len() as u64];
+        ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &d)])
+            .and_then(|h| h.wait())
+    };
+    on_every_rank_cfg(
+        &dirs,
+        |_| l3.clone(),
+        keep_l3,
+        |rank, ck| {
+            for step in 1..=STEPS {
+                save(ck, rank, step).unwrap();
+            }
+            ck.wait_uploads();
+        },
+    );
+    // A new start of the job: it restores the newest step (rank 0 lists
+    // L3 for every rank), then saves step 2 again, which every rank
+    // committed on L3 long ago (only L3 holds it now).
+    let got = on_every_rank_cfg(
+        &dirs,
+        |_| l3.clone(),
+        keep_l3,
+        |rank, ck| {
+            let r = ck.restore(StepSelector::Latest).unwrap();
+            assert_eq!(r.step, STEPS);
+            let files = || {
+                let mut f = strata_testkit::files_under(dirs[rank as usize].path());
+                f.sort();
+                f
+            };
+            let before = files();
+            let again = save(ck, rank, 2);
+            // Neither chunks nor a manifest of step 2 written.
+            (again, files() != before)
+        },
+    );
+    for (rank, (again, wrote)) in got.into_iter().enumerate() {
+        // Refused by its own knowledge, before its save ran: not learned
+        // from rank 0 at the barrier after writing a new shard.
+        match again {
+            Err(Error::AlreadyCommitted { step: 2, tier }) if tier == "by this rank" => {}
+            other => panic!("rank {rank}: {other:?}, not refused at once as committed"),
+        }
+        assert!(!wrote, "rank {rank} wrote to L1 before refusing step 2");
+    }
 }

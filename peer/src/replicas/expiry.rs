@@ -46,18 +46,28 @@ pub struct Expired {
 
 impl Replicas {
     /// Notes that a request named `job` now, and returns its gate.
+    /// (A known job, every request but its first: no allocation.)
     fn touch(&self, job: &str, at: Instant) -> Option<Arc<RwLock<()>>> {
         let mut used = self.used.lock().ok()?;
-        let u = used.entry(job.to_string()).or_insert_with(|| JobUse {
-            last: at,
-            gate: Arc::new(RwLock::new(())),
-        });
-        u.last = u.last.max(at);
-        Some(u.gate.clone())
+        if let Some(u) = used.get_mut(job) {
+            u.last = u.last.max(at);
+            return Some(u.gate.clone());
+        }
+        let gate = Arc::new(RwLock::new(()));
+        used.insert(
+            job.to_string(),
+            JobUse {
+                last: at,
+                gate: gate.clone(),
+            },
+        );
+        Some(gate)
     }
 
-    /// Notes that a request named `job` now.
-    pub fn touch_job(&self, job: &str) {
+    /// Notes that a request named `job` now (the service does it through
+    /// [`Self::enter_job`]).
+    #[cfg(test)]
+    pub(crate) fn touch_job(&self, job: &str) {
         self.touch(job, Instant::now());
     }
 
@@ -119,7 +129,8 @@ impl Replicas {
             if started.saturating_duration_since(self.last_used(&job)?) < idle {
                 continue;
             }
-            let Some(gate) = self.touch(&job, self.last_used(&job)?) else {
+            // Not a use: the gate, as last seen.
+            let Some(gate) = self.touch(&job, self.anchor.0) else {
                 continue;
             };
             // Not while a request of the job runs (it would see the job

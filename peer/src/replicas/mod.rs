@@ -37,6 +37,8 @@ mod ledger;
 mod reload;
 mod retention;
 mod store;
+#[cfg(test)]
+mod test_support;
 
 /// Where a chunk's frame is.
 enum Place {

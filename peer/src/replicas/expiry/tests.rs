@@ -1,15 +1,14 @@
 //! Idle jobs expire: unpinned steps and the chunks only they name go; a
 //! pinned step, a job in use, and a service without an idle limit keep
 //! everything.
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
 use strata_format::codec::{ElemHint, EncodeOptions};
 use strata_format::frame::encode_frame;
-use strata_format::manifest::{ChunkRef, Entry, Segment};
-use strata_format::{ChunkId, CommitRecord, EntryKind, ShardInfo, ShardManifest, ShardRef};
+use strata_format::{ChunkId, CommitRecord, ShardRef};
 
+use super::super::test_support::manifest_of;
 use super::super::{Limits, Replicas};
 use super::Expired;
 
@@ -31,39 +30,7 @@ async fn save(r: &Replicas, job: &str, step: u64, ids: &[u8]) {
     for c in &cs {
         r.put_chunk(job, ChunkId::of(c), frame(c)).unwrap();
     }
-    let m = ShardManifest {
-        info: ShardInfo {
-            job: job.into(),
-            step,
-            rank: 0,
-            world_size: 1,
-            created_unix_ms: 1,
-        },
-        chunk_size: 1 << 20,
-        chunks: cs
-            .iter()
-            .map(|c| ChunkRef {
-                id: ChunkId::of(c),
-                len: c.len() as u32,
-                hint: ElemHint::BYTES,
-            })
-            .collect(),
-        entries: (0..cs.len())
-            .map(|i| Entry {
-                name: format!("e{i}"),
-                kind: EntryKind::Blob,
-                len: 1000,
-                segments: vec![Segment {
-                    chunk: i as u32,
-                    offset: 0,
-                    len: 1000,
-                }],
-            })
-            .collect(),
-        metadata: BTreeMap::new(),
-    }
-    .encode()
-    .unwrap();
+    let m = manifest_of(job, step, 0, 1, &cs);
     r.put_manifest(job, step, 0, &m).await.unwrap();
     r.commit(&CommitRecord {
         job: job.into(),

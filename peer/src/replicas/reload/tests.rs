@@ -1,14 +1,13 @@
 //! A service's replicas across a restart: kept on a graceful stop and
 //! reloaded whole; damaged frames and shards naming lost chunks dropped;
 //! another layout cleared.
-use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use strata_format::codec::{ElemHint, EncodeOptions};
 use strata_format::frame::encode_frame;
-use strata_format::manifest::{ChunkRef, Entry, Segment};
-use strata_format::{ChunkId, CommitRecord, EntryKind, ShardInfo, ShardManifest, ShardRef};
+use strata_format::{ChunkId, CommitRecord, ShardManifest, ShardRef};
 
+use super::super::test_support::manifest_of;
 use super::super::{Limits, Replicas};
 use super::{chunk_root, Reloaded};
 
@@ -29,39 +28,7 @@ fn frame(data: &[u8]) -> Bytes {
 /// Rank `rank`'s manifest of four chunks.
 fn manifest(step: u64, rank: u32) -> Vec<u8> {
     let cs: Vec<Vec<u8>> = (0..4).map(|i| chunk(rank, i)).collect();
-    ShardManifest {
-        info: ShardInfo {
-            job: JOB.into(),
-            step,
-            rank,
-            world_size: 2,
-            created_unix_ms: 1,
-        },
-        chunk_size: 1 << 20,
-        chunks: cs
-            .iter()
-            .map(|c| ChunkRef {
-                id: ChunkId::of(c),
-                len: c.len() as u32,
-                hint: ElemHint::BYTES,
-            })
-            .collect(),
-        entries: (0..cs.len())
-            .map(|i| Entry {
-                name: format!("e{i}"),
-                kind: EntryKind::Blob,
-                len: 1000,
-                segments: vec![Segment {
-                    chunk: i as u32,
-                    offset: 0,
-                    len: 1000,
-                }],
-            })
-            .collect(),
-        metadata: BTreeMap::new(),
-    }
-    .encode()
-    .unwrap()
+    manifest_of(JOB, step, rank, 2, &cs)
 }
 
 /// Small budgets: of the eight chunks, some stay in memory and some spill.
