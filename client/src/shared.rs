@@ -124,9 +124,10 @@ impl Shared {
     /// (saving it again would replace a committed shard's manifest):
     /// checked before anything is written. A restore's own listing of the
     /// tiers fills the set (a resuming job restores first, so its saves
-    /// list nothing); otherwise the first save lists the tiers once. An
-    /// unreachable tier is skipped (its own guard still refuses to replace
-    /// a committed manifest).
+    /// list nothing); otherwise the first save lists the tiers once (L3
+    /// on one rank of the job, [`Self::list_committed`]). An unreachable
+    /// tier is skipped (its own guard still refuses to replace a committed
+    /// manifest).
     pub(crate) fn refuse_committed(&self, step: u64) -> Result<()> {
         let known = match self.committed.contains(step) {
             Some(k) => k,
@@ -242,18 +243,54 @@ impl Shared {
         out
     }
 
-    /// The steps this rank committed in any tier it can list.
+    /// The steps this rank must not save again, from every tier it can
+    /// list: those it committed itself. In a job of several ranks with L3,
+    /// only rank [`LISTER`] lists L3, as a restore does (one listing per
+    /// job, not one per rank), and it refuses every step of this world
+    /// that any rank committed there: its refusal decides the step for
+    /// every rank at the barrier (`vote_already`), so a rank that saved it
+    /// again discards its new shard and nothing reaches L3.
+    ///
+    /// [`LISTER`]: crate::restore::shared_l3::LISTER
     pub(crate) fn list_committed(&self) -> BTreeSet<u64> {
-        let catalog = self.catalog();
-        for (tier, e) in catalog.unreadable() {
-            tracing::warn!(tier = %tier.name, error = %e, "cannot list a tier to check for committed steps");
+        use crate::restore::shared_l3::LISTER;
+        use crate::tiers::TierKind;
+        let cfg = &self.cfg;
+        let shared = cfg.world_size > 1 && self.tiers.remote().is_some();
+        let catalog = if shared && cfg.rank != LISTER {
+            self.rt.block_on(Catalog::list_some(
+                &cfg.job,
+                self.tiers.tiers().to_vec(),
+                |t| t.kind != TierKind::L3,
+            ))
+        } else {
+            self.catalog()
+        };
+        let mut committed = BTreeSet::new();
+        for l in catalog.listings() {
+            let steps = match &l.steps {
+                Ok(steps) => steps,
+                Err(e) => {
+                    tracing::warn!(tier = %l.tier.name, error = %e, "cannot list a tier to check for committed steps");
+                    continue;
+                }
+            };
+            if shared && l.tier.kind == TierKind::L3 {
+                // The lister, for every rank of this world.
+                committed.extend(
+                    steps
+                        .iter()
+                        .filter(|st| {
+                            st.world_size() == Some(cfg.world_size)
+                                && !st.committed_ranks().is_empty()
+                        })
+                        .map(|st| st.step),
+                );
+            } else {
+                committed.extend(crate::coord::commit::restorable(cfg, steps));
+            }
         }
-        catalog
-            .listings()
-            .iter()
-            .filter_map(|l| l.steps.as_ref().ok())
-            .flat_map(|steps| crate::coord::commit::restorable(&self.cfg, steps))
-            .collect()
+        committed
     }
 
     /// The GPU engine for these device buffers (opened on first use), or

@@ -290,3 +290,58 @@ fn a_step_older_than_the_restores_view_is_refused_on_every_rank_before_any_write
         assert!(!wrote, "rank {rank} wrote to L1 before refusing step 2");
     }
 }
+
+#[test]
+fn a_jobs_first_save_without_a_restore_lists_l3_once_and_a_step_l3_holds_is_refused_everywhere() {
+    let store = Arc::new(MetricsStore::new(MemoryStore::new()));
+    let l3: Arc<dyn ChunkStore> = store.clone();
+    save_two_steps(&dirs(), &l3);
+    // A split on L3: rank 0's record of step 2 is gone, the others' stay.
+    // Step 2 was decided there all the same: no rank may save it again.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(l3.delete_shard("shared-l3", 2, 0)).unwrap();
+    let records = || -> Vec<Option<strata::format::CommitRecord>> {
+        (0..WORLD)
+            .map(|r| {
+                rt.block_on(l3.get_commit_record("shared-l3", 2, r))
+                    .unwrap()
+            })
+            .collect()
+    };
+    let before = records();
+    assert!(before[0].is_none() && before[1..].iter().all(Option::is_some));
+
+    // A new start of the job on new disks that saves without restoring
+    // first: its first save lists the tiers to refuse a committed step.
+    let lists = || store.snapshot().family(OpFamily::List).ops;
+    let listed = lists();
+    // Without uploads: what L3 is listed for is the refusal alone (rank
+    // 0's collection of L3 after an upload lists it too).
+    let no_uploads = |mut c: Config| {
+        c.upload_every = 0;
+        c
+    };
+    let got = on_every_rank_cfg(&dirs(), |_| l3.clone(), no_uploads, |rank, ck| {
+        let save = |step: u64| {
+            let d = state(rank, step + 100);
+            let shape = [d.len() as u64];
+            ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &d)])
+                .and_then(|h| h.wait())
+        };
+        (save(2), save(3))
+    });
+    // Rank 0 lists L3 for the job; the others leave it to rank 0 (before:
+    // one listing per rank).
+    assert_eq!(lists() - listed, 1, "L3 listings for the first saves of 4 ranks");
+    for (rank, (again, next)) in got.into_iter().enumerate() {
+        match again {
+            Err(Error::AlreadyCommitted { step: 2, .. }) => {}
+            other => panic!("rank {rank} saved step 2 again: {other:?}"),
+        }
+        assert_eq!(next.unwrap().step, 3, "rank {rank}");
+    }
+    // L3's step 2 is as it was.
+    assert_eq!(records(), before, "L3's records of step 2");
+}
