@@ -201,6 +201,10 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
     })?;
 
     let (mut raw_up, mut raw_down, mut push, mut restore) = (vec![], vec![], vec![], vec![]);
+    // A resuming job's own tensors, allocated and written once (as a
+    // model's parameters are before it loads a checkpoint into them).
+    let mut into: Vec<Vec<u8>> = data.iter().map(|d| vec![0xA5u8; d.len()]).collect();
+    let mut restore_into = vec![];
     let mut sent = (0u64, 0u64);
     for r in 0..reps {
         let sink_cpu = Cpu {
@@ -299,6 +303,25 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
                 return Err(format!("{} differs after the restore", s.name));
             }
         }
+        drop(got);
+        // Again, into buffers the caller holds (L1 is still empty).
+        let mut dests: Vec<(&str, &mut [u8])> = specs
+            .iter()
+            .zip(into.iter_mut())
+            .map(|(s, b)| (s.name.as_str(), b.as_mut_slice()))
+            .collect();
+        let (t, c0) = (Instant::now(), peer_cpu.now());
+        let st = ck
+            .restore_into(StepSelector::Latest, &mut dests)
+            .map_err(|e| e.to_string())?;
+        restore_into.push(t.elapsed());
+        peer_cpu.since(c0, "restore into the caller's buffers", t.elapsed());
+        if st.bytes_from_l2 != st.bytes_read || into != data {
+            return Err("the restore into buffers did not come whole from the peer".into());
+        }
+        for b in &mut into {
+            b.fill(0xA5);
+        }
     }
     if transport_only {
         return Ok(());
@@ -329,6 +352,13 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
         "raw quinn, one stream, download",
         "",
     );
+    row(
+        "restore from a peer into the caller's buffers",
+        min(&restore_into),
+        min(&raw_down),
+        "raw quinn, one stream, download",
+        ">=0.8",
+    );
     println!(
         "  {:<44} {:>7.1} MiB  first push {:.1} MiB {:>16.3}  ~0.05",
         "push of a step with 1 tensor in 20 changed",
@@ -336,9 +366,75 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
         sent.0 as f64 / f64::from(1u32 << 20),
         sent.1 as f64 / sent.0.max(1) as f64
     );
+    let steady = steady_pushes(&specs, &mut data, dir, &certs)?;
+    let times: Vec<String> = steady
+        .iter()
+        .map(|d| format!("{:.2}", gb(logical, *d) / gb(logical, min(&raw_up))))
+        .collect();
+    println!(
+        "  {:<44} {:>5.2} GB/s  {:<34} {:>6}  >=0.8",
+        "push of a full step to a peer that retired one",
+        gb(logical, steady[steady.len() - 1]),
+        "(steps 1.. to one peer, ratio each:",
+        format!("{})", times.join(" "))
+    );
     time_to_replicated(&specs, &mut data, dir, &certs)?;
     let _ = std::fs::remove_dir_all(dir);
     Ok(())
+}
+
+/// Pushes of full steps (every chunk changed) to one peer process that
+/// keeps one step and retires the older at once (`--keep-last 1
+/// --grace-secs 0`): a long-running peer's steady state, where the memory
+/// of a retired step serves a later one. Returns each push's time.
+fn steady_pushes(
+    specs: &[strata::format::EntrySpec],
+    data: &mut [Vec<u8>],
+    dir: &Path,
+    certs: &Path,
+) -> Result<Vec<Duration>, String> {
+    let (peer, addr) = start(
+        "serve",
+        certs,
+        "node-b",
+        &[
+            "--memory",
+            "8GiB",
+            "--keep-last",
+            "1",
+            "--grace-secs",
+            "0",
+            "--spill",
+            &dir.join("spill-steady").display().to_string(),
+        ],
+    )?;
+    let l1 = dir.join("l1-steady");
+    let ck = Checkpointer::new(cfg(&l1, addr, certs).eager_push(false).keep_last(1))
+        .map_err(|e| e.to_string())?;
+    let mut times = Vec::new();
+    for step in 1..=4u64 {
+        for d in data.iter_mut() {
+            for at in (0..d.len()).step_by(1 << 20) {
+                d[at] = d[at].wrapping_add(1);
+            }
+        }
+        let entries: Vec<Entry<'_>> = synthetic::as_entries(specs, data);
+        ck.save(step, &entries)
+            .and_then(|h| h.wait())
+            .map_err(|e| e.to_string())?;
+        let peer_cpu = Cpu {
+            server: peer.0.id().to_string(),
+        };
+        let (t, c0) = (Instant::now(), peer_cpu.now());
+        ck.wait_replication();
+        times.push(t.elapsed());
+        peer_cpu.since(c0, &format!("push of step {step} to one peer"), t.elapsed());
+        match ck.replication().get(&step) {
+            Some(L2State::Replicated { .. }) => {}
+            other => return Err(format!("replication of step {step}: {other:?}")),
+        }
+    }
+    Ok(times)
 }
 
 /// Time from `save` to replicated on the peer, for a full step and then an

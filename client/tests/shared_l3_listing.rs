@@ -323,18 +323,27 @@ fn a_jobs_first_save_without_a_restore_lists_l3_once_and_a_step_l3_holds_is_refu
         c.upload_every = 0;
         c
     };
-    let got = on_every_rank_cfg(&dirs(), |_| l3.clone(), no_uploads, |rank, ck| {
-        let save = |step: u64| {
-            let d = state(rank, step + 100);
-            let shape = [d.len() as u64];
-            ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &d)])
-                .and_then(|h| h.wait())
-        };
-        (save(2), save(3))
-    });
+    let got = on_every_rank_cfg(
+        &dirs(),
+        |_| l3.clone(),
+        no_uploads,
+        |rank, ck| {
+            let save = |step: u64| {
+                let d = state(rank, step + 100);
+                let shape = [d.len() as u64];
+                ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &d)])
+                    .and_then(|h| h.wait())
+            };
+            (save(2), save(3))
+        },
+    );
     // Rank 0 lists L3 for the job; the others leave it to rank 0 (before:
     // one listing per rank).
-    assert_eq!(lists() - listed, 1, "L3 listings for the first saves of 4 ranks");
+    assert_eq!(
+        lists() - listed,
+        1,
+        "L3 listings for the first saves of 4 ranks"
+    );
     for (rank, (again, next)) in got.into_iter().enumerate() {
         match again {
             Err(Error::AlreadyCommitted { step: 2, .. }) => {}

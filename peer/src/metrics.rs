@@ -93,6 +93,25 @@ pub fn render(service: &Service) -> String {
         "Idle jobs whose unpinned replicas were dropped (--job-idle-secs).",
         &[("", c.jobs_expired.load(Ordering::Relaxed))],
     );
+    let arena = service.arena();
+    metric(
+        "strata_peer_buffer_bytes",
+        "gauge",
+        "Request buffers: kept free for the next puts (a retired step's), and in use (requests and replicas in memory).",
+        &[
+            ("{state=\"free\"}", arena.free_bytes),
+            ("{state=\"in_use\"}", arena.out_bytes),
+        ],
+    );
+    metric(
+        "strata_peer_buffers_total",
+        "counter",
+        "Large requests by where their buffer came from: reused from a retired step, or fresh from the kernel (zeroed and faulted in).",
+        &[
+            ("{source=\"reused\"}", arena.reused),
+            ("{source=\"fresh\"}", arena.fresh),
+        ],
+    );
     let back = service.reloaded();
     metric(
         "strata_peer_reloaded_chunks",

@@ -28,8 +28,12 @@ use crate::replicas::Replicas;
 use crate::tls::{allows_job, server_config_with_windows};
 pub use config::{Counters, ServiceConfig, ServiceError, OPS};
 
+mod arena;
 mod config;
 mod serve;
+
+pub use arena::ArenaStats;
+use arena::{Arena, ArenaBuf};
 
 /// Time a new connection has to complete its `Hello`.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -76,6 +80,8 @@ pub struct Service {
     active: AtomicU64,
     /// Set by a shutdown: new requests are refused as `Unavailable`.
     draining: std::sync::atomic::AtomicBool,
+    /// Request buffers reused across steps.
+    arena: Arc<Arena>,
 }
 
 /// Counts a request as active while it lives.
@@ -142,6 +148,13 @@ impl Service {
             node: cfg.node.clone(),
             active: AtomicU64::new(0),
             draining: std::sync::atomic::AtomicBool::new(false),
+            // What the budgets let it hold at its peak anyway: replicas in
+            // memory and requests in flight.
+            arena: Arena::new(
+                cfg.limits
+                    .memory_bytes
+                    .saturating_add((units * UNIT) as u64),
+            ),
         }))
     }
 
@@ -250,6 +263,11 @@ impl Service {
     /// dropped).
     pub fn reloaded(&self) -> crate::replicas::Reloaded {
         self.replicas.reloaded()
+    }
+
+    /// The request buffers: kept free, in use, and where they came from.
+    pub fn arena(&self) -> ArenaStats {
+        self.arena.stats()
     }
 
     /// Requests being served now.
@@ -426,7 +444,7 @@ impl Service {
         recv: &mut quinn::RecvStream,
         mine: &'a Semaphore,
         limit: usize,
-    ) -> Result<(Vec<u8>, Permits<'a>), StoreError> {
+    ) -> Result<(ArenaBuf, Permits<'a>), StoreError> {
         let bad = |e: String| StoreError::invalid("peer request", e);
         let mut prefix = [0u8; 4];
         recv.read_exact(&mut prefix)
@@ -449,9 +467,9 @@ impl Service {
             .await
             .map_err(closed)?;
         let permit = (local, global);
-        let mut msg = vec![0u8; len];
-        // A chunk put is kept as it lands: large pages fault in faster.
-        strata_tiered::aligned::advise_huge_pages(&mut msg);
+        // A chunk put is kept where it lands, in a buffer a retired step
+        // gave back where one is free (`arena`).
+        let mut msg = self.arena.take(len);
         tokio::time::timeout(REQUEST_TIMEOUT, recv.read_exact(&mut msg))
             .await
             .map_err(|_| bad("request not received in time".into()))?
@@ -512,7 +530,7 @@ impl Service {
                 match crate::proto::put_chunk_in(&msg) {
                     Some((id, at)) => {
                         op = "put_chunk";
-                        let frame = bytes::Bytes::from(msg).slice(at..);
+                        let frame = bytes::Bytes::from_owner(msg).slice(at..);
                         self.put_chunk(job, work, id, frame).await
                     }
                     None => error(ErrorCode::Invalid, "not a put".into()),

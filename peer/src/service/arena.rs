@@ -1,0 +1,249 @@
+//! Request buffers the service reuses: a put's message is kept as the
+//! replica, so a step's chunks live in buffers that retention frees when
+//! the step is retired; the next steps' puts take them back instead of
+//! asking the kernel for fresh pages.
+//!
+//! Why: fresh memory is zeroed and faulted in page by page as QUIC copies
+//! a request into it. On the 2-core VM of `docs/performance.md` that cost
+//! the service about as much CPU as the rest of a push (1.5–1.9 s per GiB
+//! against 0.9–1.1 s once a peer reused a retired step's memory), and
+//! whether the allocator kept freed memory for the next step varied from
+//! run to run.
+//!
+//! Buffers come in size classes (a request's length rounded up by at most
+//! 1/16 of it), so a step's puts of one chunk size find each other's
+//! buffers. What the pool keeps free is bounded: a buffer given back is
+//! kept only while the buffers out (requests and replicas in memory) and
+//! those kept free stay within `cap`, the service's memory budget plus its
+//! in-flight request budget — what it may hold at its peak anyway.
+//! Messages below [`MIN_POOLED`] bytes are plain allocations.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+/// Below this, a request is a plain allocation (small requests: lists,
+/// manifests, presence checks).
+pub(crate) const MIN_POOLED: usize = 256 << 10;
+
+/// The pool of free buffers, by size class.
+pub(crate) struct Arena {
+    cap: u64,
+    pool: Mutex<Pool>,
+}
+
+#[derive(Default)]
+struct Pool {
+    free: HashMap<usize, Vec<Vec<u8>>>,
+    free_bytes: u64,
+    /// Bytes of pooled-class buffers handed out and not yet given back.
+    out_bytes: u64,
+    /// Takes served from the pool, and takes that allocated.
+    reused: u64,
+    fresh: u64,
+}
+
+/// What the pool holds and has done (for metrics and tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArenaStats {
+    /// Bytes kept free for the next requests.
+    pub free_bytes: u64,
+    /// Bytes of pooled buffers in use (requests and replicas in memory).
+    pub out_bytes: u64,
+    /// Requests that reused a buffer.
+    pub reused: u64,
+    /// Requests that allocated one.
+    pub fresh: u64,
+}
+
+/// The size class of a request of `len` bytes: `len` rounded up to a
+/// multiple of 1/32 of the next power of two (at least 64 KiB), so a
+/// buffer is at most 1/16 larger than what it holds (or 64 KiB).
+pub(crate) fn class_of(len: usize) -> usize {
+    let step = (len.next_power_of_two() / 32).max(64 << 10);
+    len.div_ceil(step).saturating_mul(step)
+}
+
+impl Arena {
+    /// A pool that keeps buffers free while what is out and free stays
+    /// within `cap` bytes.
+    pub(crate) fn new(cap: u64) -> Arc<Self> {
+        Arc::new(Arena {
+            cap,
+            pool: Mutex::new(Pool::default()),
+        })
+    }
+
+    /// A buffer of exactly `len` bytes (its contents are whatever it held
+    /// before: the caller overwrites all of it).
+    pub(crate) fn take(self: &Arc<Self>, len: usize) -> ArenaBuf {
+        if len < MIN_POOLED {
+            return ArenaBuf {
+                buf: vec![0u8; len],
+                len,
+                home: None,
+            };
+        }
+        let class = class_of(len);
+        let reused = self.pool.lock().ok().and_then(|mut p| {
+            let got = p.free.get_mut(&class).and_then(Vec::pop);
+            if got.is_some() {
+                p.free_bytes = p.free_bytes.saturating_sub(class as u64);
+                p.reused += 1;
+            } else {
+                p.fresh += 1;
+            }
+            p.out_bytes += class as u64;
+            got
+        });
+        let buf = reused.unwrap_or_else(|| {
+            let mut b = vec![0u8; class];
+            // Kept as it lands: large pages fault in faster.
+            strata_tiered::aligned::advise_huge_pages(&mut b);
+            b
+        });
+        ArenaBuf {
+            buf,
+            len,
+            home: Some(Arc::downgrade(self)),
+        }
+    }
+
+    /// What the pool holds and has done.
+    pub(crate) fn stats(&self) -> ArenaStats {
+        self.pool
+            .lock()
+            .map(|p| ArenaStats {
+                free_bytes: p.free_bytes,
+                out_bytes: p.out_bytes,
+                reused: p.reused,
+                fresh: p.fresh,
+            })
+            .unwrap_or_default()
+    }
+
+    fn give_back(&self, buf: Vec<u8>) {
+        let class = buf.len() as u64;
+        let Ok(mut p) = self.pool.lock() else {
+            return;
+        };
+        p.out_bytes = p.out_bytes.saturating_sub(class);
+        if p.out_bytes + p.free_bytes + class <= self.cap {
+            p.free_bytes += class;
+            p.free.entry(buf.len()).or_default().push(buf);
+        }
+        // Otherwise `buf` is freed here: the pool would pass its cap.
+    }
+}
+
+/// A request's bytes: from the pool (given back when the last reference
+/// to it drops, a replica's included) or a plain allocation.
+pub(crate) struct ArenaBuf {
+    buf: Vec<u8>,
+    len: usize,
+    home: Option<Weak<Arena>>,
+}
+
+impl std::ops::Deref for ArenaBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for ArenaBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.len]
+    }
+}
+
+impl AsRef<[u8]> for ArenaBuf {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl Drop for ArenaBuf {
+    fn drop(&mut self) {
+        if let Some(arena) = self.home.take().and_then(|w| w.upgrade()) {
+            arena.give_back(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn classes_round_up_by_at_most_a_sixteenth_or_64_kib() {
+        for len in [
+            MIN_POOLED,
+            300_000,
+            MIB,
+            16 * MIB + 41,
+            16 * MIB + 4096,
+            63 * MIB,
+        ] {
+            let c = class_of(len);
+            assert!(c >= len, "{len}");
+            assert!(c - len <= (len / 16).max(64 << 10), "{len}: {c}");
+        }
+        // A full chunk's frame and its request header share a class.
+        assert_eq!(class_of(16 * MIB + 41), class_of(16 * MIB + 300));
+    }
+
+    #[test]
+    fn a_buffer_given_back_serves_the_next_request_of_its_class() {
+        let arena = Arena::new(1 << 30);
+        let a = arena.take(16 * MIB + 41);
+        let ptr = a.as_ptr();
+        assert_eq!(a.len(), 16 * MIB + 41);
+        // Kept as a replica: given back only once its last slice drops.
+        let frame = bytes::Bytes::from_owner(a).slice(41..);
+        assert_eq!(arena.stats().free_bytes, 0);
+        drop(frame);
+        let s = arena.stats();
+        assert_eq!(
+            (s.out_bytes, s.free_bytes),
+            (0, class_of(16 * MIB + 41) as u64)
+        );
+        let b = arena.take(16 * MIB + 200);
+        assert_eq!(b.as_ptr(), ptr, "the same memory, not a fresh allocation");
+        assert_eq!(b.len(), 16 * MIB + 200);
+        let s = arena.stats();
+        assert_eq!((s.reused, s.fresh, s.free_bytes), (1, 1, 0));
+        // Another class does not take it.
+        drop(b);
+        let c = arena.take(4 * MIB);
+        assert_ne!(c.as_ptr(), ptr);
+        assert_eq!(arena.stats().fresh, 2);
+    }
+
+    #[test]
+    fn the_pool_keeps_nothing_past_its_cap_and_small_requests_are_not_pooled() {
+        let class = class_of(8 * MIB) as u64;
+        // Room for three buffers out or free.
+        let arena = Arena::new(3 * class);
+        let bufs: Vec<_> = (0..4).map(|_| arena.take(8 * MIB)).collect();
+        assert_eq!(arena.stats().out_bytes, 4 * class);
+        drop(bufs);
+        // The first given back finds three others out: keeping it would
+        // pass the cap, so it is freed. The other three fit.
+        let s = arena.stats();
+        assert_eq!((s.out_bytes, s.free_bytes), (0, 3 * class));
+        let small = arena.take(MIN_POOLED - 1);
+        drop(small);
+        assert_eq!(arena.stats().free_bytes, 3 * class);
+        assert_eq!(arena.stats().fresh, 4);
+    }
+
+    #[test]
+    fn a_buffer_outliving_its_arena_is_simply_freed() {
+        let arena = Arena::new(1 << 30);
+        let a = arena.take(MIB);
+        drop(arena);
+        drop(a);
+    }
+}

@@ -1,0 +1,63 @@
+//! A put's buffer is kept as the replica, and given back for the next
+//! puts when the replica is dropped: a peer that retires steps reuses
+//! their memory instead of faulting in fresh pages for every step.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use strata_format::codec::ElemHint;
+use strata_format::ChunkId;
+use strata_peer::replicas::Limits;
+use strata_tiered::{ChunkData, ChunkPut, ChunkStore, ChunkStoreExt};
+
+const JOB: &str = "job-a";
+
+async fn put(s: &strata_peer::PeerStore, seed: u8) -> (ChunkId, Vec<u8>) {
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i as u8) ^ seed).collect();
+    let id = ChunkId::of(&data);
+    let put = ChunkPut {
+        id,
+        hint: ElemHint::BYTES,
+        data: ChunkData::copy_from(&data),
+    };
+    s.put_chunks(JOB, vec![put]).await.unwrap();
+    (id, data)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_replicas_buffer_serves_the_next_put_and_live_replicas_stay_whole() {
+    let local = support::Local::start(Limits::default());
+    let s = local.client(JOB);
+    let (a, _) = put(&s, 1).await;
+    let (b, b_data) = put(&s, 2).await;
+    let st = local.service.arena();
+    assert_eq!((st.fresh, st.reused, st.free_bytes), (2, 0, 0));
+    assert!(st.out_bytes >= 2 << 20, "{st:?}");
+
+    // Retention (or `strata rm`) drops a's replica: its buffer is kept.
+    s.delete_chunks(JOB, &[a]).await.unwrap();
+    assert!(local.service.arena().free_bytes >= 1 << 20);
+    let (c, c_data) = put(&s, 3).await;
+    let st = local.service.arena();
+    assert_eq!(
+        (st.fresh, st.reused, st.free_bytes),
+        (2, 1, 0),
+        "c took a's buffer"
+    );
+
+    // Every replica held reads back whole: b was never handed out again,
+    // and c's bytes are its own, not a's.
+    assert_eq!(
+        s.has_chunks(JOB, &[a, b, c]).await.unwrap(),
+        [false, true, true]
+    );
+    let got = s.get_chunks(JOB, &[b, c]).await;
+    for (got, want) in got.into_iter().zip([&b_data, &c_data]) {
+        assert_eq!(got.unwrap().as_slice(), &want[..]);
+    }
+    let m = strata_peer::metrics::render(&local.service);
+    assert!(
+        m.contains("strata_peer_buffers_total{source=\"reused\"} 1"),
+        "{m}"
+    );
+}
