@@ -182,7 +182,9 @@ def memory_bound(where, args):
     max_request = max_chunk + 8192
     inflight = max(inflight, 4 * max_request)
     window = 2 * max(inflight // 4, max_request)
-    budgets = mem + manifest + inflight + work
+    # Pooled request buffers (replicas and requests in flight) are up to
+    # 1/32 larger than their bytes (peer/src/service/arena.rs).
+    budgets = mem + manifest + inflight + work + (mem + inflight) // 32
     return budgets, budgets + min(conns, BUSY_CONNECTIONS) * window + (1 << 30)
 
 

@@ -11,8 +11,8 @@
 //! run to run.
 //!
 //! Buffers come in size classes (a request's length rounded up by at most
-//! 1/16 of it), so a step's puts of one chunk size find each other's
-//! buffers. What the pool keeps free is bounded: a buffer given back is
+//! 1/32 of it), so a step's puts of one chunk size find each other's
+//! buffers (a model's state has the same chunk sizes step after step). What the pool keeps free is bounded: a buffer given back is
 //! kept only while the buffers out (requests and replicas in memory) and
 //! those kept free stay within `cap`, the service's memory budget plus its
 //! in-flight request budget — what it may hold at its peak anyway.
@@ -56,10 +56,11 @@ pub struct ArenaStats {
 }
 
 /// The size class of a request of `len` bytes: `len` rounded up to a
-/// multiple of 1/32 of the next power of two (at least 64 KiB), so a
-/// buffer is at most 1/16 larger than what it holds (or 64 KiB).
+/// multiple of 1/64 of the next power of two (at least a page), so a
+/// pooled buffer is at most 1/32 larger than what it holds: the bound of
+/// the service's memory counts that (`docs/protocol.md`).
 pub(crate) fn class_of(len: usize) -> usize {
-    let step = (len.next_power_of_two() / 32).max(64 << 10);
+    let step = (len.next_power_of_two() / 64).max(4 << 10);
     len.div_ceil(step).saturating_mul(step)
 }
 
