@@ -295,6 +295,8 @@ impl Checkpointer {
             commits: CommitEvents::default(),
             committed: KnownCommitted::default(),
             l3_unlisted_below: Default::default(),
+            l3_unlisted: Default::default(),
+            l3_relisting: Default::default(),
             claims,
             foreground: crate::foreground::Foreground::default(),
             cfg,

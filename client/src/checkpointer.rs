@@ -219,6 +219,11 @@ impl Checkpointer {
         // A committed step is never saved again (it would replace a
         // committed shard): refused before anything is written.
         self.shared.refuse_committed(step)?;
+        let l3_known = !self
+            .shared
+            .l3_unlisted
+            .load(std::sync::atomic::Ordering::Acquire);
+        self.shared.relist_l3_in_background();
         let (specs, plan) = self.plan(state)?;
         let plan = Arc::new(plan);
         let gpu = self.shared.gpu_for(state.iter().filter_map(|e| e.device))?;
@@ -234,6 +239,7 @@ impl Checkpointer {
             snaps,
             metadata,
             done: done.clone(),
+            l3_known,
         };
         self.tx
             .as_ref()

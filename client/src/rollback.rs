@@ -138,6 +138,10 @@ impl Checkpointer {
                 retry: true,
             });
         }
+        // Every rank deleted its shards: also the steps this rank held
+        // nothing of but knew committed by others (the L3 lister refuses
+        // those for every rank, `Shared::list_committed`).
+        s.committed.forget_where(doomed);
         tracing::info!(steps = ?all, "steps deleted");
         Ok(all.into_iter().collect())
     }

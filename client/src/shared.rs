@@ -4,6 +4,7 @@
 //! the checkpointer: the module graph points one way, from the API down.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 
 use strata_tiered::{ChunkStore, Clock, L1Store};
@@ -15,9 +16,10 @@ use crate::error::{Error, Result};
 use crate::gpu::{DeviceBytes, Gpu};
 use crate::policy::UploadPolicy;
 use crate::push_claims::PushClaims;
+use crate::restore::shared_l3::LISTER;
 use crate::staging::StagingPool;
 use crate::tier_states::{Replication, UploadJob, Uploads};
-use crate::tiers::{Catalog, Tier, TierStack};
+use crate::tiers::{Catalog, Tier, TierKind, TierStack};
 
 /// What an eager push sent, by peer name (chunk bytes).
 pub(crate) type EagerOutcome = HashMap<String, u64>;
@@ -111,6 +113,15 @@ pub(crate) struct Shared {
     /// step that `committed` does not know reads this rank's record on L3
     /// first (`refuse_committed`).
     pub(crate) l3_unlisted_below: std::sync::atomic::AtomicU64,
+    /// The L3 lister (rank 0 of a job of several ranks) could not list L3
+    /// for its first save: which steps L3 holds is unknown, so it votes
+    /// for no upload (its vote decides for every rank) until a listing
+    /// succeeds ([`Self::relist_l3_in_background`], or a restore). An
+    /// upload could otherwise complete on L3 a step it holds from an
+    /// earlier start with shards of this one.
+    pub(crate) l3_unlisted: std::sync::atomic::AtomicBool,
+    /// A background listing of L3 runs ([`Self::relist_l3_in_background`]).
+    pub(crate) l3_relisting: std::sync::atomic::AtomicBool,
     /// Which rank of this node sends a chunk its ranks share (on the
     /// default L1 only: the claims live in its directory).
     pub(crate) claims: Option<PushClaims>,
@@ -249,48 +260,78 @@ impl Shared {
     /// job, not one per rank), and it refuses every step of this world
     /// that any rank committed there: its refusal decides the step for
     /// every rank at the barrier (`vote_already`), so a rank that saved it
-    /// again discards its new shard and nothing reaches L3.
-    ///
-    /// [`LISTER`]: crate::restore::shared_l3::LISTER
+    /// again discards its new shard and nothing reaches L3. A lister that
+    /// cannot list L3 sets [`Self::l3_unlisted`].
     pub(crate) fn list_committed(&self) -> BTreeSet<u64> {
-        use crate::restore::shared_l3::LISTER;
-        use crate::tiers::TierKind;
         let cfg = &self.cfg;
-        let shared = cfg.world_size > 1 && self.tiers.remote().is_some();
-        let catalog = if shared && cfg.rank != LISTER {
+        let shared = self.lists_l3_for_the_job().is_some();
+        let catalog = if shared || cfg.world_size == 1 || self.tiers.remote().is_none() {
+            self.catalog()
+        } else {
             self.rt.block_on(Catalog::list_some(
                 &cfg.job,
                 self.tiers.tiers().to_vec(),
                 |t| t.kind != TierKind::L3,
             ))
-        } else {
-            self.catalog()
         };
         let mut committed = BTreeSet::new();
         for l in catalog.listings() {
-            let steps = match &l.steps {
-                Ok(steps) => steps,
+            let l3 = shared && l.tier.kind == TierKind::L3;
+            match &l.steps {
+                Ok(steps) if l3 => {
+                    committed.extend(committed_by_any_rank(cfg, steps));
+                    self.l3_unlisted.store(false, Ordering::Release);
+                }
+                Ok(steps) => committed.extend(crate::coord::commit::restorable(cfg, steps)),
                 Err(e) => {
                     tracing::warn!(tier = %l.tier.name, error = %e, "cannot list a tier to check for committed steps");
-                    continue;
+                    if l3 {
+                        self.l3_unlisted.store(true, Ordering::Release);
+                    }
                 }
-            };
-            if shared && l.tier.kind == TierKind::L3 {
-                // The lister, for every rank of this world.
-                committed.extend(
-                    steps
-                        .iter()
-                        .filter(|st| {
-                            st.world_size() == Some(cfg.world_size)
-                                && !st.committed_ranks().is_empty()
-                        })
-                        .map(|st| st.step),
-                );
-            } else {
-                committed.extend(crate::coord::commit::restorable(cfg, steps));
             }
         }
         committed
+    }
+
+    /// L3, when this rank lists it for every rank of the job (rank
+    /// [`LISTER`] of a job of several ranks).
+    fn lists_l3_for_the_job(&self) -> Option<&Tier> {
+        let cfg = &self.cfg;
+        self.tiers
+            .remote()
+            .filter(|_| cfg.world_size > 1 && cfg.rank == LISTER)
+    }
+
+    /// Where the lister could not list L3 ([`Self::l3_unlisted`]), lists
+    /// it again on a thread of its own (one at a time; the save does not
+    /// wait): once it answers, its steps are refused and uploads resume.
+    pub(crate) fn relist_l3_in_background(self: &Arc<Self>) {
+        if !self.l3_unlisted.load(Ordering::Acquire)
+            || self.l3_relisting.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let s = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("strata-l3-relist".into())
+            .spawn(move || {
+                if let Some(l3) = s.lists_l3_for_the_job() {
+                    match s.rt.block_on(l3.store.list_steps(&s.cfg.job)) {
+                        Ok(steps) => {
+                            s.committed.fill(committed_by_any_rank(&s.cfg, &steps));
+                            s.l3_unlisted.store(false, Ordering::Release);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "L3 still cannot be listed: steps are not uploaded");
+                        }
+                    }
+                }
+                s.l3_relisting.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.l3_relisting.store(false, Ordering::Release);
+        }
     }
 
     /// The GPU engine for these device buffers (opened on first use), or
@@ -332,4 +373,14 @@ impl Shared {
         *slot = Some(g.clone());
         Ok(Some(g))
     }
+}
+
+/// The steps of this world that any rank committed in a tier's listing:
+/// what the L3 lister refuses for every rank.
+fn committed_by_any_rank(cfg: &Config, steps: &[strata_tiered::StepInfo]) -> BTreeSet<u64> {
+    steps
+        .iter()
+        .filter(|st| st.world_size() == Some(cfg.world_size) && !st.committed_ranks().is_empty())
+        .map(|st| st.step)
+        .collect()
 }

@@ -45,7 +45,7 @@ fn only_rank_zero_lists_l3_to_collect_it_and_it_retires_every_ranks_shards() {
     };
     let coord = InProcessCoordinator::new(WORLD);
     // Listings after the first save (whose check for committed steps lists
-    // every tier once on every rank).
+    // L3 once, on rank 0).
     let after_first: Vec<u64> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..WORLD)
             .map(|rank| {

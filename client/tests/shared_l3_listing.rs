@@ -293,15 +293,10 @@ fn a_step_older_than_the_restores_view_is_refused_on_every_rank_before_any_write
 
 #[test]
 fn a_jobs_first_save_without_a_restore_lists_l3_once_and_a_step_l3_holds_is_refused_everywhere() {
-    let store = Arc::new(MetricsStore::new(MemoryStore::new()));
-    let l3: Arc<dyn ChunkStore> = store.clone();
-    save_two_steps(&dirs(), &l3);
-    // A split on L3: rank 0's record of step 2 is gone, the others' stay.
-    // Step 2 was decided there all the same: no rank may save it again.
+    let (store, l3) = split_on_l3();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    rt.block_on(l3.delete_shard("shared-l3", 2, 0)).unwrap();
     let records = || -> Vec<Option<strata::format::CommitRecord>> {
         (0..WORLD)
             .map(|r| {
@@ -317,25 +312,11 @@ fn a_jobs_first_save_without_a_restore_lists_l3_once_and_a_step_l3_holds_is_refu
     // first: its first save lists the tiers to refuse a committed step.
     let lists = || store.snapshot().family(OpFamily::List).ops;
     let listed = lists();
-    // Without uploads: what L3 is listed for is the refusal alone (rank
-    // 0's collection of L3 after an upload lists it too).
-    let no_uploads = |mut c: Config| {
-        c.upload_every = 0;
-        c
-    };
     let got = on_every_rank_cfg(
         &dirs(),
         |_| l3.clone(),
         no_uploads,
-        |rank, ck| {
-            let save = |step: u64| {
-                let d = state(rank, step + 100);
-                let shape = [d.len() as u64];
-                ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &d)])
-                    .and_then(|h| h.wait())
-            };
-            (save(2), save(3))
-        },
+        |rank, ck| (save_new(ck, rank, 2), save_new(ck, rank, 3)),
     );
     // Rank 0 lists L3 for the job; the others leave it to rank 0 (before:
     // one listing per rank).
@@ -353,4 +334,119 @@ fn a_jobs_first_save_without_a_restore_lists_l3_once_and_a_step_l3_holds_is_refu
     }
     // L3's step 2 is as it was.
     assert_eq!(records(), before, "L3's records of step 2");
+}
+
+/// L3 with steps 1 and 2 of every rank, and a split of step 2: rank 0's
+/// record of it is gone, the others' stay (step 2 was decided all the
+/// same: no rank may save it again).
+fn split_on_l3() -> (Arc<MetricsStore<MemoryStore>>, Arc<dyn ChunkStore>) {
+    let store = Arc::new(MetricsStore::new(MemoryStore::new()));
+    let l3: Arc<dyn ChunkStore> = store.clone();
+    save_two_steps(&dirs(), &l3);
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(l3.delete_shard("shared-l3", 2, 0))
+        .unwrap();
+    (store, l3)
+}
+
+/// Without uploads (a test that counts L3 listings: rank 0's collection of
+/// L3 after an upload lists it too).
+fn no_uploads(mut c: Config) -> Config {
+    c.upload_every = 0;
+    c
+}
+
+/// Saves `step` with contents of a new start of the job (not the first
+/// start's).
+fn save_new(ck: &Checkpointer, rank: u32, step: u64) -> strata::Result<strata::SaveStats> {
+    let d = state(rank, step + 100);
+    let shape = [d.len() as u64];
+    ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &d)])
+        .and_then(|h| h.wait())
+}
+
+#[test]
+fn a_step_rank_0_refused_for_the_others_may_be_saved_again_once_deleted_everywhere() {
+    let (_, l3) = split_on_l3();
+    let got = on_every_rank_cfg(
+        &dirs(),
+        |_| l3.clone(),
+        no_uploads,
+        |rank, ck| {
+            // The first save lists L3 on rank 0, which then knows step 2
+            // committed by ranks 1 to 3 (it holds nothing of it).
+            save_new(ck, rank, 3).unwrap();
+            ck.delete(&[2]).unwrap();
+            save_new(ck, rank, 2)
+        },
+    );
+    for (rank, after) in got.into_iter().enumerate() {
+        assert_eq!(
+            after.unwrap().step,
+            2,
+            "rank {rank}: step 2 after its deletion"
+        );
+    }
+}
+
+#[test]
+fn a_lister_blind_to_l3_at_the_first_save_uploads_nothing_until_l3_answers_again() {
+    let (_, l3) = split_on_l3();
+    // Rank 0 cannot reach L3 at its first save: it cannot refuse step 2
+    // for the others. L3 answers again just after.
+    let blind = Arc::new(FaultStore::new(
+        l3.clone(),
+        FaultPlan {
+            outage_after: Some(0),
+            ..FaultPlan::default()
+        },
+    ));
+    let record = |step: u64, rank: u32| {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(l3.get_commit_record("shared-l3", step, rank))
+            .unwrap()
+    };
+    let before: Vec<_> = (0..WORLD).map(|r| record(2, r)).collect();
+    on_every_rank_with(
+        &dirs(),
+        |rank| {
+            if rank == 0 {
+                blind.clone() as Arc<dyn ChunkStore>
+            } else {
+                l3.clone()
+            }
+        },
+        |rank, ck| {
+            let d = state(rank, 102);
+            let shape = [d.len() as u64];
+            let h = ck.save(2, &[Entry::tensor("w", DType::U8, &shape, &d)]);
+            if rank == 0 {
+                blind.heal();
+            }
+            // Saved on L1: nobody could tell it was committed on L3.
+            assert_eq!(h.and_then(|h| h.wait()).unwrap().step, 2);
+            ck.wait_uploads();
+            // Step 3 is saved while rank 0 lists L3 again (in the
+            // background), step 4 once it has.
+            save_new(ck, rank, 3).unwrap();
+            if rank == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            save_new(ck, rank, 4).unwrap();
+            ck.wait_uploads();
+        },
+    );
+    // Step 2 was not uploaded: L3 does not hold rank 0's new shard beside
+    // the others' old ones.
+    let after: Vec<_> = (0..WORLD).map(|r| record(2, r)).collect();
+    assert_eq!(after, before, "L3's records of step 2");
+    assert!(after[0].is_none());
+    // Uploads resumed once rank 0 listed L3.
+    for rank in 0..WORLD {
+        assert!(record(4, rank).is_some(), "rank {rank}'s step 4 on L3");
+    }
 }

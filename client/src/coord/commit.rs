@@ -330,11 +330,16 @@ impl KnownCommitted {
 
     /// Forgets steps deleted from every tier (they may be saved again).
     pub(crate) fn forget(&self, steps: &BTreeSet<u64>) {
+        self.forget_where(&|s| steps.contains(&s));
+    }
+
+    /// Forgets every step `gone` selects.
+    pub(crate) fn forget_where(&self, gone: &dyn Fn(u64) -> bool) {
         if let Ok(mut g) = self.inner.lock() {
             if let Some(listed) = g.0.as_mut() {
-                listed.retain(|s| !steps.contains(s));
+                listed.retain(|&s| !gone(s));
             }
-            g.1.retain(|s| !steps.contains(s));
+            g.1.retain(|&s| !gone(s));
         }
     }
 

@@ -338,6 +338,10 @@ impl Checkpointer {
         // the rare case, not every save).
         s.committed.fill(holdings.committed.clone());
         s.committed.fill(l3_mine.clone());
+        if cfg.rank == LISTER && agreement.l3.is_some() {
+            // The lister listed L3 for this restore.
+            s.l3_unlisted.store(false, Ordering::Release);
+        }
         if view.is_some() {
             let window = crate::restore::agreement::WINDOW;
             if let Some(&edge) = agreement.decided.iter().rev().nth(window - 1) {

@@ -40,6 +40,9 @@ pub(crate) struct PersistJob {
     pub(crate) snaps: mpsc::Receiver<Snap>,
     pub(crate) metadata: BTreeMap<String, String>,
     pub(crate) done: Arc<Completion>,
+    /// L3's steps were known when the save began (`Shared::l3_unlisted`
+    /// was not set): rank 0 may vote to upload it.
+    pub(crate) l3_known: bool,
 }
 
 /// Starts the persist worker: it takes the queued saves one at a time,
@@ -120,9 +123,19 @@ pub(crate) fn persist(
 
     // Every rank votes, failed or not, so nobody waits for a rank that
     // gave up; rank 0's upload policy decides for all.
+    // Not a step saved while the L3 lister could not tell which steps L3
+    // holds (`Shared::l3_unlisted`): L3 may hold it from an earlier start.
+    let upload = cfg.rank == 0 && s.upload_policy.wants(job.step);
+    if upload && !job.l3_known {
+        tracing::warn!(
+            step = job.step,
+            "step not uploaded: L3 could not be listed to check it does not hold this step already"
+        );
+    }
+    let upload = upload && job.l3_known;
     let vote = Vote {
         ok: local.is_ok(),
-        upload: cfg.rank == 0 && s.upload_policy.wants(job.step),
+        upload,
         already: false,
     };
     let t = Instant::now();
