@@ -42,6 +42,24 @@ struct Pool {
     fresh: u64,
 }
 
+impl Pool {
+    /// A free buffer of the largest class held (the fewest to free).
+    fn evict_one(&mut self) -> Option<Vec<u8>> {
+        let class = self
+            .free
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(&c, _)| c)
+            .max()?;
+        let list = self.free.get_mut(&class)?;
+        let b = list.pop();
+        if list.is_empty() {
+            self.free.remove(&class);
+        }
+        b
+    }
+}
+
 /// What the pool holds and has done (for metrics and tests).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ArenaStats {
@@ -85,17 +103,29 @@ impl Arena {
             };
         }
         let class = class_of(len);
+        let mut evicted = Vec::new();
         let reused = self.pool.lock().ok().and_then(|mut p| {
             let got = p.free.get_mut(&class).and_then(Vec::pop);
+            p.out_bytes += class as u64;
             if got.is_some() {
                 p.free_bytes = p.free_bytes.saturating_sub(class as u64);
                 p.reused += 1;
             } else {
                 p.fresh += 1;
+                // A fresh buffer: free ones of other classes go first, so
+                // what is out and free stays within the cap (a job whose
+                // sizes differ from the retired ones' does not add a
+                // second budget's worth).
+                while p.out_bytes + p.free_bytes > self.cap {
+                    let Some(b) = p.evict_one() else { break };
+                    p.free_bytes = p.free_bytes.saturating_sub(b.len() as u64);
+                    evicted.push(b);
+                }
             }
-            p.out_bytes += class as u64;
             got
         });
+        // Freed outside the lock.
+        drop(evicted);
         let buf = reused.unwrap_or_else(|| {
             let mut b = vec![0u8; class];
             // Kept as it lands: large pages fault in faster.
@@ -178,10 +208,11 @@ mod tests {
     const MIB: usize = 1 << 20;
 
     #[test]
-    fn classes_round_up_by_at_most_a_sixteenth_or_64_kib() {
+    fn classes_round_up_by_at_most_a_thirty_second() {
         for len in [
             MIN_POOLED,
             300_000,
+            513 << 10,
             MIB,
             16 * MIB + 41,
             16 * MIB + 4096,
@@ -189,7 +220,7 @@ mod tests {
         ] {
             let c = class_of(len);
             assert!(c >= len, "{len}");
-            assert!(c - len <= (len / 16).max(64 << 10), "{len}: {c}");
+            assert!(c - len <= len / 32, "{len}: {c}");
         }
         // A full chunk's frame and its request header share a class.
         assert_eq!(class_of(16 * MIB + 41), class_of(16 * MIB + 300));
@@ -238,6 +269,23 @@ mod tests {
         drop(small);
         assert_eq!(arena.stats().free_bytes, 3 * class);
         assert_eq!(arena.stats().fresh, 4);
+    }
+
+    #[test]
+    fn a_fresh_buffer_frees_free_ones_of_other_classes_to_stay_within_the_cap() {
+        let class = class_of(8 * MIB) as u64;
+        let arena = Arena::new(3 * class);
+        drop((0..3).map(|_| arena.take(8 * MIB)).collect::<Vec<_>>());
+        assert_eq!(arena.stats().free_bytes, 3 * class);
+        // Another job's sizes: each fresh buffer frees a free one.
+        let other: Vec<_> = (0..3).map(|_| arena.take(8 * MIB - 200_000)).collect();
+        let s = arena.stats();
+        assert_eq!(s.fresh, 6);
+        assert!(s.out_bytes + s.free_bytes <= 3 * class, "{s:?}");
+        assert_eq!(s.free_bytes, 0);
+        drop(other);
+        let s = arena.stats();
+        assert!(s.out_bytes + s.free_bytes <= 3 * class, "{s:?}");
     }
 
     #[test]
