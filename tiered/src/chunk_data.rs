@@ -47,6 +47,13 @@ impl ChunkData {
         Arc::try_unwrap(self.buf).ok()
     }
 
+    /// The underlying buffer if nothing else shares it, else these bytes
+    /// back (to try again later: a sender may still hold a clone).
+    pub fn try_into_buf(self) -> std::result::Result<AlignedBuf, ChunkData> {
+        let ChunkData { buf, start, len } = self;
+        Arc::try_unwrap(buf).map_err(|buf| ChunkData { buf, start, len })
+    }
+
     /// A copy of `bytes` in a fresh aligned buffer.
     pub fn copy_from(bytes: &[u8]) -> Self {
         Self::whole(AlignedBuf::from_slice(bytes))

@@ -18,9 +18,10 @@
 use std::sync::Arc;
 
 use strata_format::{ChunkId, ShardManifest};
-use strata_tiered::{ChunkPut, ChunkStore, StepInfo};
+use strata_tiered::{ChunkData, ChunkPut, ChunkStore, ReadOptions, StepInfo};
 
 use super::catalog::{load_shard, LoadedShard};
+use super::recycle::Recycler;
 use crate::error::{Error, Result};
 use strata_tiered::ChunkStoreExt;
 
@@ -277,16 +278,18 @@ async fn send_chunks(
         return Ok((0, 0)); // nothing to send: nothing to hold back for
     }
     // Reads run as tasks of their own, so the next batch's reads (and
-    // their hashing) proceed on other threads while this one is sent.
-    let read = |batch: &Vec<usize>| {
+    // their hashing) proceed on other threads while this one is sent; into
+    // the buffers of batches already sent where they came back.
+    let mut recycler = Recycler::new(usize::try_from(2 * opts.batch_bytes).unwrap_or(usize::MAX));
+    let read = |batch: &Vec<usize>, recycler: &mut Recycler| {
         let (src, job) = (src.clone(), job.to_string());
         let want: Vec<_> = batch.iter().map(|&i| m.chunks[i].id).collect();
-        tokio::spawn(async move {
-            match opts.verify {
-                Verify::Here => src.get_chunks(&job, &want).await,
-                Verify::Receiver => src.get_chunks_unverified(&job, &want).await,
-            }
-        })
+        let lens: Vec<usize> = batch.iter().map(|&i| m.chunks[i].len as usize).collect();
+        let read_opts = ReadOptions {
+            unverified: opts.verify == Verify::Receiver,
+            spare: recycler.spares(&lens),
+        };
+        tokio::spawn(async move { src.get_chunks_opts(&job, &want, read_opts).await })
     };
     let pause = || async {
         if let Some(p) = opts.pause {
@@ -294,7 +297,7 @@ async fn send_chunks(
         }
     };
     pause().await;
-    let mut next = batches.first().map(read);
+    let mut next = batches.first().map(|b| read(b, &mut recycler));
     let (mut sent, mut written) = (0u64, 0u64);
     let mut result = Ok(());
     for (k, batch) in batches.iter().enumerate() {
@@ -312,7 +315,7 @@ async fn send_chunks(
         if k > 0 {
             pause().await;
         }
-        next = batches.get(k + 1).map(read);
+        next = batches.get(k + 1).map(|b| read(b, &mut recycler));
         if got.len() != batch.len() {
             result = Err(Error::Pipeline(format!(
                 "{} answered {} chunks of {}",
@@ -342,9 +345,13 @@ async fn send_chunks(
         let done = match puts {
             Ok(puts) => {
                 let n: u64 = puts.iter().map(|p| p.data.len() as u64).sum();
-                dst.put_missing_chunks(job, puts)
+                let lent: Vec<ChunkData> = puts.iter().map(|p| p.data.clone()).collect();
+                let r = dst
+                    .put_missing_chunks(job, puts)
                     .await
-                    .map(|st| (n, st.bytes_written))
+                    .map(|st| (n, st.bytes_written));
+                recycler.lend(lent);
+                r
             }
             Err(e) => {
                 result = Err(e);
