@@ -218,11 +218,18 @@ impl Checkpointer {
 
         // A committed step is never saved again (it would replace a
         // committed shard): refused before anything is written.
+        // Whether the L3 lister knew what L3 holds when it checked this
+        // step: read before the check (a listing in the background may
+        // clear it meanwhile, after the check let the step through) and
+        // after it (a first save's own listing may set it).
+        let unlisted = || {
+            self.shared
+                .l3_unlisted
+                .load(std::sync::atomic::Ordering::Acquire)
+        };
+        let unlisted_before = unlisted();
         self.shared.refuse_committed(step)?;
-        let l3_known = !self
-            .shared
-            .l3_unlisted
-            .load(std::sync::atomic::Ordering::Acquire);
+        let l3_known = !unlisted_before && !unlisted();
         self.shared.relist_l3_in_background();
         let (specs, plan) = self.plan(state)?;
         let plan = Arc::new(plan);

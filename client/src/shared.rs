@@ -312,25 +312,39 @@ impl Shared {
         {
             return;
         }
-        let s = self.clone();
+        /// Lets the next save start a listing, however this one ends (a
+        /// panic included).
+        struct Done(Arc<Shared>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.0.l3_relisting.store(false, Ordering::Release);
+            }
+        }
+        let done = Done(self.clone());
         let spawned = std::thread::Builder::new()
             .name("strata-l3-relist".into())
             .spawn(move || {
-                if let Some(l3) = s.lists_l3_for_the_job() {
-                    match s.rt.block_on(l3.store.list_steps(&s.cfg.job)) {
-                        Ok(steps) => {
-                            s.committed.fill(committed_by_any_rank(&s.cfg, &steps));
+                let s = &done.0;
+                let Some(l3) = s.lists_l3_for_the_job() else {
+                    return;
+                };
+                let since = s.committed.forgotten();
+                match s.rt.block_on(l3.store.list_steps(&s.cfg.job)) {
+                    // A deletion meanwhile: the next save lists again.
+                    Ok(steps) => {
+                        let mine = committed_by_any_rank(&s.cfg, &steps);
+                        if s.committed.fill_unless_forgotten_since(since, mine) {
                             s.l3_unlisted.store(false, Ordering::Release);
                         }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "L3 still cannot be listed: steps are not uploaded");
-                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "L3 still cannot be listed: steps are not uploaded");
                     }
                 }
-                s.l3_relisting.store(false, Ordering::Release);
             });
-        if spawned.is_err() {
-            self.l3_relisting.store(false, Ordering::Release);
+        // A thread that could not start dropped `done` with its closure.
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start listing L3 again");
         }
     }
 

@@ -514,3 +514,56 @@ fn a_tier_refusing_the_job_does_not_hide_a_good_copy_further_down() {
         assert_eq!(c.repaired, [0]);
     }
 }
+
+/// A copy out of L1 in many batches reads each into the buffers of the
+/// batches already sent (`tiers/recycle.rs`): whatever a reused buffer
+/// held before, every byte that arrives is the chunk's own.
+#[test]
+fn a_copy_from_l1_in_many_batches_reusing_its_read_buffers_delivers_every_byte() {
+    use strata::tiered::{EngineChoice, L1Store};
+    let dir = tempfile::tempdir().unwrap();
+    // 16 chunks of 64 KiB, each unlike the others; the last one shorter,
+    // so a reused buffer is longer than what it holds.
+    let data: Vec<u8> = (0..1024 * KIB - 1000)
+        .map(|j| (j as u8) ^ ((j >> 16) as u8).wrapping_mul(31))
+        .collect();
+    {
+        let ck = Checkpointer::new(cfg(dir.path())).unwrap();
+        let shape = [data.len() as u64];
+        ck.save(7, &[Entry::tensor("w", DType::U8, &shape, &data)])
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    let src: Arc<dyn ChunkStore> =
+        Arc::new(L1Store::open(dir.path(), EngineChoice::Psync).unwrap());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for verify in [Verify::Receiver, Verify::Here] {
+        let dst = Arc::new(MemoryStore::new());
+        let opts = CopyOptions {
+            // Two chunks a batch: eight batches, the later ones into the
+            // earlier ones' buffers.
+            batch_bytes: 128 * KIB as u64,
+            verify,
+            siblings: None,
+            pause: None,
+        };
+        let st = rt
+            .block_on(copy_step(&src, &*dst, "c", 7, 0, opts, &|_| {}))
+            .unwrap();
+        assert_eq!((st.chunks, st.chunks_sent), (16, 16));
+        for id in rt.block_on(src.list_chunks("c")).unwrap() {
+            let want = rt.block_on(src.get_chunk("c", &id, None)).unwrap();
+            let got = rt.block_on(dst.get_chunk("c", &id, None)).unwrap();
+            assert_eq!(got.as_slice(), want.as_slice(), "{verify:?}: chunk {id}");
+        }
+        // And the step restores from there, whole.
+        let back = Checkpointer::builder(cfg(tempfile::tempdir().unwrap().path()))
+            .tiers(TierStack::local(dst))
+            .build()
+            .unwrap()
+            .restore(StepSelector::Step(7))
+            .unwrap();
+        assert_eq!(back.get("w").unwrap().bytes, data, "{verify:?}");
+    }
+}

@@ -309,8 +309,9 @@ pub(crate) fn restore_ready(
 /// first: a commit noted while the listing runs is kept).
 #[derive(Default)]
 pub(crate) struct KnownCommitted {
-    /// (listed, or None before the listing; noted by this process).
-    inner: Mutex<(Option<BTreeSet<u64>>, BTreeSet<u64>)>,
+    /// (listed, or None before the listing; noted by this process;
+    /// deletions forgotten so far).
+    inner: Mutex<(Option<BTreeSet<u64>>, BTreeSet<u64>, u64)>,
 }
 
 impl KnownCommitted {
@@ -340,7 +341,28 @@ impl KnownCommitted {
                 listed.retain(|&s| !gone(s));
             }
             g.1.retain(|&s| !gone(s));
+            g.2 += 1;
         }
+    }
+
+    /// How many deletions were forgotten so far (for
+    /// [`Self::fill_unless_forgotten_since`]).
+    pub(crate) fn forgotten(&self) -> u64 {
+        self.inner.lock().map(|g| g.2).unwrap_or(u64::MAX)
+    }
+
+    /// [`Self::fill`] with a listing taken when [`Self::forgotten`] said
+    /// `since`, unless a deletion was forgotten meanwhile (the listing may
+    /// name its steps). Whether it was filled.
+    pub(crate) fn fill_unless_forgotten_since(&self, since: u64, listed: BTreeSet<u64>) -> bool {
+        let Ok(mut g) = self.inner.lock() else {
+            return false;
+        };
+        if g.2 != since {
+            return false;
+        }
+        g.0.get_or_insert_with(BTreeSet::new).extend(listed);
+        true
     }
 
     /// Whether `step` is known committed; None before any listing.

@@ -338,10 +338,6 @@ impl Checkpointer {
         // the rare case, not every save).
         s.committed.fill(holdings.committed.clone());
         s.committed.fill(l3_mine.clone());
-        if cfg.rank == LISTER && agreement.l3.is_some() {
-            // The lister listed L3 for this restore.
-            s.l3_unlisted.store(false, Ordering::Release);
-        }
         if view.is_some() {
             let window = crate::restore::agreement::WINDOW;
             if let Some(&edge) = agreement.decided.iter().rev().nth(window - 1) {
@@ -472,6 +468,9 @@ impl Checkpointer {
                     holdings.add_listing(cfg, steps, local);
                     if l3 && shared {
                         holdings.l3 = Some(L3View::of(cfg, steps));
+                        // The lister knows what L3 holds: uploads may go
+                        // on (`Shared::l3_unlisted`).
+                        s.l3_unlisted.store(false, Ordering::Release);
                     }
                 }
                 Err(e) if local => return Err(e.clone().into()),
@@ -482,6 +481,9 @@ impl Checkpointer {
                         _ => l.tier.name.clone(),
                     };
                     let why = format!("{name}: {e}");
+                    if l3 && shared {
+                        s.l3_unlisted.store(true, Ordering::Release);
+                    }
                     if l3 && shared && !cfg.skip_unreadable_tiers {
                         // Every rank is as blind to it: the agreement says
                         // so for all of them (`Agreement::of`).

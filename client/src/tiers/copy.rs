@@ -63,8 +63,10 @@ pub enum Verify {
 /// How a copy runs.
 #[derive(Clone, Copy)]
 pub struct CopyOptions<'a> {
-    /// Most chunk bytes read and sent per batch. Two batches are in memory
-    /// at once: the next one is read while the current one is sent.
+    /// Most chunk bytes read and sent per batch. Up to about four batches
+    /// are in memory at once: the next one is read while the current one
+    /// is sent, and up to two batches of sent buffers are kept for the
+    /// next reads (`recycle.rs`).
     pub batch_bytes: u64,
     /// Who verifies the chunks read from the source.
     pub verify: Verify,
