@@ -10,13 +10,13 @@ use std::sync::{mpsc, Arc, Mutex};
 use strata_tiered::{ChunkStore, Clock, L1Store};
 
 use crate::config::Config;
+use crate::coord::commit::L3_LISTER as LISTER;
 use crate::coord::commit::{CommitEvents, KnownCommitted};
 use crate::coord::coordinator::Coordinator;
 use crate::error::{Error, Result};
 use crate::gpu::{DeviceBytes, Gpu};
 use crate::policy::UploadPolicy;
 use crate::push_claims::PushClaims;
-use crate::restore::shared_l3::LISTER;
 use crate::staging::StagingPool;
 use crate::tier_states::{Replication, UploadJob, Uploads};
 use crate::tiers::{Catalog, Tier, TierKind, TierStack};

@@ -226,6 +226,11 @@ pub(crate) fn record_of(
     }
 }
 
+/// The rank that lists L3 for the whole job, at a restore and at a first
+/// save (`restore::shared_l3`, `Shared::list_committed`): the others
+/// leave L3 to it.
+pub(crate) const L3_LISTER: u32 = 0;
+
 /// The steps this rank committed in a tier, in a world of the configured
 /// size: the steps it can restore from there.
 pub(crate) fn restorable(cfg: &Config, steps: &[StepInfo]) -> BTreeSet<u64> {

@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::restore::payload::Reader;
 
 /// The rank that lists L3 for the job at a restore.
-pub(crate) const LISTER: u32 = 0;
+pub(crate) use crate::coord::commit::L3_LISTER as LISTER;
 
 /// Longest reason carried for an L3 that could not be listed.
 const MAX_WHY: usize = 512;
