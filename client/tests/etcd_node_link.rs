@@ -246,6 +246,8 @@ fn a_killed_rank_process_ends_its_node_at_once_and_one_that_leaves_is_forgotten(
             .unwrap_err();
         assert!(e.to_string().contains("left this node"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        // Nothing of it stays behind for the rank that left.
+        assert_eq!(leader.etcd().unwrap().rounds_open(), 0, "round x/{round}");
     }
 }
 

@@ -117,7 +117,7 @@ impl EtcdCoordinator {
             let r = rounds.entry(key.to_string()).or_default();
             if let Some(out) = r.result.clone().filter(|_| !r.took.contains(&rank)) {
                 r.took.insert(rank);
-                if r.took.len() == self.count as usize {
+                if self.everyone_took(r) {
                     rounds.remove(key);
                 }
                 local.changed.notify_all();
@@ -210,7 +210,7 @@ impl EtcdCoordinator {
             }
             if let Some(out) = round.result.clone() {
                 round.took.insert(rank);
-                if round.took.len() == self.count as usize {
+                if self.everyone_took(round) {
                     rounds.remove(key);
                 }
                 local.changed.notify_all();
@@ -248,6 +248,26 @@ impl EtcdCoordinator {
         if let Err(e) = self.on_own_thread(async move { api.revoke(lease, t).await }) {
             tracing::warn!(error = %e, "could not revoke the node's lease; it expires");
         }
+    }
+
+    /// Every rank of this process took `round`'s outcome, or left the node
+    /// (it never will: the round would stay until the process ends).
+    /// Called under the rounds' lock (`departed` is locked after it).
+    fn everyone_took(&self, round: &LocalRound) -> bool {
+        let left = self
+            .local
+            .departed
+            .lock()
+            .map(|d| d.iter().filter(|r| !round.took.contains(r)).count())
+            .unwrap_or(0);
+        round.took.len() + left >= self.count as usize
+    }
+
+    /// The rounds this process's ranks are in now, decided or not (none
+    /// between rounds: a round goes once every rank took its outcome, or
+    /// left the node).
+    pub fn rounds_open(&self) -> usize {
+        self.local.rounds.lock().map(|r| r.len()).unwrap_or(0)
     }
 
     /// `rank`'s process left the node link cleanly (`true`) or joined it
