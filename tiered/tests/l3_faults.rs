@@ -278,3 +278,56 @@ async fn a_retried_write_that_had_landed_is_success() {
     assert_eq!(commits.errors.unavailable, 1, "{commits:?}");
     assert_eq!(commits.errors.already_exists, 1, "{commits:?}");
 }
+
+/// A listing of a step of a large world reads its commit records a few at
+/// a time; the first read that fails ends it with an error: never a
+/// listing that lacks the record (the step would look uncommitted for that
+/// rank), and not after reading every other record of thousands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_ends_at_its_first_failed_record_read_with_an_error() {
+    const RANKS: u32 = 200;
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let (clean, _) = l3(inner.clone(), FaultPlan::default());
+    for rank in 0..RANKS {
+        let manifest = format!("manifest of rank {rank}").into_bytes();
+        clean.put_manifest(JOB, 5, rank, &manifest).await.unwrap();
+        let record = CommitRecord {
+            job: JOB.into(),
+            step: 5,
+            world_size: RANKS,
+            committed_unix_ms: 1,
+            shards: vec![ShardRef {
+                rank,
+                manifest: ChunkId::of(&manifest),
+                logical_bytes: 8,
+            }],
+        };
+        clean.commit(&record).await.unwrap();
+    }
+    let listed = clean.list_steps(JOB).await.unwrap();
+    assert_eq!(listed[0].committed_ranks().len(), RANKS as usize);
+
+    // Every read fails (listings answer): no retries, 8 reads at a time.
+    let (broken, faulty) = l3_retrying(
+        inner,
+        FaultPlan {
+            seed: seed(),
+            error_rate: 1.0,
+            targets: strata_tiered::wrap::FaultTargets {
+                reads: true,
+                writes: false,
+                listing: false,
+                commit: false,
+            },
+            ..FaultPlan::default()
+        },
+        0,
+    );
+    let e = broken.list_steps(JOB).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+    let failed = faulty.counts().errors;
+    assert!(
+        (1..=16).contains(&failed),
+        "{failed} record reads before the listing ended (of {RANKS})"
+    );
+}
