@@ -265,15 +265,7 @@ impl Shared {
     pub(crate) fn list_committed(&self) -> BTreeSet<u64> {
         let cfg = &self.cfg;
         let shared = self.lists_l3_for_the_job().is_some();
-        let catalog = if shared || cfg.world_size == 1 || self.tiers.remote().is_none() {
-            self.catalog()
-        } else {
-            self.rt.block_on(Catalog::list_some(
-                &cfg.job,
-                self.tiers.tiers().to_vec(),
-                |t| t.kind != TierKind::L3,
-            ))
-        };
+        let (catalog, _) = self.catalog_leaving_l3_to_the_lister();
         let mut committed = BTreeSet::new();
         for l in catalog.listings() {
             let l3 = shared && l.tier.kind == TierKind::L3;
@@ -292,6 +284,23 @@ impl Shared {
             }
         }
         committed
+    }
+
+    /// Every tier's listing, except L3 on a rank that leaves it to
+    /// [`LISTER`] (a job of several ranks with L3: one listing for the
+    /// job, not one per rank); and whether this rank left it.
+    pub(crate) fn catalog_leaving_l3_to_the_lister(&self) -> (Catalog, bool) {
+        let cfg = &self.cfg;
+        let defer = cfg.world_size > 1 && self.tiers.remote().is_some() && cfg.rank != LISTER;
+        if !defer {
+            return (self.catalog(), false);
+        }
+        let catalog = self.rt.block_on(Catalog::list_some(
+            &cfg.job,
+            self.tiers.tiers().to_vec(),
+            |t| t.kind != TierKind::L3,
+        ));
+        (catalog, true)
     }
 
     /// L3, when this rank lists it for every rank of the job (rank

@@ -5,21 +5,16 @@
 
 mod support;
 
-use strata_format::codec::ElemHint;
 use strata_format::ChunkId;
 use strata_peer::replicas::Limits;
-use strata_tiered::{ChunkData, ChunkPut, ChunkStore, ChunkStoreExt};
+use strata_tiered::{ChunkStore, ChunkStoreExt};
 
 const JOB: &str = "job-a";
 
 async fn put(s: &strata_peer::PeerStore, seed: u8) -> (ChunkId, Vec<u8>) {
     let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i as u8) ^ seed).collect();
-    let id = ChunkId::of(&data);
-    let put = ChunkPut {
-        id,
-        hint: ElemHint::BYTES,
-        data: ChunkData::copy_from(&data),
-    };
+    let put = support::chunk_put(&data);
+    let id = put.id;
     s.put_chunks(JOB, vec![put]).await.unwrap();
     (id, data)
 }

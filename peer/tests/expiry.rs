@@ -6,19 +6,13 @@ mod support;
 
 use std::time::Duration;
 
-use strata_format::codec::ElemHint;
 use strata_format::ChunkId;
 use strata_peer::replicas::Limits;
-use strata_tiered::{ChunkData, ChunkPut, ChunkStore, ChunkStoreExt};
+use strata_tiered::{ChunkStore, ChunkStoreExt};
 
 async fn put(s: &strata_peer::PeerStore, job: &str, seed: u8) -> ChunkId {
-    let data = vec![seed; 64 << 10];
-    let id = ChunkId::of(&data);
-    let put = ChunkPut {
-        id,
-        hint: ElemHint::BYTES,
-        data: ChunkData::copy_from(&data),
-    };
+    let put = support::chunk_put(&vec![seed; 64 << 10]);
+    let id = put.id;
     s.put_chunks(job, vec![put]).await.unwrap();
     s.put_manifest(job, 1, 0, b"manifest").await.unwrap();
     id

@@ -442,16 +442,7 @@ impl Checkpointer {
         let s = &self.shared;
         let cfg = &s.cfg;
         let shared = cfg.world_size > 1 && s.tiers.remote().is_some();
-        let defer = shared && cfg.rank != LISTER;
-        let catalog = if defer {
-            s.rt.block_on(Catalog::list_some(
-                &cfg.job,
-                s.tiers.tiers().to_vec(),
-                |t| t.kind != TierKind::L3,
-            ))
-        } else {
-            s.catalog()
-        };
+        let (catalog, defer) = s.catalog_leaving_l3_to_the_lister();
         let mut holdings = Holdings {
             l3_deferred: defer,
             ..Holdings::default()

@@ -161,8 +161,11 @@ impl Arena {
         if p.out_bytes + p.free_bytes + class <= self.cap {
             p.free_bytes += class;
             p.free.entry(buf.len()).or_default().push(buf);
+            return;
         }
-        // Otherwise `buf` is freed here: the pool would pass its cap.
+        // The pool would pass its cap: `buf` is freed, outside the lock.
+        drop(p);
+        drop(buf);
     }
 }
 

@@ -59,3 +59,12 @@ impl Local {
         .unwrap()
     }
 }
+
+/// A put of `data` as a raw chunk (its id the hash of the bytes).
+pub(crate) fn chunk_put(data: &[u8]) -> strata_tiered::ChunkPut {
+    strata_tiered::ChunkPut {
+        id: strata_format::ChunkId::of(data),
+        hint: strata_format::codec::ElemHint::BYTES,
+        data: strata_tiered::ChunkData::copy_from(data),
+    }
+}
