@@ -1,13 +1,15 @@
 //! L2 benchmark, between this process and peer processes on loopback:
 //!
 //! ```text
-//! benches/l2-bench.sh [--size 2GiB] [--reps 2]
+//! benches/l2-bench.sh [--size 2GiB] [--reps 2] [--prefault SIZE]
 //! ```
 //!
-//! - push: a checkpointer saves the state and replicates it to a
+//! - push: a checkpointer saves the state and replicates it to a new
 //!   `strata peer serve` process (read back from L1, presence check, one
 //!   request per chunk, several at once) vs a raw quinn single-stream upload
 //!   of the same number of bytes to a `strata peer sink` process (same TLS);
+//!   with `--prefault`, the peer is started with `--prefault SIZE` and
+//!   pushed to once its buffers are faulted in;
 //! - restore of the shard from that peer onto an empty L1 (many streams,
 //!   every chunk verified) vs a raw single-stream download of the same bytes;
 //! - bytes pushed for a step with 1 tensor in 20 changed, over the first push.
@@ -71,9 +73,20 @@ fn start(
         })?;
     let mut line = String::new();
     if let Some(out) = child.stdout.as_mut() {
-        BufReader::new(out)
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?;
+        let mut out = BufReader::new(out);
+        out.read_line(&mut line).map_err(|e| e.to_string())?;
+        if extra.contains(&"--prefault") {
+            // Ready once its buffers are faulted in (as a peer started
+            // with the node is long before the first checkpoint).
+            let mut more = String::new();
+            while !more.contains("faulted in") {
+                more.clear();
+                if out.read_line(&mut more).map_err(|e| e.to_string())? == 0 {
+                    return Err("the peer ended before its prefault".into());
+                }
+            }
+            println!("  ({})", more.trim_start_matches("strata peer ").trim_end());
+        }
     }
     let addr = line
         .split("listening on ")
@@ -170,7 +183,13 @@ fn cfg(l1: &Path, peer: SocketAddr, certs: &Path) -> Config {
         .replicas(1)
 }
 
-fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), String> {
+fn run(
+    size: u64,
+    reps: usize,
+    dir: &Path,
+    transport_only: bool,
+    prefault: Option<&str>,
+) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(dir);
     let certs = dir.join("certs");
     make_certs(
@@ -234,17 +253,12 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
             continue;
         }
 
-        let (peer, peer_addr) = start(
-            "serve",
-            &certs,
-            "node-b",
-            &[
-                "--memory",
-                "8GiB",
-                "--spill",
-                &dir.join(format!("spill-{r}")).display().to_string(),
-            ],
-        )?;
+        let spill = dir.join(format!("spill-{r}")).display().to_string();
+        let mut peer_args = vec!["--memory", "8GiB", "--spill", &spill];
+        if let Some(p) = prefault {
+            peer_args.extend(["--prefault", p]);
+        }
+        let (peer, peer_addr) = start("serve", &certs, "node-b", &peer_args)?;
         let peer_cpu = Cpu {
             server: peer.0.id().to_string(),
         };
@@ -338,8 +352,12 @@ fn run(size: u64, reps: usize, dir: &Path, transport_only: bool) -> Result<(), S
         "  {:<44} {:>10}  {:<34} {:>6}  goal",
         "measure", "Strata", "baseline (same run)", "ratio"
     );
+    let push_label = match prefault {
+        Some(p) => format!("push to a new peer, --prefault {p}"),
+        None => "push to a peer (L1 read, check, put)".to_string(),
+    };
     row(
-        "push to a peer (L1 read, check, put)",
+        &push_label,
         min(&push),
         min(&raw_up),
         "raw quinn, one stream, upload  ",
@@ -528,6 +546,7 @@ fn main() {
     let mut reps = 2usize;
     let mut dir = PathBuf::from("strata-l2-bench");
     let mut transport_only = false;
+    let mut prefault: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--transport-only" {
@@ -546,15 +565,16 @@ fn main() {
             }
             ("--reps", Some(v)) => reps = v.parse().unwrap_or(reps).max(1),
             ("--dir", Some(v)) => dir = PathBuf::from(v),
+            ("--prefault", Some(v)) => prefault = Some(v),
             _ => {
                 eprintln!(
-                    "l2-bench [--size 2GiB|512MiB] [--reps 2] [--dir DIR] [--transport-only]"
+                    "l2-bench [--size 2GiB|512MiB] [--reps 2] [--dir DIR] [--transport-only] [--prefault SIZE]"
                 );
                 std::process::exit(2);
             }
         }
     }
-    if let Err(e) = run(size, reps, &dir, transport_only) {
+    if let Err(e) = run(size, reps, &dir, transport_only, prefault.as_deref()) {
         eprintln!("l2-bench: {e}");
         std::process::exit(1);
     }

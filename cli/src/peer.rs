@@ -111,6 +111,17 @@ pub(crate) struct ServeArgs {
     /// Connections open at once; more are refused.
     #[arg(long, default_value_t = ServiceConfig::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Request buffers faulted in at start, for chunks of
+    /// --prefault-chunk bytes (at most --memory plus --inflight), so the
+    /// first steps pushed here land in memory already backed. A node that
+    /// runs the service for a job's lifetime pays the page faults once,
+    /// at start, instead of during the first checkpoints (0: none).
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    prefault: u64,
+    /// The chunk size of the jobs pushing here (their `chunk_size`), for
+    /// --prefault.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    prefault_chunk: u64,
     /// Serve Prometheus metrics over HTTP on this address (`/metrics`).
     #[arg(long)]
     metrics: Option<SocketAddr>,
@@ -163,6 +174,29 @@ fn certs(a: &CertsArgs) -> Result<(), CliError> {
         say!("wrote {}", f.display());
     }
     Ok(())
+}
+
+/// Faults in request buffers on a thread of its own (at the service's
+/// nice value, inherited), while the service already answers; says when
+/// it is done.
+fn prefault_in_background(service: &std::sync::Arc<Service>, node: &str, chunk: u64, bytes: u64) {
+    let (service, node) = (service.clone(), node.to_string());
+    let chunk = usize::try_from(chunk).unwrap_or(usize::MAX);
+    let spawned = std::thread::Builder::new()
+        .name("strata-prefault".into())
+        .spawn(move || {
+            let t = std::time::Instant::now();
+            let added = service.prefault(chunk, bytes);
+            say!(
+                "strata peer {node}: {} of request buffers faulted in for {} chunks in {:.2} s",
+                crate::size::human(added),
+                crate::size::human(chunk as u64),
+                t.elapsed().as_secs_f64()
+            );
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the prefault thread: buffers fault in as requests arrive");
+    }
 }
 
 fn serve(a: &ServeArgs) -> Result<(), CliError> {
@@ -230,6 +264,9 @@ fn serve(a: &ServeArgs) -> Result<(), CliError> {
                 back.damaged,
                 back.shards_dropped
             );
+        }
+        if a.prefault > 0 {
+            prefault_in_background(&service, &cfg.node, a.prefault_chunk, a.prefault);
         }
         let runner = tokio::spawn(service.clone().run());
         wait_for_signal().await;

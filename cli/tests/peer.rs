@@ -38,9 +38,15 @@ impl Drop for Peer {
 }
 
 fn serve(certs: &Path, node: &str) -> Peer {
+    serve_with(certs, node, &[])
+}
+
+fn serve_with(certs: &Path, node: &str, extra: &[&str]) -> Peer {
     let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["peer", "serve", "--listen", "127.0.0.1:0", "--node", node])
-        .args(["--metrics", "127.0.0.1:0", "--memory", "64MiB", "--certs"])
+        .args(["--metrics", "127.0.0.1:0", "--memory", "64MiB"])
+        .args(extra)
+        .arg("--certs")
         .arg(certs)
         .arg("--spill")
         .arg(certs.join(format!("spill-{node}")))
@@ -269,6 +275,83 @@ fn wait_for_metric(p: &Peer, name: &str, at_least: u64) {
         }
         assert!(std::time::Instant::now() < deadline, "{name} stayed at {v}");
         std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+fn certs_for(dir: &Path, nodes: &[&str]) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
+    cmd.args(["peer", "certs"]);
+    for n in nodes {
+        cmd.args(["--node", n]);
+    }
+    let out = cmd.args(["--job", JOB, "--out"]).arg(dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+/// `--prefault`: a new service faults in request buffers for the job's
+/// chunk size at start (resident, counted free on `/metrics`), and the
+/// first push lands in them: no put of it allocates. Without the flag the
+/// same push allocates a buffer per chunk.
+#[test]
+fn a_peer_started_with_prefault_takes_its_first_push_into_memory_already_faulted_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path();
+    certs_for(certs, &["node-a", "node-b"]);
+    const FREE: &str = "strata_peer_buffer_bytes{state=\"free\"}";
+    const FRESH: &str = "strata_peer_buffers_total{source=\"fresh\"}";
+    const REUSED: &str = "strata_peer_buffers_total{source=\"reused\"}";
+    // A put of a 1 MiB chunk is of the class 1 MiB + 32 KiB: 31 fit in
+    // 32 MiB.
+    let class: u64 = (1 << 20) + (32 << 10);
+    let want = (32 << 20) / class * class;
+    let a = serve_with(
+        certs,
+        "node-a",
+        &["--prefault", "32MiB", "--prefault-chunk", "1MiB"],
+    );
+    let b = serve(certs, "node-b");
+    wait_for_metric(&a, FREE, want);
+    assert_eq!(metric(&http_get(a.metrics, "/metrics"), FREE), want);
+    let rss = resident_bytes(a.child.id());
+    assert!(rss >= want, "resident {rss} < the {want} faulted in");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = CertFiles::in_dir(certs, &format!("client-{JOB}"));
+    let (pa, pb) = rt.block_on(async {
+        (
+            PeerStore::new(a.addr, "node-a", &client, PeerOptions::default()).unwrap(),
+            PeerStore::new(b.addr, "node-b", &client, PeerOptions::default()).unwrap(),
+        )
+    });
+    let first = chunks(24, 1 << 20, 9);
+    for p in [&pa, &pb] {
+        let st = rt.block_on(p.put_chunks(JOB, first.clone())).unwrap();
+        assert_eq!(st.written, 24);
+    }
+    let m = http_get(a.metrics, "/metrics");
+    assert_eq!((metric(&m, FRESH), metric(&m, REUSED)), (0, 24), "{m}");
+    assert_eq!(metric(&m, FREE), want - 24 * class);
+    let m = http_get(b.metrics, "/metrics");
+    assert_eq!((metric(&m, FRESH), metric(&m, REUSED)), (24, 0), "{m}");
+    // The replicas read back whole from the prefaulted memory.
+    let ids: Vec<ChunkId> = first.iter().map(|c| c.id).collect();
+    let got = rt.block_on(pa.get_chunks(JOB, &ids));
+    for (got, want) in got.into_iter().zip(&first) {
+        assert_eq!(got.unwrap().as_slice(), want.data.as_slice());
     }
 }
 

@@ -452,3 +452,62 @@ fn a_lister_blind_to_l3_at_the_first_save_uploads_nothing_until_l3_answers_again
     // rank.
     assert!(resumed.iter().all(|&s| s == resumed[0]), "{resumed:?}");
 }
+
+/// A restart whose restore finds rank 0 unable to list L3 goes on from L1
+/// (every disk holds the newest step), and the steps saved after it are
+/// not uploaded by any rank until rank 0 can list L3 again: the restore
+/// sets the lister's flag from its own listing, not only a first save.
+#[test]
+fn a_restore_whose_lister_cannot_list_l3_uploads_nothing_until_l3_answers_again() {
+    let mem = Arc::new(MemoryStore::new());
+    let l3 = mem.clone() as Arc<dyn ChunkStore>;
+    let dirs = dirs();
+    save_two_steps(&dirs, &l3);
+    let blind = Arc::new(FaultStore::new(
+        l3.clone(),
+        FaultPlan {
+            outage_after: Some(0),
+            ..FaultPlan::default()
+        },
+    ));
+    let record = |step: u64, rank: u32| {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(l3.get_commit_record("shared-l3", step, rank))
+            .unwrap()
+    };
+    let gate = std::sync::Barrier::new(WORLD as usize);
+    let resumed = on_every_rank_with(
+        &dirs,
+        |rank| {
+            if rank == 0 {
+                blind.clone() as Arc<dyn ChunkStore>
+            } else {
+                l3.clone()
+            }
+        },
+        |rank, ck| {
+            assert_eq!(ck.restore(StepSelector::Latest).unwrap().step, 2);
+            save_new(ck, rank, 3).unwrap();
+            ck.wait_uploads();
+            // Every rank has waited for its step 3's uploads before L3
+            // answers rank 0 again.
+            gate.wait();
+            if rank == 0 {
+                blind.heal();
+            }
+            (4..40u64)
+                .find(|&step| {
+                    save_new(ck, rank, step).unwrap();
+                    ck.wait_uploads();
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    record(step, rank).is_some()
+                })
+                .expect("uploads never resumed")
+        },
+    );
+    let step3: Vec<_> = (0..WORLD).map(|r| record(3, r).is_some()).collect();
+    assert_eq!(step3, [false; WORLD as usize], "step 3 reached L3");
+    assert!(resumed.iter().all(|&s| s == resumed[0]), "{resumed:?}");
+}

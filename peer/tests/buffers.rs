@@ -56,3 +56,45 @@ async fn a_dropped_replicas_buffer_serves_the_next_put_and_live_replicas_stay_wh
         "{m}"
     );
 }
+
+/// A service that faulted in buffers for a chunk size at start serves the
+/// first puts of that size from them; the prefault stays within the
+/// service's memory and in-flight budgets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefaulted_service_serves_its_first_puts_without_allocating() {
+    let local = support::Local::start(Limits {
+        memory_bytes: 8 << 20,
+        ..Limits::default()
+    });
+    let svc = local.service.clone();
+    let added = tokio::task::spawn_blocking(move || svc.prefault(1 << 20, 6 << 20))
+        .await
+        .unwrap();
+    let class = (1u64 << 20) + (32 << 10);
+    assert_eq!(added, 5 * class, "five 1 MiB chunks' buffers in 6 MiB");
+    let s = local.client(JOB);
+    let mut held = Vec::new();
+    for seed in 0..5 {
+        held.push(put(&s, seed).await);
+    }
+    let st = local.service.arena();
+    assert_eq!((st.fresh, st.reused, st.free_bytes), (0, 5, 0));
+    let ids: Vec<ChunkId> = held.iter().map(|(id, _)| *id).collect();
+    let got = s.get_chunks(JOB, &ids).await;
+    for (got, (_, want)) in got.into_iter().zip(&held) {
+        assert_eq!(got.unwrap().as_slice(), &want[..]);
+    }
+    // Asked for far more than the budgets: held to them.
+    let svc = local.service.clone();
+    let added = tokio::task::spawn_blocking(move || svc.prefault(1 << 20, 1 << 40))
+        .await
+        .unwrap();
+    let st = local.service.arena();
+    assert!(added > 0);
+    // The cap: `--memory` and the in-flight budget (support's 256 MiB, at
+    // least four of the largest requests).
+    let max_request = strata_peer::service::ServiceConfig::DEFAULT_MAX_REQUEST as u64;
+    let cap = (8u64 << 20) + (256u64 << 20).max(4 * max_request.div_ceil(1024) * 1024);
+    let held = st.out_bytes + st.free_bytes;
+    assert!(held <= cap && held + class > cap, "{st:?} against {cap}");
+}

@@ -432,6 +432,37 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
+    /// The background relist of L3 (`Shared::relist_l3_in_background`)
+    /// takes `forgotten()` before it lists and fills only if no deletion
+    /// was forgotten meanwhile: a listing begun before a step was deleted
+    /// everywhere may still name it, and must not bring it back.
+    #[test]
+    fn a_listing_taken_before_a_deletion_does_not_bring_its_steps_back() {
+        let k = KnownCommitted::default();
+        assert_eq!(k.contains(2), None, "nothing known before a listing");
+        k.fill([1, 2].into());
+        let since = k.forgotten();
+        // Step 2 is deleted on every rank while the listing runs.
+        k.forget_where(&|s| s == 2);
+        assert_eq!(k.contains(2), Some(false));
+        assert!(!k.fill_unless_forgotten_since(since, [1, 2, 3].into()));
+        assert_eq!(
+            (k.contains(2), k.contains(3)),
+            (Some(false), Some(false)),
+            "the stale listing was dropped whole"
+        );
+        // A listing begun after the deletion fills.
+        let since = k.forgotten();
+        assert!(k.fill_unless_forgotten_since(since, [1, 3].into()));
+        assert_eq!((k.contains(2), k.contains(3)), (Some(false), Some(true)));
+        // What this process committed is kept, whatever the listings say.
+        k.note(9);
+        let since = k.forgotten();
+        k.forget_where(&|s| s == 1);
+        assert!(!k.fill_unless_forgotten_since(since, [1].into()));
+        assert_eq!((k.contains(1), k.contains(9)), (Some(false), Some(true)));
+    }
+
     #[test]
     fn decisions_round_trip_and_bad_ones_are_refused() {
         for d in [

@@ -34,6 +34,11 @@ pub(crate) struct Arena {
 #[derive(Default)]
 struct Pool {
     free: HashMap<usize, Vec<Vec<u8>>>,
+    /// Buffers faulted in at start ([`Arena::prefault`]), of one size: a
+    /// request that finds no free buffer of its class takes one of these
+    /// cut to its class (the kept head stays backed) before it asks the
+    /// kernel for fresh memory. Counted in `free_bytes`.
+    reserve: Vec<Vec<u8>>,
     free_bytes: u64,
     /// Bytes of pooled-class buffers handed out and not yet given back.
     out_bytes: u64,
@@ -43,8 +48,24 @@ struct Pool {
 }
 
 impl Pool {
+    /// A reserve buffer cut to `class` bytes, if one is at least that
+    /// large. The cut is a `realloc` to a smaller size, which keeps the
+    /// head's pages where they are (glibc `mremap`s a large block in place
+    /// and splits a small one) and returns the tail to the system.
+    fn from_reserve(&mut self, class: usize) -> Option<Vec<u8>> {
+        let at = self.reserve.iter().position(|b| b.len() >= class)?;
+        let mut b = self.reserve.swap_remove(at);
+        self.free_bytes = self.free_bytes.saturating_sub(b.len() as u64);
+        b.truncate(class);
+        b.shrink_to_fit();
+        Some(b)
+    }
+
     /// A free buffer of the largest class held (the fewest to free).
     fn evict_one(&mut self) -> Option<Vec<u8>> {
+        if let Some(b) = self.reserve.pop() {
+            return Some(b);
+        }
         let class = self
             .free
             .iter()
@@ -105,10 +126,14 @@ impl Arena {
         let class = class_of(len);
         let mut evicted = Vec::new();
         let reused = self.pool.lock().ok().and_then(|mut p| {
-            let got = p.free.get_mut(&class).and_then(Vec::pop);
-            p.out_bytes += class as u64;
+            let mut got = p.free.get_mut(&class).and_then(Vec::pop);
             if got.is_some() {
                 p.free_bytes = p.free_bytes.saturating_sub(class as u64);
+            } else {
+                got = p.from_reserve(class);
+            }
+            p.out_bytes += class as u64;
+            if got.is_some() {
                 p.reused += 1;
             } else {
                 p.fresh += 1;
@@ -139,6 +164,48 @@ impl Arena {
         }
     }
 
+    /// Faults in reserve buffers large enough for requests of `len` bytes
+    /// until `bytes` are held free or the pool's cap is reached, so that
+    /// the first steps a new service receives find memory already backed
+    /// (a fresh page is zeroed and faulted in as QUIC copies a request
+    /// into it: `docs/performance.md`). A request of any class up to
+    /// `len`'s takes one cut to its size when none of its own class is
+    /// free (a step's chunks compress to many sizes). Blocking: run it off
+    /// the runtime. Returns the bytes it added. Requests below
+    /// [`MIN_POOLED`] are never pooled: nothing to do for them.
+    pub(crate) fn prefault(&self, len: usize, bytes: u64) -> u64 {
+        if len < MIN_POOLED {
+            return 0;
+        }
+        let class = class_of(len);
+        let mut added = 0u64;
+        while added.saturating_add(class as u64) <= bytes {
+            // Room first, so a prefault never passes the cap nor evicts.
+            let room = self
+                .pool
+                .lock()
+                .map(|p| p.out_bytes + p.free_bytes + class as u64 <= self.cap)
+                .unwrap_or(false);
+            if !room {
+                break;
+            }
+            let mut b = vec![0u8; class];
+            strata_tiered::aligned::advise_huge_pages(&mut b);
+            touch_every_page(&mut b);
+            let Ok(mut p) = self.pool.lock() else { break };
+            if p.out_bytes + p.free_bytes + class as u64 > self.cap {
+                // Requests took the room meanwhile: `b` is freed, outside
+                // the lock.
+                drop(p);
+                break;
+            }
+            p.free_bytes += class as u64;
+            p.reserve.push(b);
+            added += class as u64;
+        }
+        added
+    }
+
     /// What the pool holds and has done.
     pub(crate) fn stats(&self) -> ArenaStats {
         self.pool
@@ -166,6 +233,18 @@ impl Arena {
         // The pool would pass its cap: `buf` is freed, outside the lock.
         drop(p);
         drop(buf);
+    }
+}
+
+/// Writes one byte in every page, so the kernel backs (and zeroes) all
+/// of `buf` now: a fresh allocation's zeroed pages are only mapped when
+/// first written.
+fn touch_every_page(buf: &mut [u8]) {
+    for at in (0..buf.len()).step_by(4096) {
+        // SAFETY: `at` < `buf.len()`, so the pointer lies inside `buf`,
+        // which is held mutably; a volatile write keeps the compiler from
+        // dropping a store of the zero the byte already holds.
+        unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(at), 0) };
     }
 }
 
@@ -289,6 +368,43 @@ mod tests {
         drop(other);
         let s = arena.stats();
         assert!(s.out_bytes + s.free_bytes <= 3 * class, "{s:?}");
+    }
+
+    #[test]
+    fn a_prefault_fills_the_pool_within_its_cap_and_serves_the_first_requests() {
+        let class = class_of(16 * MIB + 1) as u64;
+        let arena = Arena::new(5 * class);
+        // Asked for more than the cap: stops at the cap.
+        assert_eq!(arena.prefault(16 * MIB + 1, 8 * class), 5 * class);
+        let s = arena.stats();
+        assert_eq!((s.free_bytes, s.out_bytes, s.fresh), (5 * class, 0, 0));
+        // A chunk put of any envelope of that chunk size reuses them.
+        let bufs: Vec<_> = (0..5).map(|i| arena.take(16 * MIB + 41 + i)).collect();
+        let s = arena.stats();
+        assert_eq!((s.reused, s.fresh, s.free_bytes), (5, 0, 0));
+        drop(bufs);
+        // A smaller request takes a reserve buffer cut to its class; a
+        // larger one allocates.
+        let arena = Arena::new(3 * class);
+        assert_eq!(arena.prefault(16 * MIB + 1, 2 * class), 2 * class);
+        let small = arena.take(9 * MIB + 7);
+        let s = arena.stats();
+        assert_eq!((s.reused, s.fresh), (1, 0));
+        assert_eq!(s.free_bytes, class, "one reserve buffer left");
+        assert_eq!(s.out_bytes, class_of(9 * MIB + 7) as u64);
+        let big = arena.take(20 * MIB);
+        assert_eq!(arena.stats().fresh, 1, "no reserve buffer is that large");
+        // Given back, the cut buffer serves its own class.
+        let ptr = small.as_ptr();
+        drop(small);
+        assert_eq!(arena.take(9 * MIB + 100).as_ptr(), ptr);
+        drop(big);
+        // Below the smallest pooled size, or with no room: nothing.
+        assert_eq!(arena.prefault(MIN_POOLED - 1, 1 << 30), 0);
+        assert_eq!(arena.prefault(16 * MIB + 1, class), 0, "the pool is full");
+        // Asked for less than one buffer: nothing.
+        let empty = Arena::new(1 << 30);
+        assert_eq!(empty.prefault(16 * MIB + 1, class - 1), 0);
     }
 
     #[test]

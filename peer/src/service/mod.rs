@@ -270,6 +270,19 @@ impl Service {
         self.arena.stats()
     }
 
+    /// Faults in free request buffers for chunks of `chunk_size` bytes
+    /// until `bytes` are held (at most the service's memory and in-flight
+    /// budgets together), so that the first steps pushed to a new service
+    /// land in memory already backed rather than pages zeroed and faulted
+    /// in as they arrive. Blocking (it writes every page): call it from a
+    /// thread of its own. Returns the bytes it added.
+    pub fn prefault(&self, chunk_size: usize, bytes: u64) -> u64 {
+        // A chunk put is the chunk's frame in a request envelope: one byte
+        // more than the chunk is its size class (the envelope is far below
+        // the class's rounding).
+        self.arena.prefault(chunk_size.saturating_add(1), bytes)
+    }
+
     /// Requests being served now.
     pub fn active_requests(&self) -> u64 {
         self.active.load(Ordering::Acquire)
