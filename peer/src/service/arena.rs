@@ -52,7 +52,7 @@ impl Pool {
     /// large. The cut is a `realloc` to a smaller size, which keeps the
     /// head's pages where they are (glibc `mremap`s a large block in place
     /// and splits a small one) and returns the tail to the system.
-    fn from_reserve(&mut self, class: usize) -> Option<Vec<u8>> {
+    fn take_reserve(&mut self, class: usize) -> Option<Vec<u8>> {
         let at = self.reserve.iter().position(|b| b.len() >= class)?;
         let mut b = self.reserve.swap_remove(at);
         self.free_bytes = self.free_bytes.saturating_sub(b.len() as u64);
@@ -130,7 +130,7 @@ impl Arena {
             if got.is_some() {
                 p.free_bytes = p.free_bytes.saturating_sub(class as u64);
             } else {
-                got = p.from_reserve(class);
+                got = p.take_reserve(class);
             }
             p.out_bytes += class as u64;
             if got.is_some() {
