@@ -565,7 +565,15 @@ fn main() {
             }
             ("--reps", Some(v)) => reps = v.parse().unwrap_or(reps).max(1),
             ("--dir", Some(v)) => dir = PathBuf::from(v),
-            ("--prefault", Some(v)) => prefault = Some(v),
+            // A size of zero prefaults nothing (the peer then says nothing
+            // to wait for).
+            ("--prefault", Some(v)) => {
+                let zero = v
+                    .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+                    .parse::<f64>()
+                    .is_ok_and(|n| n == 0.0);
+                prefault = (!zero).then_some(v)
+            }
             _ => {
                 eprintln!(
                     "l2-bench [--size 2GiB|512MiB] [--reps 2] [--dir DIR] [--transport-only] [--prefault SIZE]"

@@ -195,7 +195,9 @@ fn prefault_in_background(service: &std::sync::Arc<Service>, node: &str, chunk: 
             );
         });
     if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start the prefault thread: buffers fault in as requests arrive");
+        // Said on stdout like the thread's own line: whoever waits for
+        // the prefault is not left waiting.
+        say!("strata peer: 0 B of request buffers faulted in (cannot start the prefault thread: {e}; buffers fault in as requests arrive)");
     }
 }
 

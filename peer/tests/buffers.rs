@@ -91,10 +91,12 @@ async fn a_prefaulted_service_serves_its_first_puts_without_allocating() {
         .unwrap();
     let st = local.service.arena();
     assert!(added > 0);
-    // The cap: `--memory` and the in-flight budget (support's 256 MiB, at
-    // least four of the largest requests).
-    let max_request = strata_peer::service::ServiceConfig::DEFAULT_MAX_REQUEST as u64;
-    let cap = (8u64 << 20) + (256u64 << 20).max(4 * max_request.div_ceil(1024) * 1024);
+    // The cap: `--memory` and the in-flight budget (support's 256 MiB).
+    let cap = st.cap;
+    assert!(
+        cap >= (8 << 20) + (256 << 20) && cap < (8 << 20) + (257 << 20),
+        "{cap}"
+    );
     let held = st.out_bytes + st.free_bytes;
     assert!(held <= cap && held + class > cap, "{st:?} against {cap}");
 }

@@ -48,16 +48,20 @@ struct Pool {
 }
 
 impl Pool {
-    /// A reserve buffer cut to `class` bytes, if one is at least that
-    /// large. The cut is a `realloc` to a smaller size, which keeps the
-    /// head's pages where they are (glibc `mremap`s a large block in place
-    /// and splits a small one) and returns the tail to the system.
+    /// A reserve buffer for a request of `class` bytes: the smallest at
+    /// least that large and at most twice it (a small request does not
+    /// use up a large buffer's faulted-in pages), to be cut with [`cut`]
+    /// outside the lock.
     fn take_reserve(&mut self, class: usize) -> Option<Vec<u8>> {
-        let at = self.reserve.iter().position(|b| b.len() >= class)?;
-        let mut b = self.reserve.swap_remove(at);
+        let at = self
+            .reserve
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.len() >= class && class >= b.len() / 2)
+            .min_by_key(|(_, b)| b.len())
+            .map(|(i, _)| i)?;
+        let b = self.reserve.swap_remove(at);
         self.free_bytes = self.free_bytes.saturating_sub(b.len() as u64);
-        b.truncate(class);
-        b.shrink_to_fit();
         Some(b)
     }
 
@@ -92,6 +96,9 @@ pub struct ArenaStats {
     pub reused: u64,
     /// Requests that allocated one.
     pub fresh: u64,
+    /// What buffers out and free may reach together (`--memory` +
+    /// `--inflight`).
+    pub cap: u64,
 }
 
 /// The size class of a request of `len` bytes: `len` rounded up to a
@@ -114,30 +121,32 @@ impl Arena {
     }
 
     /// A buffer of exactly `len` bytes (its contents are whatever it held
-    /// before: the caller overwrites all of it).
+    /// before: the caller overwrites all of it). A request below
+    /// [`MIN_POOLED`] is a plain allocation, never kept, but counted as in
+    /// use while it lives: it holds the same budgets, so free buffers give
+    /// way to it at the cap.
     pub(crate) fn take(self: &Arc<Self>, len: usize) -> ArenaBuf {
-        if len < MIN_POOLED {
-            return ArenaBuf {
-                buf: vec![0u8; len],
-                len,
-                home: None,
-            };
-        }
-        let class = class_of(len);
+        let pooled = len >= MIN_POOLED;
+        let size = if pooled { class_of(len) } else { len };
         let mut evicted = Vec::new();
         let reused = self.pool.lock().ok().and_then(|mut p| {
-            let mut got = p.free.get_mut(&class).and_then(Vec::pop);
-            if got.is_some() {
-                p.free_bytes = p.free_bytes.saturating_sub(class as u64);
-            } else {
-                got = p.take_reserve(class);
+            let mut got = None;
+            if pooled {
+                got = p.free.get_mut(&size).and_then(Vec::pop);
+                if got.is_some() {
+                    p.free_bytes = p.free_bytes.saturating_sub(size as u64);
+                } else {
+                    got = p.take_reserve(size);
+                }
+                if got.is_some() {
+                    p.reused += 1;
+                } else {
+                    p.fresh += 1;
+                }
             }
-            p.out_bytes += class as u64;
-            if got.is_some() {
-                p.reused += 1;
-            } else {
-                p.fresh += 1;
-                // A fresh buffer: free ones of other classes go first, so
+            p.out_bytes += size as u64;
+            if got.is_none() {
+                // New memory: free buffers of other classes go first, so
                 // what is out and free stays within the cap (a job whose
                 // sizes differ from the retired ones' does not add a
                 // second budget's worth).
@@ -149,17 +158,22 @@ impl Arena {
             }
             got
         });
-        // Freed outside the lock.
+        // Freed and cut outside the lock.
         drop(evicted);
-        let buf = reused.unwrap_or_else(|| {
-            let mut b = vec![0u8; class];
-            // Kept as it lands: large pages fault in faster.
-            strata_tiered::aligned::advise_huge_pages(&mut b);
-            b
-        });
+        let buf = match reused {
+            Some(b) => cut(b, size),
+            None if pooled => {
+                let mut b = vec![0u8; size];
+                // Kept as it lands: large pages fault in faster.
+                strata_tiered::aligned::advise_huge_pages(&mut b);
+                b
+            }
+            None => vec![0u8; len],
+        };
         ArenaBuf {
             buf,
             len,
+            pooled,
             home: Some(Arc::downgrade(self)),
         }
     }
@@ -215,17 +229,18 @@ impl Arena {
                 out_bytes: p.out_bytes,
                 reused: p.reused,
                 fresh: p.fresh,
+                cap: self.cap,
             })
             .unwrap_or_default()
     }
 
-    fn give_back(&self, buf: Vec<u8>) {
+    fn give_back(&self, buf: Vec<u8>, pooled: bool) {
         let class = buf.len() as u64;
         let Ok(mut p) = self.pool.lock() else {
             return;
         };
         p.out_bytes = p.out_bytes.saturating_sub(class);
-        if p.out_bytes + p.free_bytes + class <= self.cap {
+        if pooled && p.out_bytes + p.free_bytes + class <= self.cap {
             p.free_bytes += class;
             p.free.entry(buf.len()).or_default().push(buf);
             return;
@@ -234,6 +249,18 @@ impl Arena {
         drop(p);
         drop(buf);
     }
+}
+
+/// `b` cut to `size` bytes. The cut is a `realloc` to a smaller size,
+/// which keeps the head's pages where they are (glibc `mremap`s a large
+/// block in place and splits a small one) and returns the tail to the
+/// system.
+fn cut(mut b: Vec<u8>, size: usize) -> Vec<u8> {
+    if b.len() > size {
+        b.truncate(size);
+        b.shrink_to_fit();
+    }
+    b
 }
 
 /// Writes one byte in every page, so the kernel backs (and zeroes) all
@@ -253,6 +280,8 @@ fn touch_every_page(buf: &mut [u8]) {
 pub(crate) struct ArenaBuf {
     buf: Vec<u8>,
     len: usize,
+    /// Kept for the next requests when given back (else only counted).
+    pooled: bool,
     home: Option<Weak<Arena>>,
 }
 
@@ -278,7 +307,7 @@ impl AsRef<[u8]> for ArenaBuf {
 impl Drop for ArenaBuf {
     fn drop(&mut self) {
         if let Some(arena) = self.home.take().and_then(|w| w.upgrade()) {
-            arena.give_back(std::mem::take(&mut self.buf));
+            arena.give_back(std::mem::take(&mut self.buf), self.pooled);
         }
     }
 }
@@ -347,10 +376,17 @@ mod tests {
         // pass the cap, so it is freed. The other three fit.
         let s = arena.stats();
         assert_eq!((s.out_bytes, s.free_bytes), (0, 3 * class));
+        // A small request is never pooled, but it holds the same budgets:
+        // at the cap a free buffer gives way to it.
         let small = arena.take(MIN_POOLED - 1);
+        let s = arena.stats();
+        assert_eq!(
+            (s.out_bytes, s.free_bytes),
+            ((MIN_POOLED - 1) as u64, 2 * class)
+        );
         drop(small);
-        assert_eq!(arena.stats().free_bytes, 3 * class);
-        assert_eq!(arena.stats().fresh, 4);
+        let s = arena.stats();
+        assert_eq!((s.out_bytes, s.free_bytes, s.fresh), (0, 2 * class, 4));
     }
 
     #[test]
@@ -394,6 +430,14 @@ mod tests {
         assert_eq!(s.out_bytes, class_of(9 * MIB + 7) as u64);
         let big = arena.take(20 * MIB);
         assert_eq!(arena.stats().fresh, 1, "no reserve buffer is that large");
+        // Nor does a request below half a reserve buffer use one up.
+        let half = arena.take(7 * MIB);
+        assert_eq!(
+            arena.stats().fresh,
+            2,
+            "a reserve buffer spent on a small request"
+        );
+        drop(half);
         // Given back, the cut buffer serves its own class.
         let ptr = small.as_ptr();
         drop(small);
