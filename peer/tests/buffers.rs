@@ -94,7 +94,7 @@ async fn a_prefaulted_service_serves_its_first_puts_without_allocating() {
     // The cap: `--memory` and the in-flight budget (support's 256 MiB).
     let cap = st.cap;
     assert!(
-        cap >= (8 << 20) + (256 << 20) && cap < (8 << 20) + (257 << 20),
+        ((8 << 20) + (256 << 20)..(8 << 20) + (257 << 20)).contains(&cap),
         "{cap}"
     );
     let held = st.out_bytes + st.free_bytes;
