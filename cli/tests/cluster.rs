@@ -240,7 +240,14 @@ fn a_node_killed_mid_save_then_replaced_restores_from_peers_then_from_l3() {
         .chain(args(&["--hold-before", &format!("5:{}", gate.display())]))
         .collect();
     let mut ranks = c.spawn_ranks(&[0, 1], &gated).unwrap();
-    let mut held = c.spawn_ranks(&[2], &run).unwrap();
+    // Node 2's ranks wait for step 4's push to the peers before they go on
+    // to step 5 (`--wait-tiers`): its replacement restores step 4 from
+    // them. Without it, a kill before the push ended left step 4 on no
+    // tier for node 2's ranks (seen once in a CI run: every rank resumed
+    // step 3, and the survivors refused to save their committed step 4
+    // again).
+    let node2_run: Vec<String> = run.iter().cloned().chain(args(&["--wait-tiers"])).collect();
+    let mut held = c.spawn_ranks(&[2], &node2_run).unwrap();
     let node2: Vec<u32> = (0..2).map(|l| c.rank_of(2, l)).collect();
     until(
         Duration::from_secs(120),

@@ -473,6 +473,7 @@ class NodeRounds:
         self._keep = keep
         self._served: "OrderedDict[str, None]" = OrderedDict()
         self._served_lock = threading.Lock()
+        self._closed = False
         if keep is not None:
             atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -520,6 +521,8 @@ class NodeRounds:
     def reduce(self, rank: int, key: str, value: bytes, timeout_s: float,
                reducer: Callable[[List[bytes]], bytes]) -> bytes:
         """A reducing round (``StoreGather.reduce``), met on the node first."""
+        if self._closed:
+            raise RoundFailed(f"round {key}: this process's rounds on node {self.node} are closed")
         node, local_rank = divmod(rank, self.local_world)
         if node != self.node:
             raise ValueError(f"rank {rank} is not on node {self.node} "
@@ -582,9 +585,17 @@ class NodeRounds:
 
     def close(self) -> None:
         """``drain``, then stops serving the node's store (local rank 0;
-        the node's other ranks' rounds fail from then on)."""
+        the node's other ranks' rounds fail from then on). This process's
+        rounds on the node fail from then on too."""
         self.drain()
-        self._keep = None
+        self._closed = True
+        if self._keep is not None:
+            self._keep = None
+            # The node's rounds used the server as their store: their
+            # reference goes too, or the server would listen on until the
+            # checkpointer itself is collected.
+            self._node._base = None
+            self._node._local = threading.local()
 
 
 def _close_at_exit(ref: "weakref.ReferenceType[NodeRounds]") -> None:

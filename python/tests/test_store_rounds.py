@@ -225,3 +225,18 @@ def test_ranks_meet_on_nodes_only_when_every_rank_s_place_makes_whole_nodes():
     assert _layout([place(r, 4) for r in range(4)] + [place(r, 2, "b") for r in range(2)], 6) == b"flat"
     assert _layout([place(r % 2, 2, "b" if r == 1 else "a") for r in range(4)], 4) == b"flat"
     assert _layout([place(0, 1) for _ in range(4)], 4) == b"flat"
+
+
+def test_closing_a_nodes_rounds_stops_the_node_store_it_served(tmp_path):
+    # Checkpointer.close closes its rounds: the node's store that its
+    # process (local rank 0) served stops listening, not only when the
+    # process ends, and the node's other ranks' rounds fail from then on.
+    res = run("close", str(tmp_path), local=2)
+    for r in range(WORLD):
+        assert res[f"close-{r}"]["round"]["ok"], res[f"close-{r}"]
+    for r in (0, 2):
+        got = res[f"close-{r}"]
+        assert got["listening_before"] and not got["listening_after"], got
+    for r in (1, 3):
+        after = res[f"close-{r}"]["after"]
+        assert not after["ok"], after

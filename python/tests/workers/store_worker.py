@@ -17,6 +17,9 @@ Scenarios:
   reduce    a reducing round "red": one rank runs the reducer on every
             value, every rank reads its result; then round "bad", whose
             reducer raises: the round fails on every rank at once
+  close     (nodes only) a round; then each node's local rank 0 closes
+            its rounds: the node's store it served stops listening, and
+            the node's other rank's next round fails
   claimckpt as claim, through strata.Checkpointer (the store given as
             torch.distributed's): the intruder's Checkpointer() fails, and
             the holder's next commit fails with ConflictError
@@ -211,6 +214,32 @@ else:
 
         result["bad"] = attempt(lambda r, k, v, t: [gather.reduce(r, k, v, t, refuses)], "bad",
                                 f"{rank}".encode(), 10.0)
+    elif scenario == "close":
+        import socket
+
+        def listening(port):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+
+        result["round"] = attempt(gather, "before", f"{rank}".encode(), 10.0)
+        node = rank // LOCAL
+        port = int(bytes(store.get(f"{base}/1/node/{node}/port")).decode())
+        barrier("rounds-done")
+        if rank % LOCAL == 0:
+            result["listening_before"] = listening(port)
+            gather.close()
+            # The server goes with the last reference to it: at once, or
+            # after a moment.
+            deadline = time.monotonic() + 5
+            while listening(port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            result["listening_after"] = listening(port)
+        barrier("closed")
+        if rank % LOCAL != 0:
+            result["after"] = attempt(gather, "after", f"{rank}".encode(), 3.0)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
 
