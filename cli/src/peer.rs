@@ -227,7 +227,7 @@ fn serve(a: &ServeArgs) -> Result<(), CliError> {
         inflight_bytes: usize::try_from(a.inflight).unwrap_or(usize::MAX),
         max_request: usize::try_from(a.max_chunk)
             .unwrap_or(usize::MAX)
-            .saturating_add(8192),
+            .saturating_add(ServiceConfig::ENVELOPE),
         work_bytes: usize::try_from(a.work).unwrap_or(usize::MAX),
         max_connections: a.max_connections.max(1),
     };

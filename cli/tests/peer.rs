@@ -116,29 +116,13 @@ fn metric(text: &str, name: &str) -> u64 {
 fn two_peer_processes_hold_replicas_and_survive_a_killed_peer() {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path();
-    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["peer", "certs", "--node", "node-a", "--node", "node-b"])
-        .args(["--job", JOB, "--out"])
-        .arg(certs)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    certs_for(certs, &["node-a", "node-b"]);
     assert!(certs.join("client-peer-job.pem").is_file());
 
     let mut a = serve(certs, "node-a");
     let b = serve(certs, "node-b");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let client = CertFiles::in_dir(certs, &format!("client-{JOB}"));
-    let (pa, pb) = rt.block_on(async {
-        (
-            PeerStore::new(a.addr, "node-a", &client, PeerOptions::default()).unwrap(),
-            PeerStore::new(b.addr, "node-b", &client, PeerOptions::default()).unwrap(),
-        )
-    });
+    let (pa, pb) = stores(&rt, certs, &a, &b);
     // Both replicas take the same chunks; a second push sends nothing.
     let first = chunks(8, 1 << 20, 1);
     for p in [&pa, &pb] {
@@ -194,15 +178,7 @@ fn a_peer_killed_during_a_restore_is_replaced_by_the_other_replica() {
     use strata::{Checkpointer, Config, L2State, StepSelector};
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path();
-    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args([
-            "peer", "certs", "--node", "node-a", "--node", "node-b", "--node", "node-c",
-        ])
-        .args(["--job", JOB, "--out"])
-        .arg(certs)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    certs_for(certs, &["node-a", "node-b", "node-c"]);
     let mut b = serve(certs, "node-b");
     let c = serve(certs, "node-c");
     let l1 = dir.path().join("l1");
@@ -278,6 +254,22 @@ fn wait_for_metric(p: &Peer, name: &str, at_least: u64) {
     }
 }
 
+/// The job's client stores of peers `a` (node-a) and `b` (node-b).
+fn stores(
+    rt: &tokio::runtime::Runtime,
+    certs: &Path,
+    a: &Peer,
+    b: &Peer,
+) -> (PeerStore, PeerStore) {
+    let client = CertFiles::in_dir(certs, &format!("client-{JOB}"));
+    rt.block_on(async {
+        (
+            PeerStore::new(a.addr, "node-a", &client, PeerOptions::default()).unwrap(),
+            PeerStore::new(b.addr, "node-b", &client, PeerOptions::default()).unwrap(),
+        )
+    })
+}
+
 fn certs_for(dir: &Path, nodes: &[&str]) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
     cmd.args(["peer", "certs"]);
@@ -335,13 +327,7 @@ fn a_peer_started_with_prefault_takes_its_first_push_into_memory_already_faulted
     );
 
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let client = CertFiles::in_dir(certs, &format!("client-{JOB}"));
-    let (pa, pb) = rt.block_on(async {
-        (
-            PeerStore::new(a.addr, "node-a", &client, PeerOptions::default()).unwrap(),
-            PeerStore::new(b.addr, "node-b", &client, PeerOptions::default()).unwrap(),
-        )
-    });
+    let (pa, pb) = stores(&rt, certs, &a, &b);
     let first = chunks(24, 1 << 20, 9);
     for p in [&pa, &pb] {
         let st = rt.block_on(p.put_chunks(JOB, first.clone())).unwrap();
@@ -370,14 +356,7 @@ fn a_peer_killed_during_a_push_leaves_the_save_committed_and_replicated_elsewher
     use strata::{Checkpointer, Config, L2State, StepSelector};
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path();
-    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["peer", "certs", "--job", JOB])
-        .args(["--node", "node-a", "--node", "node-b", "--node", "node-c"])
-        .args(["--node", "node-d", "--out"])
-        .arg(certs)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    certs_for(certs, &["node-a", "node-b", "node-c", "node-d"]);
     let mut peers: Vec<(String, Peer)> = ["node-b", "node-c", "node-d"]
         .iter()
         .map(|n| (n.to_string(), serve(certs, n)))

@@ -113,13 +113,31 @@ fn every_rank_unavailable<T>(got: &[strata::Result<T>]) -> Vec<String> {
 
 /// `mem` behind a store that answers nothing (an outage from the start).
 fn unreachable(mem: &Arc<MemoryStore>) -> Arc<dyn ChunkStore> {
+    blind_until_healed(&(mem.clone() as Arc<dyn ChunkStore>))
+}
+
+/// `l3` behind a store that answers nothing until `heal()`.
+fn blind_until_healed(l3: &Arc<dyn ChunkStore>) -> Arc<FaultStore<Arc<dyn ChunkStore>>> {
     Arc::new(FaultStore::new(
-        mem.clone(),
+        l3.clone(),
         FaultPlan {
             outage_after: Some(0),
             ..FaultPlan::default()
         },
     ))
+}
+
+/// `rank`'s commit record of `step` on `l3`, if there is one.
+fn record_on(
+    l3: &Arc<dyn ChunkStore>,
+    step: u64,
+    rank: u32,
+) -> Option<strata::format::CommitRecord> {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(l3.get_commit_record("shared-l3", step, rank))
+        .unwrap()
 }
 
 fn dirs() -> Vec<tempfile::TempDir> {
@@ -294,16 +312,8 @@ fn a_step_older_than_the_restores_view_is_refused_on_every_rank_before_any_write
 #[test]
 fn a_jobs_first_save_without_a_restore_lists_l3_once_and_a_step_l3_holds_is_refused_everywhere() {
     let (store, l3) = split_on_l3();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
     let records = || -> Vec<Option<strata::format::CommitRecord>> {
-        (0..WORLD)
-            .map(|r| {
-                rt.block_on(l3.get_commit_record("shared-l3", 2, r))
-                    .unwrap()
-            })
-            .collect()
+        (0..WORLD).map(|r| record_on(&l3, 2, r)).collect()
     };
     let before = records();
     assert!(before[0].is_none() && before[1..].iter().all(Option::is_some));
@@ -396,20 +406,8 @@ fn a_lister_blind_to_l3_at_the_first_save_uploads_nothing_until_l3_answers_again
     let (_, l3) = split_on_l3();
     // Rank 0 cannot reach L3 at its first save: it cannot refuse step 2
     // for the others. L3 answers again just after.
-    let blind = Arc::new(FaultStore::new(
-        l3.clone(),
-        FaultPlan {
-            outage_after: Some(0),
-            ..FaultPlan::default()
-        },
-    ));
-    let record = |step: u64, rank: u32| {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
-            .block_on(l3.get_commit_record("shared-l3", step, rank))
-            .unwrap()
-    };
+    let blind = blind_until_healed(&l3);
+    let record = |step: u64, rank: u32| record_on(&l3, step, rank);
     let before: Vec<_> = (0..WORLD).map(|r| record(2, r)).collect();
     let resumed = on_every_rank_with(
         &dirs(),
@@ -463,20 +461,8 @@ fn a_restore_whose_lister_cannot_list_l3_uploads_nothing_until_l3_answers_again(
     let l3 = mem.clone() as Arc<dyn ChunkStore>;
     let dirs = dirs();
     save_two_steps(&dirs, &l3);
-    let blind = Arc::new(FaultStore::new(
-        l3.clone(),
-        FaultPlan {
-            outage_after: Some(0),
-            ..FaultPlan::default()
-        },
-    ));
-    let record = |step: u64, rank: u32| {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
-            .block_on(l3.get_commit_record("shared-l3", step, rank))
-            .unwrap()
-    };
+    let blind = blind_until_healed(&l3);
+    let record = |step: u64, rank: u32| record_on(&l3, step, rank);
     let gate = std::sync::Barrier::new(WORLD as usize);
     let resumed = on_every_rank_with(
         &dirs,

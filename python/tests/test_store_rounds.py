@@ -237,6 +237,10 @@ def test_closing_a_nodes_rounds_stops_the_node_store_it_served(tmp_path):
     for r in (0, 2):
         got = res[f"close-{r}"]
         assert got["listening_before"] and not got["listening_after"], got
+        # The closing process's own next round fails at once, saying why.
+        own = got["own_after"]
+        assert own["error"] == "RoundFailed" and "closed" in own["message"], own
+        assert own["took"] < 1, own
     for r in (1, 3):
         after = res[f"close-{r}"]["after"]
         assert not after["ok"], after

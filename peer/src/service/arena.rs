@@ -16,7 +16,9 @@
 //! kept only while the buffers out (requests and replicas in memory) and
 //! those kept free stay within `cap`, the service's memory budget plus its
 //! in-flight request budget — what it may hold at its peak anyway.
-//! Messages below [`MIN_POOLED`] bytes are plain allocations.
+//! Messages below [`MIN_POOLED`] bytes are plain allocations, never kept,
+//! but counted as in use while they live. A reserve faulted in at start
+//! ([`Arena::prefault`]) serves the first requests of any class.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -34,13 +36,14 @@ pub(crate) struct Arena {
 #[derive(Default)]
 struct Pool {
     free: HashMap<usize, Vec<Vec<u8>>>,
-    /// Buffers faulted in at start ([`Arena::prefault`]), of one size: a
-    /// request that finds no free buffer of its class takes one of these
-    /// cut to its class (the kept head stays backed) before it asks the
-    /// kernel for fresh memory. Counted in `free_bytes`.
+    /// Buffers faulted in at start ([`Arena::prefault`]): a request that
+    /// finds no free buffer of its class takes the smallest of these that
+    /// fits, cut to its class (the kept head stays backed), before it asks
+    /// the kernel for fresh memory. Counted in `free_bytes`.
     reserve: Vec<Vec<u8>>,
     free_bytes: u64,
-    /// Bytes of pooled-class buffers handed out and not yet given back.
+    /// Bytes of request buffers handed out and not yet given back (pooled
+    /// ones by their class, smaller ones by their length).
     out_bytes: u64,
     /// Takes served from the pool, and takes that allocated.
     reused: u64,
@@ -48,12 +51,28 @@ struct Pool {
 }
 
 impl Pool {
+    /// A free buffer for a pooled request of `class` bytes: one of its
+    /// class, else one of the reserve; counted as reused or fresh.
+    fn take_free(&mut self, class: usize) -> Option<Vec<u8>> {
+        let mut got = self.free.get_mut(&class).and_then(Vec::pop);
+        if got.is_some() {
+            self.free_bytes = self.free_bytes.saturating_sub(class as u64);
+        } else {
+            got = self.take_reserve(class);
+        }
+        if got.is_some() {
+            self.reused += 1;
+        } else {
+            self.fresh += 1;
+        }
+        got
+    }
+
     /// A reserve buffer for a request of `class` bytes: the smallest at
     /// least that large, to be cut with [`cut`] outside the lock. Any
-    /// smaller class takes one (a step's chunks compress to many sizes):
-    /// limited to requests of at least half a buffer, the first push to a
-    /// new peer measured 0.39 and 0.34 of raw quinn against 0.68 and 0.68
-    /// without the limit (`docs/benchmarks.md`).
+    /// smaller class takes one, since a step's chunks compress to many
+    /// sizes (limited to requests of at least half a buffer, the first
+    /// push to a new peer was slower: `docs/benchmarks.md`).
     fn take_reserve(&mut self, class: usize) -> Option<Vec<u8>> {
         let at = self
             .reserve
@@ -132,20 +151,7 @@ impl Arena {
         let size = if pooled { class_of(len) } else { len };
         let mut evicted = Vec::new();
         let reused = self.pool.lock().ok().and_then(|mut p| {
-            let mut got = None;
-            if pooled {
-                got = p.free.get_mut(&size).and_then(Vec::pop);
-                if got.is_some() {
-                    p.free_bytes = p.free_bytes.saturating_sub(size as u64);
-                } else {
-                    got = p.take_reserve(size);
-                }
-                if got.is_some() {
-                    p.reused += 1;
-                } else {
-                    p.fresh += 1;
-                }
-            }
+            let got = if pooled { p.take_free(size) } else { None };
             p.out_bytes += size as u64;
             if got.is_none() {
                 // New memory: free buffers of other classes go first, so
@@ -164,12 +170,7 @@ impl Arena {
         drop(evicted);
         let buf = match reused {
             Some(b) => cut(b, size),
-            None if pooled => {
-                let mut b = vec![0u8; size];
-                // Kept as it lands: large pages fault in faster.
-                strata_tiered::aligned::advise_huge_pages(&mut b);
-                b
-            }
+            None if pooled => fresh(size),
             None => vec![0u8; len],
         };
         ArenaBuf {
@@ -205,8 +206,7 @@ impl Arena {
             if !room {
                 break;
             }
-            let mut b = vec![0u8; class];
-            strata_tiered::aligned::advise_huge_pages(&mut b);
+            let mut b = fresh(class);
             touch_every_page(&mut b);
             let Ok(mut p) = self.pool.lock() else { break };
             if p.out_bytes + p.free_bytes + class as u64 > self.cap {
@@ -251,6 +251,14 @@ impl Arena {
         drop(p);
         drop(buf);
     }
+}
+
+/// A new pooled buffer of `size` bytes, advised to large pages (they
+/// fault in faster).
+fn fresh(size: usize) -> Vec<u8> {
+    let mut b = vec![0u8; size];
+    strata_tiered::aligned::advise_huge_pages(&mut b);
+    b
 }
 
 /// `b` cut to `size` bytes. The cut is a `realloc` to a smaller size,
@@ -448,6 +456,29 @@ mod tests {
         // Asked for less than one buffer: nothing.
         let empty = Arena::new(1 << 30);
         assert_eq!(empty.prefault(16 * MIB + 1, class - 1), 0);
+    }
+
+    #[test]
+    fn a_cut_reserve_buffer_keeps_its_memory_and_the_reserve_goes_first_at_the_cap() {
+        let class = class_of(16 * MIB + 1) as u64;
+        let arena = Arena::new(2 * class);
+        assert_eq!(arena.prefault(16 * MIB + 1, class), class);
+        let at = arena.pool.lock().unwrap().reserve[0].as_ptr();
+        // Cut in place: the same (faulted-in) memory, not a copy.
+        let cut = arena.take(9 * MIB);
+        assert_eq!(cut.as_ptr(), at);
+        drop(cut);
+        // A fresh buffer at the cap frees the reserve before free buffers
+        // of other classes.
+        assert_eq!(arena.prefault(16 * MIB + 1, class), class);
+        let s = arena.stats();
+        assert_eq!(s.free_bytes, class + class_of(9 * MIB) as u64);
+        let big = arena.take(20 * MIB);
+        let p = arena.pool.lock().unwrap();
+        assert!(p.reserve.is_empty(), "the reserve went first");
+        assert_eq!(p.free.get(&class_of(9 * MIB)).map(Vec::len), Some(1));
+        drop(p);
+        drop(big);
     }
 
     #[test]

@@ -44,8 +44,11 @@ pub struct ServiceConfig {
 }
 
 impl ServiceConfig {
+    /// What a request may add to the chunk frame it carries (its
+    /// envelope): the largest request is the largest chunk plus this.
+    pub const ENVELOPE: usize = 8192;
     /// Default largest request: a 64 MiB chunk frame and its envelope.
-    pub const DEFAULT_MAX_REQUEST: usize = (64 << 20) + 8192;
+    pub const DEFAULT_MAX_REQUEST: usize = (64 << 20) + Self::ENVELOPE;
     /// Default work budget.
     pub const DEFAULT_WORK_BYTES: usize = 1 << 30;
     /// Default connection limit.

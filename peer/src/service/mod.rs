@@ -277,10 +277,11 @@ impl Service {
     /// in as they arrive. Blocking (it writes every page): call it from a
     /// thread of its own. Returns the bytes it added.
     pub fn prefault(&self, chunk_size: usize, bytes: u64) -> u64 {
-        // A chunk put is the chunk's frame in a request envelope: the
-        // class of the chunk and the largest envelope `max_request`
-        // allows for (a reserve buffer is cut to the class a put needs).
-        self.arena.prefault(chunk_size.saturating_add(8192), bytes)
+        // A chunk put is the chunk's frame in a request envelope: room for
+        // the largest envelope (a reserve buffer is cut to the class a put
+        // needs).
+        self.arena
+            .prefault(chunk_size.saturating_add(ServiceConfig::ENVELOPE), bytes)
     }
 
     /// Requests being served now.

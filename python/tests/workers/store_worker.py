@@ -237,6 +237,7 @@ else:
             while listening(port) and time.monotonic() < deadline:
                 time.sleep(0.05)
             result["listening_after"] = listening(port)
+            result["own_after"] = attempt(gather, "own", f"{rank}".encode(), 10.0)
         barrier("closed")
         if rank % LOCAL != 0:
             result["after"] = attempt(gather, "after", f"{rank}".encode(), 3.0)
