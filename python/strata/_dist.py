@@ -113,8 +113,25 @@ def _process_token() -> str:
 
 class RoundFailed(UnavailableError):
     """A round's attempt ended without a result (timed out, or a rank gave
-    up on it) on every rank alike; the message says why. Retry: the next
+    up on it) on every rank alike, or its store stopped answering (the
+    process serving it ended); the message says why. Retry: the next
     attempt has keys of its own."""
+
+
+def _store_failures() -> Tuple[type, ...]:
+    """torch's errors of a store that failed a request (its server gone,
+    the connection lost, a request timed out): a round's, not the
+    caller's, so they become ``RoundFailed``. Empty without torch."""
+    import sys
+
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    failed = getattr(dist, "DistError", None)
+    return (failed,) if isinstance(failed, type) else ()
+
+
+def _unreachable(key: str, where: str, e: BaseException) -> RoundFailed:
+    return RoundFailed(f"round {key} failed: {where} stopped answering "
+                       f"({type(e).__name__}: {e})")
 
 
 class StoreGather:
@@ -189,11 +206,17 @@ class StoreGather:
 
     def _round(self, rank: int, key: str, value: bytes, timeout_s: float,
                combine: Callable[[List[bytes]], bytes]) -> bytes:
-        return self._round_at(rank, key, self._attempt(key), value, timeout_s, combine)
+        try:
+            return self._round_at(rank, key, self._attempt(key), value, timeout_s, combine)
+        except _store_failures() as e:
+            raise _unreachable(key, "the job's store", e) from e
 
     def _round_at(self, rank: int, key: str, n: int, value: bytes, timeout_s: float,
                   combine: Callable[[List[bytes]], bytes]) -> bytes:
         """Attempt ``n`` of round ``key`` (see the module documentation)."""
+        if self._base is None:
+            # Closed (NodeRounds.close): its store is stopped or going.
+            raise RoundFailed(f"round {key}: the store of these rounds is closed")
         raw, s = self._clients()
         deadline = time.monotonic() + max(timeout_s, 0.001)
         k = f"{key}/{n}"
@@ -220,6 +243,7 @@ class StoreGather:
                 # The reduction raised (the attempt is aborted): this
                 # rank's value goes, as a rank's that gives up does.
                 s.delete_key(mine)
+                self._settle(s, k)
                 raise
         outcome = self._wait(s, k, state, deadline)
         if outcome != _DONE:
@@ -228,20 +252,36 @@ class StoreGather:
             s.delete_key(mine)
             if self.on_abort is not None:
                 self.on_abort(key, n)
+            failed: BaseException
             if self.marks_busy and s.check([f"{k}/conflict"]):
-                raise ConflictError(bytes(s.get(f"{k}/conflict")).decode(errors="replace"))
-            why = "a rank gave up on it" if outcome == _ABORT else f"state {outcome!r}"
-            if outcome == b"":
-                why = f"only some of {self.world} ranks reported within {timeout_s:g} s"
-            raise RoundFailed(f"round {key} (attempt {n}) failed: {why}")
+                failed = ConflictError(bytes(s.get(f"{k}/conflict")).decode(errors="replace"))
+            else:
+                why = "a rank gave up on it" if outcome == _ABORT else f"state {outcome!r}"
+                if outcome == b"":
+                    why = f"only some of {self.world} ranks reported within {timeout_s:g} s"
+                failed = RoundFailed(f"round {key} (attempt {n}) failed: {why}")
+            self._settle(s, k)
+            raise failed
         out = bytes(s.get(f"{k}/all"))
         # The decision is final: this rank's value is no longer needed, and
-        # the last rank to read the result removes the round's keys.
+        # the last rank to read the result removes the round's keys, its
+        # state last (``NodeRounds.drain`` waits for that).
         s.delete_key(mine)
         if s.add(f"{k}/read", 1) == self.world:
-            for suffix in ("all", "state", "arrived", "read"):
+            for suffix in ("all", "arrived", "read", "state"):
                 s.delete_key(f"{k}/{suffix}")
         return out
+
+    def _settle(self, s: Any, k: str) -> None:
+        """A node's rank is done with a failed attempt: its last request
+        for it. A failed attempt's state stays, so ``NodeRounds.drain``
+        counts these instead."""
+        if not self.marks_busy:
+            return
+        try:
+            s.add(f"{k}/settled", 1)
+        except _store_failures():
+            pass  # the node's store is gone already: nothing to tell it
 
     def _publish(self, s: Any, k: str, state: str, deadline: float,
                  combine: Callable[[List[bytes]], bytes]) -> None:
@@ -544,22 +584,40 @@ class NodeRounds:
             left = max(deadline - time.monotonic(), 0.001)
             return self._job._round_at(self.node, key, n, _pack(local_values), left, every_rank)
 
-        out = self._node._round_at(local_rank, key, n, value, timeout_s, among_nodes)
-        if self._keep is not None:
-            self._note(f"{key}/{n}/state")
-        return out
+        try:
+            return self._node._round_at(local_rank, key, n, value, timeout_s, among_nodes)
+        except _store_failures() as e:
+            # Local rank 0's process serves the node's store: it ended.
+            raise _unreachable(key, f"node {self.node}'s store (local rank 0's process)",
+                               e) from e
+        finally:
+            # Failed or not: the node's ranks may still be reading it.
+            if self._keep is not None:
+                self._note(f"{key}/{n}")
 
-    def _note(self, state: str) -> None:
-        """A round this process serves that the node's other ranks may not
-        have read yet (its state key goes when the last of them did)."""
+    def _note(self, attempt: str) -> None:
+        """An attempt of a round this process serves that the node's other
+        ranks may not be done with yet (``_read_by_all``)."""
         with self._served_lock:
-            self._served[state] = None
+            self._served[attempt] = None
             if len(self._served) > 64:
-                _, s = self._node._clients()
-                for k in [k for k in self._served if not s.check([k])]:
-                    del self._served[k]
+                try:
+                    _, s = self._node._clients()
+                    for k in [k for k in self._served if self._read_by_all(s, k)]:
+                        del self._served[k]
+                except Exception:  # noqa: BLE001 - the store is gone: nobody reads it
+                    self._served.clear()
                 while len(self._served) > 64:
                     self._served.popitem(last=False)
+
+    def _read_by_all(self, s: Any, attempt: str) -> bool:
+        """Whether every rank of the node is done with ``attempt``: its
+        state is gone (the last reader of a result removes it last), or
+        it failed and every rank settled it."""
+        if not s.check([f"{attempt}/state"]):
+            return True
+        settled = f"{attempt}/settled"
+        return bool(s.check([settled])) and int(bytes(s.get(settled))) >= self.local_world
 
     def drain(self, within_s: float = 5.0) -> None:
         """Waits (at most ``within_s``) until the node's ranks have read
@@ -575,7 +633,7 @@ class NodeRounds:
         for k in pending:
             while time.monotonic() < end:
                 try:
-                    if not s.check([k]):
+                    if self._read_by_all(s, k):
                         break
                 except Exception:  # noqa: BLE001 - the store is gone: nothing to wait for
                     return

@@ -135,6 +135,9 @@ def test_a_reducing_round_reduces_once_and_every_rank_reads_the_result(tmp_path,
     bad = [res[f"reduce-{r}"]["bad"] for r in range(WORLD)]
     assert not any(b["ok"] for b in bad), bad
     assert sum(b["error"] == "ValueError" for b in bad) == 1, bad
+    # With nodes, a node's store outlives local rank 0's round until the
+    # node's other ranks are done with the failed round too: nobody sees
+    # the store vanish (torch's DistNetworkError) while reading it.
     for b in bad:
         assert b["error"] in ("ValueError", "RoundFailed"), b
         assert b["took"] < 5, b
@@ -243,4 +246,6 @@ def test_closing_a_nodes_rounds_stops_the_node_store_it_served(tmp_path):
         assert own["took"] < 1, own
     for r in (1, 3):
         after = res[f"close-{r}"]["after"]
-        assert not after["ok"], after
+        # Strata's error, saying the node's store is gone; not torch's.
+        assert not after["ok"] and after["error"] == "RoundFailed", after
+        assert "store" in after["message"], after

@@ -16,7 +16,10 @@ Scenarios:
             round on the main thread at the same time
   reduce    a reducing round "red": one rank runs the reducer on every
             value, every rank reads its result; then round "bad", whose
-            reducer raises: the round fails on every rank at once
+            reducer raises: the round fails on every rank at once (with
+            nodes, local rank 0 comes last to its node, and the node's
+            other ranks take 0.5 s over what follows reading that
+            outcome, while local rank 0's process exits)
   close     (nodes only) a round; then each node's local rank 0 closes
             its rounds: the node's store it served stops listening, and
             the node's other rank's next round fails
@@ -89,6 +92,20 @@ def counted_clients(self):
 
 
 rounds_mod.StoreGather._clients = counted_clients
+
+if scenario == "reduce" and LOCAL > 1 and rank % LOCAL != 0:
+    # A node's other ranks read round "bad"'s outcome late: what they
+    # send the node's store after it (their value's removal) comes after
+    # local rank 0's process has finished its round and gone to exit.
+    _settled = rounds_mod.StoreGather._settled
+
+    def late_settled(self, s, state, now):
+        out = _settled(self, s, state, now)
+        if state.startswith("bad/") and self._base is not store:
+            time.sleep(0.5)
+        return out
+
+    rounds_mod.StoreGather._settled = late_settled
 
 
 def attempt(gather, key, value, timeout):
@@ -212,6 +229,10 @@ else:
         def refuses(values):
             raise ValueError("this reduction refuses")
 
+        if LOCAL > 1 and rank % LOCAL == 0:
+            # Local rank 0 comes last to its node: it runs the round among
+            # the nodes, while the node's other ranks wait for it.
+            time.sleep(0.3)
         result["bad"] = attempt(lambda r, k, v, t: [gather.reduce(r, k, v, t, refuses)], "bad",
                                 f"{rank}".encode(), 10.0)
     elif scenario == "close":
