@@ -266,6 +266,9 @@ impl EtcdCoordinator {
         // rounds is gone, not late.
         let mut decider_seen = self.state.lock().map_err(poisoned)?.seen.contains(&0);
         let mut fenced = false;
+        // Past the first half lease (a long round: a rank is slow), the
+        // decision and the decider's claim are followed by watch alone.
+        let mut long = false;
         loop {
             self.check_lost()?;
             let mut parts = got.into_iter();
@@ -312,20 +315,27 @@ impl EtcdCoordinator {
                     if decider_seen { "" } else { "; rank 0 never connected" }
                 )));
             }
-            // Wait for a decision (or for the decider's claim to be looked
-            // at again), then read the decisions, this process's claims
-            // and the decider's, at one revision.
+            // Wait for a decision (or for the decider's claim to change),
+            // then read the decisions, this process's claims and the
+            // decider's, at one revision.
             let rev = got_rev(&decisions, &claim).max(w.put_rev);
-            let wait = deadline
-                .saturating_duration_since(Instant::now())
-                .min(self.opts.lease_ttl / 2);
+            let left = deadline.saturating_duration_since(Instant::now());
             let watched = Instant::now();
-            match self
-                .round_api()
-                .watch(w.dprefix, rev, wait, |ev| matches!(ev, Event::Put(_)))
-                .await
-            {
+            let followed = if long {
+                self.follow_decider(w, rev, left).await
+            } else {
+                // Most rounds are decided within it: one watch.
+                long = true;
+                self.round_api()
+                    .watch(w.dprefix, rev, left.min(self.opts.lease_ttl / 2), |ev| {
+                        matches!(ev, Event::Put(_))
+                    })
+                    .await
+            };
+            match followed {
                 Err(e) => {
+                    // This process lost its ranks: no read brings them back.
+                    self.check_lost()?;
                     tracing::warn!(error = %e, "etcd watch failed; reading again");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
@@ -351,6 +361,32 @@ impl EtcdCoordinator {
             self.fence(&own)?;
             fenced = true;
             got = read;
+        }
+    }
+
+    /// A long round's wait of a process other than the decider: until a
+    /// decision is put, the decider's claim changes (it exited, or its
+    /// lease ran out), or `wait` passes, reading nothing meanwhile (two
+    /// watches, where it read the decisions and the claims again each half
+    /// lease: O(nodes) requests per half lease of a slow rank). This
+    /// process's own lease is the keep-alive task's to watch: it is looked
+    /// at here each half lease, without a request, and the read after the
+    /// decision fences this process's claims.
+    async fn follow_decider(&self, w: &Waiting<'_>, rev: i64, wait: Duration) -> Result<bool> {
+        let decision = self
+            .round_api()
+            .watch(w.dprefix, rev, wait, |ev| matches!(ev, Event::Put(_)));
+        let decider = self.round_api().watch(w.decider, rev, wait, |_| true);
+        let lost = async {
+            loop {
+                tokio::time::sleep(self.opts.lease_ttl / 2).await;
+                self.check_lost()?;
+            }
+        };
+        tokio::select! {
+            r = decision => r,
+            r = decider => r,
+            r = lost => r,
         }
     }
 
