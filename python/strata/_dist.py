@@ -582,7 +582,11 @@ class NodeRounds:
 
         def among_nodes(local_values: List[bytes]) -> bytes:
             left = max(deadline - time.monotonic(), 0.001)
-            return self._job._round_at(self.node, key, n, _pack(local_values), left, every_rank)
+            try:
+                return self._job._round_at(self.node, key, n, _pack(local_values), left,
+                                           every_rank)
+            except _store_failures() as e:
+                raise _unreachable(key, "the job's store", e) from e
 
         try:
             return self._node._round_at(local_rank, key, n, value, timeout_s, among_nodes)

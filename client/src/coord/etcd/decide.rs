@@ -269,6 +269,11 @@ impl EtcdCoordinator {
         // Past the first half lease (a long round: a rank is slow), the
         // decision and the decider's claim are followed by watch alone.
         let mut long = false;
+        // The revision the newest read answered at: watches start after
+        // it. Not the newest key it showed: a deletion (the decider's
+        // claim going) leaves no key, and a watch from before it would
+        // report it again at once, every time.
+        let mut read_at = w.put_rev;
         loop {
             self.check_lost()?;
             let mut parts = got.into_iter();
@@ -318,7 +323,7 @@ impl EtcdCoordinator {
             // Wait for a decision (or for the decider's claim to change),
             // then read the decisions, this process's claims and the
             // decider's, at one revision.
-            let rev = got_rev(&decisions, &claim).max(w.put_rev);
+            let rev = got_rev(&decisions, &claim).max(read_at);
             let left = deadline.saturating_duration_since(Instant::now());
             let watched = Instant::now();
             let followed = if long {
@@ -347,8 +352,11 @@ impl EtcdCoordinator {
             }
             let ranges: [(&[u8], &[u8]); 3] =
                 [(w.dprefix, &dend), (w.decider, &[]), (&own_from, &own_to)];
-            let (mut read, _) = match self.round_api().ranges(&ranges, t).await {
-                Ok(v) => v,
+            let mut read = match self.round_api().ranges(&ranges, t).await {
+                Ok((v, at)) => {
+                    read_at = read_at.max(at);
+                    v
+                }
                 Err(e) if Instant::now() < deadline => {
                     tracing::warn!(error = %e, "etcd read failed; retrying");
                     tokio::time::sleep(Duration::from_millis(200)).await;
