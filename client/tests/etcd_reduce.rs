@@ -210,10 +210,10 @@ fn a_process_waiting_on_a_slow_rank_follows_the_decider_without_reading_each_hal
     };
     // A 2 s lease; ranks 0 and 1 vote at once, rank 2 (a straggler) 6 s
     // later. Rank 1's process waits for the decision by watch: its value
-    // with a read, a first watch of half a lease, then the decision and
-    // the decider's claim followed from the same read until the decision
-    // comes, and the read of it: 5. Reading the decision and the claims
-    // again each half lease (as before) was 13.
+    // with a read, a first watch of half a lease, a read, then the
+    // decision and the decider's claim followed until the decision comes,
+    // and the read of it. Reading the decision and the claims again each
+    // half lease (as before) was about 14 requests.
     let c: Vec<EtcdCoordinator> = (0..3)
         .map(|r| EtcdCoordinator::connect(opts(&etcd.url, 2), "slow", r, 3).unwrap())
         .collect();
@@ -232,7 +232,7 @@ fn a_process_waiting_on_a_slow_rank_follows_the_decider_without_reading_each_hal
         assert_eq!(got.unwrap(), want);
         eprintln!("requests of a process waiting 6 s on a straggler (2 s lease): {requests}");
         assert!(
-            requests <= 6,
+            requests <= 7,
             "the waiting process sent {requests} requests"
         );
     });
@@ -284,9 +284,9 @@ fn a_decider_claim_that_goes_before_the_decider_came_costs_no_storm_of_requests(
         let (got, requests) = waiting.join().unwrap();
         assert_eq!(got.unwrap(), want);
         eprintln!("requests of a process whose decider's old claim went: {requests}");
-        // Its value and a watch, two watches, then a read and two watches
-        // for each change of rank 0's claim (gone, claimed), and the
-        // read of the decision: about 11; the loop was 54 in these 3 s.
+        // Its value, a watch and a read, then a read and two watches for
+        // each change of rank 0's claim (gone, claimed, then the
+        // decision): 12; the loop was 54 in these 3 s.
         assert!(
             requests <= 16,
             "the waiting process sent {requests} requests"

@@ -324,30 +324,18 @@ impl EtcdCoordinator {
             // then read the decisions, this process's claims and the
             // decider's, at one revision.
             let rev = got_rev(&decisions, &claim).max(read_at);
-            let mut watched;
-            let followed = loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                watched = Instant::now();
-                if long {
-                    break self.follow_decider(w, rev, left).await;
-                }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let watched = Instant::now();
+            let followed = if long {
+                self.follow_decider(w, rev, left).await
+            } else {
                 // Most rounds are decided within it: one watch.
                 long = true;
-                let half = left.min(self.opts.lease_ttl / 2);
-                let r = self
-                    .round_api()
-                    .watch(w.dprefix, rev, half, |ev| matches!(ev, Event::Put(_)))
-                    .await;
-                // It ran its half lease out with no decision: follow on
-                // from the same read, without reading again (a change of
-                // the decider's claim meanwhile is the first thing its
-                // watch reports).
-                if matches!(r, Ok(false)) && watched.elapsed() >= half && Instant::now() < deadline
-                {
-                    self.check_lost()?;
-                    continue;
-                }
-                break r;
+                self.round_api()
+                    .watch(w.dprefix, rev, left.min(self.opts.lease_ttl / 2), |ev| {
+                        matches!(ev, Event::Put(_))
+                    })
+                    .await
             };
             match followed {
                 Err(e) => {
@@ -384,8 +372,7 @@ impl EtcdCoordinator {
         }
     }
 
-    /// A long round's wait of a process other than the decider (past its
-    /// first half lease, from the same read): until a
+    /// A long round's wait of a process other than the decider: until a
     /// decision is put, the decider's claim changes (it exited, or its
     /// lease ran out), or `wait` passes, reading nothing meanwhile (two
     /// watches, where it read the decisions and the claims again each half
