@@ -15,6 +15,13 @@ use strata_testkit::etcd;
 mod rounds;
 use rounds::{opts, rounds_agree, sum, LONG};
 
+/// `c`'s round "r" as `rank` with `value`, and the round requests it sent.
+fn counted(c: &EtcdCoordinator, rank: u32, value: u8) -> (strata::Result<Vec<u8>>, u64) {
+    let before = c.round_requests();
+    let got = c.all_reduce(rank, "r", vec![value], LONG, &sum);
+    (got, c.round_requests() - before)
+}
+
 #[test]
 fn the_ranks_of_two_nodes_reduce_once_for_about_three_requests_per_node() {
     let Some(etcd) = etcd::Etcd::start() else {
@@ -212,18 +219,14 @@ fn a_process_waiting_on_a_slow_rank_follows_the_decider_without_reading_each_hal
     // later. Rank 1's process waits for the decision by watch: its value
     // with a read, a first watch of half a lease, a read, then the
     // decision and the decider's claim followed until the decision comes,
-    // and the read of it. Reading the decision and the claims again each
-    // half lease (as before) was about 14 requests.
+    // and the read of it (6). Reading the decision and the claims again
+    // each half lease (as before) was 13 requests.
     let c: Vec<EtcdCoordinator> = (0..3)
         .map(|r| EtcdCoordinator::connect(opts(&etcd.url, 2), "slow", r, 3).unwrap())
         .collect();
     std::thread::scope(|s| {
         let decider = s.spawn(|| c[0].all_reduce(0, "r", vec![1], LONG, &sum));
-        let waiting = s.spawn(|| {
-            let before = c[1].round_requests();
-            let got = c[1].all_reduce(1, "r", vec![2], LONG, &sum);
-            (got, c[1].round_requests() - before)
-        });
+        let waiting = s.spawn(|| counted(&c[1], 1, 2));
         std::thread::sleep(Duration::from_secs(6));
         let want = sum(&[vec![1], vec![2], vec![3]]);
         assert_eq!(c[2].all_reduce(2, "r", vec![3], LONG, &sum).unwrap(), want);
@@ -270,11 +273,7 @@ fn a_decider_claim_that_goes_before_the_decider_came_costs_no_storm_of_requests(
     drop(EtcdCoordinator::connect(opts(&etcd.url, 2), "gone", 0, 2).unwrap());
     let b = EtcdCoordinator::connect(opts(&etcd.url, 2), "gone", 1, 2).unwrap();
     std::thread::scope(|s| {
-        let waiting = s.spawn(|| {
-            let before = b.round_requests();
-            let got = b.all_reduce(1, "r", vec![2], LONG, &sum);
-            (got, b.round_requests() - before)
-        });
+        let waiting = s.spawn(|| counted(&b, 1, 2));
         std::thread::sleep(Duration::from_millis(1500));
         etcd.revoke_claim("gone", 0);
         std::thread::sleep(Duration::from_millis(1500));
@@ -304,11 +303,7 @@ fn a_round_longer_than_the_lease_costs_no_more_requests_and_a_late_claim_counts(
     // instead of reading the round and every claim again each half lease.
     let a = EtcdCoordinator::connect(opts(&etcd.url, 2), "late", 0, 2).unwrap();
     std::thread::scope(|s| {
-        let decided = s.spawn(|| {
-            let before = a.round_requests();
-            let got = a.all_reduce(0, "r", vec![3], LONG, &sum);
-            (got, a.round_requests() - before)
-        });
+        let decided = s.spawn(|| counted(&a, 0, 3));
         std::thread::sleep(Duration::from_secs(5));
         let b = EtcdCoordinator::connect(opts(&etcd.url, 2), "late", 1, 2).unwrap();
         assert_eq!(

@@ -214,9 +214,6 @@ class StoreGather:
     def _round_at(self, rank: int, key: str, n: int, value: bytes, timeout_s: float,
                   combine: Callable[[List[bytes]], bytes]) -> bytes:
         """Attempt ``n`` of round ``key`` (see the module documentation)."""
-        if self._base is None:
-            # Closed (NodeRounds.close): its store is stopped or going.
-            raise RoundFailed(f"round {key}: the store of these rounds is closed")
         raw, s = self._clients()
         deadline = time.monotonic() + max(timeout_s, 0.001)
         k = f"{key}/{n}"
