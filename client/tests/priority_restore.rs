@@ -210,3 +210,114 @@ fn dropping_the_handle_stops_the_rest_and_lets_go_of_the_checkpointer() {
     assert_eq!(again.entries.len(), 3);
     assert_eq!(again.entries[2].bytes, st[2].1);
 }
+
+#[test]
+fn a_chunk_holding_entries_of_both_parts_is_read_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = open(dir.path());
+    // Small entries of both parts, interleaved: the writer packs entries
+    // under an eighth of a chunk together (packs of 128 KiB here), so
+    // most packs hold weights and moments; one large entry of each part
+    // besides.
+    let mut st: Vec<(String, Vec<u8>)> = Vec::new();
+    for i in 0..24u8 {
+        st.push((format!("model.l{i}"), bytes(20 << 10, 10 + i)));
+        st.push((format!("optim.l{i}"), bytes(30 << 10, 40 + i)));
+    }
+    st.push(("model.big".into(), bytes(3 * MIB, 90)));
+    st.push(("optim.big".into(), bytes(3 * MIB, 91)));
+    save(&ck, 5, &st);
+    let whole = ck.restore(StepSelector::Latest).unwrap().stats;
+    assert!(whole.chunks > 0);
+    let p = ck.restore_first(StepSelector::Latest, &["model"]).unwrap();
+    for e in &p.first.entries {
+        let want = &st.iter().find(|(n, _)| *n == e.name).unwrap().1;
+        assert_eq!(&e.bytes, want, "{}", e.name);
+    }
+    assert_eq!(p.first.entries.len(), 25);
+    let rest = p.wait().unwrap();
+    assert_eq!(rest.entries.len(), 25);
+    for e in &rest.entries {
+        let want = &st.iter().find(|(n, _)| *n == e.name).unwrap().1;
+        assert_eq!(&e.bytes, want, "{}", e.name);
+    }
+    // Each chunk was read once, by one of the two parts: the whole
+    // priority restore read what a plain restore reads.
+    assert_eq!(rest.stats.chunks, whole.chunks, "chunks read");
+    assert_eq!(rest.stats.bytes_read, whole.bytes_read, "bytes read");
+    let total: u64 = st.iter().map(|(_, d)| d.len() as u64).sum();
+    assert_eq!(rest.stats.bytes_read, total);
+}
+
+#[test]
+fn a_planned_read_in_two_parts_reads_each_chunk_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = open(dir.path());
+    let mut st: Vec<(String, Vec<u8>)> = Vec::new();
+    for i in 0..24u8 {
+        st.push((format!("model.l{i}"), bytes(20 << 10, 10 + i)));
+        st.push((format!("optim.l{i}"), bytes(30 << 10, 40 + i)));
+    }
+    st.push(("optim.big".into(), bytes(3 * MIB, 91)));
+    save(&ck, 6, &st);
+    let plan = ck.plan_restore(StepSelector::Latest).unwrap();
+    let whole = ck.restore(StepSelector::Latest).unwrap().stats;
+    let (first_st, rest_st): (Vec<_>, Vec<_>) =
+        st.iter().partition(|(n, _)| n.starts_with("model."));
+    let mut first_bufs: Vec<Vec<u8>> = first_st.iter().map(|(_, d)| vec![0; d.len()]).collect();
+    let mut rest_bufs: Vec<Vec<u8>> = rest_st.iter().map(|(_, d)| vec![0; d.len()]).collect();
+    let first_names: Vec<&str> = first_st.iter().map(|(n, _)| n.as_str()).collect();
+    let a = {
+        let mut first: Vec<(&str, &mut [u8])> = first_st
+            .iter()
+            .zip(first_bufs.iter_mut())
+            .map(|((n, _), b)| (n.as_str(), b.as_mut_slice()))
+            .collect();
+        let mut rest: Vec<(&str, &mut [u8])> = rest_st
+            .iter()
+            .zip(rest_bufs.iter_mut())
+            .map(|((n, _), b)| (n.as_str(), b.as_mut_slice()))
+            .collect();
+        ck.restore_planned_first(&plan, &mut first, &mut rest)
+            .unwrap()
+    };
+    for ((n, d), b) in first_st.iter().zip(&first_bufs) {
+        assert_eq!(b, d, "{n}");
+    }
+    // Some of the rest is in place already: the moments packed beside
+    // the weights.
+    let early = rest_st
+        .iter()
+        .zip(&rest_bufs)
+        .filter(|((_, d), b)| *b == d)
+        .count();
+    assert!(
+        early > 0 && early < rest_st.len(),
+        "{early} of the rest read early"
+    );
+    let b = {
+        let mut rest: Vec<(&str, &mut [u8])> = rest_st
+            .iter()
+            .zip(rest_bufs.iter_mut())
+            .map(|((n, _), b)| (n.as_str(), b.as_mut_slice()))
+            .collect();
+        ck.restore_planned_rest(&plan, &mut rest, &first_names)
+            .unwrap()
+    };
+    for ((n, d), b) in rest_st.iter().zip(&rest_bufs) {
+        assert_eq!(b, d, "{n}");
+    }
+    assert_eq!(a.chunks + b.chunks, whole.chunks);
+    assert_eq!(a.bytes_read + b.bytes_read, whole.bytes_read);
+    // A name in both lists of the first part is refused.
+    let mut x = vec![0u8; 20 << 10];
+    let mut y = vec![0u8; 20 << 10];
+    let e = ck
+        .restore_planned_first(
+            &plan,
+            &mut [("model.l0", &mut x)],
+            &mut [("model.l0", &mut y)],
+        )
+        .expect_err("one entry, two buffers");
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+}

@@ -148,6 +148,30 @@ fn disjoint(dests: &[(String, u64, u64)]) -> PyResult<()> {
     Ok(())
 }
 
+/// The caller's buffers as slices, by entry name.
+///
+/// # Safety
+///
+/// Each `(address, length)` is a live, writable host buffer that stays
+/// alive and is touched by nothing else for `'b`, and no two of the
+/// buffers of one read overlap (checked with [`disjoint`] over every list
+/// of the read).
+unsafe fn buffers<'b>(dests: &[(String, u64, u64)]) -> PyResult<Vec<(&str, &'b mut [u8])>> {
+    let mut slots: Vec<(&str, &mut [u8])> = Vec::with_capacity(dests.len());
+    for (name, ptr, len) in dests {
+        let (ptr, len) = host_range(name, *ptr, *len)?;
+        let buf: &mut [u8] = if len == 0 {
+            &mut []
+        } else {
+            // SAFETY: this function's contract: a live, writable buffer of
+            // `len` bytes at `ptr`, aliased by no other slice, for `'b`.
+            unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
+        };
+        slots.push((name.as_str(), buf));
+    }
+    Ok(slots)
+}
+
 fn selector(step: Option<u64>) -> StepSelector {
     step.map_or(StepSelector::Latest, StepSelector::Step)
 }
@@ -333,33 +357,49 @@ impl PyCheckpointer {
     /// C-contiguous host buffers the caller keeps alive until this returns,
     /// each exactly the entry's length. Every byte is verified. Local to
     /// this rank (no agreement).
+    ///
+    /// A priority load reads in two parts: `along` (the rest's buffers, in
+    /// the same form) makes this the first part, which also fills the
+    /// rest's bytes that the chunks it reads hold; `after` (the first
+    /// part's entry names) makes this the rest, which skips those chunks.
+    #[pyo3(signature = (plan, dests, along=None, after=None))]
     fn read<'py>(
         &self,
         py: Python<'py>,
         plan: &PyRestorePlan,
         dests: Vec<(String, u64, u64)>,
+        along: Option<Vec<(String, u64, u64)>>,
+        after: Option<Vec<String>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let ckpt = self.get()?;
-        disjoint(&dests)?;
-        let mut slots: Vec<(&str, &mut [u8])> = Vec::with_capacity(dests.len());
-        for (name, ptr, len) in &dests {
-            let (ptr, len) = host_range(name, *ptr, *len)?;
-            let buf: &mut [u8] = if len == 0 {
-                &mut []
-            } else {
-                // SAFETY: the Python layer passes the address and length of
-                // a writable, C-contiguous host buffer (a tensor or array it
-                // allocated, or the caller's own, checked contiguous and
-                // writable) and keeps it referenced until this returns; the
-                // ranges were checked disjoint above, so no two slices alias.
-                // Documented precondition: no other thread frees or resizes
-                // the buffer's storage during the call.
-                unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
-            };
-            slots.push((name.as_str(), buf));
+        let along = along.unwrap_or_default();
+        let after = after.unwrap_or_default();
+        if !along.is_empty() && !after.is_empty() {
+            return Err(invalid(
+                "read: `along` (a first part) and `after` (a rest) together",
+            ));
         }
+        let both: Vec<(String, u64, u64)> = dests.iter().chain(&along).cloned().collect();
+        disjoint(&both)?;
+        // SAFETY: the Python layer passes the address and length of a
+        // writable, C-contiguous host buffer (a tensor or array it
+        // allocated, or the caller's own, checked contiguous and writable)
+        // and keeps it referenced until this returns, which is as long as
+        // the slices live; the ranges of both lists were checked disjoint
+        // above. Documented precondition: no other thread frees or resizes
+        // a buffer's storage during the call.
+        let (mut slots, mut also) = unsafe { (buffers(&dests)?, buffers(&along)?) };
+        let after: Vec<&str> = after.iter().map(String::as_str).collect();
         let plan = &plan.inner;
-        let r = py.detach(move || ckpt.restore_planned_into(plan, &mut slots));
+        let r = py.detach(move || {
+            if !also.is_empty() {
+                ckpt.restore_planned_first(plan, &mut slots, &mut also)
+            } else if !after.is_empty() {
+                ckpt.restore_planned_rest(plan, &mut slots, &after)
+            } else {
+                ckpt.restore_planned_into(plan, &mut slots)
+            }
+        });
         drain(py);
         restore_dict(py, &r.py_err()?)
     }

@@ -549,12 +549,16 @@ class Checkpointer:
         # Priority: the tensors under `first`, read, verified and filled
         # in; then the rest behind them.
         head = [(name, *address(copies[name][0])) for name in copies if name in early]
-        self.last_restore = self._native.read(plan, head)
+        # A chunk holding entries of both parts (small tensors packed
+        # together) is read once, by this first part, which fills the
+        # rest's staging with its bytes of it; the rest skips it.
+        self.last_restore = self._native.read(plan, head, along=dests)
         copy_into(pairs_of(head=True))
         loading = Loading(st, started, self.last_restore, on_done=lambda stats: setattr(self, "last_restore", stats))
+        head_names = [name for name, _, _ in head]
 
         def read_rest() -> Dict[str, Any]:
-            return self._native.read(plan, dests) if dests else {}
+            return self._native.read(plan, dests, after=head_names) if dests else {}
 
         loading._start(read_rest, apply_rest)
         return loading

@@ -142,7 +142,7 @@ class Loading:
 
 def merge_stats(first: Dict[str, Any], rest: Dict[str, Any], first_s: float, total_s: float) -> Dict[str, Any]:
     """One load's counters from its two reads (a chunk shared by entries of
-    both parts is read, and counted, in each)."""
+    both parts is read once, by the first, and counted there)."""
     out = dict(first)
     for k in ("chunks", "bytes_read", "bytes_from_l2", "bytes_from_l3", "chunks_repaired", "duration_s"):
         out[k] = first.get(k, 0) + rest.get(k, 0)

@@ -146,3 +146,25 @@ def test_a_shared_entry_fills_only_its_target_under_first_early(make):
     assert not state["ema"]["w"].any(), "a target outside first changed early"
     loading.wait()
     assert torch.equal(state["ema"]["w"], w)
+
+
+def test_a_chunk_holding_tensors_of_both_parts_is_read_once(make):
+    # Small tensors (these weights, biases and moments are all under an
+    # eighth of a chunk) are packed together: most packs hold weights and
+    # moments alike. Each is read once, by the first part.
+    ckpt = make()
+    model, opt = _trained(0)
+    ckpt.save(3, {"model": model.state_dict(), "optim": opt.state_dict()}).wait()
+    other, other_opt = _trained(1)
+    ckpt.load_into({"model": other.state_dict(), "optim": other_opt})
+    whole = dict(ckpt.last_restore)
+    other, other_opt = _trained(1)
+    loading = ckpt.load_into({"model": other.state_dict(), "optim": other_opt}, first="model")
+    loading.wait()
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+    got = [s["exp_avg_sq"] for s in other_opt.state_dict()["state"].values()]
+    want = [s["exp_avg_sq"] for s in opt.state_dict()["state"].values()]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert loading.stats["chunks"] == whole["chunks"]
+    assert loading.stats["bytes_read"] == whole["bytes_read"]

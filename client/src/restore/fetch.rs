@@ -32,6 +32,20 @@ const BATCH_BYTES: u64 = 64 << 20;
 /// Restore lanes: one reads while the others verify and copy.
 const RESTORE_LANES: usize = 3;
 
+/// The chunks holding a segment of an entry marked in `which` (by index
+/// in the manifest's entries), marked by chunk index.
+pub(crate) fn chunks_of(m: &strata_format::ShardManifest, which: &[bool]) -> Vec<bool> {
+    let mut out = vec![false; m.chunks.len()];
+    for (e, _) in m.entries.iter().zip(which).filter(|(_, &w)| w) {
+        for seg in &e.segments {
+            if let Some(c) = out.get_mut(seg.chunk as usize) {
+                *c = true;
+            }
+        }
+    }
+    out
+}
+
 /// Fetches the chunks the wanted entries need, verified, and puts each
 /// segment into its entry's buffer.
 ///
@@ -41,6 +55,11 @@ const RESTORE_LANES: usize = 3;
 /// busy. From L3 (a step L1 does not hold), see `l3.rs`. Memory in
 /// flight is bounded by the lanes, whatever the shard's size.
 ///
+/// `read`, when given, limits the chunks read to those it marks (by
+/// index in the manifest): the destinations' segments in other chunks are
+/// left as they are, for a part of a priority restore that another part
+/// reads ([`chunks_of`]).
+///
 /// `stop` ends the read at the next batch when set from outside (a
 /// dropped [`crate::PriorityRestore`]): the result is then an error, as
 /// when a lane fails (which sets it too, to stop the others).
@@ -48,6 +67,7 @@ pub(crate) fn fetch_into(
     s: &Shared,
     loaded: &Loaded,
     dests: &mut [Option<&mut [u8]>],
+    read: Option<&[bool]>,
     rehydrate: bool,
     stop: &AtomicBool,
 ) -> Result<RestoreStats> {
@@ -56,6 +76,15 @@ pub(crate) fn fetch_into(
     // The background copies hold back while this restore reads.
     let _foreground = s.foreground.enter();
     let slots = split_targets(m, dests)?;
+    if let Some(read) = read {
+        for (c, slot) in slots.iter().enumerate() {
+            if !read.get(c).copied().unwrap_or(false) {
+                if let Ok(mut t) = slot.lock() {
+                    *t = None;
+                }
+            }
+        }
+    }
     let wanted: Vec<usize> = (0..m.chunks.len())
         .filter(|&c| slots[c].lock().is_ok_and(|t| t.is_some()))
         .collect();

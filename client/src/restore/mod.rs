@@ -19,7 +19,7 @@ use crate::checkpointer::Checkpointer;
 use crate::error::{Error, Result};
 use crate::gpu::DeviceBytes;
 use crate::restore::agreement::Holdings;
-use crate::restore::fetch::fetch_into;
+use crate::restore::fetch::{chunks_of, fetch_into};
 use crate::restore::place::{Loaded, Source};
 use crate::restore::shared_l3::{L3View, LISTER};
 use crate::state::RestoredState;
@@ -177,15 +177,51 @@ impl Checkpointer {
         plan: &RestorePlan,
         dests: &mut [(&str, &mut [u8])],
     ) -> Result<RestoreStats> {
-        let r = self.read_planned(plan, dests);
+        let r = self.read_planned(plan, dests, &mut [], &[]);
         self.shared.metrics.read_done(r.as_ref());
         r
     }
 
+    /// The first part of a priority read of a planned step, in
+    /// caller-provided buffers: reads the chunks of the entries in `first`
+    /// and fills them whole, and fills the bytes of the entries in `rest`
+    /// that those chunks hold too (small entries packed beside them), so
+    /// that [`Self::restore_planned_rest`] does not read those chunks
+    /// again. The other bytes of `rest`'s buffers are left as they are.
+    pub fn restore_planned_first(
+        &self,
+        plan: &RestorePlan,
+        first: &mut [(&str, &mut [u8])],
+        rest: &mut [(&str, &mut [u8])],
+    ) -> Result<RestoreStats> {
+        let r = self.read_planned(plan, first, rest, &[]);
+        self.shared.metrics.read_done(r.as_ref());
+        r
+    }
+
+    /// The rest of a priority read begun by [`Self::restore_planned_first`]
+    /// with `first` (its entries' names) and the same buffers in `rest`:
+    /// reads the chunks of `rest`'s entries that hold no entry of `first`;
+    /// the bytes of the others are in place already.
+    pub fn restore_planned_rest(
+        &self,
+        plan: &RestorePlan,
+        rest: &mut [(&str, &mut [u8])],
+        first: &[&str],
+    ) -> Result<RestoreStats> {
+        let r = self.read_planned(plan, rest, &mut [], first);
+        self.shared.metrics.read_done(r.as_ref());
+        r
+    }
+
+    /// Reads `dests` whole and `along` where the chunks read hold it,
+    /// skipping the chunks of the entries named in `after`.
     fn read_planned(
         &self,
         plan: &RestorePlan,
         dests: &mut [(&str, &mut [u8])],
+        along: &mut [(&str, &mut [u8])],
+        after: &[&str],
     ) -> Result<RestoreStats> {
         let (step, loaded) = (plan.step, &plan.loaded);
         let manifest = &loaded.shard.manifest;
@@ -195,32 +231,47 @@ impl Checkpointer {
             .enumerate()
             .map(|(i, e)| (e.name.as_str(), i))
             .collect();
-        let mut slots: Vec<Option<&mut [u8]>> = (0..manifest.entries.len()).map(|_| None).collect();
+        let find = |name: &str| {
+            index
+                .get(name)
+                .copied()
+                .ok_or_else(|| Error::InvalidState(format!("step {step} has no entry {name:?}")))
+        };
+        let n = manifest.entries.len();
+        let mut slots: Vec<Option<&mut [u8]>> = (0..n).map(|_| None).collect();
         let mut seen = std::collections::HashSet::new();
-        for (name, _) in dests.iter() {
+        for (name, _) in dests.iter().chain(along.iter()) {
             if !seen.insert(*name) {
                 return Err(Error::InvalidState(format!(
                     "two buffers for entry {name:?}"
                 )));
             }
         }
+        let mut wanted = vec![false; n];
         for (name, buf) in dests.iter_mut() {
-            let i = *index
-                .get(name)
-                .ok_or_else(|| Error::InvalidState(format!("step {step} has no entry {name:?}")))?;
-            let want = manifest.entries[i].len;
-            if buf.len() as u64 != want {
-                return Err(Error::InvalidState(format!(
-                    "{name:?}: buffer of {} bytes for an entry of {want}",
-                    buf.len()
-                )));
-            }
-            slots[i] = Some(&mut **buf);
+            let i = find(name)?;
+            wanted[i] = true;
+            slots[i] = Some(fit(manifest, i, name, buf)?);
         }
+        for (name, buf) in along.iter_mut() {
+            let i = find(name)?;
+            slots[i] = Some(fit(manifest, i, name, buf)?);
+        }
+        let mut before = vec![false; n];
+        for name in after {
+            before[find(name)?] = true;
+        }
+        // The chunks of `dests`, less those a first part read already.
+        let read: Vec<bool> = chunks_of(manifest, &wanted)
+            .into_iter()
+            .zip(chunks_of(manifest, &before))
+            .map(|(w, done)| w && !done)
+            .collect();
         fetch_into(
             &self.shared,
             loaded,
             &mut slots,
+            Some(&read),
             false,
             &AtomicBool::new(false),
         )
@@ -608,4 +659,21 @@ impl Checkpointer {
             source,
         })
     }
+}
+
+/// `buf` as the destination of entry `i` (`name`): exactly its length.
+fn fit<'a>(
+    m: &strata_format::ShardManifest,
+    i: usize,
+    name: &str,
+    buf: &'a mut [u8],
+) -> Result<&'a mut [u8]> {
+    let want = m.entries[i].len;
+    if buf.len() as u64 != want {
+        return Err(Error::InvalidState(format!(
+            "{name:?}: buffer of {} bytes for an entry of {want}",
+            buf.len()
+        )));
+    }
+    Ok(buf)
 }

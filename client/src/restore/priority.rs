@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use crate::checkpointer::Checkpointer;
 use crate::error::{Error, Result};
-use crate::restore::fetch::fetch_into;
+use strata_format::ShardManifest;
+
+use crate::restore::fetch::{chunks_of, fetch_into};
 use crate::restore::place::Loaded;
 use crate::restore::StepSelector;
 use crate::state::{RestoredEntry, RestoredState};
@@ -111,8 +113,10 @@ impl Checkpointer {
     /// [`PriorityRestore`] before [`PriorityRestore::wait`] stops the
     /// rest's read at its next batch; such a restore is counted neither
     /// as done nor as failed in the metrics. A chunk holding
-    /// entries of both parts (small entries packed together) is read, and
-    /// counted in the stats, by each part.
+    /// entries of both parts (small entries packed together) is read once,
+    /// by the first part, which places the rest's bytes of it too (in the
+    /// rest's buffers, handed over by [`PriorityRestore::wait`]); the first
+    /// part's stats count it.
     pub fn restore_first(
         self: &Arc<Self>,
         which: StepSelector,
@@ -146,7 +150,36 @@ impl Checkpointer {
             return Err(e);
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let head = match self.read_part(&loaded, &early, true, &stop) {
+        let late: Vec<bool> = early.iter().map(|e| !e).collect();
+        // The rest's buffers now: the first part fills the rest's segments
+        // of the chunks it reads (small entries packed beside the first
+        // ones), which the rest then does not read again.
+        let mut rest_entries = alloc_entries(m, &late);
+        let first_chunks = chunks_of(m, &early);
+        let rest_chunks: Vec<bool> = chunks_of(m, &late)
+            .iter()
+            .zip(&first_chunks)
+            .map(|(&r, &f)| r && !f)
+            .collect();
+        let head = {
+            let mut entries = alloc_entries(m, &early);
+            let mut dests = slots(&early, &mut entries);
+            for (d, r) in dests.iter_mut().zip(slots(&late, &mut rest_entries)) {
+                if d.is_none() {
+                    *d = r;
+                }
+            }
+            fetch_into(
+                &self.shared,
+                &loaded,
+                &mut dests,
+                Some(&first_chunks),
+                true,
+                &stop,
+            )
+            .map(|st| (entries, st))
+        };
+        let head = match head {
             Ok(part) => part,
             Err(e) => {
                 self.shared.metrics.read_done(Err(&e));
@@ -165,12 +198,16 @@ impl Checkpointer {
         };
         let (tx, rx) = mpsc::channel();
         let me = self.clone();
-        let late: Vec<bool> = early.iter().map(|e| !e).collect();
         let stopped = stop.clone();
         let spawned = std::thread::Builder::new()
             .name("strata-restore-rest".into())
             .spawn(move || {
-                let r = me.read_rest(step, &loaded, &late, first_stats, started, &stopped);
+                let rest = Rest {
+                    which: &late,
+                    entries: rest_entries,
+                    chunks: &rest_chunks,
+                };
+                let r = me.read_rest(step, &loaded, rest, first_stats, started, &stopped);
                 // A dropped handle stopped it: neither done nor failed
                 // (a failure of the rest is counted, dropped or not).
                 let stopped_by_drop = r
@@ -207,37 +244,15 @@ impl Checkpointer {
         rehydrate: bool,
         stop: &AtomicBool,
     ) -> Result<(Vec<RestoredEntry>, RestoreStats)> {
-        let m = &loaded.shard.manifest;
-        let mut entries: Vec<RestoredEntry> = m
-            .entries
-            .iter()
-            .zip(which)
-            .filter(|(_, &w)| w)
-            .map(|(e, _)| {
-                let mut bytes = vec![0u8; e.len as usize];
-                // Untouched memory yet: let it fault in as huge pages.
-                strata_tiered::aligned::advise_huge_pages(&mut bytes);
-                RestoredEntry {
-                    name: e.name.clone(),
-                    kind: e.kind.clone(),
-                    bytes,
-                }
-            })
-            .collect();
-        let stats = {
-            let mut mine = entries.iter_mut();
-            let mut dests: Vec<Option<&mut [u8]>> = which
-                .iter()
-                .map(|&w| {
-                    if w {
-                        mine.next().map(|e| e.bytes.as_mut_slice())
-                    } else {
-                        None
-                    }
-                })
-                .collect();
-            fetch_into(&self.shared, loaded, &mut dests, rehydrate, stop)?
-        };
+        let mut entries = alloc_entries(&loaded.shard.manifest, which);
+        let stats = fetch_into(
+            &self.shared,
+            loaded,
+            &mut slots(which, &mut entries),
+            None,
+            rehydrate,
+            stop,
+        )?;
         Ok((entries, stats))
     }
 
@@ -246,18 +261,31 @@ impl Checkpointer {
         &self,
         step: u64,
         loaded: &Loaded,
-        which: &[bool],
+        rest: Rest<'_>,
         first: RestoreStats,
         started: Instant,
         stop: &AtomicBool,
     ) -> Result<RestoredState> {
-        let (entries, rest) = if which.contains(&true) {
-            self.read_part(loaded, which, true, stop)?
+        let Rest {
+            which,
+            mut entries,
+            chunks,
+        } = rest;
+        let any = which.contains(&true);
+        let rest = if any {
+            fetch_into(
+                &self.shared,
+                loaded,
+                &mut slots(which, &mut entries),
+                Some(chunks),
+                true,
+                stop,
+            )?
         } else {
-            (Vec::new(), RestoreStats::default())
+            RestoreStats::default()
         };
         let mut stats = merge(&first, &rest, started.elapsed());
-        if first.rehydrated && (rest.rehydrated || !which.contains(&true)) {
+        if first.rehydrated && (rest.rehydrated || !any) {
             stats.rehydrated = self.commit_on_l1(loaded);
         } else {
             stats.rehydrated = false;
@@ -269,6 +297,50 @@ impl Checkpointer {
             stats,
         })
     }
+}
+
+/// The rest of a priority restore: its entries (marked in `which`, in
+/// save order, some segments already filled by the first part) and the
+/// chunks left to read for them.
+struct Rest<'a> {
+    which: &'a [bool],
+    entries: Vec<RestoredEntry>,
+    chunks: &'a [bool],
+}
+
+/// Zeroed buffers for the entries marked in `which`, in save order.
+fn alloc_entries(m: &ShardManifest, which: &[bool]) -> Vec<RestoredEntry> {
+    m.entries
+        .iter()
+        .zip(which)
+        .filter(|(_, &w)| w)
+        .map(|(e, _)| {
+            let mut bytes = vec![0u8; e.len as usize];
+            // Untouched memory yet: let it fault in as huge pages.
+            strata_tiered::aligned::advise_huge_pages(&mut bytes);
+            RestoredEntry {
+                name: e.name.clone(),
+                kind: e.kind.clone(),
+                bytes,
+            }
+        })
+        .collect()
+}
+
+/// The destinations of a read, one per manifest entry: the buffers of
+/// `mine` (the entries marked in `which`, in order) at their marks.
+fn slots<'a>(which: &[bool], mine: &'a mut [RestoredEntry]) -> Vec<Option<&'a mut [u8]>> {
+    let mut it = mine.iter_mut();
+    which
+        .iter()
+        .map(|&w| {
+            if w {
+                it.next().map(|e| e.bytes.as_mut_slice())
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// One restore's counters from its two reads.
