@@ -560,6 +560,20 @@ impl View {
                 .cloned(),
             _ => None,
         };
+        // Readahead first: what follows this read is fetched beside it, not
+        // after it (the first read of a tensor from L3 asks for its first
+        // chunk while the next ones are already on their way). A chunk
+        // both ask for is read once (the reader's chunks in flight).
+        if let Some(Part::Entry {
+            rank,
+            entry,
+            at,
+            len,
+            ..
+        }) = last_entry
+        {
+            self.read_ahead(node, step, rank, &entry, off, total, at + len as u64);
+        }
         for p in parts {
             match p {
                 Part::Header { dst, from, len } => {
@@ -596,16 +610,6 @@ impl View {
         // bug, never zeros handed to a reader.
         if filled != buf.len() {
             return Err(Fail::Io(format!("{filled} of {} bytes planned", buf.len())));
-        }
-        if let Some(Part::Entry {
-            rank,
-            entry,
-            at,
-            len,
-            ..
-        }) = last_entry
-        {
-            self.read_ahead(node, step, rank, &entry, off, total, at + len as u64);
         }
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         self.counters.bytes.fetch_add(total, Ordering::Relaxed);
