@@ -151,11 +151,24 @@ impl Checkpointer {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let late: Vec<bool> = early.iter().map(|e| !e).collect();
-        // The rest's buffers now: the first part fills the rest's segments
-        // of the chunks it reads (small entries packed beside the first
-        // ones), which the rest then does not read again.
-        let mut rest_entries = alloc_entries(m, &late);
         let first_chunks = chunks_of(m, &early);
+        // The first part fills the rest's segments of the chunks it reads
+        // (small entries packed beside the first ones), which the rest
+        // then does not read again: those entries' buffers now, the
+        // others' on the rest's thread (allocating all of them here would
+        // delay the first part, by zeroing reused memory).
+        let touched: Vec<bool> = m
+            .entries
+            .iter()
+            .zip(&late)
+            .map(|(e, &l)| {
+                l && e
+                    .segments
+                    .iter()
+                    .any(|seg| first_chunks.get(seg.chunk as usize) == Some(&true))
+            })
+            .collect();
+        let mut touched_entries = alloc_entries(m, &touched);
         let rest_chunks: Vec<bool> = chunks_of(m, &late)
             .iter()
             .zip(&first_chunks)
@@ -164,7 +177,7 @@ impl Checkpointer {
         let head = {
             let mut entries = alloc_entries(m, &early);
             let mut dests = slots(&early, &mut entries);
-            for (d, r) in dests.iter_mut().zip(slots(&late, &mut rest_entries)) {
+            for (d, r) in dests.iter_mut().zip(slots(&touched, &mut touched_entries)) {
                 if d.is_none() {
                     *d = r;
                 }
@@ -204,7 +217,8 @@ impl Checkpointer {
             .spawn(move || {
                 let rest = Rest {
                     which: &late,
-                    entries: rest_entries,
+                    touched: &touched,
+                    entries: touched_entries,
                     chunks: &rest_chunks,
                 };
                 let r = me.read_rest(step, &loaded, rest, first_stats, started, &stopped);
@@ -268,9 +282,26 @@ impl Checkpointer {
     ) -> Result<RestoredState> {
         let Rest {
             which,
-            mut entries,
+            touched,
+            entries: filled,
             chunks,
         } = rest;
+        // The rest's entries in save order: those the first part began,
+        // and fresh buffers for the others.
+        let untouched: Vec<bool> = which.iter().zip(touched).map(|(&w, &t)| w && !t).collect();
+        let (mut filled, mut fresh) = (
+            filled.into_iter(),
+            alloc_entries(&loaded.shard.manifest, &untouched).into_iter(),
+        );
+        let mut entries: Vec<RestoredEntry> = Vec::new();
+        for (&w, &t) in which.iter().zip(touched) {
+            let next = match (w, t) {
+                (true, true) => filled.next(),
+                (true, false) => fresh.next(),
+                _ => continue,
+            };
+            entries.extend(next);
+        }
         let any = which.contains(&true);
         let rest = if any {
             fetch_into(
@@ -299,11 +330,13 @@ impl Checkpointer {
     }
 }
 
-/// The rest of a priority restore: its entries (marked in `which`, in
-/// save order, some segments already filled by the first part) and the
+/// The rest of a priority restore: its entries (marked in `which`), the
+/// buffers of those the first part began (marked in `touched`, in save
+/// order, their segments in the first part's chunks filled), and the
 /// chunks left to read for them.
 struct Rest<'a> {
     which: &'a [bool],
+    touched: &'a [bool],
     entries: Vec<RestoredEntry>,
     chunks: &'a [bool],
 }
