@@ -309,6 +309,13 @@ fn a_planned_read_in_two_parts_reads_each_chunk_once() {
     }
     assert_eq!(a.chunks + b.chunks, whole.chunks);
     assert_eq!(a.bytes_read + b.bytes_read, whole.bytes_read);
+    // A name read now and named as read before is refused (its bytes
+    // would be left as the buffer held them).
+    let mut z = vec![0u8; 30 << 10];
+    let e = ck
+        .restore_planned_rest(&plan, &mut [("optim.l0", &mut z)], &["optim.l0"])
+        .expect_err("one entry in both parts");
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
     // A name in both lists of the first part is refused.
     let mut x = vec![0u8; 20 << 10];
     let mut y = vec![0u8; 20 << 10];
@@ -320,4 +327,53 @@ fn a_planned_read_in_two_parts_reads_each_chunk_once() {
         )
         .expect_err("one entry, two buffers");
     assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+}
+
+#[test]
+fn a_packed_priority_restore_from_l3_writes_every_chunk_back_to_l1_once() {
+    let (l1, l3) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let cfg = || {
+        Config::builder()
+            .job("prio-l3")
+            .l1_dir(l1.path())
+            .chunk_size(MIB as u32)
+            .io_engine("psync")
+            .l3_url(format!("file://{}", l3.path().display()))
+            .upload_every(1)
+    };
+    let mut st: Vec<(String, Vec<u8>)> = Vec::new();
+    for i in 0..24u8 {
+        st.push((format!("model.l{i}"), bytes(20 << 10, 10 + i)));
+        st.push((format!("optim.l{i}"), bytes(30 << 10, 40 + i)));
+    }
+    st.push(("optim.big".into(), bytes(3 * MIB, 91)));
+    {
+        let ck = Checkpointer::new(cfg()).unwrap();
+        save(&ck, 3, &st);
+        ck.wait_uploads();
+    }
+    // The node lost its disk: only L3 holds step 3.
+    std::fs::remove_dir_all(l1.path()).unwrap();
+    let ck = Arc::new(Checkpointer::new(cfg()).unwrap());
+    let p = ck.restore_first(StepSelector::Latest, &["model"]).unwrap();
+    assert_eq!(p.first.entries.len(), 24);
+    let rest = p.wait().unwrap();
+    for e in &rest.entries {
+        let want = &st.iter().find(|(n, _)| *n == e.name).unwrap().1;
+        assert_eq!(&e.bytes, want, "{}", e.name);
+    }
+    let total: u64 = st.iter().map(|(_, d)| d.len() as u64).sum();
+    assert_eq!(rest.stats.bytes_read, total, "each chunk read once");
+    assert_eq!(rest.stats.bytes_from_l3, total);
+    // Both parts' chunks were written back: the step is whole on L1 and
+    // committed there, and the next restore reads L1 alone.
+    assert!(rest.stats.rehydrated);
+    assert_eq!(ck.committed_steps().unwrap(), vec![3]);
+    let again = ck.restore(StepSelector::Latest).unwrap();
+    assert_eq!(again.stats.bytes_from_l3, 0);
+    assert_eq!(again.stats.chunks, rest.stats.chunks);
+    for e in &again.entries {
+        let want = &st.iter().find(|(n, _)| *n == e.name).unwrap().1;
+        assert_eq!(&e.bytes, want, "{}", e.name);
+    }
 }

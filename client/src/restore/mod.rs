@@ -202,7 +202,10 @@ impl Checkpointer {
     /// The rest of a priority read begun by [`Self::restore_planned_first`]
     /// with `first` (its entries' names) and the same buffers in `rest`:
     /// reads the chunks of `rest`'s entries that hold no entry of `first`;
-    /// the bytes of the others are in place already.
+    /// the bytes of the others are in place already. The buffers must be
+    /// the ones that call filled (the bytes it placed are not read again,
+    /// nor checked); a name in both `rest` and `first` is
+    /// [`Error::InvalidState`].
     pub fn restore_planned_rest(
         &self,
         plan: &RestorePlan,
@@ -259,7 +262,15 @@ impl Checkpointer {
         }
         let mut before = vec![false; n];
         for name in after {
-            before[find(name)?] = true;
+            let i = find(name)?;
+            // An entry of both parts would be left as the caller's buffer
+            // held it.
+            if wanted[i] {
+                return Err(Error::InvalidState(format!(
+                    "entry {name:?} is both read now and named as read before"
+                )));
+            }
+            before[i] = true;
         }
         // The chunks of `dests`, less those a first part read already.
         let read: Vec<bool> = chunks_of(manifest, &wanted)

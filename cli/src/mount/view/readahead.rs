@@ -27,9 +27,11 @@ pub(super) struct Sequential {
 }
 
 impl View {
-    /// After a read of `len` bytes at `off` of `node` whose last bytes
-    /// came from `entry`, up to its byte `end`: when the file is read
-    /// sequentially, fetch what follows into the cache in the background,
+    /// For a read of `len` bytes at `off` of `node` whose last bytes come
+    /// from `entry`, up to its byte `end` (called as the read starts, so
+    /// that what follows is fetched beside it): when the file is read
+    /// sequentially, fetch what follows the chunk the read ends in (that
+    /// one is the read's own to fetch) into the cache in the background,
     /// up to [`READAHEAD`] ahead. Within the entry only, until the reader
     /// has streamed through two entry boundaries (`cp` of a whole file):
     /// reading one tensor fetches that tensor's chunks, not its
@@ -53,6 +55,18 @@ impl View {
         };
         let here = off + len; // the file offset after the read
         let entry_end = here + e.len.saturating_sub(end); // in the file
+                                                          // Where the segment holding the read's last byte ends, in the
+                                                          // file: the read fetches that chunk itself, so readahead starting
+                                                          // before it would only make the read wait for a piece that also
+                                                          // covers the next chunk.
+        let mut seg_end = 0u64;
+        for seg in &e.segments {
+            seg_end += u64::from(seg.len);
+            if seg_end >= end {
+                break;
+            }
+        }
+        let chunk_end = here + seg_end.max(end).min(e.len).saturating_sub(end);
         let (from, to) = {
             let Ok(mut seq) = self.sequential.lock() else {
                 return;
@@ -81,7 +95,7 @@ impl View {
                 _ => e.len,
             };
             let to = (here + READAHEAD).min(limit).min(file_len);
-            let from = s.reached.max(here);
+            let from = s.reached.max(chunk_end);
             // Fetch again once the reader is within half a window of what
             // was fetched.
             if !sequential || from > here + READAHEAD / 2 || to <= from {
