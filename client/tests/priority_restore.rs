@@ -42,6 +42,20 @@ fn state() -> Vec<(String, Vec<u8>)> {
     ]
 }
 
+/// Small entries of both parts, interleaved: the writer packs entries
+/// under an eighth of a chunk together (packs of 128 KiB here), so most
+/// packs hold weights and moments alike.
+fn packed() -> Vec<(String, Vec<u8>)> {
+    (0..24u8)
+        .flat_map(|i| {
+            [
+                (format!("model.l{i}"), bytes(20 << 10, 10 + i)),
+                (format!("optim.l{i}"), bytes(30 << 10, 40 + i)),
+            ]
+        })
+        .collect()
+}
+
 fn save(ck: &Checkpointer, step: u64, st: &[(String, Vec<u8>)]) {
     let shapes: Vec<[u64; 1]> = st.iter().map(|(_, d)| [d.len() as u64]).collect();
     let entries: Vec<Entry<'_>> = st
@@ -215,15 +229,8 @@ fn dropping_the_handle_stops_the_rest_and_lets_go_of_the_checkpointer() {
 fn a_chunk_holding_entries_of_both_parts_is_read_once() {
     let dir = tempfile::tempdir().unwrap();
     let ck = open(dir.path());
-    // Small entries of both parts, interleaved: the writer packs entries
-    // under an eighth of a chunk together (packs of 128 KiB here), so
-    // most packs hold weights and moments; one large entry of each part
-    // besides.
-    let mut st: Vec<(String, Vec<u8>)> = Vec::new();
-    for i in 0..24u8 {
-        st.push((format!("model.l{i}"), bytes(20 << 10, 10 + i)));
-        st.push((format!("optim.l{i}"), bytes(30 << 10, 40 + i)));
-    }
+    // One large entry of each part besides the packed ones.
+    let mut st = packed();
     st.push(("model.big".into(), bytes(3 * MIB, 90)));
     st.push(("optim.big".into(), bytes(3 * MIB, 91)));
     save(&ck, 5, &st);
@@ -253,11 +260,7 @@ fn a_chunk_holding_entries_of_both_parts_is_read_once() {
 fn a_planned_read_in_two_parts_reads_each_chunk_once() {
     let dir = tempfile::tempdir().unwrap();
     let ck = open(dir.path());
-    let mut st: Vec<(String, Vec<u8>)> = Vec::new();
-    for i in 0..24u8 {
-        st.push((format!("model.l{i}"), bytes(20 << 10, 10 + i)));
-        st.push((format!("optim.l{i}"), bytes(30 << 10, 40 + i)));
-    }
+    let mut st = packed();
     st.push(("optim.big".into(), bytes(3 * MIB, 91)));
     save(&ck, 6, &st);
     let plan = ck.plan_restore(StepSelector::Latest).unwrap();
@@ -341,11 +344,7 @@ fn a_packed_priority_restore_from_l3_writes_every_chunk_back_to_l1_once() {
             .l3_url(format!("file://{}", l3.path().display()))
             .upload_every(1)
     };
-    let mut st: Vec<(String, Vec<u8>)> = Vec::new();
-    for i in 0..24u8 {
-        st.push((format!("model.l{i}"), bytes(20 << 10, 10 + i)));
-        st.push((format!("optim.l{i}"), bytes(30 << 10, 40 + i)));
-    }
+    let mut st = packed();
     st.push(("optim.big".into(), bytes(3 * MIB, 91)));
     {
         let ck = Checkpointer::new(cfg()).unwrap();
