@@ -120,6 +120,65 @@ fn a_rank_that_left_fails_the_round_on_every_rank_naming_it() {
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
 
+/// The decider's first read may find every value there already (the
+/// others reported before it came): it decides without looking further.
+/// A rank it counted so is seen all the same, and when its process dies
+/// the next round fails at once naming it, not after the round's whole
+/// timeout as a rank that never came.
+#[test]
+fn a_rank_counted_in_the_deciders_first_read_that_dies_fails_the_next_round_at_once() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let decider = EtcdCoordinator::connect(opts(&etcd.url, 2), "early", 0, 2).unwrap();
+    let other = EtcdCoordinator::connect(opts(&etcd.url, 2), "early", 1, 2).unwrap();
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| other.all_reduce(1, "first", vec![1], LONG, &sum));
+        // Rank 1's value is in etcd before the decider reads the round.
+        std::thread::sleep(Duration::from_millis(500));
+        let got = decider.all_reduce(0, "first", vec![1], LONG, &sum).unwrap();
+        assert_eq!(waiting.join().unwrap().unwrap(), got);
+    });
+    // Rank 1's process dies (its lease is gone, as after SIGKILL) before
+    // the next round.
+    etcd.revoke_claim("early", 1);
+    let t = Instant::now();
+    let e = decider
+        .all_reduce(0, "second", vec![1], LONG, &sum)
+        .unwrap_err();
+    assert!(e.to_string().contains("rank [1] left"), "{e}");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+/// A process that came before the decider first sees the decider's claim
+/// beside its decision (it waited on the decision alone). The decider is
+/// seen all the same: when it dies, the next round fails at once naming
+/// it, not after the round's whole timeout as a decider that never came.
+#[test]
+fn a_decider_first_seen_beside_its_decision_that_dies_fails_the_next_round_at_once() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let other = EtcdCoordinator::connect(opts(&etcd.url, 2), "late", 1, 2).unwrap();
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| other.all_reduce(1, "first", vec![1], LONG, &sum));
+        // Rank 1 waits on the round before rank 0's process has come.
+        std::thread::sleep(Duration::from_millis(500));
+        let decider = EtcdCoordinator::connect(opts(&etcd.url, 2), "late", 0, 2).unwrap();
+        let got = decider.all_reduce(0, "first", vec![1], LONG, &sum).unwrap();
+        assert_eq!(waiting.join().unwrap().unwrap(), got);
+        // Rank 0's process dies (its lease is gone, as after SIGKILL).
+        etcd.revoke_claim("late", 0);
+    });
+    let t = Instant::now();
+    let e = other
+        .all_reduce(1, "second", vec![1], LONG, &sum)
+        .unwrap_err();
+    assert!(e.to_string().contains("rank [0] left"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
 #[test]
 fn when_the_decider_dies_the_others_fail_within_its_lease() {
     let Some(etcd) = etcd::Etcd::start() else {

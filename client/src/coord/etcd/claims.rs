@@ -268,9 +268,18 @@ impl EtcdCoordinator {
         holder
     }
 
+    /// Notes the live holders (not exited) as seen: if one's claim goes
+    /// later, its rank left.
+    pub(super) fn note_live(&self, holder: &BTreeMap<u32, Claim>) -> Result<()> {
+        let mut st = self.state.lock().map_err(poisoned)?;
+        st.seen
+            .extend(holder.iter().filter(|(_, c)| !c.exited).map(|(r, _)| *r));
+        Ok(())
+    }
+
     /// The failure for ranks that left: of `missing`, those whose live
-    /// claim this process saw before and that are gone now, or that exited
-    /// without a value. Notes the live holders as seen.
+    /// claim this process saw before (see [`Self::note_live`]) and that
+    /// are gone now, or that exited without a value.
     pub(super) fn left(
         &self,
         key: &str,
@@ -278,9 +287,7 @@ impl EtcdCoordinator {
         missing: &[u32],
         reported: usize,
     ) -> Result<Option<Error>> {
-        let mut st = self.state.lock().map_err(poisoned)?;
-        st.seen
-            .extend(holder.iter().filter(|(_, c)| !c.exited).map(|(r, _)| *r));
+        let st = self.state.lock().map_err(poisoned)?;
         let dead: Vec<u32> = missing
             .iter()
             .copied()

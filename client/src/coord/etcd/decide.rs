@@ -283,6 +283,14 @@ impl EtcdCoordinator {
             );
             let decider = self.decider_of(claim.first());
             if let Decider::Held { instance, exited } = &decider {
+                // Seen live, whatever this read shows beside it: a process
+                // that came first sees the decider's claim for the first
+                // time beside its decision, and if the decider goes before
+                // the next round, it left (not "never came").
+                if !decider_seen && !exited {
+                    self.state.lock().map_err(poisoned)?.seen.insert(0);
+                    decider_seen = true;
+                }
                 let dkey = [w.dprefix, instance.as_bytes()].concat();
                 if let Some(kv) = decisions.iter().find(|kv| kv.key == dkey) {
                     if !fenced {
@@ -304,10 +312,6 @@ impl EtcdCoordinator {
                     return Err(Error::Coordination(format!(
                         "{key}: rank [0] left (it decides the round; its process ended)"
                     )));
-                }
-                if !decider_seen {
-                    self.state.lock().map_err(poisoned)?.seen.insert(0);
-                    decider_seen = true;
                 }
             } else if decider_seen {
                 return Err(Error::Coordination(format!(
@@ -435,6 +439,10 @@ impl EtcdCoordinator {
                     .map_err(|_| Error::Coordination("etcd: a short transaction answer".into()))?;
                 self.fence(&claims)?;
                 let holder = self.holders(&claims);
+                // Every live holder is seen, the round complete in this
+                // read or not: one whose claim is gone by a later round
+                // left (that round fails at once, naming it).
+                self.note_live(&holder)?;
                 let mut by_rank: BTreeMap<u32, Vec<u8>> = own.clone();
                 let mut malformed = None;
                 for kv in &vals {

@@ -74,6 +74,9 @@ impl EtcdCoordinator {
             )
             .await?;
             let holder = self.holders(&claims);
+            // Seen live whether or not every value is there now: if its claim
+            // goes before a later round, that rank left.
+            self.note_live(&holder)?;
             // Fencing: only the current holder of this rank completes a
             // round. A process whose lease lapsed (a partition, SIGSTOP)
             // and whose rank another process took would otherwise count
