@@ -7,8 +7,18 @@
 //! commit waits until the peer holds X, and sends it itself if the claim
 //! goes away first or grows stale). So identical chunks cross the network
 //! once per peer.
+//!
+//! A claim names its owner: each process holds an exclusive lock on its
+//! own file under `tmp/push-claims/owners/` for as long as it lives, and
+//! writes that file's name into each claim it makes. The kernel drops the
+//! lock when the process dies (SIGKILL included), so a sibling finds a
+//! killed rank's claims stale at once and sends those chunks itself, where
+//! it waited for them until its deadline before. A claim without an owner
+//! (an older build's) is stale by its age alone.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use strata_format::ChunkId;
@@ -19,10 +29,93 @@ use crate::tiers::copy::PushCoordination;
 /// when a checkpointer opens the directory).
 const STALE: Duration = Duration::from_secs(600);
 
+/// The directory of the owner files, under the claims' directory (its
+/// name holds a character no peer segment holds).
+const OWNERS: &str = "owners%";
+
 /// The claims of one node's L1 directory for one job.
 #[derive(Clone, Debug)]
 pub(crate) struct PushClaims {
     dir: PathBuf,
+    /// This process's owner file (its name, and the open file whose lock
+    /// says this process lives); None when it could not be made (the
+    /// claims then carry no owner and go stale by age only).
+    owner: Option<Arc<Owner>>,
+}
+
+/// This process's owner file: locked while open, removed when the last
+/// claim set of the process is dropped.
+#[derive(Debug)]
+struct Owner {
+    name: String,
+    path: PathBuf,
+    /// Held open for the lock.
+    _file: File,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Makes this process's owner file and locks it.
+fn own(owners: &Path) -> Option<Arc<Owner>> {
+    std::fs::create_dir_all(owners).ok()?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let name = format!("{}-{nanos:x}", std::process::id());
+    let path = owners.join(&name);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .ok()?;
+    if !try_lock(&f) {
+        let _ = std::fs::remove_file(&path);
+        return None;
+    }
+    Some(Arc::new(Owner {
+        name,
+        path,
+        _file: f,
+    }))
+}
+
+/// Takes an exclusive `flock` on `f` without waiting: true when taken
+/// (held until `f` is closed, or its process ends).
+fn try_lock(f: &File) -> bool {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: `f` is an open file for the whole call; flock reads nothing
+    // but the descriptor and the flags.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Whether the owner file `name` under `owners` is gone or unlocked: its
+/// process ended. An owner file found so is removed.
+fn owner_dead(owners: &Path, name: &str) -> bool {
+    let path = owners.join(name);
+    let f = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) => return e.kind() == std::io::ErrorKind::NotFound,
+    };
+    // Held: its process lives. Any other trouble: not known dead.
+    let dead = try_lock(&f);
+    if dead {
+        let _ = std::fs::remove_file(&path);
+    }
+    dead
+}
+
+/// An owner's name as a claim file holds it (a file name, nothing else).
+fn owner_of(content: &[u8]) -> Option<&str> {
+    let name = std::str::from_utf8(content).ok()?;
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    ok.then_some(name)
 }
 
 /// A claim held by this process, removed when dropped.
@@ -50,23 +143,32 @@ fn segment(peer: &str) -> String {
 impl PushClaims {
     /// The claims under `l1_dir` for `job`.
     pub(crate) fn new(l1_dir: &Path, job: &str) -> Self {
-        let c = PushClaims {
-            dir: l1_dir.join(job).join("tmp").join("push-claims"),
-        };
+        let dir = l1_dir.join(job).join("tmp").join("push-claims");
+        let owner = own(&dir.join(OWNERS));
+        let c = PushClaims { dir, owner };
         c.clear_stale();
         c
     }
 
-    /// Removes claims crashed ranks left behind.
+    /// Removes the claims and owner files crashed ranks left behind.
     fn clear_stale(&self) {
         let Ok(peers) = std::fs::read_dir(&self.dir) else {
             return;
         };
         for p in peers.flatten() {
+            if p.file_name() == OWNERS {
+                continue;
+            }
             for f in std::fs::read_dir(p.path()).into_iter().flatten().flatten() {
                 if self.is_stale(&f.path()) {
                     let _ = std::fs::remove_file(f.path());
                 }
+            }
+        }
+        let owners = self.dir.join(OWNERS);
+        for f in std::fs::read_dir(&owners).into_iter().flatten().flatten() {
+            if let Some(name) = f.file_name().to_str() {
+                owner_dead(&owners, name);
             }
         }
     }
@@ -91,7 +193,15 @@ impl PushClaims {
                 .create_new(true)
                 .open(&path)
             {
-                Ok(_) => return Some(Claim(Some(path))),
+                Ok(mut f) => {
+                    // A sibling reading it before the name is written sees
+                    // an empty claim: live (by its age) until then.
+                    if let Some(o) = &self.owner {
+                        use std::io::Write as _;
+                        let _ = f.write_all(o.name.as_bytes());
+                    }
+                    return Some(Claim(Some(path)));
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     if !self.is_stale(&path) {
                         return None;
@@ -105,12 +215,26 @@ impl PushClaims {
         Some(Claim(None))
     }
 
+    /// Whether the claim at `path` is a dead process's (its owner's lock
+    /// is gone) or older than [`STALE`]. A claim that vanished meanwhile is
+    /// not stale (there is nothing to take over).
     fn is_stale(&self, path: &Path) -> bool {
-        std::fs::metadata(path)
+        let old = std::fs::metadata(path)
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > STALE)
+            .is_some_and(|age| age > STALE);
+        if old {
+            return true;
+        }
+        // A claim is a few bytes: read it whole, never more than that.
+        let mut content = Vec::new();
+        let read = File::open(path).and_then(|f| {
+            use std::io::Read as _;
+            f.take(128).read_to_end(&mut content)
+        });
+        read.is_ok()
+            && owner_of(&content).is_some_and(|name| owner_dead(&self.dir.join(OWNERS), name))
     }
 
     /// Whether a sibling's claim of `id` for `peer` is live.
@@ -167,5 +291,87 @@ mod tests {
         assert!(!c.held("node-b", &id));
         assert!(c.claim("node-b", &id).is_some());
         assert_eq!(segment("a/b c"), "a%2fb%20c");
+    }
+
+    /// The child side of the test below: claims a chunk for a peer, says
+    /// so, then waits to be killed.
+    #[test]
+    fn child_holding_a_claim() {
+        let Ok(dir) = std::env::var("STRATA_TEST_PUSH_CLAIM_CHILD") else {
+            return; // only runs as the child of the test below
+        };
+        let dir = PathBuf::from(dir);
+        let c = PushClaims::new(&dir, "j");
+        let claim = c.claim("node-b", &ChunkId::of(b"x"));
+        assert!(claim.is_some());
+        std::fs::write(dir.join("claimed"), b"").unwrap();
+        std::thread::sleep(Duration::from_secs(120));
+        drop(claim);
+    }
+
+    /// A rank killed while it sends a chunk it claimed leaves the claim
+    /// file behind: its siblings find it dead at once (not after
+    /// [`STALE`]) and send the chunk themselves; its owner file goes when
+    /// the next checkpointer opens the directory.
+    #[test]
+    fn a_claim_of_a_process_killed_with_sigkill_is_taken_over_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "push_claims::tests::child_holding_a_claim",
+                "--nocapture",
+            ])
+            .env("STRATA_TEST_PUSH_CLAIM_CHILD", dir.path())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while !dir.path().join("claimed").exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the child never claimed"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let me = PushClaims::new(dir.path(), "j");
+        let id = ChunkId::of(b"x");
+        assert!(me.held("node-b", &id), "a live sibling's claim is held");
+        assert!(me.claim("node-b", &id).is_none());
+        child.kill().unwrap(); // SIGKILL: no clean-up of its own
+        child.wait().unwrap();
+        assert!(!me.held("node-b", &id), "a killed sibling's claim is stale");
+        let taken = me.claim("node-b", &id).expect("taken over");
+        // Now this process's: held for a sibling, released when dropped.
+        let other = PushClaims::new(dir.path(), "j");
+        assert!(other.held("node-b", &id));
+        drop(taken);
+        assert!(!other.held("node-b", &id));
+        // Only the live processes' owner files are left.
+        let owners_dir = dir.path().join("j/tmp/push-claims").join(OWNERS);
+        let owners = || std::fs::read_dir(&owners_dir).unwrap().count();
+        assert_eq!(owners(), 2, "this test's two claim sets");
+        // A process whose claims are dropped (it ends cleanly) removes its own.
+        drop(other);
+        assert_eq!(owners(), 1);
+    }
+
+    #[test]
+    fn a_claim_without_an_owner_is_stale_by_age_only_and_bad_owners_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = PushClaims::new(dir.path(), "j");
+        let id = ChunkId::of(b"y");
+        let path = c.path("node-b", &id);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        // An older build's empty claim, and hostile contents: live until
+        // STALE, never read beyond a few bytes, never a path.
+        for content in [&b""[..], b"../../etc/passwd", &[0xff; 4096]] {
+            std::fs::write(&path, content).unwrap();
+            assert!(c.held("node-b", &id), "{content:?}");
+            assert!(c.claim("node-b", &id).is_none());
+        }
+        // An owner that never existed (its file gone): dead.
+        std::fs::write(&path, b"123-abc").unwrap();
+        assert!(!c.held("node-b", &id));
+        assert!(owner_of(b"a/b").is_none() && owner_of(b"12-ab").is_some());
     }
 }
