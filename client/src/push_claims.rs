@@ -8,13 +8,16 @@
 //! goes away first or grows stale). So identical chunks cross the network
 //! once per peer.
 //!
-//! A claim names its owner: each process holds an exclusive lock on its
-//! own file under `tmp/push-claims/owners/` for as long as it lives, and
+//! A claim names its owner: each process holds an exclusive `flock` on its
+//! own file under `tmp/push-claims/owners%/` for as long as it lives, and
 //! writes that file's name into each claim it makes. The kernel drops the
 //! lock when the process dies (SIGKILL included), so a sibling finds a
 //! killed rank's claims stale at once and sends those chunks itself, where
 //! it waited for them until its deadline before. A claim without an owner
-//! (an older build's) is stale by its age alone.
+//! (an older build's, or one whose owner file could not be made) is stale
+//! by its age alone. The lock needs a local file system's `flock` (L1 is
+//! the node's own disk); a child forked without exec shares it, so a
+//! killed rank's claims stay live while such a child lives.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -56,27 +59,46 @@ struct Owner {
 impl Drop for Owner {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+        ours().remove(&self.name);
     }
 }
 
-/// Makes this process's owner file and locks it.
+/// The owner names of this process's claim sets: never probed (a second
+/// open of one's own file conflicts with its lock on a local file system,
+/// but where `flock` is emulated, the probe would take the lock and remove
+/// the file). Removed when the set's owner is dropped.
+fn ours() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<String>> {
+    static OURS: std::sync::OnceLock<std::sync::Mutex<std::collections::BTreeSet<String>>> =
+        std::sync::OnceLock::new();
+    let m = OURS.get_or_init(Default::default);
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Makes this process's owner file and locks it. The file is made and
+/// locked under a name the clean-up skips (a sibling opening the
+/// directory meanwhile would find it unlocked and remove it), then
+/// renamed into place, locked.
 fn own(owners: &Path) -> Option<Arc<Owner>> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     std::fs::create_dir_all(owners).ok()?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or_default();
-    let name = format!("{}-{nanos:x}", std::process::id());
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("{}-{nanos:x}-{n}", std::process::id());
+    let new = owners.join(format!(".new-{name}"));
     let path = owners.join(&name);
     let f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .open(&path)
+        .open(&new)
         .ok()?;
-    if !try_lock(&f) {
-        let _ = std::fs::remove_file(&path);
+    if !try_lock(&f) || std::fs::rename(&new, &path).is_err() {
+        let _ = std::fs::remove_file(&new);
         return None;
     }
+    ours().insert(name.clone());
     Some(Arc::new(Owner {
         name,
         path,
@@ -94,8 +116,12 @@ fn try_lock(f: &File) -> bool {
 }
 
 /// Whether the owner file `name` under `owners` is gone or unlocked: its
-/// process ended. An owner file found so is removed.
+/// process ended. An owner file found so is removed. This process's own
+/// owners are live without a look.
 fn owner_dead(owners: &Path, name: &str) -> bool {
+    if ours().contains(name) {
+        return false;
+    }
     let path = owners.join(name);
     let f = match File::open(&path) {
         Ok(f) => f,
@@ -107,6 +133,15 @@ fn owner_dead(owners: &Path, name: &str) -> bool {
         let _ = std::fs::remove_file(&path);
     }
     dead
+}
+
+/// Whether the file at `path` was last written more than [`STALE`] ago.
+fn old(path: &Path) -> bool {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age > STALE)
 }
 
 /// An owner's name as a claim file holds it (a file name, nothing else).
@@ -167,8 +202,15 @@ impl PushClaims {
         }
         let owners = self.dir.join(OWNERS);
         for f in std::fs::read_dir(&owners).into_iter().flatten().flatten() {
-            if let Some(name) = f.file_name().to_str() {
-                owner_dead(&owners, name);
+            let Some(name) = f.file_name().to_str().map(String::from) else {
+                continue;
+            };
+            if !name.starts_with(".new-") {
+                owner_dead(&owners, &name);
+            } else if old(&f.path()) {
+                // Its maker died before the rename (a live one renames it
+                // within microseconds).
+                let _ = std::fs::remove_file(f.path());
             }
         }
     }
@@ -219,12 +261,7 @@ impl PushClaims {
     /// is gone) or older than [`STALE`]. A claim that vanished meanwhile is
     /// not stale (there is nothing to take over).
     fn is_stale(&self, path: &Path) -> bool {
-        let old = std::fs::metadata(path)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > STALE);
-        if old {
+        if old(path) {
             return true;
         }
         // A claim is a few bytes: read it whole, never more than that.
@@ -316,7 +353,7 @@ mod tests {
     #[test]
     fn a_claim_of_a_process_killed_with_sigkill_is_taken_over_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
                 "push_claims::tests::child_holding_a_claim",
@@ -325,6 +362,15 @@ mod tests {
             .env("STRATA_TEST_PUSH_CLAIM_CHILD", dir.path())
             .spawn()
             .unwrap();
+        // Killed however this test ends.
+        struct Reap(std::process::Child);
+        impl Drop for Reap {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let mut child = Reap(child);
         let t = std::time::Instant::now();
         while !dir.path().join("claimed").exists() {
             assert!(
@@ -337,8 +383,8 @@ mod tests {
         let id = ChunkId::of(b"x");
         assert!(me.held("node-b", &id), "a live sibling's claim is held");
         assert!(me.claim("node-b", &id).is_none());
-        child.kill().unwrap(); // SIGKILL: no clean-up of its own
-        child.wait().unwrap();
+        child.0.kill().unwrap(); // SIGKILL: no clean-up of its own
+        child.0.wait().unwrap();
         assert!(!me.held("node-b", &id), "a killed sibling's claim is stale");
         let taken = me.claim("node-b", &id).expect("taken over");
         // Now this process's: held for a sibling, released when dropped.
@@ -373,5 +419,19 @@ mod tests {
         std::fs::write(&path, b"123-abc").unwrap();
         assert!(!c.held("node-b", &id));
         assert!(owner_of(b"a/b").is_none() && owner_of(b"12-ab").is_some());
+        // The clean-up on open removes a dead owner's file, never one
+        // being made, nor a live one.
+        let owners = dir.path().join("j/tmp/push-claims").join(OWNERS);
+        std::fs::write(owners.join("1-dead-0"), b"").unwrap();
+        std::fs::write(owners.join(".new-2-young-0"), b"").unwrap();
+        let _next = PushClaims::new(dir.path(), "j");
+        let mut left: Vec<String> = std::fs::read_dir(&owners)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left.len(), 3, "{left:?}");
+        assert_eq!(left[0], ".new-2-young-0", "{left:?}");
+        assert!(!left.contains(&"1-dead-0".to_string()), "{left:?}");
     }
 }

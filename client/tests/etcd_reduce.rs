@@ -15,6 +15,15 @@ use strata_testkit::etcd;
 mod rounds;
 use rounds::{opts, rounds_agree, sum, LONG};
 
+/// Waits (up to 30 s) until `cond` holds.
+fn until(mut cond: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < Duration::from_secs(30), "never happened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `c`'s round "r" as `rank` with `value`, and the round requests it sent.
 fn counted(c: &EtcdCoordinator, rank: u32, value: u8) -> (strata::Result<Vec<u8>>, u64) {
     let before = c.round_requests();
@@ -130,12 +139,19 @@ fn a_rank_counted_in_the_deciders_first_read_that_dies_fails_the_next_round_at_o
     let Some(etcd) = etcd::Etcd::start() else {
         return;
     };
-    let decider = EtcdCoordinator::connect(opts(&etcd.url, 2), "early", 0, 2).unwrap();
-    let other = EtcdCoordinator::connect(opts(&etcd.url, 2), "early", 1, 2).unwrap();
+    // Long leases: the claim goes only when the test revokes it.
+    let decider = EtcdCoordinator::connect(opts(&etcd.url, 60), "early", 0, 2).unwrap();
+    let other = EtcdCoordinator::connect(opts(&etcd.url, 60), "early", 1, 2).unwrap();
     std::thread::scope(|s| {
         let waiting = s.spawn(|| other.all_reduce(1, "first", vec![1], LONG, &sum));
         // Rank 1's value is in etcd before the decider reads the round.
-        std::thread::sleep(Duration::from_millis(500));
+        until(|| {
+            decider
+                .keys()
+                .unwrap()
+                .iter()
+                .any(|k| k.contains("/decide/first@1/v/00000001/"))
+        });
         let got = decider.all_reduce(0, "first", vec![1], LONG, &sum).unwrap();
         assert_eq!(waiting.join().unwrap().unwrap(), got);
     });
@@ -160,12 +176,21 @@ fn a_decider_first_seen_beside_its_decision_that_dies_fails_the_next_round_at_on
     let Some(etcd) = etcd::Etcd::start() else {
         return;
     };
-    let other = EtcdCoordinator::connect(opts(&etcd.url, 2), "late", 1, 2).unwrap();
+    // Long leases: rank 1's first wait (half a lease, on the decision
+    // alone) outlasts the decider's coming and deciding, and the claim
+    // goes only when the test revokes it.
+    let other = EtcdCoordinator::connect(opts(&etcd.url, 60), "late", 1, 2).unwrap();
     std::thread::scope(|s| {
         let waiting = s.spawn(|| other.all_reduce(1, "first", vec![1], LONG, &sum));
         // Rank 1 waits on the round before rank 0's process has come.
-        std::thread::sleep(Duration::from_millis(500));
-        let decider = EtcdCoordinator::connect(opts(&etcd.url, 2), "late", 0, 2).unwrap();
+        until(|| {
+            other
+                .keys()
+                .unwrap()
+                .iter()
+                .any(|k| k.contains("/decide/first@1/v/00000001/"))
+        });
+        let decider = EtcdCoordinator::connect(opts(&etcd.url, 60), "late", 0, 2).unwrap();
         let got = decider.all_reduce(0, "first", vec![1], LONG, &sum).unwrap();
         assert_eq!(waiting.join().unwrap().unwrap(), got);
         // Rank 0's process dies (its lease is gone, as after SIGKILL).
