@@ -73,15 +73,35 @@ fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
-/// Waits for every rank to exit; returns their exit successes.
-fn wait_all(ranks: &mut [RankProc], timeout: Duration) -> Vec<bool> {
-    ranks
-        .iter_mut()
-        .map(|r| {
-            r.wait(timeout)
-                .unwrap_or_else(|| panic!("rank {} still running: {:?}", r.rank, r.events()))
-        })
-        .collect()
+/// Waits for every rank to exit; returns their exit successes. A rank
+/// still running at the timeout fails the test with every rank's events
+/// and log (what it waited on is in one of them).
+fn wait_all(c: &Cluster, ranks: &mut [RankProc], timeout: Duration) -> Vec<bool> {
+    let mut out = Vec::new();
+    for i in 0..ranks.len() {
+        match ranks[i].wait(timeout) {
+            Some(ok) => out.push(ok),
+            None => {
+                let all: Vec<String> = ranks
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "rank {}: {:?}\n{}",
+                            r.rank,
+                            r.events(),
+                            c.rank_log(r.node, r.rank)
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "rank {} still running after {timeout:?}\n{}",
+                    ranks[i].rank,
+                    all.join("\n")
+                );
+            }
+        }
+    }
+    out
 }
 
 fn of<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -175,7 +195,7 @@ fn three_nodes_of_two_ranks_save_twenty_steps_that_restore_on_every_rank() {
             &args(&["--steps", "20", "--state-size", "2MiB", "--verify"]),
         )
         .unwrap();
-    let ok = wait_all(&mut ranks, Duration::from_secs(600));
+    let ok = wait_all(&c, &mut ranks, Duration::from_secs(600));
     if ok.contains(&false) {
         for r in &ranks {
             eprintln!("rank {} logged:\n{}", r.rank, c.rank_log(r.node, r.rank));
@@ -223,7 +243,7 @@ fn a_node_killed_mid_save_then_replaced_restores_from_peers_then_from_l3() {
             &args(&[&["--steps", "3"][..], &common].concat()),
         )
         .unwrap();
-    assert!(wait_all(&mut first, Duration::from_secs(300))
+    assert!(wait_all(&c, &mut first, Duration::from_secs(300))
         .iter()
         .all(|&ok| ok));
 
@@ -288,7 +308,7 @@ fn a_node_killed_mid_save_then_replaced_restores_from_peers_then_from_l3() {
     // that left (seen in earlier rounds, gone now).
     std::fs::write(&gate, b"").unwrap();
     let released = Instant::now();
-    let ok = wait_all(&mut ranks, Duration::from_secs(60));
+    let ok = wait_all(&c, &mut ranks, Duration::from_secs(60));
     assert!(
         ok.iter().all(|&ok| !ok),
         "the survivors' save of step 5 fails"
@@ -353,7 +373,7 @@ fn a_node_killed_mid_save_then_replaced_restores_from_peers_then_from_l3() {
             &args(&[&["--resume", "--steps", "1"][..], &common].concat()),
         )
         .unwrap();
-    let ok = wait_all(&mut again, Duration::from_secs(300));
+    let ok = wait_all(&c, &mut again, Duration::from_secs(300));
     for (r, ok) in again.iter().zip(ok) {
         let ev = r.events();
         assert!(ok, "rank {}: {ev:?}", r.rank);
@@ -381,7 +401,7 @@ fn a_node_killed_mid_save_then_replaced_restores_from_peers_then_from_l3() {
             &args(&[&["--resume", "--steps", "1"][..], &common].concat()),
         )
         .unwrap();
-    let ok = wait_all(&mut last, Duration::from_secs(300));
+    let ok = wait_all(&c, &mut last, Duration::from_secs(300));
     for (r, ok) in last.iter().zip(ok) {
         let ev = r.events();
         assert!(ok, "rank {}: {ev:?}", r.rank);
@@ -425,7 +445,7 @@ fn two_processes_claiming_one_rank_fail_clearly() {
     let mut twin = c
         .spawn_ranks(&[0], &args(&["--steps", "1", "--state-size", "1MiB"]))
         .unwrap();
-    let ok = wait_all(&mut twin, Duration::from_secs(60));
+    let ok = wait_all(&c, &mut twin, Duration::from_secs(60));
     assert!(ok.iter().all(|&ok| !ok), "the second claims fail");
     for r in &twin {
         let ev = r.events();
@@ -442,7 +462,7 @@ fn two_processes_claiming_one_rank_fail_clearly() {
         );
     }
     // The holders learn of it at their next keep-alive and stop saving.
-    let ok = wait_all(&mut ranks, Duration::from_secs(120));
+    let ok = wait_all(&c, &mut ranks, Duration::from_secs(120));
     assert!(ok.iter().all(|&ok| !ok), "the holders fail too");
     for r in &ranks {
         let ev = r.events();
@@ -524,7 +544,7 @@ fn a_link_cut_during_a_save_commits_nothing_and_the_next_step_commits_once_it_is
             &args(&[&["--steps", "4"][..], &common].concat()),
         )
         .unwrap();
-    assert!(wait_all(&mut first, Duration::from_secs(300))
+    assert!(wait_all(&c, &mut first, Duration::from_secs(300))
         .iter()
         .all(|&ok| ok));
     // Step 5: node 2 holds before it (until a gate file exists); its link
@@ -549,8 +569,8 @@ fn a_link_cut_during_a_save_commits_nothing_and_the_next_step_commits_once_it_is
     }
     c.fabric.link(2, false).unwrap();
     std::fs::write(&gate, b"").unwrap();
-    let ok = wait_all(&mut ranks, Duration::from_secs(60));
-    let ok_held = wait_all(&mut held, Duration::from_secs(60));
+    let ok = wait_all(&c, &mut ranks, Duration::from_secs(60));
+    let ok_held = wait_all(&c, &mut held, Duration::from_secs(60));
     c.fabric.link(2, true).unwrap();
     assert!(
         ok.iter().chain(&ok_held).all(|&ok| !ok),
@@ -582,7 +602,7 @@ fn a_link_cut_during_a_save_commits_nothing_and_the_next_step_commits_once_it_is
         || live_claims(&c).is_empty(),
     );
     let mut again = c.spawn_ranks(&[0, 1, 2], &run).unwrap();
-    let ok = wait_all(&mut again, Duration::from_secs(300));
+    let ok = wait_all(&c, &mut again, Duration::from_secs(300));
     for (r, ok) in again.iter().zip(ok) {
         assert!(ok, "rank {}: {:?}", r.rank, r.events());
     }
@@ -667,7 +687,7 @@ fn rank_processes_on_the_node_link_commit_and_one_killed_fails_the_save_everywhe
             &args(&[&["--steps", "2", "--verify"][..], &common].concat()),
         )
         .unwrap();
-    let ok = wait_all(&mut first, Duration::from_secs(300));
+    let ok = wait_all(&c, &mut first, Duration::from_secs(300));
     for (r, ok) in first.iter().zip(&ok) {
         assert!(
             ok,
@@ -709,7 +729,7 @@ fn rank_processes_on_the_node_link_commit_and_one_killed_fails_the_save_everywhe
         r.proc.kill();
     }
     std::fs::write(&gate, b"").unwrap();
-    let ok = wait_all(&mut ranks, Duration::from_secs(100));
+    let ok = wait_all(&c, &mut ranks, Duration::from_secs(100));
     let took = t.elapsed();
     eprintln!("one rank process killed: every rank's save ended in {took:?}");
     assert!(ok.iter().all(|&ok| !ok), "no rank commits step 3: {ok:?}");
@@ -730,7 +750,7 @@ fn rank_processes_on_the_node_link_commit_and_one_killed_fails_the_save_everywhe
         )
         .unwrap();
     let t = Instant::now();
-    let ok = wait_all(&mut again, Duration::from_secs(300));
+    let ok = wait_all(&c, &mut again, Duration::from_secs(300));
     // The killed rank's push claims (its chunks for the peer) are a dead
     // process's: the new ranks send those chunks at once, not after
     // waiting a minute for it.
