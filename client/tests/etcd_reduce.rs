@@ -15,10 +15,12 @@ use strata_testkit::etcd;
 mod rounds;
 use rounds::{opts, rounds_agree, sum, LONG};
 
-/// Waits (up to 30 s) until `cond` holds.
-fn until(mut cond: impl FnMut() -> bool) {
+/// Waits (up to 30 s) until `rank`'s value of the first attempt of round
+/// `key` is in etcd, as `c` reads the job's keys.
+fn until_value_of(c: &EtcdCoordinator, key: &str, rank: u32) {
+    let want = format!("/decide/{key}@1/v/{rank:08}/");
     let t = Instant::now();
-    while !cond() {
+    while !c.keys().unwrap().iter().any(|k| k.contains(&want)) {
         assert!(t.elapsed() < Duration::from_secs(30), "never happened");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -145,13 +147,7 @@ fn a_rank_counted_in_the_deciders_first_read_that_dies_fails_the_next_round_at_o
     std::thread::scope(|s| {
         let waiting = s.spawn(|| other.all_reduce(1, "first", vec![1], LONG, &sum));
         // Rank 1's value is in etcd before the decider reads the round.
-        until(|| {
-            decider
-                .keys()
-                .unwrap()
-                .iter()
-                .any(|k| k.contains("/decide/first@1/v/00000001/"))
-        });
+        until_value_of(&decider, "first", 1);
         let got = decider.all_reduce(0, "first", vec![1], LONG, &sum).unwrap();
         assert_eq!(waiting.join().unwrap().unwrap(), got);
     });
@@ -183,13 +179,7 @@ fn a_decider_first_seen_beside_its_decision_that_dies_fails_the_next_round_at_on
     std::thread::scope(|s| {
         let waiting = s.spawn(|| other.all_reduce(1, "first", vec![1], LONG, &sum));
         // Rank 1 waits on the round before rank 0's process has come.
-        until(|| {
-            other
-                .keys()
-                .unwrap()
-                .iter()
-                .any(|k| k.contains("/decide/first@1/v/00000001/"))
-        });
+        until_value_of(&other, "first", 1);
         let decider = EtcdCoordinator::connect(opts(&etcd.url, 60), "late", 0, 2).unwrap();
         let got = decider.all_reduce(0, "first", vec![1], LONG, &sum).unwrap();
         assert_eq!(waiting.join().unwrap().unwrap(), got);
