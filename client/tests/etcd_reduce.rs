@@ -214,6 +214,42 @@ fn when_the_decider_dies_the_others_fail_within_its_lease() {
 }
 
 #[test]
+fn a_round_costs_two_requests_per_process_that_waits_and_three_for_the_decider() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let (nodes, per) = (4u32, 2u32);
+    let world = nodes * per;
+    // Long leases: no keep-alive falls inside the rounds counted.
+    let coords: Vec<Arc<EtcdCoordinator>> = (0..nodes)
+        .map(|n| {
+            EtcdCoordinator::connect_node(opts(&etcd.url, 60), "two", n * per..(n + 1) * per, world)
+                .unwrap()
+        })
+        .collect();
+    let requests = || coords.iter().map(|n| n.round_requests()).sum::<u64>();
+    let rounds = 10u8;
+    let before = requests();
+    std::thread::scope(|s| {
+        for node in &coords {
+            for rank in node.ranks() {
+                let h = node.rank_handle(rank).unwrap();
+                s.spawn(move || rounds_agree(&h, rank, world, rounds, 2));
+            }
+        }
+    });
+    let per_round = (requests() - before) as f64 / f64::from(rounds + 1);
+    eprintln!("etcd requests per round, {nodes} nodes of {per} ranks: {per_round:.1}");
+    // A waiting process puts its values and watches for the decision,
+    // which the watch brings: it reads nothing after it (three requests
+    // each before). The decider reads, watches and writes.
+    assert!(
+        per_round <= 2.0 * f64::from(nodes) + 1.5,
+        "{per_round} requests per round"
+    );
+}
+
+#[test]
 fn a_process_whose_claim_lapsed_while_waiting_never_takes_the_decision() {
     let Some(etcd) = etcd::Etcd::start() else {
         return;

@@ -43,6 +43,9 @@ fn err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Coordination(format!("etcd {what}: {e}"))
 }
 
+/// A key range: from (inclusive), to (exclusive; empty: the key alone).
+pub(crate) type KeyRange<'a> = (&'a [u8], &'a [u8]);
+
 /// The end of the key range holding every key that starts with `prefix`.
 pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -491,37 +494,46 @@ impl EtcdApi {
         Ok((num(&v["header"]["revision"]), got))
     }
 
-    /// Creates `key` (it must not exist) while no key in the range of
-    /// `unchanged_since` (`from`, `to`, `rev`) was written after revision
-    /// `rev`, and deletes the keys in `clear` in the same transaction.
-    /// Returns the revision of the put, or what `key` holds when a
-    /// condition failed (`None`: it is absent, so the range changed).
+    /// Creates `key` (it must not exist) while no key in the ranges of
+    /// `unchanged_since` (each `from`, `to`) was written after revision
+    /// `rev`; in the same transaction puts each of `before` (empty values,
+    /// ahead of `key`: a watcher sees them first) and deletes the keys in
+    /// `clear`. Returns the revision of the put, or what `key` holds when
+    /// a condition failed (`None`: it is absent, so a range changed).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn create_and_clear(
         &self,
         key: &[u8],
         value: &[u8],
         lease: i64,
-        unchanged_since: Option<(&[u8], &[u8], i64)>,
+        before: &[Vec<u8>],
+        unchanged_since: Option<(&[KeyRange<'_>], i64)>,
         clear: Option<(&[u8], &[u8])>,
         t: Duration,
     ) -> Result<std::result::Result<i64, Option<Kv>>> {
         let k = B64.encode(key);
         let mut compare = vec![json!({"key": k, "target": "CREATE", "create_revision": "0"})];
-        if let Some((from, to, rev)) = unchanged_since {
-            // Every key of the range last written at or before `rev`.
-            compare.push(json!({
-                "key": B64.encode(from),
-                "range_end": B64.encode(to),
-                "target": "MOD",
-                "result": "LESS",
-                "mod_revision": (rev + 1).to_string(),
-            }));
+        if let Some((ranges, rev)) = unchanged_since {
+            for (from, to) in ranges {
+                // Every key of the range last written at or before `rev`.
+                compare.push(json!({
+                    "key": B64.encode(from),
+                    "range_end": B64.encode(to),
+                    "target": "MOD",
+                    "result": "LESS",
+                    "mod_revision": (rev + 1).to_string(),
+                }));
+            }
         }
-        let mut put = json!({"key": k, "value": B64.encode(value)});
-        if lease != 0 {
-            put["lease"] = Value::String(lease.to_string());
-        }
-        let mut success = vec![json!({ "request_put": put })];
+        let leased = |k: String, v: &[u8]| {
+            let mut put = json!({"key": k, "value": B64.encode(v)});
+            if lease != 0 {
+                put["lease"] = Value::String(lease.to_string());
+            }
+            json!({ "request_put": put })
+        };
+        let mut success: Vec<Value> = before.iter().map(|b| leased(B64.encode(b), &[])).collect();
+        success.push(leased(k.clone(), value));
         if let Some((from, to)) = clear {
             success.push(json!({"request_delete_range": {"key": B64.encode(from), "range_end": B64.encode(to)}}));
         }

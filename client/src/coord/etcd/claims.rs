@@ -92,12 +92,17 @@ pub(super) async fn keep_alive(
         next += every;
         let sent = |n: u64| h.sent.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         sent(1);
+        let asked = std::time::Instant::now();
         let lost = match api.keepalive(h.leases[0], t).await {
             Ok(0) => Some(Error::Coordination(format!(
                 "rank {}: this process's etcd lease expired (unreachable for over {:?}); its rank may be taken by another process",
                 h.ranks.start, opts.lease_ttl
             ))),
-            Ok(_) => {
+            Ok(ttl) => {
+                if let (true, Ok(mut st)) = (ttl > 0, state.lock()) {
+                    let until = asked + Duration::from_secs(ttl.unsigned_abs());
+                    st.lease_until = st.lease_until.max(Some(until));
+                }
                 // The second renewal, and the two reads of the claims.
                 sent(3);
                 let _ = api.keepalive(h.leases[1], t).await;

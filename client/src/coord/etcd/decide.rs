@@ -16,7 +16,7 @@
 //!
 //! [`Coordinator::all_reduce`]: crate::coord::coordinator::Coordinator::all_reduce
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use super::api::{prefix_end, until_answered, Event, Kv};
@@ -65,12 +65,15 @@ fn got_rev(a: &[Kv], b: &[Kv]) -> i64 {
 
 /// Adds the values of a process (`kv`, under `vdir`) that count: those of
 /// ranks its instance holds (not an earlier incarnation's under the same
-/// key). Returns false when the value is malformed.
+/// key, nor a process's that lost its claim). A process with a value that
+/// does not count goes into `stale`. Returns false when the value is
+/// malformed.
 fn count_values(
     holder: &BTreeMap<u32, Claim>,
     vdir: &[u8],
     kv: &Kv,
     by_rank: &mut BTreeMap<u32, Vec<u8>>,
+    stale: &mut BTreeSet<Vec<u8>>,
 ) -> bool {
     let Some(rest) = kv.key.strip_prefix(vdir) else {
         return true;
@@ -85,9 +88,34 @@ fn count_values(
             .is_some_and(|h| h.instance.as_bytes() == instance)
         {
             by_rank.insert(r, v);
+        } else {
+            stale.insert(instance.to_vec());
         }
     }
     true
+}
+
+/// Under a round's decisions' prefix, the key that tells the process
+/// `instance` its values did not count (it no longer holds its ranks): it
+/// must not take the decision (`STALE` + instance).
+const STALE: &[u8] = b"stale-";
+
+/// Beyond this many processes to mark (a restarted job finds the values
+/// its earlier start left under the same keys), one mark, `STALE` + `*`,
+/// tells every waiting process to read the decision with its claims
+/// instead (a transaction holds at most 128 operations in etcd's default
+/// configuration).
+const MAX_MARKS: usize = 32;
+
+/// What the decider counted a decision by.
+struct Counted<'a> {
+    /// The revision of the claims and values it counted by (None: the
+    /// round timed out; written whatever they are).
+    read_at: Option<i64>,
+    /// The round's values (from, to).
+    values: (&'a [u8], &'a [u8]),
+    /// The processes whose values did not count.
+    stale: &'a BTreeSet<Vec<u8>>,
 }
 
 /// What a process other than the decider waits on.
@@ -99,6 +127,8 @@ struct Waiting<'a> {
     decider: &'a [u8],
     /// The revision of this process's values.
     put_rev: i64,
+    /// The mark that says this process's values did not count.
+    stale: &'a [u8],
 }
 
 /// What a read shows of the decider and its decision.
@@ -214,10 +244,12 @@ impl EtcdCoordinator {
         let mine = format!("{round}v/{:08}/{}", self.rank, self.instance).into_bytes();
         let dprefix = format!("{round}decision/").into_bytes();
         let decider = format!("{}/ranks/{:08}", self.root, 0).into_bytes();
+        let stale = [dprefix.as_slice(), STALE, self.instance.as_bytes()].concat();
         let w = Waiting {
             dprefix: &dprefix,
             decider: &decider,
             put_rev: 0,
+            stale: &stale,
         };
         let dend = prefix_end(&dprefix);
         let put = self
@@ -330,6 +362,12 @@ impl EtcdCoordinator {
             let rev = got_rev(&decisions, &claim).max(read_at);
             let left = deadline.saturating_duration_since(Instant::now());
             let watched = Instant::now();
+            // The decision as the watch brought it (key, value, revision),
+            // unless the decider marked this process's values as not
+            // counted first (in the same transaction, ahead of it).
+            let mut put = None;
+            let others = [w.dprefix, STALE].concat();
+            let every = [others.as_slice(), b"*"].concat();
             let followed = if long {
                 self.follow_decider(w, rev, left).await
             } else {
@@ -337,7 +375,16 @@ impl EtcdCoordinator {
                 long = true;
                 self.round_api()
                     .watch(w.dprefix, rev, left.min(self.opts.lease_ttl / 2), |ev| {
-                        matches!(ev, Event::Put(_))
+                        match ev {
+                            Event::Put(kv) if kv.key == w.stale || kv.key == every => true,
+                            // Another process's mark: its business.
+                            Event::Put(kv) if kv.key.starts_with(&others) => false,
+                            Event::Put(kv) => {
+                                put = Some(kv);
+                                true
+                            }
+                            Event::Delete(_) => false,
+                        }
                     })
                     .await
             };
@@ -353,6 +400,29 @@ impl EtcdCoordinator {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Ok(_) => {}
+            }
+            // The decider's own success, brought by the watch, is the
+            // round's: no read after it (two requests per round, not
+            // three). It counted this process's values (every value of
+            // the round before the decision is counted or marked, and a
+            // value counts only while its process holds its ranks); the
+            // lease, surely not run out since its last renewal, is a
+            // second check. A failure, or anything else, is read again
+            // with this process's claims (as before).
+            if let (
+                Some(kv),
+                Decider::Held {
+                    instance,
+                    exited: false,
+                },
+            ) = (put, &decider)
+            {
+                let dkey = [w.dprefix, instance.as_bytes()].concat();
+                if kv.key == dkey && kv.mod_revision > w.put_rev && self.surely_held()? {
+                    if let Ok(out) = verdict::decode(key, &kv.value) {
+                        return Ok(out.to_vec());
+                    }
+                }
             }
             let ranges: [(&[u8], &[u8]); 3] =
                 [(w.dprefix, &dend), (w.decider, &[]), (&own_from, &own_to)];
@@ -423,6 +493,8 @@ impl EtcdCoordinator {
         // The values and the claims, followed by one watch at a time.
         let job_keys = format!("{}/", self.root).into_bytes();
         let own: BTreeMap<u32, Vec<u8>> = values.into_iter().collect();
+        // The processes whose values did not count (see `count_values`).
+        let mut stale = BTreeSet::new();
         loop {
             // (the outcome, the revision of the claims it counted by; None: the
             // deadline passed, written whatever the claims)
@@ -445,8 +517,9 @@ impl EtcdCoordinator {
                 self.note_live(&holder)?;
                 let mut by_rank: BTreeMap<u32, Vec<u8>> = own.clone();
                 let mut malformed = None;
+                stale.clear();
                 for kv in &vals {
-                    if !count_values(&holder, &vdir, kv, &mut by_rank) {
+                    if !count_values(&holder, &vdir, kv, &mut by_rank, &mut stale) {
                         malformed = Some(String::from_utf8_lossy(&kv.key).into_owned());
                     }
                 }
@@ -512,7 +585,7 @@ impl EtcdCoordinator {
                             Event::Put(kv) if kv.key.starts_with(&vdir) => {
                                 seen = seen.max(kv.mod_revision);
                                 // A malformed value is named by the next read.
-                                !count_values(&holder, &vdir, &kv, &mut by_rank)
+                                !count_values(&holder, &vdir, &kv, &mut by_rank, &mut stale)
                                     || by_rank.len() >= world
                             }
                             Event::Delete(k) if k.starts_with(&vdir) => true,
@@ -564,7 +637,12 @@ impl EtcdCoordinator {
                     }
                 }
             };
-            match self.publish(key, round, outcome, read_at, deadline).await? {
+            let counted = Counted {
+                read_at,
+                values: (&vdir, &vend),
+                stale: &stale,
+            };
+            match self.publish(key, round, outcome, counted, deadline).await? {
                 Some(done) => return done,
                 // A claim changed since the read: count again.
                 None => continue,
@@ -572,20 +650,22 @@ impl EtcdCoordinator {
         }
     }
 
-    /// Creates the decision while no claim changed since the read it was
-    /// made from (`read_at`; None: written whatever the claims, the round
-    /// having timed out), and, for a decision that succeeded, clears the
-    /// previous round (every process put a value in this one, so it had
-    /// read that one's decision). Returns the outcome as every process
-    /// reads it, or None when a claim changed (the caller counts again).
-    /// A failed request is sent again until the deadline: it may have been
-    /// applied, and then the decision is read back.
+    /// Creates the decision while no claim and no value changed since the
+    /// read it was made from (`counted.read_at`; None: written whatever
+    /// the claims, the round having timed out), with a mark for each
+    /// process whose values did not count, and, for a decision that
+    /// succeeded, clears the previous round (every process put a value in
+    /// this one, so it had read that one's decision). Returns the outcome
+    /// as every process reads it, or None when a claim or a value changed
+    /// (the caller counts again). A failed request is sent again until the
+    /// deadline: it may have been applied, and then the decision is read
+    /// back.
     async fn publish(
         &self,
         key: &str,
         round: &str,
         outcome: Result<Vec<u8>>,
-        read_at: Option<i64>,
+        counted: Counted<'_>,
         deadline: Instant,
     ) -> Result<Option<Result<Vec<u8>>>> {
         let t = self.opts.request_timeout;
@@ -593,7 +673,21 @@ impl EtcdCoordinator {
         let bytes = verdict::encode(outcome.clone());
         let members = format!("{}/ranks/", self.root).into_bytes();
         let mend = prefix_end(&members);
-        let unchanged = read_at.map(|rev| (members.as_slice(), mend.as_slice(), rev));
+        // A value that came after the count (a process that lost its
+        // claim, putting late) makes the decider count again: every value
+        // of the round was counted or marked before the decision.
+        let ranges: [(&[u8], &[u8]); 2] = [(&members, &mend), counted.values];
+        let unchanged = counted.read_at.map(|rev| (&ranges[..], rev));
+        let dprefix = format!("{round}decision/").into_bytes();
+        let marks: Vec<Vec<u8>> = if counted.stale.len() > MAX_MARKS {
+            vec![[dprefix.as_slice(), STALE, b"*"].concat()]
+        } else {
+            counted
+                .stale
+                .iter()
+                .map(|i| [dprefix.as_slice(), STALE, i].concat())
+                .collect()
+        };
         let previous = match outcome {
             Ok(_) => self.state.lock().map_err(poisoned)?.last_decided.clone(),
             Err(_) => None,
@@ -608,7 +702,15 @@ impl EtcdCoordinator {
         loop {
             let created = self
                 .round_api()
-                .create_and_clear(&dkey, &bytes, self.rounds_lease, unchanged, clear, t)
+                .create_and_clear(
+                    &dkey,
+                    &bytes,
+                    self.rounds_lease,
+                    &marks,
+                    unchanged,
+                    clear,
+                    t,
+                )
                 .await;
             match created {
                 Ok(Ok(_)) => {

@@ -187,6 +187,10 @@ struct State {
     /// This process decides (holds rank 0): the prefix of its last
     /// decided round, cleared with the next decision.
     last_decided: Option<String>,
+    /// Until when the claims' lease surely lives: the send time of the
+    /// grant or of the last renewal etcd answered, plus the TTL it gave
+    /// (etcd counts the TTL from when it got the request, later).
+    lease_until: Option<std::time::Instant>,
 }
 
 /// Ranks in many processes agreeing through etcd. One per process; it
@@ -308,6 +312,7 @@ impl EtcdCoordinator {
         let t = opts.request_timeout;
         let api = Arc::new(rt.block_on(EtcdApi::connect(opts.endpoints.clone(), &sec, t))?);
         let root = format!("{}/{job}", opts.prefix.trim_end_matches('/'));
+        let asked = std::time::Instant::now();
         let lease = rt.block_on(api.grant(opts.lease_ttl, t))?;
         let since = strata_tiered::clock::unix_ms(&strata_tiered::SystemClock);
         let instance = format!(
@@ -330,7 +335,10 @@ impl EtcdCoordinator {
                 .map_or(String::new(), |s| format!(" start={s}")),
         );
         let rounds_lease = rt.block_on(api.grant(ROUNDS_TTL.max(opts.lease_ttl * 3), t))?;
-        let state = Arc::new(Mutex::new(State::default()));
+        let state = Arc::new(Mutex::new(State {
+            lease_until: Some(asked + Duration::from_secs(opts.lease_ttl.as_secs().max(1))),
+            ..State::default()
+        }));
         let mut claims = Vec::with_capacity(ranks.len());
         for rank in ranks.clone() {
             let claimed = rt.block_on(claim_rank(
@@ -474,6 +482,21 @@ impl EtcdCoordinator {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
+    }
+
+    /// Whether this process surely still holds its claims, without asking
+    /// etcd: none was lost, and the lease cannot have run out since its
+    /// last renewal (a tenth of the TTL, at least 100 ms, kept in hand).
+    /// Nobody else can take a claim while its lease lives.
+    fn surely_held(&self) -> Result<bool> {
+        let st = self.state.lock().map_err(poisoned)?;
+        if let Some(e) = &st.lost {
+            return Err(e.clone());
+        }
+        let margin = (self.opts.lease_ttl / 10).max(Duration::from_millis(100));
+        Ok(st
+            .lease_until
+            .is_some_and(|u| std::time::Instant::now() + margin < u))
     }
 }
 
