@@ -421,6 +421,11 @@ fn serve(s: &Arc<Served>, mut conn: UnixStream, greeting: Greeting) {
         let msg = match wire::read_frame(&mut conn) {
             Ok(Some(b)) => ToLeader::decode(&b),
             Ok(None) => break "ended without leaving".to_string(),
+            // A process killed while frames to it were unread resets the
+            // connection instead of closing it: it ended all the same.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                break "ended without leaving (its connection was reset)".to_string()
+            }
             Err(e) => break format!("broke the link ({e})"),
         };
         match msg {
