@@ -2,17 +2,23 @@
 //! value (its ranks' values together), the process holding rank 0 (the
 //! decider) gathers them as etcd streams them, runs the reduction once and
 //! creates one decision key; every other process waits on that one key.
-//! A round costs etcd about three requests per process, and only the
-//! decider reads O(world) bytes.
+//! A round costs etcd two requests per waiting process (its values, and a
+//! watch that brings the decision) and three for the decider's, and only
+//! the decider reads O(world) bytes.
 //!
 //! Keys, under `<prefix>/<job>/decide/[<start>/]<key>@<attempt>/`:
 //! - `v/<first rank>/<instance>`: a process's values (on the rounds'
 //!   lease). Only values whose instance holds the ranks they name count.
 //! - `decision`: the outcome, created once (`[1, payload…]`, or `[0,
 //!   message…]` when the round failed: a rank died, the time ran out).
-//!   The decider creates it only while it still holds its own claims (in
-//!   the same transaction), and clears its previous round then: every
-//!   process had read that round's decision before it put a value here.
+//!   The decider creates it only while no claim and no value changed since
+//!   it counted (in the same transaction), and clears its previous round
+//!   then: every process had read that round's decision before it put a
+//!   value here.
+//! - `decision/stale-<instance>` (or `decision/stale-*`): put ahead of the
+//!   decision in its transaction, for a process whose values did not
+//!   count (it lost its claim): that process must not take the decision
+//!   its watch brings, and reads it with its own claims instead.
 //!
 //! [`Coordinator::all_reduce`]: crate::coord::coordinator::Coordinator::all_reduce
 
