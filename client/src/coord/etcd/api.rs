@@ -496,10 +496,12 @@ impl EtcdApi {
 
     /// Creates `key` (it must not exist) while no key in the ranges of
     /// `unchanged_since` (each `from`, `to`) was written after revision
-    /// `rev`; in the same transaction puts each of `before` (empty values,
-    /// ahead of `key`: a watcher sees them first) and deletes the keys in
+    /// `rev`, and each key of `held` exists, last written at its revision;
+    /// in the same transaction puts each of `before` (empty values, ahead
+    /// of `key`: a watcher sees them first) and deletes the keys in
     /// `clear`. Returns the revision of the put, or what `key` holds when
-    /// a condition failed (`None`: it is absent, so a range changed).
+    /// a condition failed (`None`: it is absent, so a range or a held key
+    /// changed).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn create_and_clear(
         &self,
@@ -508,6 +510,7 @@ impl EtcdApi {
         lease: i64,
         before: &[Vec<u8>],
         unchanged_since: Option<(&[KeyRange<'_>], i64)>,
+        held: &[(&[u8], i64)],
         clear: Option<(&[u8], &[u8])>,
         t: Duration,
     ) -> Result<std::result::Result<i64, Option<Kv>>> {
@@ -524,6 +527,15 @@ impl EtcdApi {
                     "mod_revision": (rev + 1).to_string(),
                 }));
             }
+        }
+        for (key, at) in held {
+            // A key that is gone has mod revision 0: the compare fails.
+            compare.push(json!({
+                "key": B64.encode(key),
+                "target": "MOD",
+                "result": "EQUAL",
+                "mod_revision": at.to_string(),
+            }));
         }
         let leased = |k: String, v: &[u8]| {
             let mut put = json!({"key": k, "value": B64.encode(v)});

@@ -679,11 +679,28 @@ impl EtcdCoordinator {
         let bytes = verdict::encode(outcome.clone());
         let members = format!("{}/ranks/", self.root).into_bytes();
         let mend = prefix_end(&members);
-        // A value that came after the count (a process that lost its
-        // claim, putting late) makes the decider count again: every value
-        // of the round was counted or marked before the decision.
+        // For a success, a value that came after the count (a process that
+        // lost its claim, putting late) makes the decider count again:
+        // every value of the round was counted or marked before the
+        // decision. (A failure is read again by every waiting process, and
+        // late values would only delay it.)
         let ranges: [(&[u8], &[u8]); 2] = [(&members, &mend), counted.values];
-        let unchanged = counted.read_at.map(|rev| (&ranges[..], rev));
+        let checked = if outcome.is_ok() {
+            &ranges[..]
+        } else {
+            &ranges[..1]
+        };
+        let unchanged = counted.read_at.map(|rev| (checked, rev));
+        // The decider's own claim, as it made it: a claim gone since the
+        // count (its lease ran out) leaves no key the range check could see.
+        // Its claims share one lease and go together: the first tells.
+        let first = format!("{}/ranks/{:08}", self.root, self.rank).into_bytes();
+        let own: Vec<(&[u8], i64)> = self
+            .claims
+            .first()
+            .map(|&at| (first.as_slice(), at))
+            .into_iter()
+            .collect();
         let dprefix = format!("{round}decision/").into_bytes();
         let marks: Vec<Vec<u8>> = if counted.stale.len() > MAX_MARKS {
             vec![[dprefix.as_slice(), STALE, b"*"].concat()]
@@ -714,6 +731,7 @@ impl EtcdCoordinator {
                     self.rounds_lease,
                     &marks,
                     unchanged,
+                    &own,
                     clear,
                     t,
                 )
