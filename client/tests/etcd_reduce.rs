@@ -26,6 +26,24 @@ fn until_value_of(c: &EtcdCoordinator, key: &str, rank: u32) {
     }
 }
 
+/// Ten rounds of agreement (and the one `rounds_agree` ends with) on every
+/// rank of `nodes`, each node a process of several ranks: the etcd requests
+/// the rounds cost, per round, all nodes together.
+fn requests_per_round(nodes: &[Arc<EtcdCoordinator>], world: u32) -> f64 {
+    let requests = || nodes.iter().map(|n| n.round_requests()).sum::<u64>();
+    let rounds = 10u8;
+    let before = requests();
+    std::thread::scope(|s| {
+        for node in nodes {
+            for rank in node.ranks() {
+                let h = node.rank_handle(rank).unwrap();
+                s.spawn(move || rounds_agree(&h, rank, world, rounds, 2));
+            }
+        }
+    });
+    (requests() - before) as f64 / f64::from(rounds + 1)
+}
+
 /// `c`'s round "r" as `rank` with `value`, and the round requests it sent.
 fn counted(c: &EtcdCoordinator, rank: u32, value: u8) -> (strata::Result<Vec<u8>>, u64) {
     let before = c.round_requests();
@@ -45,23 +63,12 @@ fn the_ranks_of_two_nodes_reduce_once_for_about_three_requests_per_node() {
         .map(|r| EtcdCoordinator::connect_node(opts(&etcd.url, 60), "node", r, world).unwrap())
         .collect();
     assert_eq!(nodes[0].members().unwrap().len(), 6, "a claim per rank");
-    let requests = || nodes.iter().map(|n| n.round_requests()).sum::<u64>();
-    let rounds = 10u8;
-    let before = requests();
-    std::thread::scope(|s| {
-        for node in &nodes {
-            for rank in node.ranks() {
-                let h = node.rank_handle(rank).unwrap();
-                s.spawn(move || rounds_agree(&h, rank, world, rounds, 2));
-            }
-        }
-    });
+    let per_round = requests_per_round(&nodes, world);
     assert_eq!(
         nodes[0].members().unwrap().len(),
         6,
         "the rounds leave the claims alone"
     );
-    let per_round = (requests() - before) as f64 / f64::from(rounds + 1);
     eprintln!("etcd requests per round, 2 nodes of 3 ranks: {per_round:.1}");
     // Three per process; the decider reads again only when a value
     // arrives that its first read could not place.
@@ -227,18 +234,7 @@ fn a_round_costs_two_requests_per_process_that_waits_and_three_for_the_decider()
                 .unwrap()
         })
         .collect();
-    let requests = || coords.iter().map(|n| n.round_requests()).sum::<u64>();
-    let rounds = 10u8;
-    let before = requests();
-    std::thread::scope(|s| {
-        for node in &coords {
-            for rank in node.ranks() {
-                let h = node.rank_handle(rank).unwrap();
-                s.spawn(move || rounds_agree(&h, rank, world, rounds, 2));
-            }
-        }
-    });
-    let per_round = (requests() - before) as f64 / f64::from(rounds + 1);
+    let per_round = requests_per_round(&coords, world);
     eprintln!("etcd requests per round, {nodes} nodes of {per} ranks: {per_round:.1}");
     // A waiting process puts its values and watches for the decision,
     // which the watch brings: it reads nothing after it (three requests

@@ -496,7 +496,7 @@ impl EtcdApi {
 
     /// Creates `key` (it must not exist) while no key in the ranges of
     /// `unchanged_since` (each `from`, `to`) was written after revision
-    /// `rev`, and each key of `held` exists, last written at its revision;
+    /// `rev`, and the key of `held` exists, last written at its revision;
     /// in the same transaction puts each of `before` (empty values, ahead
     /// of `key`: a watcher sees them first) and deletes the keys in
     /// `clear`. Returns the revision of the put, or what `key` holds when
@@ -510,7 +510,7 @@ impl EtcdApi {
         lease: i64,
         before: &[Vec<u8>],
         unchanged_since: Option<(&[KeyRange<'_>], i64)>,
-        held: &[(&[u8], i64)],
+        held: Option<(&[u8], i64)>,
         clear: Option<(&[u8], &[u8])>,
         t: Duration,
     ) -> Result<std::result::Result<i64, Option<Kv>>> {
@@ -528,7 +528,7 @@ impl EtcdApi {
                 }));
             }
         }
-        for (key, at) in held {
+        if let Some((key, at)) = held {
             // A key that is gone has mod revision 0: the compare fails.
             compare.push(json!({
                 "key": B64.encode(key),

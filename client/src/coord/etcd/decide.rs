@@ -135,6 +135,11 @@ struct Waiting<'a> {
     put_rev: i64,
     /// The mark that says this process's values did not count.
     stale: &'a [u8],
+    /// The prefix of every process's mark (`{dprefix}stale-`).
+    marks: &'a [u8],
+    /// The mark that says no waiting process may take the decision from
+    /// its watch (`{dprefix}stale-*`).
+    every: &'a [u8],
 }
 
 /// What a read shows of the decider and its decision.
@@ -250,12 +255,16 @@ impl EtcdCoordinator {
         let mine = format!("{round}v/{:08}/{}", self.rank, self.instance).into_bytes();
         let dprefix = format!("{round}decision/").into_bytes();
         let decider = format!("{}/ranks/{:08}", self.root, 0).into_bytes();
-        let stale = [dprefix.as_slice(), STALE, self.instance.as_bytes()].concat();
+        let marks = [dprefix.as_slice(), STALE].concat();
+        let stale = [marks.as_slice(), self.instance.as_bytes()].concat();
+        let every = [marks.as_slice(), b"*"].concat();
         let w = Waiting {
             dprefix: &dprefix,
             decider: &decider,
             put_rev: 0,
             stale: &stale,
+            marks: &marks,
+            every: &every,
         };
         let dend = prefix_end(&dprefix);
         let put = self
@@ -372,8 +381,6 @@ impl EtcdCoordinator {
             // unless the decider marked this process's values as not
             // counted first (in the same transaction, ahead of it).
             let mut put = None;
-            let others = [w.dprefix, STALE].concat();
-            let every = [others.as_slice(), b"*"].concat();
             let followed = if long {
                 self.follow_decider(w, rev, left).await
             } else {
@@ -382,9 +389,9 @@ impl EtcdCoordinator {
                 self.round_api()
                     .watch(w.dprefix, rev, left.min(self.opts.lease_ttl / 2), |ev| {
                         match ev {
-                            Event::Put(kv) if kv.key == w.stale || kv.key == every => true,
+                            Event::Put(kv) if kv.key == w.stale || kv.key == w.every => true,
                             // Another process's mark: its business.
-                            Event::Put(kv) if kv.key.starts_with(&others) => false,
+                            Event::Put(kv) if kv.key.starts_with(w.marks) => false,
                             Event::Put(kv) => {
                                 put = Some(kv);
                                 true
@@ -675,7 +682,8 @@ impl EtcdCoordinator {
         deadline: Instant,
     ) -> Result<Option<Result<Vec<u8>>>> {
         let t = self.opts.request_timeout;
-        let dkey = format!("{round}decision/{}", self.instance).into_bytes();
+        let dprefix = format!("{round}decision/").into_bytes();
+        let dkey = [dprefix.as_slice(), self.instance.as_bytes()].concat();
         let bytes = verdict::encode(outcome.clone());
         let members = format!("{}/ranks/", self.root).into_bytes();
         let mend = prefix_end(&members);
@@ -695,13 +703,7 @@ impl EtcdCoordinator {
         // count (its lease ran out) leaves no key the range check could see.
         // Its claims share one lease and go together: the first tells.
         let first = format!("{}/ranks/{:08}", self.root, self.rank).into_bytes();
-        let own: Vec<(&[u8], i64)> = self
-            .claims
-            .first()
-            .map(|&at| (first.as_slice(), at))
-            .into_iter()
-            .collect();
-        let dprefix = format!("{round}decision/").into_bytes();
+        let own = self.claims.first().map(|&at| (first.as_slice(), at));
         let marks: Vec<Vec<u8>> = if counted.stale.len() > MAX_MARKS {
             vec![[dprefix.as_slice(), STALE, b"*"].concat()]
         } else {
@@ -731,7 +733,7 @@ impl EtcdCoordinator {
                     self.rounds_lease,
                     &marks,
                     unchanged,
-                    &own,
+                    own,
                     clear,
                     t,
                 )
