@@ -246,6 +246,34 @@ fn a_round_costs_two_requests_per_process_that_waits_and_three_for_the_decider()
 }
 
 #[test]
+fn the_decider_reads_the_claims_once_not_each_round() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    // Rank 0's process alone, and one process of 239 ranks: 240 claims
+    // (the rounds' values are a byte each).
+    let world = 240;
+    let coords: Vec<Arc<EtcdCoordinator>> = [0..1, 1..world]
+        .into_iter()
+        .map(|r| EtcdCoordinator::connect_node(opts(&etcd.url, 60), "claims", r, world).unwrap())
+        .collect();
+    // What one read of every claim costs the decider.
+    let before = coords[0].received_bytes();
+    assert_eq!(coords[0].members().unwrap().len(), world as usize);
+    let claims = coords[0].received_bytes() - before;
+    // Eleven rounds: the first reads them all; the next ten only those
+    // written since (none), beside the values.
+    let first = coords[0].received_bytes();
+    requests_per_round(&coords, world);
+    let per_round = (coords[0].received_bytes() - first) as f64 / 11.0;
+    eprintln!("the decider reads {per_round:.0} bytes per round; every claim is {claims} bytes");
+    assert!(
+        per_round < claims as f64 / 2.0,
+        "{per_round} bytes per round, every claim {claims} bytes"
+    );
+}
+
+#[test]
 fn a_process_whose_claim_lapsed_while_waiting_never_takes_the_decision() {
     let Some(etcd) = etcd::Etcd::start() else {
         return;

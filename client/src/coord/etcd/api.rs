@@ -470,6 +470,36 @@ impl EtcdApi {
         Ok((got, num(&v["header"]["revision"])))
     }
 
+    /// Reads the keys of `all` and those of `newer.0` written at revision
+    /// `newer.1` or later (0: every key), at one revision: returns each
+    /// range of `all`, the newer keys, how many keys `newer.0` holds in all
+    /// (written before or not), and the revision.
+    pub(crate) async fn ranges_and_newer(
+        &self,
+        all: &[KeyRange<'_>],
+        newer: (KeyRange<'_>, i64),
+        t: Duration,
+    ) -> Result<(Vec<Vec<Kv>>, Vec<Kv>, i64, i64)> {
+        let mut ops: Vec<Value> = all.iter().map(|(from, to)| range_op(from, to)).collect();
+        let ((from, to), since) = newer;
+        let mut op = range_op(from, to);
+        op["request_range"]["min_mod_revision"] = Value::String(since.to_string());
+        ops.push(op);
+        let v = self
+            .call("/v3/kv/txn", &json!({"compare": [], "success": ops}), t)
+            .await?;
+        let got = (0..all.len())
+            .map(|i| kvs(&v["responses"][i]["response_range"]))
+            .collect::<Result<Vec<_>>>()?;
+        let last = &v["responses"][all.len()]["response_range"];
+        Ok((
+            got,
+            kvs(last)?,
+            num(&last["count"]),
+            num(&v["header"]["revision"]),
+        ))
+    }
+
     /// Puts `key` and reads the ranges `get` (`to` empty: the one key
     /// `from`), at one revision: returns that revision and each range.
     pub(crate) async fn put_and_get(

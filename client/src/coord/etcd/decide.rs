@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use super::api::{prefix_end, until_answered, Event, Kv};
+use super::api::{prefix_end, Event, Kv};
 use super::claims::{parse_claim, rank_range, Claim};
 use super::{escape, poisoned, EtcdCoordinator};
 use crate::coord::coordinator::Reduce;
@@ -152,7 +152,7 @@ enum Decider {
 
 impl EtcdCoordinator {
     /// The etcd client, for one request of a round (counted).
-    fn round_api(&self) -> &super::api::EtcdApi {
+    pub(super) fn round_api(&self) -> &super::api::EtcdApi {
         self.rounds_sent
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         &self.api
@@ -497,7 +497,6 @@ impl EtcdCoordinator {
         timeout: Duration,
         reduce: &Reduce<'_>,
     ) -> Result<Vec<u8>> {
-        let t = self.opts.request_timeout;
         let deadline = Instant::now() + timeout;
         let vdir = format!("{round}v/").into_bytes();
         let vend = prefix_end(&vdir);
@@ -512,16 +511,9 @@ impl EtcdCoordinator {
             // (the outcome, the revision of the claims it counted by; None: the
             // deadline passed, written whatever the claims)
             let (outcome, read_at): (Result<Vec<u8>>, Option<i64>) = loop {
-                let ranges: [(&[u8], &[u8]); 2] = [(&vdir, &vend), (&members, &mend)];
-                let (got, rev) = until_answered(
-                    deadline,
-                    || self.check_lost(),
-                    || async { self.round_api().ranges(&ranges, t).await },
-                )
-                .await?;
-                let [vals, claims]: [Vec<Kv>; 2] = got
-                    .try_into()
-                    .map_err(|_| Error::Coordination("etcd: a short transaction answer".into()))?;
+                let (vals, claims, rev) = self
+                    .values_and_claims((&vdir, &vend), (&members, &mend), deadline)
+                    .await?;
                 self.fence(&claims)?;
                 let holder = self.holders(&claims);
                 // Every live holder is seen, the round complete in this

@@ -23,6 +23,7 @@ mod api;
 mod claims;
 mod decide;
 mod gather;
+mod members;
 mod node;
 mod node_leader;
 #[cfg(test)]
@@ -227,6 +228,8 @@ pub struct EtcdCoordinator {
     kept_alive: Arc<std::sync::atomic::AtomicU64>,
     /// Requests the reducing rounds sent.
     rounds_sent: std::sync::atomic::AtomicU64,
+    /// The decider's copy of the claims, from its last round's read.
+    members: Mutex<members::Members>,
 }
 
 /// How long the rounds' lease lives at least: a slow rank must still find
@@ -398,6 +401,7 @@ impl EtcdCoordinator {
             local: node::Local::default(),
             kept_alive,
             rounds_sent: std::sync::atomic::AtomicU64::new(0),
+            members: Mutex::default(),
         })
     }
 
