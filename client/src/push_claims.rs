@@ -153,6 +153,16 @@ fn owner_of(content: &[u8]) -> Option<&str> {
     ok.then_some(name)
 }
 
+/// What [`PushClaims::if_stale`] found.
+enum Locked<R> {
+    /// Stale, and acted on: what the action returned.
+    Stale(R),
+    /// Live (or not known to be dead, or a sibling is acting on it).
+    Live,
+    /// No claim is there any more (or another one is).
+    Gone,
+}
+
 /// A claim held by this process, removed when dropped.
 #[derive(Debug)]
 pub(crate) struct Claim(Option<PathBuf>);
@@ -195,9 +205,11 @@ impl PushClaims {
                 continue;
             }
             for f in std::fs::read_dir(p.path()).into_iter().flatten().flatten() {
-                if self.is_stale(&f.path()) {
-                    let _ = std::fs::remove_file(f.path());
-                }
+                let path = f.path();
+                // Removed under its lock: never a claim a sibling just took over.
+                self.if_stale(&path, |_| {
+                    let _ = std::fs::remove_file(&path);
+                });
             }
         }
         let owners = self.dir.join(OWNERS);
@@ -245,11 +257,17 @@ impl PushClaims {
                     return Some(Claim(Some(path)));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    if !self.is_stale(&path) {
-                        return None;
+                    // A crashed sibling's: take it over, in place, so that
+                    // of siblings finding it stale at once one takes it
+                    // (removing it and creating it anew let a second one
+                    // remove the first one's new claim, and both sent).
+                    match self.if_stale(&path, |f| self.name_in(f)) {
+                        Locked::Stale(true) => return Some(Claim(Some(path))),
+                        Locked::Stale(false) => return Some(Claim(None)),
+                        Locked::Live => return None,
+                        // Released meanwhile: create it again.
+                        Locked::Gone => {}
                     }
-                    // A crashed sibling's: take it over.
-                    let _ = std::fs::remove_file(&path);
                 }
                 Err(_) => return Some(Claim(None)),
             }
@@ -261,17 +279,71 @@ impl PushClaims {
     /// is gone) or older than [`STALE`]. A claim that vanished meanwhile is
     /// not stale (there is nothing to take over).
     fn is_stale(&self, path: &Path) -> bool {
-        if old(path) {
+        File::open(path).is_ok_and(|f| self.stale(&f))
+    }
+
+    /// Whether the open claim `f` is stale (as [`PushClaims::is_stale`]).
+    fn stale(&self, f: &File) -> bool {
+        let age = f.metadata().and_then(|m| m.modified()).ok();
+        if age
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|a| a > STALE)
+        {
             return true;
         }
         // A claim is a few bytes: read it whole, never more than that.
         let mut content = Vec::new();
-        let read = File::open(path).and_then(|f| {
+        let read = {
             use std::io::Read as _;
             f.take(128).read_to_end(&mut content)
-        });
+        };
         read.is_ok()
             && owner_of(&content).is_some_and(|name| owner_dead(&self.dir.join(OWNERS), name))
+    }
+
+    /// Runs `then` on the claim at `path` if it is stale, holding an
+    /// exclusive `flock` on the claim file itself, and only while that
+    /// file is still the one at `path`: of the siblings that find a claim
+    /// stale at once, one acts on it and the others then find it live (or
+    /// gone). A claim a sibling is acting on is live.
+    fn if_stale<R>(&self, path: &Path, then: impl FnOnce(&File) -> R) -> Locked<R> {
+        use std::os::unix::fs::MetadataExt as _;
+        let f = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Locked::Gone,
+            Err(_) => return Locked::Live,
+        };
+        if !try_lock(&f) {
+            return Locked::Live;
+        }
+        let same = match (f.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            (_, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return Locked::Gone,
+            _ => return Locked::Live,
+        };
+        if !same {
+            return Locked::Gone;
+        }
+        if self.stale(&f) {
+            Locked::Stale(then(&f))
+        } else {
+            Locked::Live
+        }
+        // The lock goes with `f`.
+    }
+
+    /// Makes the open claim `f` this process's: its owner's name in place
+    /// of the dead one's (and a new age). False when it could not.
+    fn name_in(&self, f: &File) -> bool {
+        use std::os::unix::fs::FileExt as _;
+        let name = self.owner.as_ref().map_or(&b""[..], |o| o.name.as_bytes());
+        f.set_len(0).is_ok()
+            && f.write_all_at(name, 0).is_ok()
+            && f.set_modified(std::time::SystemTime::now()).is_ok()
     }
 
     /// Whether a sibling's claim of `id` for `peer` is live.
@@ -399,6 +471,53 @@ mod tests {
         // A process whose claims are dropped (it ends cleanly) removes its own.
         drop(other);
         assert_eq!(owners(), 1);
+    }
+
+    /// Siblings that find one dead process's claim at once: exactly one
+    /// takes it over (and sends the chunk), every time. (Removing the claim
+    /// and creating it anew let a second sibling, which had found it stale
+    /// too, remove the first one's new claim, and both sent.)
+    #[test]
+    fn of_siblings_finding_a_stale_claim_at_once_one_takes_it_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let siblings: Vec<PushClaims> = (0..6).map(|_| PushClaims::new(dir.path(), "j")).collect();
+        let barrier = std::sync::Barrier::new(siblings.len());
+        let mut twice = Vec::new();
+        for trial in 0..300u32 {
+            let id = ChunkId::of(&trial.to_le_bytes());
+            let path = siblings[0].path("node-b", &id);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            // The claim of a process that died (its owner file is gone).
+            std::fs::write(&path, b"123-dead").unwrap();
+            let taken: usize = std::thread::scope(|s| {
+                let hands: Vec<_> = siblings
+                    .iter()
+                    .map(|c| {
+                        let (b, id) = (&barrier, &id);
+                        s.spawn(move || {
+                            b.wait();
+                            let got = c.claim("node-b", id);
+                            // Held until every sibling has tried.
+                            b.wait();
+                            got.is_some()
+                        })
+                    })
+                    .collect();
+                hands
+                    .into_iter()
+                    .map(|h| usize::from(h.join().unwrap()))
+                    .sum()
+            });
+            if taken != 1 {
+                twice.push((trial, taken));
+            }
+            // Every claim was released: none is left behind.
+            assert!(!path.exists(), "trial {trial}");
+        }
+        assert!(
+            twice.is_empty(),
+            "(trial, siblings that took it): {twice:?}"
+        );
     }
 
     #[test]
