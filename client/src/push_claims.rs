@@ -165,12 +165,24 @@ enum Locked<R> {
 
 /// A claim held by this process, removed when dropped.
 #[derive(Debug)]
-pub(crate) struct Claim(Option<PathBuf>);
+pub(crate) struct Claim(Option<(PathBuf, FileId)>);
+
+/// A file's device and inode: which file a path names now.
+type FileId = (u64, u64);
+
+fn file_id(m: &std::fs::Metadata) -> FileId {
+    use std::os::unix::fs::MetadataExt as _;
+    (m.dev(), m.ino())
+}
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = std::fs::remove_file(p);
+        // Only the claim this process made or took: one a sibling took
+        // over since (stale by age, its owner alive) is the sibling's.
+        if let Some((p, id)) = self.0.take() {
+            if std::fs::metadata(&p).is_ok_and(|m| file_id(&m) == id) {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 }
@@ -254,16 +266,30 @@ impl PushClaims {
                         use std::io::Write as _;
                         let _ = f.write_all(o.name.as_bytes());
                     }
-                    return Some(Claim(Some(path)));
+                    return match f.metadata() {
+                        Ok(m) => Some(Claim(Some((path, file_id(&m))))),
+                        Err(_) => {
+                            let _ = std::fs::remove_file(&path);
+                            Some(Claim(None))
+                        }
+                    };
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     // A crashed sibling's: take it over, in place, so that
                     // of siblings finding it stale at once one takes it
                     // (removing it and creating it anew let a second one
                     // remove the first one's new claim, and both sent).
-                    match self.if_stale(&path, |f| self.name_in(f)) {
-                        Locked::Stale(true) => return Some(Claim(Some(path))),
-                        Locked::Stale(false) => return Some(Claim(None)),
+                    let took = |f: &File| {
+                        let id = f.metadata().ok().filter(|_| self.name_in(f));
+                        if id.is_none() {
+                            // Never left half made (live by its new age).
+                            let _ = std::fs::remove_file(&path);
+                        }
+                        id.map(|m| file_id(&m))
+                    };
+                    match self.if_stale(&path, took) {
+                        Locked::Stale(Some(id)) => return Some(Claim(Some((path, id)))),
+                        Locked::Stale(None) => return Some(Claim(None)),
                         Locked::Live => return None,
                         // Released meanwhile: create it again.
                         Locked::Gone => {}
@@ -307,7 +333,6 @@ impl PushClaims {
     /// stale at once, one acts on it and the others then find it live (or
     /// gone). A claim a sibling is acting on is live.
     fn if_stale<R>(&self, path: &Path, then: impl FnOnce(&File) -> R) -> Locked<R> {
-        use std::os::unix::fs::MetadataExt as _;
         let f = match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -321,7 +346,7 @@ impl PushClaims {
             return Locked::Live;
         }
         let same = match (f.metadata(), std::fs::metadata(path)) {
-            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            (Ok(a), Ok(b)) => file_id(&a) == file_id(&b),
             (_, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return Locked::Gone,
             _ => return Locked::Live,
         };
@@ -341,9 +366,12 @@ impl PushClaims {
     fn name_in(&self, f: &File) -> bool {
         use std::os::unix::fs::FileExt as _;
         let name = self.owner.as_ref().map_or(&b""[..], |o| o.name.as_bytes());
-        f.set_len(0).is_ok()
-            && f.write_all_at(name, 0).is_ok()
-            && f.set_modified(std::time::SystemTime::now()).is_ok()
+        // The truncation and the write give it a new age; setting it again
+        // covers a write of nothing (no owner), and may be refused (a file
+        // of another user's) without harm.
+        let ok = f.set_len(0).is_ok() && f.write_all_at(name, 0).is_ok();
+        let _ = f.set_modified(std::time::SystemTime::now());
+        ok
     }
 
     /// Whether a sibling's claim of `id` for `peer` is live.

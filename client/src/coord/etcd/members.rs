@@ -3,8 +3,8 @@
 //! with this copy it asks etcd only for the claims written since the
 //! copy's revision, and how many claims there are in all. At 16,384 ranks
 //! that is a few keys instead of 16,384 (a claim changes when a process
-//! starts, exits or dies, not every round), which etcd no longer encodes
-//! and this process no longer parses each round.
+//! starts, exits or dies, not every round), which etcd no longer reads out,
+//! encodes to JSON and sends each round, nor this process decodes.
 //!
 //! A read of the newer claims brings every claim created or rewritten
 //! since; a claim deleted since (its lease ran out) is not brought, but
@@ -53,12 +53,14 @@ impl EtcdCoordinator {
                     }
                     return Ok((got.into_iter().next().unwrap_or_default(), claims, rev));
                 }
-                None if copy.rev() == 0 => return Err(Error::Coordination(
+                None if copy.since() == 0 => return Err(Error::Coordination(
                     "etcd: a read of the claims does not add up (another build, or not Strata's?)"
                         .into(),
                 )),
-                // A claim went: read them all.
-                None => *cur = Members::default(),
+                // A claim went: read them all (unless a round beside this
+                // one has read since).
+                None if cur.rev() <= copy.rev() => *cur = Members::default(),
+                None => {}
             }
         }
     }
@@ -69,13 +71,21 @@ impl EtcdCoordinator {
 pub(super) struct Members {
     rev: i64,
     by_key: Arc<BTreeMap<Vec<u8>, Kv>>,
+    /// Reads of newer claims since every claim was read.
+    since_full: u32,
 }
+
+/// Every this many rounds the decider reads every claim again, whatever
+/// the count says: an etcd restored from an older snapshot that has since
+/// passed the copy's revision could hold claims rewritten at revisions the
+/// copy already counts as seen.
+const FULL_EVERY: u32 = 64;
 
 impl Members {
     /// The lowest revision of the claims to ask for (`min_mod_revision`):
     /// 0, every claim, while nothing was read.
     pub(super) fn since(&self) -> i64 {
-        if self.rev == 0 {
+        if self.rev == 0 || self.since_full >= FULL_EVERY {
             0
         } else {
             self.rev + 1
@@ -90,13 +100,17 @@ impl Members {
         if rev < self.rev {
             return None;
         }
-        let mut by_key = if self.rev == 0 {
-            BTreeMap::new()
+        let full = self.since() == 0;
+        let mut by_key = if full {
+            Arc::new(BTreeMap::new())
         } else {
-            (*self.by_key).clone()
+            self.by_key.clone()
         };
-        for kv in newer {
-            by_key.insert(kv.key.clone(), kv);
+        if !newer.is_empty() {
+            let m = Arc::make_mut(&mut by_key);
+            for kv in newer {
+                m.insert(kv.key.clone(), kv);
+            }
         }
         // Every claim of the copy that still exists, and every newer one:
         // anything short of `count` is impossible, anything over it a claim
@@ -106,7 +120,8 @@ impl Members {
         }
         Some(Members {
             rev,
-            by_key: Arc::new(by_key),
+            by_key,
+            since_full: if full { 0 } else { self.since_full + 1 },
         })
     }
 
@@ -164,5 +179,22 @@ mod tests {
         // The copy itself is unchanged by a failed advance.
         assert_eq!(n.claims().len(), 3);
         assert_eq!(n.rev(), 14);
+        // Every FULL_EVERY rounds every claim is read again (`n` is one
+        // round past a full read), and what the copy held is not kept: a
+        // full read replaces it.
+        let mut c = n;
+        for r in 1..FULL_EVERY {
+            assert_ne!(c.since(), 0, "round {r}");
+            c = c
+                .advance(vec![], 3, 15 + i64::from(r))
+                .expect("nothing went");
+        }
+        assert_eq!(c.since(), 0);
+        let full = c
+            .advance(vec![kv("a", "9", 90)], 1, 100)
+            .expect("a full read");
+        assert_eq!(full.claims().len(), 1);
+        assert_eq!(full.claims()[0].value, b"9".to_vec());
+        assert_ne!(full.since(), 0);
     }
 }
