@@ -135,10 +135,9 @@ fn owner_dead(owners: &Path, name: &str) -> bool {
     dead
 }
 
-/// Whether the file at `path` was last written more than [`STALE`] ago.
-fn old(path: &Path) -> bool {
-    std::fs::metadata(path)
-        .and_then(|m| m.modified())
+/// Whether a file of metadata `meta` was last written more than [`STALE`] ago.
+fn old(meta: std::io::Result<std::fs::Metadata>) -> bool {
+    meta.and_then(|m| m.modified())
         .ok()
         .and_then(|t| t.elapsed().ok())
         .is_some_and(|age| age > STALE)
@@ -231,7 +230,7 @@ impl PushClaims {
             };
             if !name.starts_with(".new-") {
                 owner_dead(&owners, &name);
-            } else if old(&f.path()) {
+            } else if old(f.metadata()) {
                 // Its maker died before the rename (a live one renames it
                 // within microseconds).
                 let _ = std::fs::remove_file(f.path());
@@ -310,11 +309,7 @@ impl PushClaims {
 
     /// Whether the open claim `f` is stale (as [`PushClaims::is_stale`]).
     fn stale(&self, f: &File) -> bool {
-        let age = f.metadata().and_then(|m| m.modified()).ok();
-        if age
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|a| a > STALE)
-        {
+        if old(f.metadata()) {
             return true;
         }
         // A claim is a few bytes: read it whole, never more than that.

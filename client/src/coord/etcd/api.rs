@@ -90,6 +90,12 @@ fn kv_of(kv: &Value) -> Result<Kv> {
     })
 }
 
+/// The keys of the range reads at `ops` of a transaction's answer `v`.
+fn range_answers(v: &Value, ops: std::ops::Range<usize>) -> Result<Vec<Vec<Kv>>> {
+    ops.map(|i| kvs(&v["responses"][i]["response_range"]))
+        .collect()
+}
+
 /// A range read in a transaction (`to` empty: the one key `from`).
 fn range_op(from: &[u8], to: &[u8]) -> Value {
     let mut r = json!({"key": B64.encode(from)});
@@ -464,9 +470,7 @@ impl EtcdApi {
         let v = self
             .call("/v3/kv/txn", &json!({"compare": [], "success": ops}), t)
             .await?;
-        let got = (0..ranges.len())
-            .map(|i| kvs(&v["responses"][i]["response_range"]))
-            .collect::<Result<Vec<_>>>()?;
+        let got = range_answers(&v, 0..ranges.len())?;
         Ok((got, num(&v["header"]["revision"])))
     }
 
@@ -488,9 +492,7 @@ impl EtcdApi {
         let v = self
             .call("/v3/kv/txn", &json!({"compare": [], "success": ops}), t)
             .await?;
-        let got = (0..all.len())
-            .map(|i| kvs(&v["responses"][i]["response_range"]))
-            .collect::<Result<Vec<_>>>()?;
+        let got = range_answers(&v, 0..all.len())?;
         let last = &v["responses"][all.len()]["response_range"];
         Ok((
             got,
@@ -518,9 +520,7 @@ impl EtcdApi {
         ops.extend(get.iter().map(|(from, to)| range_op(from, to)));
         let body = json!({"compare": [], "success": ops});
         let v = self.call("/v3/kv/txn", &body, t).await?;
-        let got = (0..get.len())
-            .map(|i| kvs(&v["responses"][i + 1]["response_range"]))
-            .collect::<Result<Vec<_>>>()?;
+        let got = range_answers(&v, 1..get.len() + 1)?;
         Ok((num(&v["header"]["revision"]), got))
     }
 
