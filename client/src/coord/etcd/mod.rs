@@ -436,7 +436,7 @@ impl EtcdCoordinator {
     pub fn keys(&self) -> Result<Vec<String>> {
         let t = self.opts.request_timeout;
         let prefix = format!("{}/", self.root);
-        let (kvs, _) = self.on_own_thread(self.api.range_prefix(prefix.as_bytes(), t))?;
+        let (kvs, _) = self.block_on(self.api.range_prefix(prefix.as_bytes(), t))?;
         Ok(kvs
             .into_iter()
             .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
@@ -448,7 +448,7 @@ impl EtcdCoordinator {
     pub fn members(&self) -> Result<BTreeMap<u32, String>> {
         let t = self.opts.request_timeout;
         let prefix = format!("{}/ranks/", self.root);
-        let (kvs, _) = self.on_own_thread(self.api.range_prefix(prefix.as_bytes(), t))?;
+        let (kvs, _) = self.block_on(self.api.range_prefix(prefix.as_bytes(), t))?;
         Ok(kvs
             .into_iter()
             .filter_map(|kv| {
@@ -461,13 +461,23 @@ impl EtcdCoordinator {
             .collect())
     }
 
-    /// Runs `f` on the coordinator's runtime from a thread of its own (the
-    /// caller may be inside an async runtime, where blocking would panic).
-    fn on_own_thread<T: Send>(
+    /// Runs `f` on the coordinator's runtime and waits for it: on the
+    /// calling thread, or, where the caller is inside an async runtime
+    /// (blocking there would panic), from a thread of its own. Not a
+    /// thread per call where none is needed: at 4,096 simulated ranks, a
+    /// round's thread exiting and being joined in a process of thousands
+    /// of threads took 200 ms at the median node (and the node's ranks
+    /// waited for it) after the decision had come.
+    fn block_on<T: Send>(
         &self,
         f: impl std::future::Future<Output = Result<T>> + Send,
     ) -> Result<T> {
         let rt = self.rt()?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            // A panic is this call's error, as from a thread of its own.
+            return std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(f)))
+                .unwrap_or_else(|_| Err(Error::Coordination("the etcd call panicked".into())));
+        }
         std::thread::scope(|sc| {
             sc.spawn(|| rt.block_on(f))
                 .join()
@@ -528,7 +538,7 @@ impl Coordinator for EtcdCoordinator {
             )));
         }
         self.check_lost()?;
-        self.on_own_thread(self.gather(key, value, timeout))
+        self.block_on(self.gather(key, value, timeout))
     }
 
     fn all_reduce(

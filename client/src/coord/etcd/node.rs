@@ -104,7 +104,7 @@ impl EtcdCoordinator {
         }
         self.check_lost()?;
         if let (1, Some(reduce)) = (self.count, reduce) {
-            return self.on_own_thread(self.decide(key, vec![(rank, value)], timeout, reduce));
+            return self.block_on(self.decide(key, vec![(rank, value)], timeout, reduce));
         }
         let deadline = Instant::now() + timeout;
         let local = &self.local;
@@ -155,7 +155,7 @@ impl EtcdCoordinator {
                     let until = round.deadline.map_or(deadline, |d| d.min(deadline));
                     drop(rounds);
                     let left = until.saturating_duration_since(Instant::now());
-                    let outcome = self.on_own_thread(self.decide(key, values, left, reduce));
+                    let outcome = self.block_on(self.decide(key, values, left, reduce));
                     rounds = local.rounds.lock().map_err(poisoned)?;
                     if let Some(r) = rounds.get_mut(key) {
                         r.running = false;
@@ -245,7 +245,7 @@ impl EtcdCoordinator {
         }
         let (api, lease) = (self.api.clone(), self.lease);
         let t = self.opts.request_timeout.min(Duration::from_secs(2));
-        if let Err(e) = self.on_own_thread(async move { api.revoke(lease, t).await }) {
+        if let Err(e) = self.block_on(async move { api.revoke(lease, t).await }) {
             tracing::warn!(error = %e, "could not revoke the node's lease; it expires");
         }
     }
