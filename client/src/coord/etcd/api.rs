@@ -528,8 +528,8 @@ impl EtcdApi {
     /// `unchanged_since` (each `from`, `to`) was written after revision
     /// `rev`, and the key of `held` exists, last written at its revision;
     /// in the same transaction puts each of `before` (empty values, ahead
-    /// of `key`: a watcher sees them first) and deletes the keys in
-    /// `clear`. Returns the revision of the put, or what `key` holds when
+    /// of `key`: a watcher sees them first) and deletes the keys in each
+    /// range of `clear`. Returns the revision of the put, or what `key` holds when
     /// a condition failed (`None`: it is absent, so a range or a held key
     /// changed).
     #[allow(clippy::too_many_arguments)]
@@ -541,7 +541,7 @@ impl EtcdApi {
         before: &[Vec<u8>],
         unchanged_since: Option<(&[KeyRange<'_>], i64)>,
         held: Option<(&[u8], i64)>,
-        clear: Option<(&[u8], &[u8])>,
+        clear: &[KeyRange<'_>],
         t: Duration,
     ) -> Result<std::result::Result<i64, Option<Kv>>> {
         let k = B64.encode(key);
@@ -576,7 +576,7 @@ impl EtcdApi {
         };
         let mut success: Vec<Value> = before.iter().map(|b| leased(B64.encode(b), &[])).collect();
         success.push(leased(k.clone(), value));
-        if let Some((from, to)) = clear {
+        for (from, to) in clear {
             success.push(json!({"request_delete_range": {"key": B64.encode(from), "range_end": B64.encode(to)}}));
         }
         let body = json!({

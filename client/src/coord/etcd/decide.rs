@@ -2,20 +2,25 @@
 //! value (its ranks' values together), the process holding rank 0 (the
 //! decider) gathers them as etcd streams them, runs the reduction once and
 //! creates one decision key; every other process waits on that one key.
-//! A round costs etcd two requests per waiting process (its values, and a
-//! watch that brings the decision) and three for the decider's, and only
-//! the decider reads O(world) bytes.
+//! A round costs etcd one request per waiting process (its values; the
+//! process's one watch of the job's decisions, kept across rounds, brings
+//! the decision) and three for the decider's, and only the decider reads
+//! O(world) bytes.
 //!
 //! Keys, under `<prefix>/<job>/decide/[<start>/]<key>@<attempt>/`:
 //! - `v/<first rank>/<instance>`: a process's values (on the rounds'
 //!   lease). Only values whose instance holds the ranks they name count.
-//! - `decision`: the outcome, created once (`[1, payload…]`, or `[0,
+//!
+//! and under `<prefix>/<job>/decided/[<start>/]<key>@<attempt>/` (apart,
+//! so that each process's one watch of every decision,
+//! [`super::decided`], brings no values):
+//! - `<instance>`: the outcome, created once (`[1, payload…]`, or `[0,
 //!   message…]` when the round failed: a rank died, the time ran out).
 //!   The decider creates it only while no claim and no value changed since
 //!   it counted (in the same transaction), and clears its previous round
 //!   then: every process had read that round's decision before it put a
 //!   value here.
-//! - `decision/stale-<instance>` (or `decision/stale-*`): put ahead of the
+//! - `stale-<instance>` (or `stale-*`): put ahead of the
 //!   decision in its transaction, for a process whose values did not
 //!   count (it lost its claim): that process must not take the decision
 //!   its watch brings, and reads it with its own claims instead.
@@ -27,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use super::api::{prefix_end, Event, Kv};
 use super::claims::{parse_claim, rank_range, Claim};
+use super::decided::Found;
 use super::{escape, poisoned, EtcdCoordinator};
 use crate::coord::coordinator::Reduce;
 use crate::coord::verdict;
@@ -125,21 +131,21 @@ struct Counted<'a> {
 }
 
 /// What a process other than the decider waits on.
-struct Waiting<'a> {
-    /// The decisions' prefix (`{round}decision/`; each under the
+pub(super) struct Waiting<'a> {
+    /// The round's decisions' prefix (`<root>/decided/…@n/`; each under the
     /// instance of the process that decided).
-    dprefix: &'a [u8],
+    pub(super) dprefix: &'a [u8],
     /// The decider's claim.
-    decider: &'a [u8],
+    pub(super) decider: &'a [u8],
     /// The revision of this process's values.
-    put_rev: i64,
+    pub(super) put_rev: i64,
     /// The mark that says this process's values did not count.
-    stale: &'a [u8],
+    pub(super) stale: &'a [u8],
     /// The prefix of every process's mark (`{dprefix}stale-`).
-    marks: &'a [u8],
+    pub(super) marks: &'a [u8],
     /// The mark that says no waiting process may take the decision from
     /// its watch (`{dprefix}stale-*`).
-    every: &'a [u8],
+    pub(super) every: &'a [u8],
 }
 
 /// What a read shows of the decider and its decision.
@@ -253,7 +259,7 @@ impl EtcdCoordinator {
         let t = self.opts.request_timeout;
         let deadline = Instant::now() + timeout;
         let mine = format!("{round}v/{:08}/{}", self.rank, self.instance).into_bytes();
-        let dprefix = format!("{round}decision/").into_bytes();
+        let dprefix = self.decisions_of(round);
         let decider = format!("{}/ranks/{:08}", self.root, 0).into_bytes();
         let marks = [dprefix.as_slice(), STALE].concat();
         let stale = [marks.as_slice(), self.instance.as_bytes()].concat();
@@ -286,6 +292,11 @@ impl EtcdCoordinator {
             }
         };
         let w = Waiting { put_rev, ..w };
+        // From the first round on, one watch brings this process every
+        // decision of the job (started from this read: nothing after it is
+        // missed).
+        let all = format!("{}/decided/", self.root).into_bytes();
+        self.decisions.follow(&self.api, all, put_rev, t)?;
         let r = self.read_decision(key, &w, got, deadline, timeout).await;
         if r.is_err() {
             // A failed round's value goes at once: no late decider counts it.
@@ -384,22 +395,35 @@ impl EtcdCoordinator {
             let followed = if long {
                 self.follow_decider(w, rev, left).await
             } else {
-                // Most rounds are decided within it: one watch.
+                // Most rounds are decided within it: the process's watch
+                // of the decisions brings it (no request), or, where that
+                // watch missed some (etcd compacted its revisions), a
+                // watch of the round's own.
                 long = true;
-                self.round_api()
-                    .watch(w.dprefix, rev, left.min(self.opts.lease_ttl / 2), |ev| {
-                        match ev {
-                            Event::Put(kv) if kv.key == w.stale || kv.key == w.every => true,
-                            // Another process's mark: its business.
-                            Event::Put(kv) if kv.key.starts_with(w.marks) => false,
-                            Event::Put(kv) => {
-                                put = Some(kv);
-                                true
-                            }
-                            Event::Delete(_) => false,
-                        }
-                    })
-                    .await
+                let wait = left.min(self.opts.lease_ttl / 2);
+                let marks = (w.stale, w.every, w.marks);
+                match self.decisions.wait(w.dprefix, marks, rev, wait).await? {
+                    Some(Found::Decision(kv)) => {
+                        put = Some(kv);
+                        Ok(true)
+                    }
+                    Some(Found::Marked) => Ok(true),
+                    Some(Found::Nothing) => Ok(false),
+                    None => {
+                        self.round_api()
+                            .watch(w.dprefix, rev, wait, |ev| match ev {
+                                Event::Put(kv) if kv.key == w.stale || kv.key == w.every => true,
+                                // Another process's mark: its business.
+                                Event::Put(kv) if kv.key.starts_with(w.marks) => false,
+                                Event::Put(kv) => {
+                                    put = Some(kv);
+                                    true
+                                }
+                                Event::Delete(_) => false,
+                            })
+                            .await
+                    }
+                }
             };
             match followed {
                 Err(e) => {
@@ -456,32 +480,6 @@ impl EtcdCoordinator {
             self.fence(&own)?;
             fenced = true;
             got = read;
-        }
-    }
-
-    /// A long round's wait of a process other than the decider: until a
-    /// decision is put, the decider's claim changes (it exited, or its
-    /// lease ran out), or `wait` passes, reading nothing meanwhile (two
-    /// watches, where it read the decisions and the claims again each half
-    /// lease: O(nodes) requests per half lease of a slow rank). This
-    /// process's own lease is the keep-alive task's to watch: it is looked
-    /// at here each half lease, without a request, and the read after the
-    /// decision fences this process's claims.
-    async fn follow_decider(&self, w: &Waiting<'_>, rev: i64, wait: Duration) -> Result<bool> {
-        let decision = self
-            .round_api()
-            .watch(w.dprefix, rev, wait, |ev| matches!(ev, Event::Put(_)));
-        let decider = self.round_api().watch(w.decider, rev, wait, |_| true);
-        let lost = async {
-            loop {
-                tokio::time::sleep(self.opts.lease_ttl / 2).await;
-                self.check_lost()?;
-            }
-        };
-        tokio::select! {
-            r = decision => r,
-            r = decider => r,
-            r = lost => r,
         }
     }
 
@@ -674,7 +672,7 @@ impl EtcdCoordinator {
         deadline: Instant,
     ) -> Result<Option<Result<Vec<u8>>>> {
         let t = self.opts.request_timeout;
-        let dprefix = format!("{round}decision/").into_bytes();
+        let dprefix = self.decisions_of(round);
         let dkey = [dprefix.as_slice(), self.instance.as_bytes()].concat();
         let bytes = verdict::encode(outcome.clone());
         let members = format!("{}/ranks/", self.root).into_bytes();
@@ -709,11 +707,19 @@ impl EtcdCoordinator {
             Ok(_) => self.state.lock().map_err(poisoned)?.last_decided.clone(),
             Err(_) => None,
         };
-        let clear_end = previous.as_deref().map(|p| prefix_end(p.as_bytes()));
-        let clear = previous
-            .as_deref()
-            .zip(clear_end.as_deref())
-            .map(|(p, e)| (p.as_bytes(), e));
+        // The previous round's values and its decisions.
+        let cleared: Vec<(Vec<u8>, Vec<u8>)> = previous
+            .iter()
+            .flat_map(|p| [p.as_bytes().to_vec(), self.decisions_of(p)])
+            .map(|p| {
+                let end = prefix_end(&p);
+                (p, end)
+            })
+            .collect();
+        let clear: Vec<(&[u8], &[u8])> = cleared
+            .iter()
+            .map(|(p, e)| (p.as_slice(), e.as_slice()))
+            .collect();
         // What every other process reads (a long message is cut alike).
         let read_back = |b: &[u8]| verdict::decode(key, b).map(<[u8]>::to_vec);
         loop {
@@ -726,7 +732,7 @@ impl EtcdCoordinator {
                     &marks,
                     unchanged,
                     own,
-                    clear,
+                    &clear,
                     t,
                 )
                 .await;

@@ -22,6 +22,7 @@
 mod api;
 mod claims;
 mod decide;
+mod decided;
 mod gather;
 mod members;
 mod node;
@@ -230,6 +231,9 @@ pub struct EtcdCoordinator {
     rounds_sent: std::sync::atomic::AtomicU64,
     /// The decider's copy of the claims, from its last round's read.
     members: Mutex<members::Members>,
+    /// The job's decisions, as one watch kept across rounds brings them
+    /// (a process other than the decider's).
+    decisions: Arc<decided::Decisions>,
 }
 
 /// How long the rounds' lease lives at least: a slow rank must still find
@@ -402,6 +406,7 @@ impl EtcdCoordinator {
             kept_alive,
             rounds_sent: std::sync::atomic::AtomicU64::new(0),
             members: Mutex::default(),
+            decisions: Arc::default(),
         })
     }
 
@@ -418,11 +423,12 @@ impl EtcdCoordinator {
         self.api.received()
     }
 
-    /// Of [`EtcdCoordinator::requests`], those the keep-alive task sent
-    /// (four per third of the lease, however many ranks the process
-    /// holds).
+    /// Of [`EtcdCoordinator::requests`], those of the process's
+    /// background: the keep-alive task (four per third of the lease,
+    /// however many ranks the process holds) and the watch that follows
+    /// the job's decisions (one a minute, and again after a failure).
     pub fn keepalive_requests(&self) -> u64 {
-        self.kept_alive.load(std::sync::atomic::Ordering::Relaxed)
+        self.kept_alive.load(std::sync::atomic::Ordering::Relaxed) + self.decisions.requests()
     }
 
     /// Of [`EtcdCoordinator::requests`], those of the reducing rounds
