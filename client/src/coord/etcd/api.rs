@@ -110,8 +110,8 @@ fn range_op(from: &[u8], to: &[u8]) -> Value {
 pub(crate) enum Event {
     /// A key was put (with its new value).
     Put(Kv),
-    /// A key was deleted (or its lease expired).
-    Delete(Vec<u8>),
+    /// A key was deleted (or its lease expired), at a revision.
+    Delete(Vec<u8>, i64),
 }
 
 /// TLS and authentication of the connection.
@@ -232,8 +232,9 @@ impl EtcdApi {
             .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Gets a token for the user, if one is configured.
-    async fn authenticate(&self) -> Result<()> {
+    /// Gets a token for the user, if one is configured (again: the one
+    /// held may have expired).
+    pub(crate) async fn authenticate(&self) -> Result<()> {
         let Some((name, password)) = &self.user else {
             return Ok(());
         };
@@ -729,7 +730,7 @@ impl EtcdApi {
                     for ev in &events {
                         let kv = kv_of(&ev["kv"])?;
                         let event = if ev["type"].as_str() == Some("DELETE") {
-                            Event::Delete(kv.key)
+                            Event::Delete(kv.key, kv.mod_revision)
                         } else {
                             Event::Put(kv)
                         };

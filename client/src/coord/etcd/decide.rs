@@ -18,8 +18,9 @@
 //!   message…]` when the round failed: a rank died, the time ran out).
 //!   The decider creates it only while no claim and no value changed since
 //!   it counted (in the same transaction), and clears its previous round
-//!   then: every process had read that round's decision before it put a
-//!   value here.
+//!   then: every process had put a value here, so that round's decision
+//!   was in etcd before (the watch of each process keeps what it brought
+//!   after the deletion: a process in two rounds at once may look later).
 //! - `stale-<instance>` (or `stale-*`): put ahead of the
 //!   decision in its transaction, for a process whose values did not
 //!   count (it lost its claim): that process must not take the decision
@@ -402,7 +403,18 @@ impl EtcdCoordinator {
                 long = true;
                 let wait = left.min(self.opts.lease_ttl / 2);
                 let marks = (w.stale, w.every, w.marks);
-                match self.decisions.wait(w.dprefix, marks, rev, wait).await? {
+                let want = match &decider {
+                    Decider::Held { instance, .. } => {
+                        Some([w.dprefix, instance.as_bytes()].concat())
+                    }
+                    Decider::Absent => None,
+                };
+                let want = want.as_deref();
+                match self
+                    .decisions
+                    .wait(w.dprefix, marks, want, rev, wait)
+                    .await?
+                {
                     Some(Found::Decision(kv)) => {
                         put = Some(kv);
                         Ok(true)
@@ -419,7 +431,7 @@ impl EtcdCoordinator {
                                     put = Some(kv);
                                     true
                                 }
-                                Event::Delete(_) => false,
+                                Event::Delete(..) => false,
                             })
                             .await
                     }
@@ -439,8 +451,8 @@ impl EtcdCoordinator {
                 Ok(_) => {}
             }
             // The decider's own success, brought by the watch, is the
-            // round's: no read after it (two requests per round, not
-            // three). It counted this process's values (every value of
+            // round's: no read after it (one request per round: the
+            // values). It counted this process's values (every value of
             // the round before the decision is counted or marked, and a
             // value counts only while its process holds its ranks); the
             // lease, surely not run out since its last renewal, is a
@@ -591,7 +603,7 @@ impl EtcdCoordinator {
                                 !count_values(&holder, &vdir, &kv, &mut by_rank, &mut stale)
                                     || by_rank.len() >= world
                             }
-                            Event::Delete(k) if k.starts_with(&vdir) => true,
+                            Event::Delete(k, _) if k.starts_with(&vdir) => true,
                             Event::Put(kv) if kv.key.starts_with(&members) => {
                                 seen = seen.max(kv.mod_revision);
                                 let new = self.holders(std::slice::from_ref(&kv));
@@ -604,7 +616,7 @@ impl EtcdCoordinator {
                                     _ => true,
                                 }
                             }
-                            Event::Delete(k) => k.starts_with(&members),
+                            Event::Delete(k, _) => k.starts_with(&members),
                             Event::Put(kv) => {
                                 seen = seen.max(kv.mod_revision);
                                 false

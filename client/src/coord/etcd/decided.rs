@@ -8,6 +8,12 @@
 //! connection). The decisions' prefix holds only decisions and the marks
 //! put ahead of them (a round's values are under `decide/`), so the watch
 //! brings a few keys per round, whatever the world.
+//!
+//! What the watch brought stays after the decider deletes it (up to a
+//! bound, oldest out), as a watch of the round's own from its revision
+//! would still report it: a process in two rounds at once (a refused
+//! save's barrier beside the next save's) may look for its decision only
+//! after the decider cleared that round, and still finds it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,10 +25,14 @@ use super::decide::Waiting;
 use super::{poisoned, EtcdCoordinator};
 use crate::error::Result;
 
-/// At most this many keys are kept (the decider clears each round's
-/// decision once the next one succeeds, so a few are there at a time): a
-/// bound against a flood of keys under the prefix, oldest first out.
-const MAX_KEPT: usize = 1024;
+/// At most this many keys are kept, deleted ones included (a round's
+/// decision and at most 33 marks): the newest rounds', oldest out.
+const MAX_KEPT: usize = 256;
+
+/// After the watch's requests have failed for this long in a row, rounds
+/// stop counting on it (each watches its own round and reads, as before
+/// it) until a request succeeds again; an etcd restart takes less.
+const FAILING_AFTER: Duration = Duration::from_secs(5);
 
 /// How long one watch request lasts before it is renewed from where it
 /// was (a request that never ends would hold a dead connection unseen).
@@ -35,8 +45,30 @@ struct Seen {
     /// not following).
     from: Option<i64>,
     /// The keys under the prefix as the watch brought them (deleted ones
-    /// removed).
+    /// kept: see the module's doc), at most [`MAX_KEPT`].
     kvs: BTreeMap<Vec<u8>, Kv>,
+    /// Since when the watch's requests have failed, all of them.
+    failing_since: Option<std::time::Instant>,
+    /// The failures were reported (once per streak).
+    warned: bool,
+}
+
+impl Seen {
+    fn keep(&mut self, kv: Kv) {
+        self.kvs.insert(kv.key.clone(), kv);
+        if self.kvs.len() > MAX_KEPT {
+            let mut by_age: Vec<(i64, Vec<u8>)> = self
+                .kvs
+                .iter()
+                .map(|(k, kv)| (kv.mod_revision, k.clone()))
+                .collect();
+            by_age.sort_unstable();
+            let extra = self.kvs.len() - MAX_KEPT;
+            for (_, k) in by_age.into_iter().take(extra) {
+                self.kvs.remove(&k);
+            }
+        }
+    }
 }
 
 /// The decisions as one watch brings them, shared by the rounds of a
@@ -102,6 +134,7 @@ impl Decisions {
         let count = || self.requests.fetch_add(1, Ordering::Relaxed);
         loop {
             count();
+            let started = std::time::Instant::now();
             let r = api
                 .watch(prefix, at, RENEW_EVERY, |ev| {
                     self.apply(ev, &mut at);
@@ -109,19 +142,30 @@ impl Decisions {
                 })
                 .await;
             match r {
-                // Its time passed: on from where it was.
-                Ok(false) => {}
+                // Its time passed: on from where it was. One that ended at
+                // once with nothing (etcd closed it) waits a little: no
+                // storm of requests.
+                Ok(false) => {
+                    self.failed(false);
+                    if started.elapsed() < Duration::from_millis(50) {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
                 // etcd cancelled it (the revisions after `at` were
                 // compacted): what came meanwhile is read, and rounds
-                // waiting from before the read read their decisions
-                // themselves.
+                // waiting from before the read watch their own.
                 Ok(true) => {
                     count();
                     match api.range_prefix(prefix, t).await {
                         Ok((kvs, rev)) => {
                             if let Ok(mut s) = self.seen.lock() {
-                                s.kvs = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+                                s.kvs.clear();
+                                for kv in kvs {
+                                    s.keep(kv);
+                                }
                                 s.from = Some(rev);
+                                s.failing_since = None;
+                                s.warned = false;
                             }
                             at = rev;
                             self.changed.send_modify(|n| *n += 1);
@@ -132,39 +176,55 @@ impl Decisions {
                         }
                     }
                 }
-                // etcd unreachable, restarting: the next watch starts from
-                // where this one was (a round waiting meanwhile reads at
-                // its own time).
+                // etcd unreachable or restarting: the next watch starts
+                // from where this one was. An expired token is renewed.
                 Err(e) => {
-                    tracing::debug!(error = %e, "the decisions' watch failed; again");
+                    if self.failed(true) {
+                        tracing::warn!(error = %e, "the watch of the job's decisions keeps failing; rounds read their decisions themselves meanwhile");
+                    }
+                    count();
+                    let _ = api.authenticate().await;
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
         }
     }
 
+    /// Notes a watch request that failed or succeeded; true when the
+    /// failures in a row just passed [`FAILING_AFTER`] (waiting rounds are
+    /// woken: they go to their own watches).
+    fn failed(&self, failed: bool) -> bool {
+        let Ok(mut s) = self.seen.lock() else {
+            return false;
+        };
+        if !failed {
+            s.failing_since = None;
+            s.warned = false;
+            return false;
+        }
+        let since = *s.failing_since.get_or_insert_with(std::time::Instant::now);
+        if s.warned || since.elapsed() < FAILING_AFTER {
+            return false;
+        }
+        s.warned = true;
+        drop(s);
+        self.changed.send_modify(|n| *n += 1);
+        true
+    }
+
     fn apply(&self, ev: Event, at: &mut i64) {
         let Ok(mut s) = self.seen.lock() else {
             return;
         };
+        s.failing_since = None;
+        s.warned = false;
         match ev {
             Event::Put(kv) => {
                 *at = (*at).max(kv.mod_revision);
-                s.kvs.insert(kv.key.clone(), kv);
-                while s.kvs.len() > MAX_KEPT {
-                    let oldest = s
-                        .kvs
-                        .iter()
-                        .min_by_key(|(_, kv)| kv.mod_revision)
-                        .map(|(k, _)| k.clone());
-                    if let Some(k) = oldest {
-                        s.kvs.remove(&k);
-                    }
-                }
+                s.keep(kv);
             }
-            Event::Delete(k) => {
-                s.kvs.remove(&k);
-            }
+            // Kept (see the module's doc); the watch moves on past it.
+            Event::Delete(_, rev) => *at = (*at).max(rev),
         }
         drop(s);
         self.changed.send_modify(|n| *n += 1);
@@ -173,12 +233,15 @@ impl Decisions {
     /// Waits up to `wait` for what a process that put its values at or
     /// before `after` looks for under `dprefix` (its mark `stale`, the mark
     /// `every`, or a decision, marks first: they are put ahead of the
-    /// decision in its transaction). None: the watch does not cover every
-    /// change after `after` (the caller watches itself).
+    /// decision in its transaction; the decision `want`, the decider's as
+    /// the caller last read its claim, before any other). None: the watch
+    /// does not cover every change after `after`, or keeps failing (the
+    /// caller watches itself).
     pub(super) async fn wait(
         &self,
         dprefix: &[u8],
         marks: (&[u8], &[u8], &[u8]),
+        want: Option<&[u8]>,
         after: i64,
         wait: Duration,
     ) -> Result<Option<Found>> {
@@ -188,7 +251,10 @@ impl Decisions {
         loop {
             {
                 let s = self.seen.lock().map_err(poisoned)?;
-                if s.from.is_none_or(|f| f > after) {
+                let failing = s
+                    .failing_since
+                    .is_some_and(|t| t.elapsed() >= FAILING_AFTER);
+                if s.from.is_none_or(|f| f > after) || failing {
                     return Ok(None);
                 }
                 let mut decision = None;
@@ -202,7 +268,8 @@ impl Decisions {
                     if k == stale || k == every {
                         return Ok(Some(Found::Marked));
                     }
-                    if !k.starts_with(all_marks) && decision.is_none() {
+                    let wanted = want == Some(k.as_slice());
+                    if !k.starts_with(all_marks) && (decision.is_none() || wanted) {
                         decision = Some(kv.clone());
                     }
                 }
@@ -286,7 +353,7 @@ mod tests {
             .enable_time()
             .build()
             .unwrap();
-        rt.block_on(d.wait(b"/d/r@1/", MARKS, after, Duration::from_millis(20)))
+        rt.block_on(d.wait(b"/d/r@1/", MARKS, None, after, Duration::from_millis(20)))
             .unwrap()
     }
 
@@ -322,9 +389,56 @@ mod tests {
         assert_eq!(found(wait(&d, 10)), "marked");
         // A round whose values came before the watch's start is not covered.
         assert_eq!(found(wait(&d, 9)), "not covered");
-        // Deleted (the decider cleared the round): gone.
-        d.apply(Event::Delete(b"/d/r@1/stale-me".to_vec()), &mut at);
-        d.apply(Event::Delete(b"/d/r@1/dec".to_vec()), &mut at);
+        // Deleted (the decider cleared the round after the next one)
+        // before this round looked: still there, as a watch of the round
+        // from its revision would report it; the watch moves past it.
+        d.apply(Event::Delete(b"/d/r@1/stale-me".to_vec(), 20), &mut at);
+        d.apply(Event::Delete(b"/d/r@1/dec".to_vec(), 20), &mut at);
+        assert_eq!(at, 20);
+        assert_eq!(found(wait(&d, 10)), "marked");
+        // The mark for every process.
+        let d = Decisions::default();
+        d.seen.lock().unwrap().from = Some(10);
+        put(&d, "/d/r@1/dec", 12, &mut at);
+        put(&d, "/d/r@1/stale-*", 12, &mut at);
+        assert_eq!(found(wait(&d, 10)), "marked");
+    }
+
+    #[test]
+    fn the_deciders_decision_is_taken_before_another_instances() {
+        let d = Decisions::default();
+        d.seen.lock().unwrap().from = Some(10);
+        let mut at = 10;
+        put(&d, "/d/r@1/aaa-earlier", 11, &mut at);
+        put(&d, "/d/r@1/zzz-decider", 12, &mut at);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let want = b"/d/r@1/zzz-decider".as_slice();
+        let got = rt
+            .block_on(d.wait(b"/d/r@1/", MARKS, Some(want), 10, Duration::from_millis(20)))
+            .unwrap();
+        assert_eq!(found(got), "/d/r@1/zzz-decider");
+        assert_eq!(found(wait(&d, 10)), "/d/r@1/aaa-earlier");
+    }
+
+    #[test]
+    fn a_watch_that_keeps_failing_hands_the_rounds_back() {
+        let d = Decisions::default();
+        d.seen.lock().unwrap().from = Some(10);
+        // Failing for a short while (an etcd restart): still counted on.
+        assert!(!d.failed(true));
+        assert!(!d.failed(true));
+        assert_eq!(found(wait(&d, 10)), "nothing");
+        // For longer: handed back, reported once.
+        d.seen.lock().unwrap().failing_since =
+            Some(std::time::Instant::now() - FAILING_AFTER - Duration::from_secs(1));
+        assert!(d.failed(true));
+        assert!(!d.failed(true));
+        assert_eq!(found(wait(&d, 10)), "not covered");
+        // A request that succeeds again: covered again.
+        d.failed(false);
         assert_eq!(found(wait(&d, 10)), "nothing");
     }
 
@@ -345,7 +459,7 @@ mod tests {
         });
         let t = std::time::Instant::now();
         let got = rt
-            .block_on(d.wait(b"/d/r@1/", MARKS, 1, Duration::from_secs(20)))
+            .block_on(d.wait(b"/d/r@1/", MARKS, None, 1, Duration::from_secs(20)))
             .unwrap();
         late.join().unwrap();
         assert_eq!(found(got), "/d/r@1/dec");
