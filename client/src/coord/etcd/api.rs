@@ -232,8 +232,7 @@ impl EtcdApi {
             .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Gets a token for the user, if one is configured (again: the one
-    /// held may have expired).
+    /// Gets a token for the user, if one is configured (anew: one expires).
     pub(crate) async fn authenticate(&self) -> Result<()> {
         let Some((name, password)) = &self.user else {
             return Ok(());
