@@ -46,8 +46,18 @@ fn requests_per_round(nodes: &[Arc<EtcdCoordinator>], world: u32) -> f64 {
 
 /// `c`'s round "r" as `rank` with `value`, and the round requests it sent.
 fn counted(c: &EtcdCoordinator, rank: u32, value: u8) -> (strata::Result<Vec<u8>>, u64) {
+    counted_as(c, rank, "r", value)
+}
+
+/// `c`'s round `key` as `rank` with `value`, and the round requests it sent.
+fn counted_as(
+    c: &EtcdCoordinator,
+    rank: u32,
+    key: &str,
+    value: u8,
+) -> (strata::Result<Vec<u8>>, u64) {
     let before = c.round_requests();
-    let got = c.all_reduce(rank, "r", vec![value], LONG, &sum);
+    let got = c.all_reduce(rank, key, vec![value], LONG, &sum);
     (got, c.round_requests() - before)
 }
 
@@ -551,11 +561,7 @@ fn the_watch_of_the_decisions_outlives_an_etcd_restart_and_a_compaction() {
     let other = EtcdCoordinator::connect(opts(&etcd.url, 60), "kept", 1, 2).unwrap();
     let round = |key: &str| {
         std::thread::scope(|s| {
-            let waiting = s.spawn(|| {
-                let before = other.round_requests();
-                let got = other.all_reduce(1, key, vec![2], LONG, &sum);
-                (got, other.round_requests() - before)
-            });
+            let waiting = s.spawn(|| counted_as(&other, 1, key, 2));
             let got = decider.all_reduce(0, key, vec![1], LONG, &sum).unwrap();
             let (theirs, requests) = waiting.join().unwrap();
             assert_eq!(theirs.unwrap(), got, "{key}");

@@ -296,8 +296,8 @@ impl EtcdCoordinator {
         // From the first round on, one watch brings this process every
         // decision of the job (started from this read: nothing after it is
         // missed).
-        let all = format!("{}/decided/", self.root).into_bytes();
-        self.decisions.follow(&self.api, all, put_rev, t)?;
+        self.decisions
+            .follow(&self.api, self.every_decision(), put_rev, t)?;
         let r = self.read_decision(key, &w, got, deadline, timeout).await;
         if r.is_err() {
             // A failed round's value goes at once: no late decider counts it.
@@ -402,7 +402,6 @@ impl EtcdCoordinator {
                 // watch of the round's own.
                 long = true;
                 let wait = left.min(self.opts.lease_ttl / 2);
-                let marks = (w.stale, w.every, w.marks);
                 let want = match &decider {
                     Decider::Held { instance, .. } => {
                         Some([w.dprefix, instance.as_bytes()].concat())
@@ -410,11 +409,7 @@ impl EtcdCoordinator {
                     Decider::Absent => None,
                 };
                 let want = want.as_deref();
-                match self
-                    .decisions
-                    .wait(w.dprefix, marks, want, rev, wait)
-                    .await?
-                {
+                match self.decisions.wait(w, want, rev, wait).await? {
                     Some(Found::Decision(kv)) => {
                         put = Some(kv);
                         Ok(true)

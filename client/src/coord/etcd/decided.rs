@@ -56,17 +56,12 @@ struct Seen {
 impl Seen {
     fn keep(&mut self, kv: Kv) {
         self.kvs.insert(kv.key.clone(), kv);
-        if self.kvs.len() > MAX_KEPT {
-            let mut by_age: Vec<(i64, Vec<u8>)> = self
-                .kvs
-                .iter()
-                .map(|(k, kv)| (kv.mod_revision, k.clone()))
-                .collect();
-            by_age.sort_unstable();
-            let extra = self.kvs.len() - MAX_KEPT;
-            for (_, k) in by_age.into_iter().take(extra) {
-                self.kvs.remove(&k);
-            }
+        while self.kvs.len() > MAX_KEPT {
+            let oldest = self.kvs.iter().min_by_key(|(_, kv)| kv.mod_revision);
+            let Some(k) = oldest.map(|(k, _)| k.clone()) else {
+                break;
+            };
+            self.kvs.remove(&k);
         }
     }
 }
@@ -239,13 +234,12 @@ impl Decisions {
     /// caller watches itself).
     pub(super) async fn wait(
         &self,
-        dprefix: &[u8],
-        marks: (&[u8], &[u8], &[u8]),
+        w: &Waiting<'_>,
         want: Option<&[u8]>,
         after: i64,
         wait: Duration,
     ) -> Result<Option<Found>> {
-        let (stale, every, all_marks) = marks;
+        let dprefix = w.dprefix;
         let mut rx = self.changed.subscribe();
         let until = tokio::time::Instant::now() + wait;
         loop {
@@ -265,11 +259,11 @@ impl Decisions {
                     if kv.mod_revision <= after {
                         continue;
                     }
-                    if k == stale || k == every {
+                    if k == w.stale || k == w.every {
                         return Ok(Some(Found::Marked));
                     }
                     let wanted = want == Some(k.as_slice());
-                    if !k.starts_with(all_marks) && (decision.is_none() || wanted) {
+                    if !k.starts_with(w.marks) && (decision.is_none() || wanted) {
                         decision = Some(kv.clone());
                     }
                 }
@@ -295,7 +289,12 @@ impl EtcdCoordinator {
         let own = round
             .strip_prefix(&format!("{}/decide/", self.root))
             .unwrap_or(round);
-        format!("{}/decided/{own}", self.root).into_bytes()
+        [self.every_decision().as_slice(), own.as_bytes()].concat()
+    }
+
+    /// The prefix of every decision of the job (what the watch follows).
+    pub(super) fn every_decision(&self) -> Vec<u8> {
+        format!("{}/decided/", self.root).into_bytes()
     }
 
     /// A long round's wait of a process other than the decider: until a
@@ -346,14 +345,22 @@ mod tests {
         );
     }
 
-    const MARKS: (&[u8], &[u8], &[u8]) = (b"/d/r@1/stale-me", b"/d/r@1/stale-*", b"/d/r@1/stale-");
+    /// What a process of round `/d/r@1/` waits on.
+    const W: Waiting<'static> = Waiting {
+        dprefix: b"/d/r@1/",
+        decider: b"/ranks/00000000",
+        put_rev: 0,
+        stale: b"/d/r@1/stale-me",
+        marks: b"/d/r@1/stale-",
+        every: b"/d/r@1/stale-*",
+    };
 
     fn wait(d: &Decisions, after: i64) -> Option<Found> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
             .unwrap();
-        rt.block_on(d.wait(b"/d/r@1/", MARKS, None, after, Duration::from_millis(20)))
+        rt.block_on(d.wait(&W, None, after, Duration::from_millis(20)))
             .unwrap()
     }
 
@@ -417,7 +424,7 @@ mod tests {
             .unwrap();
         let want = b"/d/r@1/zzz-decider".as_slice();
         let got = rt
-            .block_on(d.wait(b"/d/r@1/", MARKS, Some(want), 10, Duration::from_millis(20)))
+            .block_on(d.wait(&W, Some(want), 10, Duration::from_millis(20)))
             .unwrap();
         assert_eq!(found(got), "/d/r@1/zzz-decider");
         assert_eq!(found(wait(&d, 10)), "/d/r@1/aaa-earlier");
@@ -459,7 +466,7 @@ mod tests {
         });
         let t = std::time::Instant::now();
         let got = rt
-            .block_on(d.wait(b"/d/r@1/", MARKS, None, 1, Duration::from_secs(20)))
+            .block_on(d.wait(&W, None, 1, Duration::from_secs(20)))
             .unwrap();
         late.join().unwrap();
         assert_eq!(found(got), "/d/r@1/dec");
