@@ -46,6 +46,11 @@ pub(crate) const WINDOW: usize = 64;
 const MAX_BLIND: usize = 32;
 /// Longest tier description carried (a tier's error message is cut).
 const MAX_NOTE: usize = 512;
+/// Marks [`Holdings::checked`] after the rest of a payload (its padding
+/// is zeros, so the two never read as each other).
+const CHECKED: u8 = 0xC1;
+/// Bit of a decision's first byte saying [`Agreement::ready`] follows.
+const READY: u8 = 2;
 
 /// What one rank can restore, as it tells the others.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -68,6 +73,11 @@ pub(crate) struct Holdings {
     pub(crate) l3_deferred: bool,
     /// The lister's view of L3, for every rank that left L3 to it.
     pub(crate) l3: Option<L3View>,
+    /// The step whose manifest this rank already read and checked against
+    /// its record, before the round: the one it expects every rank to
+    /// restore. When every rank checked the step the decision selects,
+    /// no second round asks whether each can use it ([`Agreement::ready`]).
+    pub(crate) checked: Option<u64>,
 }
 
 impl Holdings {
@@ -157,6 +167,10 @@ impl Holdings {
                 None => out.push(0),
             }
         }
+        if let Some(step) = self.checked {
+            out.push(CHECKED);
+            out.extend_from_slice(&step.to_le_bytes());
+        }
         while out.len() % 8 != 1 {
             out.push(0);
         }
@@ -200,6 +214,11 @@ impl Holdings {
                 r.0 = rest;
             }
         }
+        let mut checked = None;
+        if r.0.first() == Some(&CHECKED) {
+            r.take(1)?;
+            checked = Some(r.u64()?);
+        }
         if r.0.iter().any(|&p| p != 0) {
             return None;
         }
@@ -213,6 +232,7 @@ impl Holdings {
             compact,
             l3_deferred,
             l3,
+            checked,
         })
     }
 }
@@ -287,6 +307,11 @@ pub(crate) struct Agreement {
     /// The step asked for: a decision carries it beside the newest ones
     /// (not sent itself: every rank asks for the same).
     pub(crate) wanted: Option<u64>,
+    /// The step the selection picks ([`Agreement::target`]) when every
+    /// rank already read and checked its manifest of it
+    /// ([`Holdings::checked`]): every rank can use it, and the round that
+    /// would ask them is skipped. `None` sends the ranks to that round.
+    pub(crate) ready: Option<u64>,
 }
 
 impl Agreement {
@@ -340,6 +365,8 @@ impl Agreement {
         }
         let foreign = all.iter().filter_map(|h| h.foreign).max();
         let common = common.unwrap_or_default();
+        let checked = all.first().and_then(|h| h.checked);
+        let ready = checked.filter(|c| all.iter().all(|h| h.checked == Some(*c)));
         Ok(Agreement {
             widen: common.is_empty() && all.iter().any(|h| h.compact),
             common,
@@ -348,7 +375,28 @@ impl Agreement {
             blind,
             l3: deferred.and(view),
             wanted: None,
+            ready,
         })
+    }
+
+    /// Sets the step asked for, and keeps [`Agreement::ready`] only when
+    /// it is the step the selection picks.
+    pub(crate) fn asked(self, wanted: Option<u64>) -> Agreement {
+        let a = Agreement { wanted, ..self };
+        let target = a.target();
+        Agreement {
+            ready: a.ready.filter(|r| target == Some(*r)),
+            ..a
+        }
+    }
+
+    /// The step a restore tries first: the one asked for if every rank
+    /// can restore it, else (none asked for) the newest common one.
+    pub(crate) fn target(&self) -> Option<u64> {
+        match self.wanted {
+            Some(w) => self.common.contains(&w).then_some(w),
+            None => self.common.last().copied(),
+        }
     }
 
     /// The steps of `set` a decision carries: the newest [`WINDOW`], and
@@ -365,6 +413,10 @@ impl Agreement {
     /// pick).
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = vec![u8::from(self.widen)];
+        if let Some(step) = self.ready {
+            out[0] |= READY;
+            out.extend_from_slice(&step.to_le_bytes());
+        }
         let steps = |out: &mut Vec<u8>, kept: &BTreeSet<u64>| {
             out.extend_from_slice(&(kept.len() as u32).to_le_bytes());
             for s in kept {
@@ -401,7 +453,18 @@ impl Agreement {
     /// the payload's length).
     pub(crate) fn decode(b: &[u8]) -> Option<Agreement> {
         let mut r = Reader(b);
-        let widen = flag(r.take(1)?)?;
+        let &[first] = r.take(1)? else {
+            return None;
+        };
+        if first & !(READY | 1) != 0 {
+            return None;
+        }
+        let widen = first & 1 == 1;
+        let ready = if first & READY != 0 {
+            Some(r.u64()?)
+        } else {
+            None
+        };
         let sets = [read_steps(&mut r)?, read_steps(&mut r)?];
         let foreign = read_foreign(&mut r)?;
         let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
@@ -434,6 +497,7 @@ impl Agreement {
             widen,
             l3,
             wanted: None,
+            ready,
         })
     }
 
@@ -530,7 +594,7 @@ fn round(
                 })
                 .collect::<Result<Vec<_>>>()
                 .and_then(|all| Agreement::of(&all))
-                .map(|a| Agreement { wanted, ..a });
+                .map(|a| a.asked(wanted));
             verdict::encode(combined.map(|a| a.encode()))
         },
     )?;
@@ -542,210 +606,5 @@ fn round(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn set(v: &[u64]) -> BTreeSet<u64> {
-        v.iter().copied().collect()
-    }
-
-    #[test]
-    fn holdings_round_trip_and_old_payloads_decode() {
-        let h = Holdings {
-            committed: set(&[1, 2, 9]),
-            partial: set(&[10]),
-            foreign: Some((40, 8)),
-            unreadable: Some("L3: connection refused".into()),
-            l1_empty: true,
-            compact: false,
-            l3_deferred: false,
-            l3: None,
-        };
-        let b = h.encode();
-        assert_eq!(b.len() % 8, 1);
-        assert_eq!(Holdings::decode(&b), Some(h));
-        let empty = Holdings::default();
-        assert_eq!(Holdings::decode(&empty.encode()), Some(empty));
-        // An older build's bare list.
-        let old: Vec<u8> = [3u64, 4].iter().flat_map(|s| s.to_le_bytes()).collect();
-        assert_eq!(Holdings::decode(&old).unwrap().committed, set(&[3, 4]));
-        // Malformed: truncated, a huge count, trailing bytes.
-        for cut in 1..b.len() {
-            let d = Holdings::decode(&b[..cut]);
-            assert!(d.is_none() || cut % 8 == 0, "cut {cut}: {d:?}");
-        }
-        let mut huge = vec![TAG];
-        huge.extend_from_slice(&u32::MAX.to_le_bytes());
-        huge.resize(9, 0);
-        assert_eq!(Holdings::decode(&huge), None);
-        let mut trailing = Holdings::default().encode();
-        trailing[8] = 7;
-        assert_eq!(Holdings::decode(&trailing), None);
-    }
-
-    #[test]
-    fn a_round_carries_the_newest_steps_and_widens_when_none_is_common() {
-        // A long history: only the newest WINDOW steps travel (and the one
-        // asked for), so a round's size does not grow with the job's age.
-        let long = Holdings {
-            committed: (1..=1000).collect(),
-            partial: set(&[1001]),
-            ..Holdings::default()
-        };
-        let c = long.compact(Some(5));
-        assert!(c.compact);
-        assert_eq!(c.committed.len(), WINDOW + 1);
-        assert!(c.committed.contains(&5) && c.committed.contains(&1000));
-        assert!(!c.committed.contains(&6));
-        assert_eq!(c.partial, set(&[1001]));
-        assert_eq!(Holdings::decode(&c.encode()), Some(c.clone()));
-        assert!(c.encode().len() < 700, "{}", c.encode().len());
-        // A short history travels whole and is not marked compact.
-        let short = Holdings {
-            committed: set(&[3, 4]),
-            ..Holdings::default()
-        };
-        assert_eq!(short.compact(None), short);
-        // A rank that lost its newer steps shares only step 10 with one
-        // whose newest 64 are 937..1000: nothing common among the newest,
-        // so the ranks widen (and then find 10).
-        let behind = Holdings {
-            committed: set(&[10]),
-            ..Holdings::default()
-        };
-        let ahead: Holdings = Holdings {
-            committed: (1..=1000).collect(),
-            ..Holdings::default()
-        };
-        let ag = Agreement::of(&[ahead.compact(None), behind.clone()]).unwrap();
-        assert!(ag.common.is_empty() && ag.widen);
-        let ag = Agreement::of(&[ahead, behind.clone()]).unwrap();
-        assert_eq!((ag.common.clone(), ag.widen), (set(&[10]), false));
-        // A step asked for, older than the newest common ones, stays in
-        // the decision (before, only the newest 64 were sent).
-        let long_ag = Agreement::of(&[long.clone(), long.clone()]).unwrap();
-        let plain = Agreement::decode(&long_ag.encode()).unwrap();
-        assert!(!plain.common.contains(&5));
-        let kept = Agreement {
-            wanted: Some(5),
-            ..long_ag
-        }
-        .encode();
-        assert!(Agreement::decode(&kept).unwrap().common.contains(&5));
-        // A decision round-trips, and a malformed one is refused.
-        let mut ag = ag;
-        ag.foreign = Some((9, 4));
-        ag.blind = (0..100)
-            .map(|r| (r, format!("L3: down {r}"), r % 3 == 0))
-            .collect();
-        let b = ag.encode();
-        let back = Agreement::decode(&b).unwrap();
-        assert_eq!(back.common, ag.common);
-        assert_eq!(back.foreign, ag.foreign);
-        assert_eq!(back.blind.len(), 2 * MAX_BLIND);
-        assert_eq!(back.blind[0], ag.blind[0], "the first blind tier is kept");
-        assert!(back.blind.iter().filter(|b| b.2).count() == MAX_BLIND);
-        for cut in 0..b.len() {
-            assert!(Agreement::decode(&b[..cut]).is_none(), "cut {cut}");
-        }
-        let mut huge = b.clone();
-        huge[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(Agreement::decode(&huge).is_none());
-    }
-
-    #[test]
-    fn a_step_committed_by_some_ranks_is_common_to_those_holding_its_manifest() {
-        let a = Holdings {
-            committed: set(&[4, 5]),
-            ..Holdings::default()
-        };
-        let b = Holdings {
-            committed: set(&[4]),
-            partial: set(&[5, 6]),
-            ..Holdings::default()
-        };
-        let ag = Agreement::of(&[a.clone(), b]).unwrap();
-        assert_eq!(
-            ag.common,
-            set(&[4, 5]),
-            "6 was never committed: not decided"
-        );
-        assert_eq!(ag.decided, set(&[4, 5]));
-        // A rank without the manifest (its disk was lost) cannot roll it
-        // forward: the step is not common.
-        let c = Holdings {
-            committed: set(&[4]),
-            ..Holdings::default()
-        };
-        assert_eq!(Agreement::of(&[a, c]).unwrap().common, set(&[4]));
-    }
-
-    #[test]
-    fn an_unreadable_tier_fails_every_rank_when_it_may_hide_a_newer_step() {
-        let a = Holdings {
-            committed: set(&[4]),
-            ..Holdings::default()
-        };
-        // Rank 1 lost its disk and cannot list L3: its steps may be there.
-        let lost = Holdings {
-            unreadable: Some("L3: dns error".into()),
-            l1_empty: true,
-            ..Holdings::default()
-        };
-        let ag = Agreement::of(&[a.clone(), lost]).unwrap();
-        let e = ag.check_blind(None).unwrap_err();
-        assert!(matches!(e, Error::TierUnavailable { .. }), "{e}");
-        assert_eq!(e.kind(), crate::ErrorKind::Unavailable);
-        assert!(e.to_string().contains("L3 (seen by rank 1)"), "{e}");
-        // Its disk holds step 3, another rank holds 4: 4 may be on L3.
-        let behind = Holdings {
-            committed: set(&[3]),
-            unreadable: Some("L2 node-b: refused".into()),
-            ..Holdings::default()
-        };
-        let a34 = Holdings {
-            committed: set(&[3, 4]),
-            ..Holdings::default()
-        };
-        let ag = Agreement::of(&[a34.clone(), behind]).unwrap();
-        assert!(ag.check_blind(None).is_err());
-        assert!(ag.check_blind(Some(3)).is_ok(), "an explicit common step");
-        // Its disk holds the newest step every rank holds: a dead peer
-        // (the usual restart after a node died) hides nothing.
-        let current = Holdings {
-            committed: set(&[3, 4]),
-            unreadable: Some("L2 node-b: refused".into()),
-            ..Holdings::default()
-        };
-        assert!(Agreement::of(&[a34, current])
-            .unwrap()
-            .check_blind(None)
-            .is_ok());
-    }
-
-    #[test]
-    fn a_newer_step_of_another_world_size_is_an_error_naming_both() {
-        let cfg = Config::builder().rank(0, 1);
-        let ag = Agreement {
-            common: set(&[3]),
-            decided: set(&[3]),
-            foreign: Some((7, 2)),
-            blind: Vec::new(),
-            widen: false,
-            l3: None,
-            wanted: None,
-        };
-        let e = ag.check_world(&cfg, None).unwrap_err();
-        assert!(e.to_string().contains("world of 2"), "{e}");
-        assert!(e.to_string().contains("runs 1"), "{e}");
-        assert!(
-            ag.check_world(&cfg, Some(3)).is_ok(),
-            "an explicit older step"
-        );
-        let older = Agreement {
-            foreign: Some((2, 2)),
-            ..ag
-        };
-        assert!(older.check_world(&cfg, None).is_ok());
-    }
-}
+#[path = "agreement_tests.rs"]
+mod tests;

@@ -370,13 +370,20 @@ impl Checkpointer {
         self.wait_inflight();
         let Listed {
             ref mut catalog,
-            ref holdings,
+            ref mut holdings,
         } = self.list_tiers()?;
         let n = s.restores.fetch_add(1, Ordering::Relaxed);
         let wanted = match which {
             StepSelector::Latest => None,
             StepSelector::Step(st) => Some(st),
         };
+        // The step this rank expects every rank to restore, read and
+        // checked before the round: when every rank checked the step the
+        // decision picks, the round asking whether each can use it is
+        // skipped (`Agreement::ready`), a restore's second round of etcd
+        // writes from every node.
+        let mut early = self.load_in_advance(catalog, holdings, wanted);
+        holdings.checked = early.as_ref().and_then(|(st, r)| r.is_ok().then_some(*st));
         let agreement = crate::restore::agreement::agree(
             &*s.coord,
             cfg,
@@ -406,6 +413,7 @@ impl Checkpointer {
                 s.l3_unlisted_below.fetch_max(edge, Ordering::Relaxed);
             }
         }
+        let ready = agreement.ready;
         let mut common = agreement.common;
         // The newest common step (or the one asked for); if its manifest
         // turns out unusable on some rank, every rank drops it together and
@@ -430,7 +438,18 @@ impl Checkpointer {
                     }))
                 }
             };
-            let here = if holdings.committed.contains(&step) || l3_mine.contains(&step) {
+            // Read before the round: kept, unless it failed and L3 (which
+            // that read left out) may hold a good copy.
+            let before = early
+                .take_if(|(st, r)| *st == step && (r.is_ok() || !l3_mine.contains(&step)))
+                .map(|(_, r)| r);
+            let here = if let Some(r) = before {
+                match r {
+                    // Every rank checked this step before the round.
+                    Ok(loaded) if ready == Some(step) => return Ok((step, loaded)),
+                    r => r,
+                }
+            } else if holdings.committed.contains(&step) || l3_mine.contains(&step) {
                 self.load_step(catalog, step, l3_mine.contains(&step))
             } else {
                 // Decided (another rank committed it) and held here without
@@ -487,6 +506,27 @@ impl Checkpointer {
                 common.clear();
             }
         }
+    }
+
+    /// Reads and checks, before the restore's round, this rank's manifest
+    /// of the step it expects the ranks to pick: the one asked for, or its
+    /// newest committed step (none when it holds a newer manifest without
+    /// a record: another rank may have committed that one, and this rank
+    /// rolls it forward only once the ranks agree).
+    fn load_in_advance(
+        &self,
+        catalog: &mut Catalog,
+        holdings: &Holdings,
+        wanted: Option<u64>,
+    ) -> Option<(u64, Result<Loaded>)> {
+        let step = match wanted {
+            Some(w) => holdings.committed.contains(&w).then_some(w)?,
+            None => *holdings.committed.last()?,
+        };
+        if wanted.is_none() && holdings.partial.last().is_some_and(|p| *p > step) {
+            return None;
+        }
+        Some((step, self.load_step(catalog, step, false)))
     }
 
     /// Lists every tier for a restore: what each holds, and this rank's
