@@ -3,7 +3,10 @@
 //! in-memory disk; the ranks of each node sharing one etcd client) against
 //! one real etcd started here. Prints each phase, then as its last line
 //! `ranks=N nodes=M barrier_commit_median_ms=… barrier_commit_p99_ms=…
-//! etcd_requests_per_round=… restore_agreement_ms=… l3_lists_per_restore=…`.
+//! etcd_requests_per_round=… restore_agreement_ms=… l3_lists_per_restore=…
+//! restart_restore_agreement_ms=… restart_restore_requests=…`: the restore
+//! figures of every restore, then of a restarted job's (one that committed
+//! steps before: the start after the last step, and after each death).
 //!
 //! `scale-bench --ranks N [--ranks-per-node 8] [--steps 10] [--seed 1]
 //!  [--faults 0] [--bytes 4096] [--lease 10] [--in-process] [--no-upload] [--gather]`

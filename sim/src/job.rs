@@ -501,6 +501,8 @@ fn run_epoch(
         scripts[node as usize].die_in_restore.store(true, SeqCst);
     }
     let lists0 = (st.lists)();
+    let requests0 = (st.requests)();
+    let restart = st.decided.is_some();
     st.times.take("");
     let (outs, took) = std::thread::scope(|s| {
         if let (Some(node), Coord::Etcd(e)) = (dying, &*coord) {
@@ -546,10 +548,15 @@ fn run_epoch(
         ));
     }
     st.report.restore_phase_ms.push(took.as_secs_f64() * 1e3);
-    st.report
-        .restore_ms
-        .push(st.times.take("restore/").as_secs_f64() * 1e3);
+    let agreement = st.times.take("restore/").as_secs_f64() * 1e3;
+    st.report.restore_ms.push(agreement);
     st.report.restore_lists.push(lists);
+    if restart {
+        st.report.restart_restore_ms.push(agreement);
+        st.report
+            .restart_restore_requests
+            .push(((st.requests)() - requests0) as f64);
+    }
     let first = st.decided.map_or(1, |s| s + 1);
     if first > plan.steps {
         *st.done = true;

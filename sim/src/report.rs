@@ -40,6 +40,15 @@ pub struct Report {
     pub restore_phase_ms: Vec<f64>,
     /// L3 listings (`list_steps` and friends) each of those restores made.
     pub restore_lists: Vec<u64>,
+    /// The agreement of each successful restore of a job that had
+    /// committed a step (a restart's: after a death, and the start after
+    /// the last step), ms. A job's first restore, with nothing held, is a
+    /// single round of empty values: the restarts are what a job waits
+    /// for after it loses a node.
+    pub restart_restore_ms: Vec<f64>,
+    /// The etcd requests of each of those restores' rounds (keep-alives
+    /// apart).
+    pub restart_restore_requests: Vec<f64>,
     /// The faults injected.
     pub faults: Vec<Injected>,
 }
@@ -60,7 +69,7 @@ impl Report {
     pub fn line(&self) -> String {
         let lists: Vec<f64> = self.restore_lists.iter().map(|&n| n as f64).collect();
         format!(
-            "ranks={} nodes={} barrier_commit_median_ms={:.1} barrier_commit_p99_ms={:.1} etcd_requests_per_round={:.0} restore_agreement_ms={:.1} l3_lists_per_restore={:.0}",
+            "ranks={} nodes={} barrier_commit_median_ms={:.1} barrier_commit_p99_ms={:.1} etcd_requests_per_round={:.0} restore_agreement_ms={:.1} l3_lists_per_restore={:.0} restart_restore_agreement_ms={:.1} restart_restore_requests={:.0}",
             self.ranks,
             self.nodes,
             quantile(&self.step_ms, 0.5),
@@ -68,6 +77,8 @@ impl Report {
             quantile(&self.round_requests, 0.5),
             quantile(&self.restore_ms, 0.5),
             quantile(&lists, 0.5),
+            quantile(&self.restart_restore_ms, 0.5),
+            quantile(&self.restart_restore_requests, 0.5),
         )
     }
 }

@@ -101,4 +101,17 @@ fn etcd_ranks_with_seeded_faults_never_split() {
         median <= 2.0 * nodes + 4.0,
         "{median} requests in the median round of {nodes} nodes"
     );
+    // A restart where every rank holds the newest step (after the last
+    // step, at least) agrees in one round, about one request per node:
+    // no second round asks whether every rank can use the step.
+    let fewest = r
+        .restart_restore_requests
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        fewest <= 1.5 * nodes,
+        "{fewest} requests in a restart's restore of {nodes} nodes: {:?}",
+        r.restart_restore_requests
+    );
 }
