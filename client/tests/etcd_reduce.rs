@@ -271,6 +271,53 @@ fn a_round_costs_one_request_per_process_that_waits_and_three_for_the_decider() 
 }
 
 #[test]
+fn a_process_follows_the_decisions_from_its_connect_not_from_its_first_round() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let watchers = || {
+        etcd.metric("etcd_debugging_mvcc_watcher_total")
+            .expect("etcd exports its watchers")
+    };
+    let until = |n: f64| {
+        let t = Instant::now();
+        while watchers() != n {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{} watches in etcd, not {n}",
+                watchers()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let none = watchers();
+    let (nodes, per) = (3u32, 2u32);
+    let world = nodes * per;
+    // At a restart every process's first round is the restore, all at
+    // once: a watch set up in it is set up beside every node's values.
+    // Each process other than the decider's follows the decisions once
+    // connected (one after another), before any round.
+    let coords: Vec<Arc<EtcdCoordinator>> = (0..nodes)
+        .map(|n| {
+            EtcdCoordinator::connect_node(
+                opts(&etcd.url, 60),
+                "early",
+                n * per..(n + 1) * per,
+                world,
+            )
+            .unwrap()
+        })
+        .collect();
+    until(none + f64::from(nodes - 1));
+    // The rounds start no watch of a waiting process's (the decider's
+    // own follows a round's values, and ends with it).
+    requests_per_round(&coords, world);
+    until(none + f64::from(nodes - 1));
+    drop(coords);
+    until(none);
+}
+
+#[test]
 fn the_decider_reads_the_claims_once_not_each_round() {
     let Some(etcd) = etcd::Etcd::start() else {
         return;

@@ -202,6 +202,27 @@ impl Etcd {
     }
 }
 
+impl Etcd {
+    /// A gauge or counter etcd exports on its metrics port (Prometheus
+    /// text, unlabelled), e.g. `etcd_debugging_mvcc_watcher_total`: the
+    /// watches it serves.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.lines()
+            .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .find_map(|v| v.trim().parse().ok())
+    }
+}
+
 fn spawn(args: &[std::ffi::OsString]) -> Child {
     Command::new("etcd")
         .args(args)

@@ -386,7 +386,8 @@ impl EtcdCoordinator {
             },
         ));
         tracing::info!(first = ranks.start, ranks = ranks.len(), world, %me, "claimed the ranks in etcd");
-        Ok(EtcdCoordinator {
+        let followed_from = claims.iter().copied().max().unwrap_or_default();
+        let coord = EtcdCoordinator {
             rt: Some(rt),
             api,
             opts,
@@ -407,7 +408,21 @@ impl EtcdCoordinator {
             rounds_sent: std::sync::atomic::AtomicU64::new(0),
             members: Mutex::default(),
             decisions: Arc::default(),
-        })
+        };
+        // A process other than the decider's follows the job's decisions
+        // from now on, not from its first round: at a restart every
+        // process's first round is the restore, all at once, and etcd
+        // then set up every process's watch beside every node's values
+        // (where the processes connect one after another).
+        if !(coord.rank..coord.rank + coord.count).contains(&0) {
+            if let Some(rt) = &coord.rt {
+                let _in = rt.enter();
+                coord
+                    .decisions
+                    .follow(&coord.api, coord.every_decision(), followed_from, t)?;
+            }
+        }
+        Ok(coord)
     }
 
     /// Requests this process has sent to etcd so far (keep-alives and
