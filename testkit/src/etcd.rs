@@ -212,7 +212,9 @@ impl Etcd {
         s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
         write!(
             s,
-            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            // HTTP/1.0: the body comes whole, never chunked (a chunk's
+            // header could cut the line looked for).
+            "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"
         )
         .ok()?;
         let mut out = String::new();

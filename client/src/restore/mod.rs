@@ -357,8 +357,9 @@ impl Checkpointer {
         }
     }
 
-    /// Agrees with every rank on the step, then reads and checks this rank's
-    /// manifest against its commit record (writing that record first when
+    /// Agrees with every rank on the step and reads and checks this rank's
+    /// manifest against its commit record (before the agreement where it
+    /// can, `load_in_advance`; writing that record first when
     /// this rank holds the manifest of a step another rank committed: it
     /// rolls the decided step forward).
     fn agree_and_load(&self, which: StepSelector) -> Result<(u64, Loaded)> {
@@ -438,17 +439,19 @@ impl Checkpointer {
                     }))
                 }
             };
-            // Read before the round: kept, unless it failed and L3 (which
-            // that read left out) may hold a good copy.
+            // Read before the round: kept when it succeeded. A failure is
+            // read again now, as before the check moved: the agreement may
+            // have waited long for slow ranks, and a passing error (a peer's
+            // timeout) must not drop the step on every rank.
             let before = early
-                .take_if(|(st, r)| *st == step && (r.is_ok() || !l3_mine.contains(&step)))
-                .map(|(_, r)| r);
-            let here = if let Some(r) = before {
-                match r {
+                .take_if(|(st, r)| *st == step && r.is_ok())
+                .and_then(|(_, r)| r.ok());
+            let here = if let Some(loaded) = before {
+                if ready == Some(step) {
                     // Every rank checked this step before the round.
-                    Ok(loaded) if ready == Some(step) => return Ok((step, loaded)),
-                    r => r,
+                    return Ok((step, loaded));
                 }
+                Ok(loaded)
             } else if holdings.committed.contains(&step) || l3_mine.contains(&step) {
                 self.load_step(catalog, step, l3_mine.contains(&step))
             } else {

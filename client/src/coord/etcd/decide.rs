@@ -293,9 +293,9 @@ impl EtcdCoordinator {
             }
         };
         let w = Waiting { put_rev, ..w };
-        // From the first round on, one watch brings this process every
-        // decision of the job (started from this read: nothing after it is
-        // missed).
+        // One watch brings this process every decision of the job, started
+        // at its connect (from its claims: nothing after them is missed);
+        // this call starts it only where the connect did not.
         self.decisions
             .follow(&self.api, self.every_decision(), put_rev, t)?;
         let r = self.read_decision(key, &w, got, deadline, timeout).await;

@@ -1,5 +1,5 @@
 //! A process's one watch of its job's decisions (`<root>/decided/`), kept
-//! from its first reducing round on: a process that waits for a decision
+//! from its connect on (a process other than the decider's): a process that waits for a decision
 //! looks at what this watch brought instead of starting a watch of its own
 //! each round. A round then costs a waiting process one request (its
 //! values, which read the decisions so far in the same transaction), and
