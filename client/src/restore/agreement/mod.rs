@@ -606,5 +606,4 @@ fn round(
 }
 
 #[cfg(test)]
-#[path = "agreement_tests.rs"]
 mod tests;
