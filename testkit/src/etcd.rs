@@ -30,7 +30,13 @@ impl Etcd {
     /// Starts etcd, or returns None (test skipped) when it is not
     /// installed and not required.
     pub fn start() -> Option<Etcd> {
-        Self::start_with(None, None)
+        Self::start_with(None, None, true)
+    }
+
+    /// etcd without its JSON gateway (`--enable-grpc-gateway=false`): only
+    /// gRPC clients are answered.
+    pub fn start_grpc_only() -> Option<Etcd> {
+        Self::start_with(None, None, false)
     }
 
     /// etcd serving https with this certificate and key (PEM files), and
@@ -40,12 +46,13 @@ impl Etcd {
         key: &std::path::Path,
         client_ca: Option<&std::path::Path>,
     ) -> Option<Etcd> {
-        Self::start_with(Some((cert, key)), client_ca)
+        Self::start_with(Some((cert, key)), client_ca, true)
     }
 
     fn start_with(
         tls: Option<(&std::path::Path, &std::path::Path)>,
         client_ca: Option<&std::path::Path>,
+        gateway: bool,
     ) -> Option<Etcd> {
         let found = Command::new("etcd")
             .arg("--version")
@@ -81,6 +88,9 @@ impl Etcd {
                 ca.into(),
             ]);
         }
+        if !gateway {
+            args.push("--enable-grpc-gateway=false".into());
+        }
         args.extend(["--data-dir".into(), dir.path().join("data").into()]);
         for a in [
             "--listen-client-urls",
@@ -107,7 +117,7 @@ impl Etcd {
             metrics,
             _dir: dir,
         };
-        e.wait_serving(tls.is_some());
+        e.wait_serving(tls.is_some() || !gateway);
         Some(e)
     }
 
@@ -119,10 +129,13 @@ impl Etcd {
         let _ = self.child.wait();
         std::thread::sleep(down);
         self.child = spawn(&self.cmd);
-        self.wait_serving(self.url.starts_with("https"));
+        let gateway = !self.cmd.iter().any(|a| a == "--enable-grpc-gateway=false");
+        self.wait_serving(self.url.starts_with("https") || !gateway);
     }
 
-    fn wait_serving(&self, tls: bool) {
+    /// Waits until etcd serves; `health_only`: by its health check alone
+    /// (TLS, or no gateway to read through).
+    fn wait_serving(&self, health_only: bool) {
         let (e, client, metrics) = (self, self.client, self.metrics);
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
@@ -135,7 +148,7 @@ impl Etcd {
             assert!(Instant::now() < deadline, "etcd never reported healthy");
             std::thread::sleep(Duration::from_millis(50));
         }
-        if tls {
+        if health_only {
             return;
         }
         while e.post("/v3/kv/range", r#"{"key":"AA=="}"#).is_none() {
@@ -222,6 +235,30 @@ impl Etcd {
         out.lines()
             .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
             .find_map(|v| v.trim().parse().ok())
+    }
+
+    /// The sum of a labelled series over its lines whose labels contain
+    /// `labels` (e.g. `grpc_method="Watch"` in `grpc_server_started_total`);
+    /// None when etcd's reply could not be read.
+    pub fn metric_sum(&self, name: &str, labels: &str) -> Option<f64> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        // A whole reply ends with a newline after its last series.
+        if !out.contains("\r\n\r\n") || !out.ends_with('\n') {
+            return None;
+        }
+        Some(
+            out.lines()
+                .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+                .filter_map(|l| l.split_once("} "))
+                .filter(|(l, _)| l.contains(labels))
+                .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+                .sum(),
+        )
     }
 }
 

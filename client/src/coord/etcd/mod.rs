@@ -24,12 +24,15 @@ mod claims;
 mod decide;
 mod decided;
 mod gather;
+mod grpc;
 mod members;
 mod node;
 mod node_leader;
 #[cfg(test)]
 mod node_link_tests;
 mod node_member;
+mod proto;
+mod security;
 mod wire;
 
 pub use node::EtcdRank;
@@ -44,8 +47,9 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::coord::coordinator::{Coordinator, Reduce};
 use crate::error::{Error, Result};
-use api::{EtcdApi, Security};
+use api::EtcdApi;
 use claims::{claim_rank, keep_alive, ClaimOf, Holder};
+use security::Security;
 
 /// How to reach etcd and how long a dead rank may go unnoticed. Its
 /// `Debug` shows the user, never the password.

@@ -1,0 +1,163 @@
+//! gRPC's framing over HTTP/2, as etcd's server speaks it: a message is a
+//! byte (compressed: never here) and a 4-byte big-endian length before the
+//! protobuf bytes; a call that fails says so in `grpc-status` and
+//! `grpc-message` (headers without a body: gRPC's "trailers only").
+//! Reading is bounded: a length over the limit is refused before anything
+//! is allocated for it.
+
+use crate::error::{Error, Result};
+
+/// `msg` as one gRPC message on the wire.
+pub(crate) fn frame(msg: &[u8]) -> Result<Vec<u8>> {
+    let len = u32::try_from(msg.len())
+        .map_err(|_| Error::Coordination("etcd request: larger than 4 GiB".into()))?;
+    let mut b = Vec::with_capacity(5 + msg.len());
+    b.push(0);
+    b.extend_from_slice(&len.to_be_bytes());
+    b.extend_from_slice(msg);
+    Ok(b)
+}
+
+/// The messages of a stream as its bytes come, each at most `max` bytes.
+pub(crate) struct Frames {
+    buf: Vec<u8>,
+    max: usize,
+}
+
+impl Frames {
+    pub(crate) fn new(max: usize) -> Self {
+        Frames {
+            buf: Vec::new(),
+            max,
+        }
+    }
+
+    /// Adds bytes read from the stream.
+    pub(crate) fn push(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
+    }
+
+    /// The next whole message, if its bytes are all there; an error for a
+    /// compressed message (never asked for) or one over the bound.
+    pub(crate) fn next(&mut self) -> Result<Option<Vec<u8>>> {
+        let Some(head) = self.buf.get(..5) else {
+            return Ok(None);
+        };
+        if head[0] != 0 {
+            return Err(Error::Coordination(format!(
+                "etcd answer: a message with flags {:#x} (compression was not asked for)",
+                head[0]
+            )));
+        }
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        if len > self.max {
+            return Err(Error::Coordination(format!(
+                "etcd answer: a message of {len} bytes, over the bound of {}",
+                self.max
+            )));
+        }
+        if self.buf.len() < 5 + len {
+            return Ok(None);
+        }
+        let msg = self.buf[5..5 + len].to_vec();
+        self.buf.drain(..5 + len);
+        Ok(Some(msg))
+    }
+
+    /// Bytes held that are not yet a whole message.
+    pub(crate) fn pending(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+/// gRPC's percent-encoding of `grpc-message`, decoded.
+fn unpercent(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The error a response's headers carry, if any: an HTTP status other
+/// than 200, or a `grpc-status` other than 0 (with etcd's own message,
+/// which callers match: "authentication failed", "invalid auth token").
+pub(crate) fn failed(what: &str, resp: &reqwest::Response) -> Option<Error> {
+    let h = resp.headers();
+    let code = h.get("grpc-status").and_then(|v| v.to_str().ok());
+    let message = h
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .map(unpercent)
+        .unwrap_or_default();
+    if !resp.status().is_success() {
+        return Some(Error::Coordination(format!(
+            "etcd {what}: HTTP {}{}",
+            resp.status(),
+            if message.is_empty() {
+                String::new()
+            } else {
+                format!(": {message}")
+            }
+        )));
+    }
+    match code {
+        None | Some("0") => None,
+        Some(c) => Some(Error::Coordination(format!(
+            "etcd {what}: gRPC status {c}: {message}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_come_whole_in_order_and_bounded() {
+        let mut f = Frames::new(16);
+        let mut wire = frame(b"hello").unwrap();
+        wire.extend(frame(b"").unwrap());
+        wire.extend(frame(b"world!").unwrap());
+        // Byte by byte: a message only once its last byte is there.
+        let mut got = Vec::new();
+        for b in &wire {
+            f.push(std::slice::from_ref(b));
+            while let Some(m) = f.next().unwrap() {
+                got.push(m);
+            }
+        }
+        assert_eq!(got, vec![b"hello".to_vec(), Vec::new(), b"world!".to_vec()]);
+        assert_eq!(f.pending(), 0);
+        // A length over the bound is refused from its header alone.
+        let mut f = Frames::new(16);
+        f.push(&[0, 0xff, 0xff, 0xff, 0xff]);
+        assert!(f.next().is_err());
+        // A compressed message is refused.
+        let mut f = Frames::new(16);
+        f.push(&[1, 0, 0, 0, 1, 7]);
+        assert!(f.next().is_err());
+    }
+
+    #[test]
+    fn messages_are_unpercented() {
+        assert_eq!(
+            unpercent("etcdserver: invalid auth token"),
+            "etcdserver: invalid auth token"
+        );
+        assert_eq!(unpercent("a%20b%3Ac"), "a b:c");
+        assert_eq!(unpercent("100%"), "100%");
+        assert_eq!(unpercent("%zz"), "%zz");
+    }
+}

@@ -1,0 +1,83 @@
+//! The etcd coordinator speaks etcd's gRPC, not its JSON gateway: rounds
+//! of processes of several ranks agree, with their leases renewed, against
+//! an etcd whose gateway is off; and every stream the coordinator opens (a
+//! round's watch, a lease's renewal) ends when it is done with it, so etcd
+//! holds no stream beyond the one watch of the decisions each process keeps.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata::EtcdCoordinator;
+use strata_testkit::etcd;
+
+mod rounds;
+use rounds::{opts, rounds_agree};
+
+/// The gRPC streams of `method` etcd started and has not ended (its
+/// `grpc_server_started_total` less its `grpc_server_handled_total`, every
+/// status), asked again on a reply it could not read.
+fn open_streams(etcd: &etcd::Etcd, method: &str) -> f64 {
+    let label = format!("grpc_method=\"{method}\"");
+    (0..5)
+        .find_map(|_| {
+            let started = etcd.metric_sum("grpc_server_started_total", &label)?;
+            let ended = etcd.metric_sum("grpc_server_handled_total", &label)?;
+            Some(started - ended)
+        })
+        .expect("etcd exports its gRPC counters")
+}
+
+#[test]
+fn rounds_agree_over_grpc_alone_and_no_stream_is_left_open() {
+    let Some(etcd) = etcd::Etcd::start_grpc_only() else {
+        return;
+    };
+    // The gateway is off: a JSON call is not answered.
+    assert!(etcd.post("/v3/kv/range", r#"{"key":"AA=="}"#).is_none());
+    let (nodes, per) = (3u32, 2u32);
+    let world = nodes * per;
+    // A lease of 2 s: renewed every 2/3 s, so the rounds below see several.
+    let coords: Vec<Arc<EtcdCoordinator>> = (0..nodes)
+        .map(|n| {
+            EtcdCoordinator::connect_node(opts(&etcd.url, 2), "grpc", n * per..(n + 1) * per, world)
+                .unwrap()
+        })
+        .collect();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for node in &coords {
+            for rank in node.ranks() {
+                let h = node.rank_handle(rank).unwrap();
+                s.spawn(move || {
+                    rounds_agree(&h, rank, world, 10, 64);
+                    // Until the leases were renewed a few times.
+                    std::thread::sleep(Duration::from_secs(3).saturating_sub(t.elapsed()));
+                    rounds_agree(&h, rank, world, 2, 3);
+                });
+            }
+        }
+    });
+    assert!(
+        coords.iter().map(|c| c.keepalive_requests()).sum::<u64>() >= 2 * u64::from(nodes),
+        "the leases were renewed"
+    );
+    // Every renewal's stream ended; of the watches, only each process's
+    // kept one of the decisions (the decider's process keeps none).
+    let until = |method: &str, n: f64| {
+        let t = Instant::now();
+        while open_streams(&etcd, method) != n {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{} {method} streams open in etcd, not {n}",
+                open_streams(&etcd, method)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    until("LeaseKeepAlive", 0.0);
+    until("Watch", f64::from(nodes - 1));
+    // The processes gone, etcd holds none.
+    drop(coords);
+    until("Watch", 0.0);
+}
