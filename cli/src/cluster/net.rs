@@ -158,7 +158,10 @@ impl Fabric {
     }
 
     /// Cuts (`up` false) or restores node `i`'s link. Only with
-    /// namespaces.
+    /// namespaces. A restored link forgets the neighbours the node could
+    /// not reach while it was cut: an address resolution still failing
+    /// from then would fail the node's next connection ("no route to
+    /// host") though the link is back.
     pub fn link(&self, i: usize, up: bool) -> Result<(), String> {
         if self.isolation != Isolation::Namespaces {
             return Err("links can only be cut between network namespaces".into());
@@ -168,7 +171,12 @@ impl Fabric {
             "set",
             &self.veth(i).0,
             if up { "up" } else { "down" },
-        ])
+        ])?;
+        if up {
+            let (ns, dev) = (self.namespace(i), self.veth(i).1);
+            ip(&["netns", "exec", &ns, "ip", "neigh", "flush", "dev", &dev])?;
+        }
+        Ok(())
     }
 }
 

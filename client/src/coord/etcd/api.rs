@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use futures::StreamExt as _;
 
 /// Largest response body read (a round of a large world is a few MB).
-const MAX_RESPONSE: usize = 64 << 20;
+pub(super) const MAX_RESPONSE: usize = 64 << 20;
 
 /// One key-value pair as etcd returns it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,7 +88,7 @@ fn kvs(v: &Value) -> Result<Vec<Kv>> {
     list.iter().map(kv_of).collect()
 }
 
-fn kv_of(kv: &Value) -> Result<Kv> {
+pub(super) fn kv_of(kv: &Value) -> Result<Kv> {
     Ok(Kv {
         key: bytes(&kv["key"])?,
         value: bytes(&kv["value"])?,
@@ -112,11 +112,27 @@ fn range_op(from: &[u8], to: &[u8]) -> Value {
     json!({ "request_range": r })
 }
 
+/// An error and its causes, each once (a cause often repeats its
+/// wrapper's words).
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(c) = next {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        next = c.source();
+    }
+    out
+}
+
 /// An answer being read; for a stream, with what keeps its request open
 /// (dropped with the answer, it ends the stream).
-struct Answer {
-    resp: reqwest::Response,
-    _open: Option<tokio::sync::oneshot::Sender<()>>,
+pub(super) struct Answer {
+    pub(super) resp: reqwest::Response,
+    pub(super) _open: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// A change a watch reports.
@@ -144,8 +160,19 @@ impl EtcdApi {
         // renewal) for a whole request timeout.
         // gRPC is HTTP/2 only: plain `http://` endpoints are spoken to in
         // HTTP/2 from the first byte, `https://` ones negotiate it (ALPN).
+        // A connection that stopped answering (a partition) is found by
+        // HTTP/2 pings and closed, so the next call connects anew (and
+        // fails fast while the network is cut, or succeeds once it is
+        // back): every call shares the one connection, which TCP alone
+        // would keep retrying for minutes. Only while a stream is open
+        // (a watch, a call), and no more often than etcd allows (its
+        // `--grpc-keepalive-min-time`, 5 s by default; more often, or on an
+        // idle connection, etcd answers with GOAWAY "too_many_pings").
         let mut b = reqwest::Client::builder()
             .http2_prior_knowledge()
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .http2_keep_alive_timeout(Duration::from_secs(5))
+            .http2_keep_alive_while_idle(false)
             .connect_timeout(timeout.min(Duration::from_secs(2)))
             .pool_idle_timeout(Duration::from_secs(30));
         if let Some(ca) = &sec.ca_pem {
@@ -180,7 +207,7 @@ impl EtcdApi {
         self.received.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn got(&self, n: usize) {
+    pub(super) fn got(&self, n: usize) {
         self.received
             .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     }
@@ -229,7 +256,7 @@ impl EtcdApi {
         self.send_grpc(method, &msg, timeout, token).await
     }
 
-    async fn send_grpc(
+    pub(super) async fn send_grpc(
         &self,
         method: proto::Method,
         msg: &[u8],
@@ -271,11 +298,12 @@ impl EtcdApi {
             }
             match req.send().await {
                 Ok(resp) => return Ok(Answer { resp, _open: open }),
-                // Without the URL, which may carry credentials.
+                // Without the URL, which may carry credentials; with the
+                // causes ("error sending request" alone says nothing).
                 Err(e) => errors.push(format!(
                     "{}: {}",
                     strata_tiered::redact_url(ep),
-                    e.without_url()
+                    causes(&e.without_url())
                 )),
             }
         }
@@ -285,7 +313,7 @@ impl EtcdApi {
         )))
     }
 
-    fn token(&self) -> Option<String> {
+    pub(super) fn token(&self) -> Option<String> {
         self.token.lock().ok().and_then(|t| t.clone())
     }
 
@@ -313,32 +341,20 @@ impl EtcdApi {
         timeout: Duration,
         token: Option<&str>,
     ) -> Result<Value> {
-        let Answer { mut resp, _open } = self.send(path, body, timeout, token).await?;
-        if let Some(e) = grpc::failed(path, &resp) {
-            return Err(e);
-        }
-        // The answer's one message (a stream's first: a lease renewal's).
-        let mut frames = grpc::Frames::new(MAX_RESPONSE);
-        let msg = loop {
-            if let Some(m) = frames.next()? {
-                break m;
-            }
-            match resp.chunk().await.map_err(|e| err(path, e))? {
-                Some(c) => {
-                    self.got(c.len());
-                    frames.push(&c);
-                }
-                None => {
-                    return Err(err(
-                        path,
-                        format!(
-                            "the answer ended without its message ({} bytes)",
-                            frames.pending()
-                        ),
-                    ))
-                }
-            }
+        let stream = path == "/v3/lease/keepalive";
+        let Answer { resp, _open } = self.send(path, body, timeout, token).await?;
+        let mut answer = grpc::Reader::new(path, resp, MAX_RESPONSE)?;
+        let got = |n| self.got(n);
+        let Some(msg) = answer.next(got).await? else {
+            return Err(err(path, "the answer ended without its message"));
         };
+        // A call's status follows its message: read it (a stream, a lease
+        // renewal's, is left at its first message).
+        if !stream {
+            if let Some(_more) = answer.next(got).await? {
+                return Err(err(path, "more than one message in a call's answer"));
+            }
+        }
         let v = proto::response(path, &msg)?;
         if let Some(e) = v.get("error").and_then(Value::as_str) {
             return Err(Error::Coordination(format!("etcd {path}: {e}")));
@@ -657,81 +673,6 @@ impl EtcdApi {
         self.call("/v3/kv/deleterange", &json!({"key": B64.encode(key)}), t)
             .await
             .map(drop)
-    }
-
-    /// Waits until a key under `prefix` changes after `revision`, or `wait`
-    /// passes. Returns whether something changed.
-    pub(crate) async fn watch_prefix(
-        &self,
-        prefix: &[u8],
-        revision: i64,
-        wait: Duration,
-    ) -> Result<bool> {
-        self.watch(prefix, revision, wait, |_| true).await
-    }
-
-    /// Hands each change under `prefix` after `revision` to `seen` until it
-    /// returns true (then returns true), or `wait` passes (false). A watch
-    /// etcd cancels (its revision was compacted) returns true: the caller
-    /// reads again. One request, however many changes it reports.
-    pub(crate) async fn watch(
-        &self,
-        prefix: &[u8],
-        revision: i64,
-        wait: Duration,
-        mut seen: impl FnMut(Event) -> bool + Send,
-    ) -> Result<bool> {
-        let create = proto::watch_create(prefix, &prefix_end(prefix), revision + 1);
-        let watched = async {
-            // The stream has no end of its own: the timeout around this
-            // future ends it.
-            let token = self.token();
-            let method = proto::Method {
-                path: "/etcdserverpb.Watch/Watch",
-                stream: true,
-            };
-            let Answer { mut resp, _open } = self
-                .send_grpc(
-                    method,
-                    &create,
-                    wait + Duration::from_secs(5),
-                    token.as_deref(),
-                )
-                .await?;
-            if let Some(e) = grpc::failed("watch", &resp) {
-                return Err(e);
-            }
-            let mut frames = grpc::Frames::new(MAX_RESPONSE);
-            while let Some(c) = resp.chunk().await.map_err(|e| err("watch", e))? {
-                self.got(c.len());
-                frames.push(&c);
-                while let Some(m) = frames.next()? {
-                    let m = proto::watch_message(&m)?;
-                    if m.canceled {
-                        if !m.cancel_reason.is_empty() {
-                            tracing::debug!(reason = %m.cancel_reason, "etcd ended a watch");
-                        }
-                        return Ok(true);
-                    }
-                    for (deleted, kv) in &m.events {
-                        let kv = kv_of(kv)?;
-                        let event = if *deleted {
-                            Event::Delete(kv.key, kv.mod_revision)
-                        } else {
-                            Event::Put(kv)
-                        };
-                        if seen(event) {
-                            return Ok(true);
-                        }
-                    }
-                }
-            }
-            Ok(false)
-        };
-        match tokio::time::timeout(wait, watched).await {
-            Ok(r) => r,
-            Err(_) => Ok(false),
-        }
     }
 }
 

@@ -90,21 +90,24 @@ fn unpercent(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The error a response's headers carry, if any: an HTTP status other
-/// than 200, or a `grpc-status` other than 0 (with etcd's own message,
+/// The error a response's headers (or trailers) carry, if any: an HTTP
+/// status other than 200, or a `grpc-status` other than 0 (with etcd's own message,
 /// which callers match: "authentication failed", "invalid auth token").
-pub(crate) fn failed(what: &str, resp: &reqwest::Response) -> Option<Error> {
-    let h = resp.headers();
+pub(crate) fn failed(
+    what: &str,
+    h: &reqwest::header::HeaderMap,
+    status: reqwest::StatusCode,
+) -> Option<Error> {
     let code = h.get("grpc-status").and_then(|v| v.to_str().ok());
     let message = h
         .get("grpc-message")
         .and_then(|v| v.to_str().ok())
         .map(unpercent)
         .unwrap_or_default();
-    if !resp.status().is_success() {
+    if !status.is_success() {
         return Some(Error::Coordination(format!(
             "etcd {what}: HTTP {}{}",
-            resp.status(),
+            status,
             if message.is_empty() {
                 String::new()
             } else {
@@ -117,6 +120,81 @@ pub(crate) fn failed(what: &str, resp: &reqwest::Response) -> Option<Error> {
         Some(c) => Some(Error::Coordination(format!(
             "etcd {what}: gRPC status {c}: {message}"
         ))),
+    }
+}
+
+/// A gRPC answer read message by message, with its status at the end:
+/// in the trailers, or in the headers of a reply without a body (etcd's
+/// plain port sends a failure that way; over TLS its status is always in
+/// the trailers).
+pub(crate) struct Reader {
+    body: reqwest::Body,
+    frames: Frames,
+    what: String,
+}
+
+impl Reader {
+    /// The answer's reader, or the error its headers already say.
+    pub(crate) fn new(what: &str, resp: reqwest::Response, max: usize) -> Result<Self> {
+        if let Some(e) = failed(what, resp.headers(), resp.status()) {
+            return Err(e);
+        }
+        Ok(Reader {
+            body: reqwest::Body::from(resp),
+            frames: Frames::new(max),
+            what: what.to_string(),
+        })
+    }
+
+    /// The next message (`got` is told the bytes of each piece read), or
+    /// None at the end of an answer whose status is OK; an error for
+    /// another status, and for an answer that ends without one.
+    pub(crate) async fn next(&mut self, got: impl Fn(usize)) -> Result<Option<Vec<u8>>> {
+        use http_body_util::BodyExt as _;
+        loop {
+            if let Some(m) = self.frames.next()? {
+                return Ok(Some(m));
+            }
+            let frame = match self.body.frame().await {
+                Some(f) => {
+                    f.map_err(|e| Error::Coordination(format!("etcd {}: {e}", self.what)))?
+                }
+                None => {
+                    return Err(Error::Coordination(format!(
+                        "etcd {}: the answer ended without its status ({} bytes left)",
+                        self.what,
+                        self.frames.pending()
+                    )))
+                }
+            };
+            match frame.into_data() {
+                Ok(data) => {
+                    got(data.len());
+                    self.frames.push(&data);
+                }
+                Err(frame) => {
+                    let Ok(trailers) = frame.into_trailers() else {
+                        continue;
+                    };
+                    return match failed(&self.what, &trailers, reqwest::StatusCode::OK) {
+                        Some(e) => Err(e),
+                        None if trailers.contains_key("grpc-status") => {
+                            if self.frames.pending() > 0 {
+                                return Err(Error::Coordination(format!(
+                                    "etcd {}: the answer ended inside a message",
+                                    self.what
+                                )));
+                            }
+                            Ok(None)
+                        }
+                        None => Err(Error::Coordination(format!(
+                            "etcd {}: trailers without a status",
+                            self.what
+                        ))),
+                    };
+                }
+            }
+        }
     }
 }
 

@@ -33,6 +33,7 @@ mod node_link_tests;
 mod node_member;
 mod proto;
 mod security;
+mod watch;
 mod wire;
 
 pub use node::EtcdRank;
