@@ -3,12 +3,14 @@
 //! an etcd whose gateway is off; and every stream the coordinator opens (a
 //! round's watch, a lease's renewal) ends when it is done with it, so etcd
 //! holds no stream beyond the one watch of the decisions each process keeps.
+//! Over TLS, where etcd sends a failed call's status in its trailers, a
+//! refused password is refused as such and an expired token is renewed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strata::EtcdCoordinator;
+use strata::{Coordinator, ErrorKind, EtcdCoordinator, EtcdOptions};
 use strata_testkit::etcd;
 
 mod rounds;
@@ -80,4 +82,48 @@ fn rounds_agree_over_grpc_alone_and_no_stream_is_left_open() {
     // The processes gone, etcd holds none.
     drop(coords);
     until("Watch", 0.0);
+}
+
+#[test]
+fn over_tls_a_refused_password_is_unauthorized_and_an_expired_token_is_renewed() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    strata::peer::tls::make_certs(&certs, &["etcd".into()], &[], &[]).unwrap();
+    // Tokens that lapse after a second unused.
+    let Some(etcd) = etcd::Etcd::start_tls_with_plain(
+        &certs.join("etcd.pem"),
+        &certs.join("etcd.key"),
+        &["--auth-token-ttl", "1"],
+    ) else {
+        return;
+    };
+    for (path, body) in [
+        (
+            "/v3/auth/user/add",
+            r#"{"name":"root","password":"s3cret"}"#,
+        ),
+        ("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#),
+        ("/v3/auth/enable", "{}"),
+    ] {
+        assert!(etcd.post(path, body).is_some(), "{path}");
+    }
+    let as_user = |password: &str| EtcdOptions {
+        endpoints: vec![etcd.url.clone()],
+        ca_file: Some(certs.join("ca.pem")),
+        user: Some(("root".into(), password.into())),
+        // Renewals every 20 s: none in the pause below uses the token.
+        lease_ttl: Duration::from_secs(60),
+        ..EtcdOptions::default()
+    };
+    // etcd refuses the password in the answer's trailers, over TLS.
+    let e = EtcdCoordinator::connect(as_user("nope"), "tls-auth", 0, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unauthorized, "{e}");
+    assert!(e.to_string().contains("authentication failed"), "{e}");
+    let c = EtcdCoordinator::connect(as_user("s3cret"), "tls-auth", 0, 1).unwrap();
+    let long = Duration::from_secs(60);
+    assert_eq!(c.all_gather(0, "r", vec![1], long).unwrap(), vec![vec![1]]);
+    // The token lapses unused; the next round's first call is refused
+    // ("invalid auth token"), the client authenticates again and goes on.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(c.all_gather(0, "r2", vec![2], long).unwrap(), vec![vec![2]]);
 }

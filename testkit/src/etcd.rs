@@ -16,6 +16,9 @@ pub struct Etcd {
     cmd: Vec<std::ffi::OsString>,
     client: u16,
     metrics: u16,
+    /// A plain-HTTP client listener beside an https one (`host:port`), for
+    /// [`Etcd::post`] and [`Etcd::call`].
+    plain: Option<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -30,13 +33,25 @@ impl Etcd {
     /// Starts etcd, or returns None (test skipped) when it is not
     /// installed and not required.
     pub fn start() -> Option<Etcd> {
-        Self::start_with(None, None, true)
+        Self::start_with(None, None, true, &[])
+    }
+
+    /// etcd serving https with this certificate and key, and plain HTTP on
+    /// another loopback port that [`Etcd::post`] and [`Etcd::call`] use
+    /// (to add users and turn authentication on, say); `extra`: more of
+    /// etcd's flags (e.g. `--auth-token-ttl`).
+    pub fn start_tls_with_plain(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        extra: &[&str],
+    ) -> Option<Etcd> {
+        Self::start_with(Some((cert, key)), None, true, extra)
     }
 
     /// etcd without its JSON gateway (`--enable-grpc-gateway=false`): only
     /// gRPC clients are answered.
     pub fn start_grpc_only() -> Option<Etcd> {
-        Self::start_with(None, None, false)
+        Self::start_with(None, None, false, &[])
     }
 
     /// etcd serving https with this certificate and key (PEM files), and
@@ -46,13 +61,14 @@ impl Etcd {
         key: &std::path::Path,
         client_ca: Option<&std::path::Path>,
     ) -> Option<Etcd> {
-        Self::start_with(Some((cert, key)), client_ca, true)
+        Self::start_with(Some((cert, key)), client_ca, true, &[])
     }
 
     fn start_with(
         tls: Option<(&std::path::Path, &std::path::Path)>,
         client_ca: Option<&std::path::Path>,
         gateway: bool,
+        extra: &[&str],
     ) -> Option<Etcd> {
         let found = Command::new("etcd")
             .arg("--version")
@@ -91,10 +107,18 @@ impl Etcd {
         if !gateway {
             args.push("--enable-grpc-gateway=false".into());
         }
+        args.extend(extra.iter().map(std::ffi::OsString::from));
+        // A plain listener beside https, for the test's own calls.
+        let plain =
+            (!extra.is_empty() && tls.is_some()).then(|| format!("127.0.0.1:{}", free_port()));
+        let listen = match &plain {
+            Some(p) => format!("{url},http://{p}"),
+            None => url.clone(),
+        };
         args.extend(["--data-dir".into(), dir.path().join("data").into()]);
         for a in [
             "--listen-client-urls",
-            &url,
+            &listen,
             "--advertise-client-urls",
             &url,
             "--listen-peer-urls",
@@ -115,6 +139,7 @@ impl Etcd {
             cmd: args,
             client,
             metrics,
+            plain,
             _dir: dir,
         };
         e.wait_serving(tls.is_some() || !gateway);
@@ -161,7 +186,10 @@ impl Etcd {
     /// status was 200.
     pub fn post(&self, path: &str, body: &str) -> Option<String> {
         use std::io::{Read, Write};
-        let addr = self.url.trim_start_matches("http://");
+        let addr = self
+            .plain
+            .as_deref()
+            .unwrap_or(self.url.trim_start_matches("http://"));
         let mut s = std::net::TcpStream::connect(addr).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
         write!(
@@ -185,7 +213,10 @@ impl Etcd {
     /// JSON answer.
     pub fn call(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
         use std::io::{Read, Write};
-        let host = self.url.trim_start_matches("http://");
+        let host = self
+            .plain
+            .as_deref()
+            .unwrap_or(self.url.trim_start_matches("http://"));
         let mut s = std::net::TcpStream::connect(host).unwrap();
         let body = body.to_string();
         write!(

@@ -175,7 +175,12 @@ fn compare(v: &Value) -> Result<W> {
         what,
     )?;
     let mut w = W::default();
-    let result = match o.get("result").and_then(Value::as_str) {
+    let name = |k: &str| match o.get(k) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str())),
+        Some(other) => Err(bad(what, format!("{k} is not a name: {other}"))),
+    };
+    let result = match name("result")? {
         None | Some("EQUAL") => 0,
         Some("GREATER") => 1,
         Some("LESS") => 2,
@@ -183,7 +188,7 @@ fn compare(v: &Value) -> Result<W> {
         Some(r) => return Err(bad(what, format!("result {r:?}"))),
     };
     // The target names the one member of the `oneof` that is compared.
-    let (target, member, field, kind) = match o.get("target").and_then(Value::as_str) {
+    let (target, member, field, kind) = match name("target")? {
         None | Some("VERSION") => (0, "version", 4, Kind::Int),
         Some("CREATE") => (1, "create_revision", 5, Kind::Int),
         Some("MOD") => (2, "mod_revision", 6, Kind::Int),
@@ -204,11 +209,12 @@ fn compare(v: &Value) -> Result<W> {
     w.int(1, result);
     w.int(2, target);
     w.bytes(3, &b64(o.get("key").unwrap_or(&Value::Null), what)?);
+    // As the gateway does: the member is set only when given (etcd
+    // compares an unset one as 0 or empty).
     match (kind, o.get(member)) {
         (Kind::Bytes, Some(v)) => w.bytes(field, &b64(v, what)?),
-        (Kind::Bytes, None) => w.bytes(field, &[]),
         (_, Some(v)) => w.int(field, int(v, what)?),
-        (_, None) => w.int(field, 0),
+        (_, None) => {}
     }
     if let Some(end) = o.get("range_end") {
         w.bytes(64, &b64(end, what)?);
@@ -307,7 +313,9 @@ pub(crate) fn request(path: &str, body: &Value) -> Result<(Method, Vec<u8>)> {
             let o = fields(body, &["name", "password"], "authenticate")?;
             let mut w = W::default();
             for (k, f) in [("name", 1), ("password", 2)] {
-                let s = o.get(k).and_then(Value::as_str).unwrap_or_default();
+                let Some(s) = o.get(k).and_then(Value::as_str) else {
+                    return Err(bad("authenticate", format!("no {k}")));
+                };
                 w.bytes(f, s.as_bytes());
             }
             (unary("/etcdserverpb.Auth/Authenticate"), w)
@@ -418,8 +426,23 @@ fn header(b: &[u8]) -> Result<Value> {
     Ok(json!({ "revision": rev }))
 }
 
+/// The most key-value pairs one answer may hold: each becomes an object
+/// of its own here (a few hundred bytes, from as few as two on the wire),
+/// so a hostile answer of 64 MiB could otherwise ask for tens of GB. The
+/// largest range the coordinator reads is one key per rank.
+const MAX_ENTRIES: usize = 1 << 20;
+
+/// Counts one more key-value pair of an answer against [`MAX_ENTRIES`].
+fn spend(left: &mut usize) -> Result<()> {
+    *left = left
+        .checked_sub(1)
+        .ok_or_else(|| bad("answer", format!("more than {MAX_ENTRIES} keys")))?;
+    Ok(())
+}
+
 /// A key-value pair as the gateway writes it.
-fn kv(b: &[u8]) -> Result<Value> {
+fn kv(b: &[u8], left: &mut usize) -> Result<Value> {
+    spend(left)?;
     let (mut key, mut value) = (&[][..], &[][..]);
     let (mut create, mut modr, mut version, mut lease) = (0i64, 0i64, 0i64, 0i64);
     each(b, |n, v| {
@@ -444,7 +467,7 @@ fn kv(b: &[u8]) -> Result<Value> {
     }))
 }
 
-fn range_response(b: &[u8]) -> Result<Value> {
+fn range_response(b: &[u8], left: &mut usize) -> Result<Value> {
     let mut o = Map::new();
     let mut kvs = Vec::new();
     each(b, |n, v| {
@@ -452,7 +475,7 @@ fn range_response(b: &[u8]) -> Result<Value> {
             (1, F::Bytes(h)) => {
                 o.insert("header".into(), header(h)?);
             }
-            (2, F::Bytes(k)) => kvs.push(kv(k)?),
+            (2, F::Bytes(k)) => kvs.push(kv(k, left)?),
             (3, F::Int(m)) => {
                 o.insert("more".into(), Value::Bool(m != 0));
             }
@@ -479,7 +502,7 @@ fn header_only(b: &[u8]) -> Result<Value> {
     Ok(Value::Object(o))
 }
 
-fn txn_response(b: &[u8]) -> Result<Value> {
+fn txn_response(b: &[u8], left: &mut usize) -> Result<Value> {
     let mut o = Map::new();
     let mut responses = Vec::new();
     let mut succeeded = false;
@@ -494,7 +517,7 @@ fn txn_response(b: &[u8]) -> Result<Value> {
                 each(op, |n, v| {
                     match (n, v) {
                         (1, F::Bytes(x)) => {
-                            r.insert("response_range".into(), range_response(x)?);
+                            r.insert("response_range".into(), range_response(x, left)?);
                         }
                         (2, F::Bytes(x)) => {
                             r.insert("response_put".into(), header_only(x)?);
@@ -550,10 +573,11 @@ fn lease_response(b: &[u8], stream: bool) -> Result<Value> {
 /// The answer of the call at gateway path `path`, from its protobuf
 /// message, in the gateway's JSON shape.
 pub(crate) fn response(path: &str, b: &[u8]) -> Result<Value> {
+    let mut left = MAX_ENTRIES;
     match path {
-        "/v3/kv/range" => range_response(b),
+        "/v3/kv/range" => range_response(b, &mut left),
         "/v3/kv/put" | "/v3/kv/deleterange" | "/v3/lease/revoke" => header_only(b),
-        "/v3/kv/txn" => txn_response(b),
+        "/v3/kv/txn" => txn_response(b, &mut left),
         "/v3/lease/grant" => lease_response(b, false),
         "/v3/lease/keepalive" => lease_response(b, true),
         "/v3/auth/authenticate" => {
@@ -588,6 +612,7 @@ pub(crate) struct WatchMessage {
 /// Reads one message of a `Watch` stream.
 pub(crate) fn watch_message(b: &[u8]) -> Result<WatchMessage> {
     let mut m = WatchMessage::default();
+    let mut left = MAX_ENTRIES;
     each(b, |n, v| {
         match (n, v) {
             (4, F::Int(c)) => m.canceled = c != 0,
@@ -597,7 +622,7 @@ pub(crate) fn watch_message(b: &[u8]) -> Result<WatchMessage> {
                 each(e, |n, v| {
                     match (n, v) {
                         (1, F::Int(t)) => deleted = t == 1,
-                        (2, F::Bytes(k)) => kvv = Some(kv(k)?),
+                        (2, F::Bytes(k)) => kvv = Some(kv(k, &mut left)?),
                         _ => {}
                     }
                     Ok(())
@@ -613,176 +638,4 @@ pub(crate) fn watch_message(b: &[u8]) -> Result<WatchMessage> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn b(s: &str) -> String {
-        B64.encode(s)
-    }
-
-    #[test]
-    fn a_put_is_etcds_bytes() {
-        let (m, w) = request(
-            "/v3/kv/put",
-            &json!({"key": b("k"), "value": b("v"), "lease": "5"}),
-        )
-        .unwrap();
-        assert_eq!(m.path, "/etcdserverpb.KV/Put");
-        assert!(!m.stream);
-        assert_eq!(w, [0x0a, 1, b'k', 0x12, 1, b'v', 0x18, 5]);
-        // A negative number is int64's ten bytes.
-        let (_, w) = request("/v3/kv/range", &json!({"key": b("k"), "revision": "-1"})).unwrap();
-        assert_eq!(w.len(), 3 + 1 + 10);
-    }
-
-    #[test]
-    fn a_compare_sends_its_target_even_when_0_and_a_field_not_known_is_refused() {
-        let body = json!({
-            "compare": [{"key": b("k"), "target": "CREATE", "create_revision": "0"}],
-            "success": [{"request_put": {"key": b("k"), "value": b("v")}}],
-            "failure": [{"request_range": {"key": b("k")}}],
-        });
-        let (m, w) = request("/v3/kv/txn", &body).unwrap();
-        assert_eq!(m.path, "/etcdserverpb.KV/Txn");
-        // compare: result EQUAL, target CREATE, key "k", create_revision 0
-        // (a oneof member, so written though 0).
-        let cmp = [0x08, 0, 0x10, 1, 0x1a, 1, b'k', 0x28, 0];
-        assert_eq!(&w[..2], &[0x0a, cmp.len() as u8]);
-        assert_eq!(&w[2..2 + cmp.len()], &cmp);
-        // A range compare carries its end as field 64 (two-byte tag).
-        let (_, w) = request(
-            "/v3/kv/txn",
-            &json!({"compare": [{"key": b("a"), "range_end": b("b"), "target": "MOD", "result": "LESS", "mod_revision": "9"}]}),
-        )
-        .unwrap();
-        assert!(w.windows(4).any(|x| x == [0x82, 0x04, 1, b'b']), "{w:?}");
-        // Anything this client does not know is refused, never dropped.
-        for bad_body in [
-            json!({"key": b("k"), "ignore_lease": true}),
-            json!({"key": "***"}),
-            json!({"key": b("k"), "lease": "x"}),
-        ] {
-            assert!(request("/v3/kv/put", &bad_body).is_err(), "{bad_body}");
-        }
-        for bad_txn in [
-            json!({"compare": [{"key": b("k"), "target": "NEWEST"}]}),
-            json!({"compare": [{"key": b("k"), "target": "MOD", "create_revision": "0"}]}),
-            json!({"success": [{"request_txn": {}}]}),
-            json!({"success": [{"request_put": {"key": b("k")}, "request_range": {"key": b("k")}}]}),
-            json!({"success": {"request_put": {}}}),
-        ] {
-            assert!(request("/v3/kv/txn", &bad_txn).is_err(), "{bad_txn}");
-        }
-        assert!(request("/v3/kv/compact", &json!({})).is_err());
-    }
-
-    /// A RangeResponse as etcd writes it.
-    fn range_bytes() -> Vec<u8> {
-        let mut h = W::default();
-        h.int(1, 77);
-        h.int(3, 42);
-        let mut kv = W::default();
-        kv.bytes(1, b"key");
-        kv.int(2, 7);
-        kv.int(3, 9);
-        kv.int(4, 2);
-        kv.bytes(5, b"value");
-        kv.int(6, 1234);
-        let mut r = W::default();
-        r.msg(1, h);
-        r.msg(2, kv);
-        r.int(4, 1);
-        r.0
-    }
-
-    #[test]
-    fn answers_read_into_the_gateways_shape() {
-        let v = response("/v3/kv/range", &range_bytes()).unwrap();
-        assert_eq!(v["header"]["revision"], 42);
-        assert_eq!(v["count"], 1);
-        assert_eq!(v["kvs"][0]["key"], b("key"));
-        assert_eq!(v["kvs"][0]["value"], b("value"));
-        assert_eq!(v["kvs"][0]["mod_revision"], 9);
-        assert_eq!(v["kvs"][0]["lease"], 1234);
-        // A transaction: succeeded, a put's and a range's answers in order.
-        let mut t = W::default();
-        t.int(2, 1);
-        let mut op = W::default();
-        op.msg(2, W::default());
-        t.msg(3, op);
-        let mut op = W::default();
-        op.bytes(1, &range_bytes());
-        t.msg(3, op);
-        let v = response("/v3/kv/txn", &t.0).unwrap();
-        assert_eq!(v["succeeded"], true);
-        assert!(v["responses"][0].get("response_put").is_some());
-        assert_eq!(
-            v["responses"][1]["response_range"]["kvs"][0]["create_revision"],
-            7
-        );
-        // A lease renewal's answer is wrapped as the gateway's stream is.
-        let mut l = W::default();
-        l.int(2, 5);
-        l.int(3, 10);
-        assert_eq!(
-            response("/v3/lease/keepalive", &l.0).unwrap()["result"]["TTL"],
-            10
-        );
-        let mut g = W::default();
-        g.bytes(4, b"too many leases");
-        assert_eq!(
-            response("/v3/lease/grant", &g.0).unwrap()["error"],
-            "too many leases"
-        );
-    }
-
-    #[test]
-    fn a_watch_message_reads_its_events_and_its_end() {
-        let mut ev = W::default();
-        ev.int(1, 1);
-        let mut kv = W::default();
-        kv.bytes(1, b"gone");
-        kv.int(3, 11);
-        ev.msg(2, kv);
-        let mut m = W::default();
-        m.int(2, 0);
-        m.msg(11, ev);
-        let got = watch_message(&m.0).unwrap();
-        assert!(!got.canceled);
-        assert_eq!(got.events.len(), 1);
-        assert!(got.events[0].0);
-        assert_eq!(got.events[0].1["key"], b("gone"));
-        let mut c = W::default();
-        c.int(4, 1);
-        c.bytes(6, b"compacted");
-        let got = watch_message(&c.0).unwrap();
-        assert!(got.canceled);
-        assert_eq!(got.cancel_reason, "compacted");
-        // An event without its key is an error, not an empty key.
-        let mut e = W::default();
-        e.msg(11, W::default());
-        assert!(watch_message(&e.0).is_err());
-    }
-
-    #[test]
-    fn cut_or_hostile_answers_are_errors_never_panics() {
-        let whole = range_bytes();
-        for n in 0..whole.len() {
-            // Every cut either reads (a cut between fields) or is an error.
-            let _ = response("/v3/kv/range", &whole[..n]);
-        }
-        // A length far past the message, a 1 GiB one, an 11-byte number,
-        // a group (wire type 3): errors.
-        for hostile in [
-            vec![0x12, 0x05, 1],
-            vec![0x12, 0x80, 0x80, 0x80, 0x80, 0x04],
-            vec![
-                0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
-            ],
-            vec![0x0b],
-        ] {
-            assert!(response("/v3/kv/range", &hostile).is_err(), "{hostile:?}");
-            assert!(watch_message(&hostile).is_err(), "{hostile:?}");
-        }
-    }
-}
+mod tests;
