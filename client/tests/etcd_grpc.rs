@@ -39,10 +39,13 @@ fn rounds_agree_over_grpc_alone_and_no_stream_is_left_open() {
     assert!(etcd.post("/v3/kv/range", r#"{"key":"AA=="}"#).is_none());
     let (nodes, per) = (3u32, 2u32);
     let world = nodes * per;
-    // A lease of 2 s: renewed every 2/3 s, so the rounds below see several.
+    // A lease of 5 s, renewed every 5/3 s: the rounds below last 5 s, so
+    // each process renews two or three times. (A shorter lease can lapse
+    // on a machine loaded with other tests, and a process that lost its
+    // claim waits out the round.)
     let coords: Vec<Arc<EtcdCoordinator>> = (0..nodes)
         .map(|n| {
-            EtcdCoordinator::connect_node(opts(&etcd.url, 2), "grpc", n * per..(n + 1) * per, world)
+            EtcdCoordinator::connect_node(opts(&etcd.url, 5), "grpc", n * per..(n + 1) * per, world)
                 .unwrap()
         })
         .collect();
@@ -54,7 +57,7 @@ fn rounds_agree_over_grpc_alone_and_no_stream_is_left_open() {
                 s.spawn(move || {
                     rounds_agree(&h, rank, world, 10, 64);
                     // Until the leases were renewed a few times.
-                    std::thread::sleep(Duration::from_secs(3).saturating_sub(t.elapsed()));
+                    std::thread::sleep(Duration::from_secs(5).saturating_sub(t.elapsed()));
                     rounds_agree(&h, rank, world, 2, 3);
                 });
             }
