@@ -129,4 +129,32 @@ fn over_tls_a_refused_password_is_unauthorized_and_an_expired_token_is_renewed()
     // ("invalid auth token"), the client authenticates again and goes on.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(c.all_gather(0, "r2", vec![2], long).unwrap(), vec![vec![2]]);
+    drop(c);
+    // Processes of several ranks, each but the decider's following the
+    // decisions with a watch kept across rounds: rounds agree before and
+    // after every token lapsed.
+    let (nodes, per) = (2u32, 2u32);
+    let world = nodes * per;
+    let coords: Vec<Arc<EtcdCoordinator>> = (0..nodes)
+        .map(|n| {
+            EtcdCoordinator::connect_node(
+                as_user("s3cret"),
+                "tls-nodes",
+                n * per..(n + 1) * per,
+                world,
+            )
+            .unwrap()
+        })
+        .collect();
+    for pause in [0, 3] {
+        std::thread::sleep(Duration::from_secs(pause));
+        std::thread::scope(|s| {
+            for node in &coords {
+                for rank in node.ranks() {
+                    let h = node.rank_handle(rank).unwrap();
+                    s.spawn(move || rounds_agree(&h, rank, world, 3, 8));
+                }
+            }
+        });
+    }
 }
