@@ -2,8 +2,9 @@
 //! old rounds cleaned up, a rank claimed twice is an error on both
 //! processes, a rank killed with SIGKILL is seen within its lease (not at
 //! the timeout), a rank that never came is named at the timeout, a
-//! decider whose lease expired fails its round at once, and
-//! etcd's authentication is used when configured.
+//! decider whose lease expired fails its round at once,
+//! etcd's authentication is used when configured, and a rank that starts
+//! before etcd answers waits for it (a request's time limit).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use strata_testkit::etcd;
@@ -403,4 +404,34 @@ fn a_decider_whose_lease_expired_fails_its_round_at_once_not_at_the_timeout() {
             "{e}"
         );
     });
+}
+
+#[test]
+fn a_rank_that_starts_before_etcd_answers_waits_for_it() {
+    let Some(mut etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    let url = etcd.url.clone();
+    // etcd down for 2 s (killed, then started again on its ports) while
+    // a rank connects: its first contact is refused, then answered.
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| etcd.restart(Duration::from_secs(2)));
+        std::thread::sleep(Duration::from_millis(300));
+        let c = EtcdCoordinator::connect(opts(&url), "early", 0, 1).unwrap();
+        assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(c.all_gather(0, "r", vec![3], LONG).unwrap(), vec![vec![3]]);
+    });
+    // Nothing listening at all: still an error, once a request's time
+    // limit (here 1 s) has passed, that says so.
+    let dead = EtcdOptions {
+        request_timeout: Duration::from_secs(1),
+        ..opts("http://127.0.0.1:1")
+    };
+    let t = Instant::now();
+    let e = EtcdCoordinator::connect(dead, "early", 0, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("Connection refused"), "{e}");
+    assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }

@@ -322,10 +322,9 @@ impl EtcdCoordinator {
             .build()
             .map_err(|e| Error::Config(format!("cannot start the etcd runtime: {e}")))?;
         let t = opts.request_timeout;
-        let api = Arc::new(rt.block_on(EtcdApi::connect(opts.endpoints.clone(), &sec, t))?);
+        let (api, asked, lease) = first_contact(&rt, &opts, &sec)?;
+        let api = Arc::new(api);
         let root = format!("{}/{job}", opts.prefix.trim_end_matches('/'));
-        let asked = std::time::Instant::now();
-        let lease = rt.block_on(api.grant(opts.lease_ttl, t))?;
         let since = strata_tiered::clock::unix_ms(&strata_tiered::SystemClock);
         let instance = format!(
             "{:016x}",
@@ -615,6 +614,52 @@ impl Drop for EtcdCoordinator {
                 rt.shutdown_background();
             })
             .join();
+        }
+    }
+}
+
+/// Whether a failed first contact says etcd is not there yet (refused,
+/// no route, no answer in time), rather than refused us (a certificate,
+/// a password, another protocol), which waiting would not change.
+fn not_up_yet(m: &str) -> bool {
+    m.starts_with("etcd unreachable")
+        && [
+            "Connection refused",
+            "No route to host",
+            "Network is unreachable",
+            "timed out",
+        ]
+        .iter()
+        .any(|c| m.contains(c))
+}
+
+/// Connects and takes the process's lease, waiting up to a request's time
+/// limit for an etcd that does not answer yet: a job's ranks often start
+/// beside etcd, or before their node's network is up, and one rank
+/// failing there fails the whole start. Only "unreachable" is waited out;
+/// etcd's refusals (a password, a certificate it names) are not.
+fn first_contact(
+    rt: &tokio::runtime::Runtime,
+    opts: &EtcdOptions,
+    sec: &Security,
+) -> Result<(EtcdApi, std::time::Instant, i64)> {
+    let t = opts.request_timeout;
+    let deadline = std::time::Instant::now() + t;
+    loop {
+        let tried = rt.block_on(async {
+            let api = EtcdApi::connect(opts.endpoints.clone(), sec, t).await?;
+            let asked = std::time::Instant::now();
+            let lease = api.grant(opts.lease_ttl, t).await?;
+            Ok::<_, Error>((api, asked, lease))
+        });
+        match tried {
+            Err(Error::Coordination(m))
+                if not_up_yet(&m) && std::time::Instant::now() < deadline =>
+            {
+                tracing::warn!(error = %m, "etcd does not answer yet; trying again");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            r => return r,
         }
     }
 }
