@@ -244,6 +244,23 @@ fn store_kind(k: StoreErrorKind) -> ErrorKind {
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// `e`'s message followed by each of its causes, each once (a cause often
+/// repeats its wrapper's words): what an error says in one line, where
+/// only its text travels (a log, an exception, a message).
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(c) = next {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        next = c.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,7 +70,7 @@ pub use checkpointer::Checkpointer;
 pub use config::{BusyPolicy, Config, UploadBacklog};
 pub use coord::{coordinator, etcd};
 pub use coordinator::{Coordinator, InProcessCoordinator, SoloCoordinator};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{with_causes, Error, ErrorKind, Result};
 pub use etcd::{EtcdCoordinator, EtcdOptions, NodeCoordinator, NodePlace};
 pub use gpu::DeviceBytes;
 pub use handle::{SaveHandle, Target};

@@ -172,17 +172,7 @@ fn etcd_authentication_is_used_when_configured() {
     let Some(etcd) = etcd::Etcd::start() else {
         return;
     };
-    // root user with the root role, then authentication on.
-    for (path, body) in [
-        (
-            "/v3/auth/user/add",
-            r#"{"name":"root","password":"s3cret"}"#,
-        ),
-        ("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#),
-        ("/v3/auth/enable", "{}"),
-    ] {
-        assert!(etcd.post(path, body).is_some(), "{path}");
-    }
+    etcd.enable_auth("s3cret");
     let e = EtcdCoordinator::connect(opts(&etcd.url), "auth", 0, 1).unwrap_err();
     assert!(
         e.to_string().to_lowercase().contains("user"),

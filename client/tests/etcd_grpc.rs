@@ -7,14 +7,13 @@
 //! refused password is refused as such and an expired token is renewed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strata::{Coordinator, ErrorKind, EtcdCoordinator, EtcdOptions};
 use strata_testkit::etcd;
 
 mod rounds;
-use rounds::{opts, rounds_agree};
+use rounds::{connect_nodes, on_every_rank, opts, rounds_agree};
 
 /// The gRPC streams of `method` etcd started and has not ended (its
 /// `grpc_server_started_total` less its `grpc_server_handled_total`, every
@@ -43,25 +42,13 @@ fn rounds_agree_over_grpc_alone_and_no_stream_is_left_open() {
     // each process renews two or three times. (A shorter lease can lapse
     // on a machine loaded with other tests, and a process that lost its
     // claim waits out the round.)
-    let coords: Vec<Arc<EtcdCoordinator>> = (0..nodes)
-        .map(|n| {
-            EtcdCoordinator::connect_node(opts(&etcd.url, 5), "grpc", n * per..(n + 1) * per, world)
-                .unwrap()
-        })
-        .collect();
+    let coords = connect_nodes(&opts(&etcd.url, 5), "grpc", nodes, per);
     let t = Instant::now();
-    std::thread::scope(|s| {
-        for node in &coords {
-            for rank in node.ranks() {
-                let h = node.rank_handle(rank).unwrap();
-                s.spawn(move || {
-                    rounds_agree(&h, rank, world, 10, 64);
-                    // Until the leases were renewed a few times.
-                    std::thread::sleep(Duration::from_secs(5).saturating_sub(t.elapsed()));
-                    rounds_agree(&h, rank, world, 2, 3);
-                });
-            }
-        }
+    on_every_rank(&coords, |h, rank| {
+        rounds_agree(h, rank, world, 10, 64);
+        // Until the leases were renewed a few times.
+        std::thread::sleep(Duration::from_secs(5).saturating_sub(t.elapsed()));
+        rounds_agree(h, rank, world, 2, 3);
     });
     assert!(
         coords.iter().map(|c| c.keepalive_requests()).sum::<u64>() >= 2 * u64::from(nodes),
@@ -100,16 +87,7 @@ fn over_tls_a_refused_password_is_unauthorized_and_an_expired_token_is_renewed()
     ) else {
         return;
     };
-    for (path, body) in [
-        (
-            "/v3/auth/user/add",
-            r#"{"name":"root","password":"s3cret"}"#,
-        ),
-        ("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#),
-        ("/v3/auth/enable", "{}"),
-    ] {
-        assert!(etcd.post(path, body).is_some(), "{path}");
-    }
+    etcd.enable_auth("s3cret");
     let as_user = |password: &str| EtcdOptions {
         endpoints: vec![etcd.url.clone()],
         ca_file: Some(certs.join("ca.pem")),
@@ -135,26 +113,9 @@ fn over_tls_a_refused_password_is_unauthorized_and_an_expired_token_is_renewed()
     // after every token lapsed.
     let (nodes, per) = (2u32, 2u32);
     let world = nodes * per;
-    let coords: Vec<Arc<EtcdCoordinator>> = (0..nodes)
-        .map(|n| {
-            EtcdCoordinator::connect_node(
-                as_user("s3cret"),
-                "tls-nodes",
-                n * per..(n + 1) * per,
-                world,
-            )
-            .unwrap()
-        })
-        .collect();
+    let coords = connect_nodes(&as_user("s3cret"), "tls-nodes", nodes, per);
     for pause in [0, 3] {
         std::thread::sleep(Duration::from_secs(pause));
-        std::thread::scope(|s| {
-            for node in &coords {
-                for rank in node.ranks() {
-                    let h = node.rank_handle(rank).unwrap();
-                    s.spawn(move || rounds_agree(&h, rank, world, 3, 8));
-                }
-            }
-        });
+        on_every_rank(&coords, |h, rank| rounds_agree(h, rank, world, 3, 8));
     }
 }

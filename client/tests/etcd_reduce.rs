@@ -13,7 +13,7 @@ use strata::{Coordinator, Error, ErrorKind, EtcdCoordinator};
 use strata_testkit::etcd;
 
 mod rounds;
-use rounds::{opts, rounds_agree, sum, LONG};
+use rounds::{connect_nodes, on_every_rank, opts, rounds_agree, sum, LONG};
 
 /// Waits (up to 30 s) until `rank`'s value of the first attempt of round
 /// `key` is in etcd, as `c` reads the job's keys.
@@ -33,14 +33,7 @@ fn requests_per_round(nodes: &[Arc<EtcdCoordinator>], world: u32) -> f64 {
     let requests = || nodes.iter().map(|n| n.round_requests()).sum::<u64>();
     let rounds = 10u8;
     let before = requests();
-    std::thread::scope(|s| {
-        for node in nodes {
-            for rank in node.ranks() {
-                let h = node.rank_handle(rank).unwrap();
-                s.spawn(move || rounds_agree(&h, rank, world, rounds, 2));
-            }
-        }
-    });
+    on_every_rank(nodes, |h, rank| rounds_agree(h, rank, world, rounds, 2));
     (requests() - before) as f64 / f64::from(rounds + 1)
 }
 
@@ -244,12 +237,7 @@ fn a_round_costs_one_request_per_process_that_waits_and_three_for_the_decider() 
     let (nodes, per) = (4u32, 2u32);
     let world = nodes * per;
     // Long leases: no keep-alive falls inside the rounds counted.
-    let coords: Vec<Arc<EtcdCoordinator>> = (0..nodes)
-        .map(|n| {
-            EtcdCoordinator::connect_node(opts(&etcd.url, 60), "two", n * per..(n + 1) * per, world)
-                .unwrap()
-        })
-        .collect();
+    let coords = connect_nodes(&opts(&etcd.url, 60), "two", nodes, per);
     let per_round = requests_per_round(&coords, world);
     eprintln!("etcd requests per round, {nodes} nodes of {per} ranks: {per_round:.1}");
     // A waiting process puts its values; its one watch of the job's
@@ -299,17 +287,7 @@ fn a_process_follows_the_decisions_from_its_connect_not_from_its_first_round() {
     // once: a watch set up in it is set up beside every node's values.
     // Each process other than the decider's follows the decisions once
     // connected (one after another), before any round.
-    let coords: Vec<Arc<EtcdCoordinator>> = (0..nodes)
-        .map(|n| {
-            EtcdCoordinator::connect_node(
-                opts(&etcd.url, 60),
-                "early",
-                n * per..(n + 1) * per,
-                world,
-            )
-            .unwrap()
-        })
-        .collect();
+    let coords = connect_nodes(&opts(&etcd.url, 60), "early", nodes, per);
     until(none + f64::from(nodes - 1));
     // The rounds start no watch of a waiting process's (the decider's
     // own follows a round's values, and ends with it).

@@ -28,16 +28,7 @@ fn class_name(e: &Error) -> &'static str {
 /// cause chain).
 pub(crate) fn to_py(e: Error) -> PyErr {
     let name = class_name(&e);
-    let mut msg = e.to_string();
-    let mut src = std::error::Error::source(&e);
-    while let Some(cause) = src {
-        let text = cause.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        src = cause.source();
-    }
+    let msg = strata::with_causes(&e);
     Python::attach(|py| {
         let class = py.import("strata._errors").and_then(|m| m.getattr(name));
         match class {

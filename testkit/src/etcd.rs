@@ -233,6 +233,19 @@ impl Etcd {
         serde_json::from_str(line).unwrap()
     }
 
+    /// Adds the user `root` with `password` and the root role, then turns
+    /// etcd's authentication on.
+    pub fn enable_auth(&self, password: &str) {
+        let user = serde_json::json!({"name": "root", "password": password}).to_string();
+        for (path, body) in [
+            ("/v3/auth/user/add", user.as_str()),
+            ("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#),
+            ("/v3/auth/enable", "{}"),
+        ] {
+            assert!(self.post(path, body).is_some(), "{path}");
+        }
+    }
+
     /// Revokes the lease holding rank `rank`'s claim of `job` under the
     /// default prefix (as a partition or a SIGSTOP longer than the lease
     /// would let it lapse).

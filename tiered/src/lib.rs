@@ -47,7 +47,7 @@ pub use io::EngineChoice;
 pub use l1::L1Store;
 pub use l3::{Frame, L3Options, L3Store, L3Tier};
 pub use memory::MemoryStore;
-pub use redact::{redact_url, scrub_url_secrets, REDACTED};
+pub use redact::{percent_decode, redact_url, scrub_url_secrets, REDACTED};
 pub use rng::SplitMix64;
 pub use store::{
     ChunkInfo, ChunkPut, ChunkStore, ChunkStoreExt, PutOptions, PutStats, ReadOptions, StepInfo,

@@ -85,7 +85,7 @@ pub fn scrub_url_secrets(text: &str, url: &str) -> String {
         .chain(s.values.into_iter().map(|r| (r, MIN_SCRUBBED)));
     for (r, min) in secrets {
         let raw = &url[r];
-        for form in [raw.to_string(), percent_decoded(raw)] {
+        for form in [raw.to_string(), percent_decode(raw, true)] {
             if form.len() >= min && form != REDACTED {
                 out = out.replace(&form, REDACTED);
             }
@@ -94,9 +94,9 @@ pub fn scrub_url_secrets(text: &str, url: &str) -> String {
     out
 }
 
-/// `s` with `%XX` escapes decoded (invalid ones and non-UTF-8 results
-/// left as they are).
-fn percent_decoded(s: &str) -> String {
+/// `s` with `%XX` escapes decoded, and `+` as a space where `form` (a
+/// URL's query); invalid escapes and non-UTF-8 results left as they are.
+pub fn percent_decode(s: &str, form: bool) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -109,7 +109,7 @@ fn percent_decoded(s: &str) -> String {
                 continue;
             }
         }
-        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        out.push(if form && b[i] == b'+' { b' ' } else { b[i] });
         i += 1;
     }
     String::from_utf8(out).unwrap_or_else(|_| s.to_string())

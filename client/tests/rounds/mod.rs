@@ -2,9 +2,10 @@
 //! a rank's rounds and all-gather agree with every other rank's.
 #![allow(clippy::unwrap_used, dead_code)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use strata::{Coordinator, EtcdOptions};
+use strata::{Coordinator, EtcdCoordinator, EtcdOptions};
 
 /// A round's timeout long enough never to decide a test.
 pub(crate) const LONG: Duration = Duration::from_secs(60);
@@ -53,4 +54,36 @@ pub(crate) fn rounds_agree(c: &dyn Coordinator, rank: u32, world: u32, rounds: u
         all,
         (0..world as u8).map(|r| vec![r; width]).collect::<Vec<_>>()
     );
+}
+
+/// `nodes` processes of `per` consecutive ranks each, of job `job`.
+pub(crate) fn connect_nodes(
+    o: &EtcdOptions,
+    job: &str,
+    nodes: u32,
+    per: u32,
+) -> Vec<Arc<EtcdCoordinator>> {
+    (0..nodes)
+        .map(|n| {
+            EtcdCoordinator::connect_node(o.clone(), job, n * per..(n + 1) * per, nodes * per)
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Runs `each` with every rank of `nodes` (its handle and its rank), a
+/// thread per rank, and returns once all have returned.
+pub(crate) fn on_every_rank(
+    nodes: &[Arc<EtcdCoordinator>],
+    each: impl Fn(&dyn Coordinator, u32) + Sync,
+) {
+    let each = &each;
+    std::thread::scope(|s| {
+        for node in nodes {
+            for rank in node.ranks() {
+                let h = node.rank_handle(rank).unwrap();
+                s.spawn(move || each(&h, rank));
+            }
+        }
+    });
 }

@@ -112,27 +112,12 @@ fn range_op(from: &[u8], to: &[u8]) -> Value {
     json!({ "request_range": r })
 }
 
-/// An error and its causes, each once (a cause often repeats its
-/// wrapper's words).
-fn causes(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(c) = next {
-        let s = c.to_string();
-        if !out.contains(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        next = c.source();
-    }
-    out
-}
-
 /// An answer being read; for a stream, with what keeps its request open
 /// (dropped with the answer, it ends the stream).
 pub(super) struct Answer {
     pub(super) resp: reqwest::Response,
-    pub(super) _open: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Some exactly for a stream.
+    pub(super) open: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// A change a watch reports.
@@ -297,13 +282,13 @@ impl EtcdApi {
                 req = req.header("token", t);
             }
             match req.send().await {
-                Ok(resp) => return Ok(Answer { resp, _open: open }),
+                Ok(resp) => return Ok(Answer { resp, open }),
                 // Without the URL, which may carry credentials; with the
                 // causes ("error sending request" alone says nothing).
                 Err(e) => errors.push(format!(
                     "{}: {}",
                     strata_tiered::redact_url(ep),
-                    causes(&e.without_url())
+                    crate::error::with_causes(&e.without_url())
                 )),
             }
         }
@@ -341,8 +326,9 @@ impl EtcdApi {
         timeout: Duration,
         token: Option<&str>,
     ) -> Result<Value> {
-        let stream = path == "/v3/lease/keepalive";
-        let Answer { resp, _open } = self.send(path, body, timeout, token).await?;
+        // (`open` held to the end: dropping it ends a stream.)
+        let Answer { resp, open } = self.send(path, body, timeout, token).await?;
+        let stream = open.is_some();
         let mut answer = grpc::Reader::new(path, resp, MAX_RESPONSE)?;
         let got = |n| self.got(n);
         let Some(msg) = answer.next(got).await? else {

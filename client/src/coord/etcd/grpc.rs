@@ -70,26 +70,6 @@ impl Frames {
     }
 }
 
-/// gRPC's percent-encoding of `grpc-message`, decoded.
-fn unpercent(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// The error a response's headers (or trailers) carry, if any: an HTTP
 /// status other than 200, or a `grpc-status` other than 0 (with etcd's own message,
 /// which callers match: "authentication failed", "invalid auth token").
@@ -102,7 +82,7 @@ pub(crate) fn failed(
     let message = h
         .get("grpc-message")
         .and_then(|v| v.to_str().ok())
-        .map(unpercent)
+        .map(|m| strata_tiered::percent_decode(m, false))
         .unwrap_or_default();
     if !status.is_success() {
         return Some(Error::Coordination(format!(
@@ -229,7 +209,9 @@ mod tests {
     }
 
     #[test]
-    fn messages_are_unpercented() {
+    fn messages_are_unpercented_with_plus_kept() {
+        let unpercent = |m| strata_tiered::percent_decode(m, false);
+        assert_eq!(unpercent("1+1"), "1+1");
         assert_eq!(
             unpercent("etcdserver: invalid auth token"),
             "etcdserver: invalid auth token"

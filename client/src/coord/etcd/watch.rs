@@ -40,7 +40,7 @@ impl EtcdApi {
                 path: "/etcdserverpb.Watch/Watch",
                 stream: true,
             };
-            let Answer { resp, _open } = self
+            let Answer { resp, open: _open } = self
                 .send_grpc(
                     method,
                     &create,
