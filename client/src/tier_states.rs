@@ -44,6 +44,12 @@ pub(crate) struct Uploads {
     pub(crate) requested: std::sync::Mutex<std::collections::BTreeSet<u64>>,
     /// When L3's collector (rank 0) first saw each step incomplete there.
     pub(crate) incomplete: strata_gc::IncompleteSeen,
+    /// When an upload of this process last failed, until a full
+    /// collection ran a grace period after it: the chunks that upload
+    /// sent may lie on L3 with no manifest naming them, so each collection
+    /// lists every chunk until they are old enough to go, instead of
+    /// waiting for a step to retire (none does while uploads keep failing).
+    pub(crate) sweep_due: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Uploads {

@@ -220,3 +220,138 @@ fn a_chunk_reused_by_an_upload_between_a_collections_plan_and_sweep_survives() {
     let got = ck.restore(StepSelector::Step(2)).unwrap();
     assert_eq!(got.get("w").unwrap().bytes, state(2));
 }
+
+/// A state whose every 64 KiB chunk is its step's own: four of them.
+fn own_chunks(step: u64) -> Vec<u8> {
+    (0..4u8)
+        .flat_map(|i| std::iter::repeat_n(step as u8 ^ (i << 4) ^ 0x80, 1 << 16))
+        .collect()
+}
+
+/// Every chunk the complete steps on `store` reference.
+fn referenced(rt: &tokio::runtime::Runtime, store: &L3Store) -> BTreeSet<strata::format::ChunkId> {
+    let mut out = BTreeSet::new();
+    for st in rt.block_on(store.list_steps("l3gc")).unwrap() {
+        if !st.is_complete() {
+            continue;
+        }
+        for &rank in st.records.keys() {
+            let bytes = rt
+                .block_on(store.get_manifest("l3gc", st.step, rank))
+                .unwrap();
+            let m = strata::format::ShardManifest::decode(&bytes).unwrap();
+            out.extend(m.chunks.iter().map(|c| c.id));
+        }
+    }
+    out
+}
+
+/// An upload cut off half way (L3 stops taking writes after two of its
+/// chunks) leaves chunks no step references; the step stays on L1 and its
+/// upload is reported failed. Once L3 takes writes again, the collection
+/// after the next upload removes them: L3 then holds exactly the chunks of
+/// its complete steps, and those restore from L3 alone.
+#[test]
+fn chunks_of_a_failed_upload_are_collected_once_l3_takes_writes_again() {
+    use strata_tiered::{FaultPlan, FaultStore};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let over = |s: Arc<dyn object_store::ObjectStore>| {
+        Arc::new(L3Store::with_store(
+            s,
+            "root",
+            "memory://l3",
+            L3Options {
+                max_retries: 1,
+                ..L3Options::default()
+            },
+        ))
+    };
+    let plain = over(inner.clone());
+    let save_own = |ck: &Checkpointer, step: u64| {
+        let bytes = own_chunks(step);
+        let shape = [bytes.len() as u64];
+        ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &bytes)])
+            .unwrap()
+            .wait()
+            .unwrap();
+        ck.wait_uploads();
+    };
+    {
+        let ck = Checkpointer::builder(cfg(dir.path()))
+            .remote(Some(plain.clone() as Arc<dyn ChunkStore>))
+            .build()
+            .unwrap();
+        save_own(&ck, 1);
+        save_own(&ck, 2);
+    }
+    let faulty = Arc::new(FaultStore::new(
+        inner.clone(),
+        FaultPlan {
+            writes_before_outage: Some(2),
+            ..FaultPlan::default()
+        },
+    ));
+    let ck = Checkpointer::builder(cfg(dir.path()))
+        .remote(Some(over(faulty.clone()) as Arc<dyn ChunkStore>))
+        .build()
+        .unwrap();
+    save_own(&ck, 3);
+    assert!(
+        matches!(ck.uploads().get(&3), Some(strata::L3State::Failed(_))),
+        "{:?}",
+        ck.uploads()
+    );
+    let on_l3: BTreeSet<_> = rt
+        .block_on(plain.list_chunks("l3gc"))
+        .unwrap()
+        .into_iter()
+        .collect();
+    let orphans: BTreeSet<_> = on_l3
+        .difference(&referenced(&rt, &plain))
+        .copied()
+        .collect();
+    assert!(
+        !orphans.is_empty(),
+        "the cut-off upload left no chunk behind: nothing to collect"
+    );
+
+    faulty.heal();
+    save_own(&ck, 4);
+    assert!(
+        matches!(
+            ck.uploads().get(&4),
+            Some(strata::L3State::Committed { .. })
+        ),
+        "{:?}",
+        ck.uploads()
+    );
+    let on_l3: BTreeSet<_> = rt
+        .block_on(plain.list_chunks("l3gc"))
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(on_l3, referenced(&rt, &plain));
+    assert!(on_l3.is_disjoint(&orphans), "{orphans:?} still on L3");
+    let complete: BTreeSet<u64> = rt
+        .block_on(plain.list_steps("l3gc"))
+        .unwrap()
+        .iter()
+        .filter(|st| st.is_complete())
+        .map(|st| st.step)
+        .collect();
+    assert_eq!(complete, BTreeSet::from([1, 2, 4]));
+    drop(ck);
+
+    // The node loses its disk: L3's steps restore from L3 alone.
+    std::fs::remove_dir_all(dir.path()).unwrap();
+    let ck = Checkpointer::builder(cfg(dir.path()))
+        .remote(Some(plain.clone() as Arc<dyn ChunkStore>))
+        .build()
+        .unwrap();
+    for step in [2, 4] {
+        let got = ck.restore(StepSelector::Step(step)).unwrap();
+        assert_eq!(got.get("w").unwrap().bytes, own_chunks(step));
+    }
+}

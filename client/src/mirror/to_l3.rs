@@ -135,6 +135,9 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
             Err(e) => {
                 tracing::warn!(step, error = %e, "upload to L3 failed");
                 s.uploads.set(step, L3State::Failed(e.to_string()));
+                if let Ok(mut due) = s.uploads.sweep_due.lock() {
+                    *due = Some(std::time::Instant::now());
+                }
                 // The collector runs on rank 0 alone: not after its own
                 // successful uploads only, or L3 would grow while they fail.
                 collect_after(s, &*dst, step);
@@ -145,6 +148,11 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
         s.uploads.states.update(|_| ());
     }
 }
+
+/// How far L3's clock (by which the collector's grace period is counted)
+/// may lag this node's before a full collection after a failed upload is
+/// taken for one that could delete what that upload left.
+const L3_CLOCK_MARGIN: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// [`collect_l3`] after the upload of `step`; a panic in it is logged.
 fn collect_after(s: &Shared, l3: &dyn ChunkStore, step: u64) {
@@ -184,23 +192,37 @@ fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
     if let Ok(asked) = s.uploads.requested.lock() {
         hold.extend(asked.iter().copied());
     }
+    let grace = std::time::Duration::from_secs(cfg.l3_gc_grace_secs);
+    let started = std::time::Instant::now();
+    let due = s.uploads.sweep_due.lock().ok().and_then(|d| *d);
     let opts = strata_gc::Options {
         scope: Some(strata_gc::Scope::All),
         // Each rank copies its own record to L3: a step counts once every
         // rank's is there.
         evidence: strata_gc::Evidence::EveryRank,
-        incomplete: Some((
-            s.uploads.incomplete.clone(),
-            std::time::Duration::from_secs(cfg.l3_gc_grace_secs),
-        )),
+        incomplete: Some((s.uploads.incomplete.clone(), grace)),
         hold,
-        lazy: true,
+        // Shards and chunks are looked at only when a shard retires,
+        // unless an upload failed lately (its chunks went unreferenced;
+        // see `Uploads::sweep_due`).
+        lazy: due.is_none(),
         ..Default::default()
     };
-    match s
-        .rt
-        .block_on(strata_gc::collect(l3, &cfg.job, &policy, &opts))
-    {
+    let outcome =
+        s.rt.block_on(strata_gc::collect(l3, &cfg.job, &policy, &opts));
+    if let (Some(failed_at), Ok(_)) = (due, &outcome) {
+        // Swept a grace period after the last failure (and a margin for
+        // L3's clock, by which the grace is counted): what it left is gone
+        // (a later failure set a newer time: kept).
+        if started >= failed_at + grace + L3_CLOCK_MARGIN {
+            if let Ok(mut d) = s.uploads.sweep_due.lock() {
+                if *d == Some(failed_at) {
+                    *d = None;
+                }
+            }
+        }
+    }
+    match outcome {
         Ok((_, r))
             if r.shards_retired + r.partial_removed + r.chunks_deleted + r.uploads_aborted > 0
                 || r.uploads_error.is_some() =>
