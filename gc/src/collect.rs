@@ -8,7 +8,7 @@ use strata_tiered::{ChunkStore, StepInfo};
 
 use crate::error::{GcError, Result};
 use crate::inventory::{read_manifests, take_inventory, Inventory, ManifestRefs};
-use crate::plan::{plan_with, Evidence, Plan, Scope};
+use crate::plan::{plan_bounded, Evidence, Plan, Scope};
 use crate::policy::Retention;
 
 /// What a collection did (or, in a dry run, would do).
@@ -68,19 +68,22 @@ pub struct Options {
 /// When each step was first seen incomplete ([`Options::incomplete`]).
 pub type IncompleteSeen = Arc<Mutex<BTreeMap<u64, SystemTime>>>;
 
-/// The steps listed incomplete that were first seen so less than the grace
-/// ago (noting those seen for the first time, forgetting the others).
-fn young_incomplete(opts: &Options, steps: &[StepInfo]) -> BTreeSet<u64> {
+/// The steps listed incomplete, split into those first seen so less than
+/// the grace ago (held: an upload of theirs may still run) and the others
+/// (aged: bounded by `plan_bounded`); noting those seen for the first time,
+/// forgetting the others. Without [`Options::incomplete`], neither.
+fn incomplete_steps(opts: &Options, steps: &[StepInfo]) -> (BTreeSet<u64>, BTreeSet<u64>) {
     let Some((seen, grace)) = &opts.incomplete else {
-        return BTreeSet::new();
+        return (BTreeSet::new(), BTreeSet::new());
     };
     let Ok(mut seen) = seen.lock() else {
         // A poisoned map: hold every incomplete step (safe, only late).
-        return steps
+        let all = steps
             .iter()
             .filter(|st| !st.is_complete())
             .map(|st| st.step)
             .collect();
+        return (all, BTreeSet::new());
     };
     let now = SystemTime::now();
     let incomplete: BTreeSet<u64> = steps
@@ -89,13 +92,10 @@ fn young_incomplete(opts: &Options, steps: &[StepInfo]) -> BTreeSet<u64> {
         .map(|st| st.step)
         .collect();
     seen.retain(|s, _| incomplete.contains(s));
-    incomplete
-        .into_iter()
-        .filter(|&s| {
-            let first = *seen.entry(s).or_insert(now);
-            now.duration_since(first).unwrap_or_default() < *grace
-        })
-        .collect()
+    incomplete.into_iter().partition(|&s| {
+        let first = *seen.entry(s).or_insert(now);
+        now.duration_since(first).unwrap_or_default() < *grace
+    })
 }
 
 /// Collects `job` in `store`: takes the inventory (strictly: any listing
@@ -130,7 +130,8 @@ pub async fn collect(
         )))?;
         pins.extend(opts.pins.iter().copied());
         let mut hold = opts.hold.clone();
-        hold.extend(young_incomplete(opts, &steps));
+        let (young, aged) = incomplete_steps(opts, &steps);
+        hold.extend(young);
         let shallow = Inventory {
             steps,
             manifests: Default::default(),
@@ -138,7 +139,7 @@ pub async fn collect(
             pins,
             now: std::time::UNIX_EPOCH,
         };
-        let p = plan_with(&shallow, policy, scope, opts.evidence, &hold);
+        let p = plan_bounded(&shallow, policy, scope, opts.evidence, &hold, &aged);
         if p.retire.is_empty() && p.partial.is_empty() {
             let report = Report {
                 dry_run,
@@ -151,8 +152,9 @@ pub async fn collect(
     let mut inv = take_inventory(store, job, !opts.skip_chunks).await?;
     inv.pins.extend(opts.pins.iter().copied());
     let mut hold = opts.hold.clone();
-    hold.extend(young_incomplete(opts, &inv.steps));
-    let p = plan_with(&inv, policy, scope, opts.evidence, &hold);
+    let (young, aged) = incomplete_steps(opts, &inv.steps);
+    hold.extend(young);
+    let p = plan_bounded(&inv, policy, scope, opts.evidence, &hold, &aged);
     let mut report = Report {
         dry_run,
         kept: p.keep.iter().copied().collect(),

@@ -35,5 +35,5 @@ mod policy;
 pub use collect::{collect, IncompleteSeen, Options, Report};
 pub use error::{GcError, Result};
 pub use inventory::{take_inventory, Inventory, ManifestRefs};
-pub use plan::{plan, plan_with, Evidence, Plan, Scope};
+pub use plan::{plan, plan_bounded, plan_with, Evidence, Plan, Scope};
 pub use policy::Retention;

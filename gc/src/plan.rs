@@ -93,6 +93,23 @@ pub fn plan_with(
     evidence: Evidence,
     hold: &BTreeSet<u64>,
 ) -> Plan {
+    plan_bounded(inv, policy, scope, evidence, hold, &BTreeSet::new())
+}
+
+/// [`plan_with`], and with [`Evidence::EveryRank`] a bound on the steps
+/// left incomplete: of those `aged` (seen incomplete long enough that no
+/// upload of them still runs), only the newest `keep_last` stay, even
+/// where no newer step is complete. Without it, one rank whose uploads
+/// always fail leaves every step incomplete, and L3 grows by every other
+/// rank's shard of every upload, for good.
+pub fn plan_bounded(
+    inv: &Inventory,
+    policy: &Retention,
+    scope: Scope,
+    evidence: Evidence,
+    hold: &BTreeSet<u64>,
+    aged: &BTreeSet<u64>,
+) -> Plan {
     let counts = |st: &StepInfo| match evidence {
         Evidence::AnyRecord => scope.committed(st),
         Evidence::EveryRank => st.is_complete(),
@@ -125,6 +142,15 @@ pub fn plan_with(
     let protected =
         |step: u64| keep.contains(&step) || inv.pins.contains(&step) || hold.contains(&step);
     let oldest_kept = keep.first().copied();
+    // The newest incomplete steps: kept, aged or not (see `plan_bounded`).
+    let newest_incomplete: BTreeSet<u64> = inv
+        .steps
+        .iter()
+        .rev()
+        .filter(|st| !counts(st))
+        .take(policy.keep_last.max(1))
+        .map(|st| st.step)
+        .collect();
 
     let mut out = Plan {
         cutoff: Some(cutoff),
@@ -152,8 +178,10 @@ pub fn plan_with(
                 out.retire.push((st.step, rank));
             } else if evidence == Evidence::EveryRank && !counts(st) {
                 // Not complete in this tier: another rank may still be
-                // uploading it. Only once a newer complete step is kept.
-                if !protected(st.step) && older_than_kept {
+                // uploading it. Only once a newer complete step is kept,
+                // or once aged beyond the newest incomplete ones.
+                let beyond_bound = aged.contains(&st.step) && !newest_incomplete.contains(&st.step);
+                if !protected(st.step) && (older_than_kept || beyond_bound) {
                     if committed_ranks.contains(&rank) {
                         out.retire.push((st.step, rank));
                     } else {

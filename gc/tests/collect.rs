@@ -562,3 +562,90 @@ async fn one_collector_holds_a_young_incomplete_step_for_its_grace() {
     collect(&s, JOB, &policy(), &opts(&seen)).await.unwrap();
     assert!(seen.lock().unwrap().is_empty(), "forgotten once gone");
 }
+
+/// Rank 1 never gets an upload through (its chunks land, its manifest and
+/// record never do): no step is ever complete. The one collector, lazy as
+/// the uploader runs it, holds each step for its grace from when it first
+/// saw it incomplete, then keeps only the newest `keep_last` incomplete
+/// ones: L3 stops growing, and the chunks of the steps gone go with them.
+#[tokio::test]
+async fn incomplete_steps_past_their_grace_are_bounded_when_none_is_complete() {
+    let s = MemoryStore::new();
+    let rank0_only = |step: u64| {
+        let s = &s;
+        async move {
+            for rank in 0..WORLD {
+                let puts = chunks_of(step, rank)
+                    .into_iter()
+                    .map(|c| ChunkPut {
+                        id: ChunkId::of(&c),
+                        hint: ElemHint::BYTES,
+                        data: ChunkData::copy_from(&c),
+                    })
+                    .collect();
+                s.put_chunks(JOB, puts).await.unwrap();
+            }
+            let m = manifest(step, 0);
+            s.put_manifest(JOB, step, 0, &m).await.unwrap();
+            s.commit(&CommitRecord {
+                job: JOB.into(),
+                step,
+                world_size: WORLD,
+                committed_unix_ms: 1,
+                shards: vec![ShardRef {
+                    rank: 0,
+                    manifest: ChunkId::of(&m),
+                    logical_bytes: 1,
+                }],
+            })
+            .await
+            .unwrap();
+        }
+    };
+    let seen = strata_gc::IncompleteSeen::default();
+    let opts = Options {
+        scope: Some(Scope::All),
+        evidence: strata_gc::Evidence::EveryRank,
+        incomplete: Some((seen.clone(), Duration::from_secs(3600))),
+        lazy: true,
+        ..Options::default()
+    };
+    let listed = || async {
+        s.list_steps(JOB)
+            .await
+            .unwrap()
+            .iter()
+            .map(|st| st.step)
+            .collect::<BTreeSet<u64>>()
+    };
+    let policy = Retention {
+        keep_every: 0,
+        ..policy()
+    };
+    for step in 1..=6 {
+        rank0_only(step).await;
+        collect(&s, JOB, &policy, &opts).await.unwrap();
+    }
+    // Every step is young: all held.
+    assert_eq!(listed().await, (1..=6).collect());
+    // Steps 1..=4 were first seen two hours ago: their uploads are over.
+    for step in 1..=4 {
+        seen.lock()
+            .unwrap()
+            .insert(step, SystemTime::now() - Duration::from_secs(7200));
+    }
+    rank0_only(7).await;
+    let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
+    // The newest two incomplete (6, 7) stay, 5 is young: 1..=4 go.
+    assert_eq!(listed().await, BTreeSet::from([5, 6, 7]), "{report:?}");
+    assert_eq!(report.shards_retired, 4, "{report:?}");
+    // Their chunks went with them (those the steps left share stay).
+    let left: BTreeSet<ChunkId> = s.list_chunks(JOB).await.unwrap().into_iter().collect();
+    for step in 1..=4 {
+        for rank in 0..WORLD {
+            for c in chunks_of(step, rank).iter().skip(1) {
+                assert!(!left.contains(&ChunkId::of(c)), "step {step} rank {rank}");
+            }
+        }
+    }
+}

@@ -2,7 +2,9 @@
 //! manifest references is ever planned for deletion; the newest committed
 //! step, pinned and held steps are never retired; only the scope's ranks
 //! are touched; an unreadable remaining manifest holds every chunk back;
-//! only chunks older than the grace period go.
+//! only chunks older than the grace period go; with per-rank records (L3)
+//! a step newer than every complete one goes only once aged and beyond
+//! the newest `keep_last` incomplete ones.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -10,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use proptest::prelude::*;
 use strata_format::{ChunkId, CommitRecord, ShardRef};
-use strata_gc::{plan, plan_with, Evidence, Inventory, ManifestRefs, Retention, Scope};
+use strata_gc::{plan, plan_bounded, Evidence, Inventory, ManifestRefs, Retention, Scope};
 use strata_tiered::{ChunkInfo, StepInfo};
 
 const POOL: u8 = 24;
@@ -33,6 +35,8 @@ struct Case {
     evidence: Evidence,
     pins: BTreeSet<u64>,
     hold: BTreeSet<u64>,
+    /// Steps seen incomplete long enough (`plan_bounded`).
+    aged: BTreeSet<u64>,
 }
 
 fn shard() -> impl Strategy<Value = Shard> {
@@ -66,6 +70,7 @@ fn case() -> impl Strategy<Value = Case> {
             ),
             prop::collection::btree_set(0u64..30, 0..3),
             prop::collection::btree_set(0u64..30, 0..3),
+            prop::collection::btree_set(0u64..30, 0..10),
         )
             .prop_map(
                 move |(
@@ -75,6 +80,7 @@ fn case() -> impl Strategy<Value = Case> {
                     (scope, evidence),
                     pins,
                     hold,
+                    aged,
                 )| {
                     Case {
                         world,
@@ -90,6 +96,7 @@ fn case() -> impl Strategy<Value = Case> {
                         evidence,
                         pins,
                         hold,
+                        aged,
                     }
                 },
             )
@@ -167,7 +174,7 @@ proptest! {
     #[test]
     fn a_plan_never_deletes_what_is_kept(c in case()) {
         let inv = inventory(&c);
-        let p = plan_with(&inv, &c.policy, c.scope, c.evidence, &c.hold);
+        let p = plan_bounded(&inv, &c.policy, c.scope, c.evidence, &c.hold, &c.aged);
         let going: HashSet<(u64, u32)> = p.retire.iter().chain(&p.partial).copied().collect();
 
         // 1. No chunk referenced by a remaining manifest is planned.
@@ -219,20 +226,56 @@ proptest! {
         // 7. At least keep_last committed steps are kept, when there are.
         let n_committed = inv.steps.iter().filter(|st| committed(st)).count();
         prop_assert!(p.keep.len() >= c.policy.keep_last.min(n_committed));
-        // 8. Partial shards are only uncommitted shards older than every kept step.
+        // The newest keep_last incomplete steps (per-rank records).
+        let newest_incomplete: BTreeSet<u64> = inv
+            .steps
+            .iter()
+            .rev()
+            .filter(|st| !st.is_complete())
+            .take(c.policy.keep_last.max(1))
+            .map(|st| st.step)
+            .collect();
+        let incomplete: BTreeSet<u64> = inv.steps.iter().filter(|st| !st.is_complete()).map(|st| st.step).collect();
+        let bounded = |step: u64| {
+            c.evidence == Evidence::EveryRank
+                && incomplete.contains(&step)
+                && c.aged.contains(&step)
+                && !newest_incomplete.contains(&step)
+        };
+        // 8. Partial shards are only uncommitted shards older than every
+        //    kept step, or of aged incomplete steps beyond the bound.
         for &(step, rank) in &p.partial {
             let st = inv.steps.iter().find(|s| s.step == step).unwrap();
             prop_assert!(!st.committed_ranks().contains(&rank));
-            prop_assert!(p.keep.iter().all(|&k| step < k));
+            prop_assert!(p.keep.iter().all(|&k| step < k) || bounded(step));
         }
         // 9. With per-rank records (L3), nothing of a step newer than the
         //    newest complete step goes (another rank may be uploading it),
-        //    unless a retiring marker says its retirement had begun.
+        //    unless a retiring marker says its retirement had begun, or it
+        //    is aged and not among the newest keep_last incomplete steps.
         if c.evidence == Evidence::EveryRank {
             for &(step, rank) in &going {
                 let st = inv.steps.iter().find(|s| s.step == step).unwrap();
                 let beyond = newest.is_none_or(|n| step > n);
-                prop_assert!(!beyond || st.retiring.contains(&rank), "step {step} beyond the newest complete");
+                prop_assert!(
+                    !beyond || st.retiring.contains(&rank) || bounded(step),
+                    "step {step} beyond the newest complete"
+                );
+            }
+            // 10. Aged incomplete steps beyond the bound go (each shard the
+            //     scope covers, but unreadable records), unless pinned or held.
+            for st in &inv.steps {
+                if bounded(st.step) && !c.pins.contains(&st.step) && !c.hold.contains(&st.step) {
+                    for rank in st.manifests.iter().chain(st.records.keys()) {
+                        let covered = match c.scope {
+                            Scope::All => true,
+                            Scope::Rank(r) => r == *rank,
+                        };
+                        if covered && !st.unreadable.contains_key(rank) {
+                            prop_assert!(going.contains(&(st.step, *rank)), "aged step {} rank {rank} kept", st.step);
+                        }
+                    }
+                }
             }
         }
     }
@@ -256,6 +299,7 @@ fn keep_every_and_within_keep_old_steps() {
         evidence: Evidence::AnyRecord,
         pins: BTreeSet::from([3]),
         hold: BTreeSet::from([5]),
+        aged: BTreeSet::new(),
     };
     let p = plan(&inventory(&c), &c.policy, c.scope, &c.hold);
     assert_eq!(p.keep, BTreeSet::from([3, 4, 5, 8, 10]));
@@ -276,4 +320,58 @@ fn keep_every_and_within_keep_old_steps() {
     let p = plan(&inventory(&c), &c.policy, c.scope, &c.hold);
     assert_eq!(p.keep, BTreeSet::from([9, 10]));
     let _ = SystemTime::now();
+}
+
+/// One rank of two never gets its uploads through: no step is ever
+/// complete on L3. The steps seen incomplete long enough (aged) go but the
+/// newest `keep_last` incomplete ones; a step not yet aged (an upload of it
+/// may still run) stays, as do pinned and held ones.
+#[test]
+fn incomplete_steps_are_bounded_once_aged() {
+    let c = Case {
+        world: 2,
+        // Rank 0 committed each step; rank 1 left a manifest without a
+        // record at steps 2 and 6, nothing at the others.
+        steps: (1..=8)
+            .map(|s| {
+                let r1 = if s % 4 == 2 {
+                    (Some(vec![s as u8 + 10]), false, false, false, false)
+                } else {
+                    (None, false, false, false, false)
+                };
+                (
+                    s,
+                    vec![(Some(vec![s as u8]), true, false, false, false), r1],
+                )
+            })
+            .collect(),
+        ages: vec![Some(5000); POOL as usize],
+        policy: Retention {
+            keep_last: 2,
+            keep_every: 0,
+            keep_within: None,
+            grace: Duration::from_secs(60),
+        },
+        scope: Scope::All,
+        evidence: Evidence::EveryRank,
+        pins: BTreeSet::from([1]),
+        hold: BTreeSet::from([3]),
+        aged: (1..=6).collect(),
+    };
+    let inv = inventory(&c);
+    let p = plan_bounded(&inv, &c.policy, c.scope, c.evidence, &c.hold, &c.aged);
+    assert!(p.keep.is_empty(), "{:?}", p.keep);
+    // 7 and 8 are the newest incomplete; 1 pinned, 3 held.
+    assert_eq!(p.retire, vec![(2, 0), (4, 0), (5, 0), (6, 0)]);
+    assert_eq!(p.partial, vec![(2, 1), (6, 1)]);
+    // Without the aged steps, nothing goes (the planner before the bound).
+    let p = plan_bounded(
+        &inv,
+        &c.policy,
+        c.scope,
+        c.evidence,
+        &c.hold,
+        &BTreeSet::new(),
+    );
+    assert!(p.retire.is_empty() && p.partial.is_empty(), "{p:?}");
 }
