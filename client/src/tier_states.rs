@@ -44,12 +44,13 @@ pub(crate) struct Uploads {
     pub(crate) requested: std::sync::Mutex<std::collections::BTreeSet<u64>>,
     /// When L3's collector (rank 0) first saw each step incomplete there.
     pub(crate) incomplete: strata_gc::IncompleteSeen,
-    /// When an upload of this process last failed, until a full
-    /// collection ran a grace period after it: the chunks that upload
-    /// sent may lie on L3 with no manifest naming them, so each collection
-    /// lists every chunk until they are old enough to go, instead of
-    /// waiting for a step to retire (none does while uploads keep failing).
-    pub(crate) sweep_due: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The first and the last failure of this process's uploads that no
+    /// full collection has covered yet: such an upload may have left
+    /// chunks on L3 that no manifest names, and no step need retire for
+    /// a lazy collection to look at them (none does while uploads keep
+    /// failing). Once a grace period has passed since the first, the
+    /// next collection lists every chunk (see `mirror::to_l3`).
+    pub(crate) sweep_due: std::sync::Mutex<Option<(std::time::Instant, std::time::Instant)>>,
 }
 
 impl Uploads {

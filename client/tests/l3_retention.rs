@@ -248,9 +248,12 @@ fn referenced(rt: &tokio::runtime::Runtime, store: &L3Store) -> BTreeSet<strata:
 
 /// An upload cut off half way (L3 stops taking writes after two of its
 /// chunks) leaves chunks no step references; the step stays on L1 and its
-/// upload is reported failed. Once L3 takes writes again, the collection
-/// after the next upload removes them: L3 then holds exactly the chunks of
-/// its complete steps, and those restore from L3 alone.
+/// upload is reported failed. No step retires here (`l3_keep_last` 10), so
+/// a lazy collection never looks at them: once L3 takes writes again and
+/// the grace period (0 s, and the 2 s L3's stamps are given) has passed,
+/// the collection after the next upload lists every chunk and removes
+/// them: L3 then holds exactly the chunks of its complete steps, and those
+/// restore from L3 alone.
 #[test]
 fn chunks_of_a_failed_upload_are_collected_once_l3_takes_writes_again() {
     use strata_tiered::{FaultPlan, FaultStore};
@@ -269,6 +272,11 @@ fn chunks_of_a_failed_upload_are_collected_once_l3_takes_writes_again() {
         ))
     };
     let plain = over(inner.clone());
+    let cfg = |dir: &std::path::Path| {
+        let mut c = cfg(dir);
+        c.l3_keep_last = 10;
+        c
+    };
     let save_own = |ck: &Checkpointer, step: u64| {
         let bytes = own_chunks(step);
         let shape = [bytes.len() as u64];
@@ -318,6 +326,7 @@ fn chunks_of_a_failed_upload_are_collected_once_l3_takes_writes_again() {
     );
 
     faulty.heal();
+    let healed = std::time::Instant::now();
     save_own(&ck, 4);
     assert!(
         matches!(
@@ -327,6 +336,17 @@ fn chunks_of_a_failed_upload_are_collected_once_l3_takes_writes_again() {
         "{:?}",
         ck.uploads()
     );
+    if healed.elapsed() < Duration::from_secs(2) {
+        // Not yet due: the collection after step 4 was lazy.
+        let on_l3: BTreeSet<_> = rt
+            .block_on(plain.list_chunks("l3gc"))
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert!(orphans.is_subset(&on_l3), "swept before due");
+    }
+    std::thread::sleep(Duration::from_millis(2100).saturating_sub(healed.elapsed()));
+    save_own(&ck, 5);
     let on_l3: BTreeSet<_> = rt
         .block_on(plain.list_chunks("l3gc"))
         .unwrap()
@@ -341,7 +361,7 @@ fn chunks_of_a_failed_upload_are_collected_once_l3_takes_writes_again() {
         .filter(|st| st.is_complete())
         .map(|st| st.step)
         .collect();
-    assert_eq!(complete, BTreeSet::from([1, 2, 4]));
+    assert_eq!(complete, BTreeSet::from([1, 2, 4, 5]));
     drop(ck);
 
     // The node loses its disk: L3's steps restore from L3 alone.
@@ -350,7 +370,7 @@ fn chunks_of_a_failed_upload_are_collected_once_l3_takes_writes_again() {
         .remote(Some(plain.clone() as Arc<dyn ChunkStore>))
         .build()
         .unwrap();
-    for step in [2, 4] {
+    for step in [2, 5] {
         let got = ck.restore(StepSelector::Step(step)).unwrap();
         assert_eq!(got.get("w").unwrap().bytes, own_chunks(step));
     }

@@ -136,7 +136,8 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
                 tracing::warn!(step, error = %e, "upload to L3 failed");
                 s.uploads.set(step, L3State::Failed(e.to_string()));
                 if let Ok(mut due) = s.uploads.sweep_due.lock() {
-                    *due = Some(std::time::Instant::now());
+                    let now = std::time::Instant::now();
+                    *due = Some((due.map_or(now, |(first, _)| first), now));
                 }
                 // The collector runs on rank 0 alone: not after its own
                 // successful uploads only, or L3 would grow while they fail.
@@ -149,10 +150,11 @@ pub(crate) fn run(s: &Shared, l3: Arc<dyn ChunkStore>, rx: &mpsc::Receiver<Uploa
     }
 }
 
-/// How far L3's clock (by which the collector's grace period is counted)
-/// may lag this node's before a full collection after a failed upload is
-/// taken for one that could delete what that upload left.
-const L3_CLOCK_MARGIN: std::time::Duration = std::time::Duration::from_secs(60);
+/// Added to the grace period before a full collection after a failed
+/// upload: L3 stamps objects to the second (S3's `Last-Modified`), and its
+/// clock's offset from this node's cancels out (the upload's chunks were
+/// stamped before it failed, by the clock the collection reads).
+const L3_CLOCK_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// [`collect_l3`] after the upload of `step`; a panic in it is logged.
 fn collect_after(s: &Shared, l3: &dyn ChunkStore, step: u64) {
@@ -194,7 +196,11 @@ fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
     }
     let grace = std::time::Duration::from_secs(cfg.l3_gc_grace_secs);
     let started = std::time::Instant::now();
+    // A failed upload's chunks can go once a grace period has passed
+    // since it: the first collection after that lists every chunk.
+    let wait = grace.saturating_add(L3_CLOCK_MARGIN);
     let due = s.uploads.sweep_due.lock().ok().and_then(|d| *d);
+    let full = due.is_some_and(|(first, _)| started.saturating_duration_since(first) >= wait);
     let opts = strata_gc::Options {
         scope: Some(strata_gc::Scope::All),
         // Each rank copies its own record to L3: a step counts once every
@@ -202,24 +208,19 @@ fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
         evidence: strata_gc::Evidence::EveryRank,
         incomplete: Some((s.uploads.incomplete.clone(), grace)),
         hold,
-        // Shards and chunks are looked at only when a shard retires,
-        // unless an upload failed lately (its chunks went unreferenced;
-        // see `Uploads::sweep_due`).
-        lazy: due.is_none(),
+        // Shards and chunks are looked at only when a shard retires, or
+        // when a failed upload's chunks are due (`Uploads::sweep_due`).
+        lazy: !full,
         ..Default::default()
     };
     let outcome =
         s.rt.block_on(strata_gc::collect(l3, &cfg.job, &policy, &opts));
-    if let (Some(failed_at), Ok(_)) = (due, &outcome) {
-        // Swept a grace period after the last failure (and a margin for
-        // L3's clock, by which the grace is counted): what it left is gone
-        // (a later failure set a newer time: kept).
-        if started >= failed_at + grace + L3_CLOCK_MARGIN {
-            if let Ok(mut d) = s.uploads.sweep_due.lock() {
-                if *d == Some(failed_at) {
-                    *d = None;
-                }
-            }
+    if let (true, Some((_, last)), Ok(_)) = (full, due, &outcome) {
+        // Every failure a grace period old is covered; one since (this
+        // thread's own uploads: none during the collection) is due a
+        // grace period after it.
+        if let Ok(mut d) = s.uploads.sweep_due.lock() {
+            *d = (started.saturating_duration_since(last) < wait).then_some((last, last));
         }
     }
     match outcome {
