@@ -152,6 +152,7 @@ def save_rank(rank: int, world: int, port: int, a: Dict[str, Any]) -> None:
         res[f"{name}_async_blocked_s"] = _median(blocked_all)
         res[f"{name}_async_durable_s"] = _median(durable_all)
         res[f"{name}_async_blocked_samples"] = blocked_all
+        res[f"{name}_async_durable_samples"] = durable_all
     res["warm_copy_s"] = _median(copies)
     res["warm_copy_samples"] = copies
     writer.close()
@@ -200,7 +201,7 @@ def load_rank(rank: int, world: int, port: int, a: Dict[str, Any]) -> None:
     dist.destroy_process_group()
 
 
-def run(world: int, fn: Any, a: Dict[str, Any]) -> Dict[str, float]:
+def run(world: int, fn: Any, a: Dict[str, Any]) -> Dict[str, Any]:
     import torch.multiprocessing as mp
 
     with socket.socket() as s:

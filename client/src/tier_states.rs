@@ -44,6 +44,9 @@ pub(crate) struct Uploads {
     pub(crate) requested: std::sync::Mutex<std::collections::BTreeSet<u64>>,
     /// When L3's collector (rank 0) first saw each step incomplete there.
     pub(crate) incomplete: strata_gc::IncompleteSeen,
+    /// Each rank's progress on L3 as the collector (rank 0) saw it: an
+    /// incomplete step is bounded only where the ranks it lacks stalled.
+    pub(crate) progress: strata_gc::RankProgress,
     /// The first and the last failure of this process's uploads that no
     /// full collection has covered yet: such an upload may have left
     /// chunks on L3 that no manifest names, and no step need retire for

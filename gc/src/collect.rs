@@ -63,39 +63,94 @@ pub struct Options {
     /// uploading it (an upload asked for again, a roll-forward's), which
     /// the collector cannot see; past the grace, its uploads are over.
     pub incomplete: Option<(IncompleteSeen, Duration)>,
+    /// With `incomplete`: each rank's progress on this tier as the
+    /// collector saw it, kept across runs by the caller. An incomplete step
+    /// past its grace is bounded ([`crate::plan_bounded`]: only the newest
+    /// `keep_last` of them stay) only where every rank missing from it has
+    /// stalled, no newer record of it having appeared for a grace period:
+    /// a rank uploads in step order, so one still progressing may yet
+    /// reach the step. None: incomplete steps are never bounded.
+    pub progress: Option<RankProgress>,
 }
+
+/// Per rank: the newest step whose commit record the tier held (None:
+/// none yet) and when the collector first saw that ([`Options::progress`]).
+pub type RankProgress = Arc<Mutex<BTreeMap<u32, (Option<u64>, SystemTime)>>>;
 
 /// When each step was first seen incomplete ([`Options::incomplete`]).
 pub type IncompleteSeen = Arc<Mutex<BTreeMap<u64, SystemTime>>>;
 
 /// The steps listed incomplete, split into those first seen so less than
 /// the grace ago (held: an upload of theirs may still run) and the others
-/// (aged: bounded by `plan_bounded`); noting those seen for the first time,
-/// forgetting the others. Without [`Options::incomplete`], neither.
+/// whose every missing rank has stalled (aged: bounded by
+/// `plan_bounded`); noting the steps seen for the first time and each
+/// rank's progress, forgetting steps no longer incomplete. Without
+/// [`Options::incomplete`], neither; without [`Options::progress`], none
+/// is aged.
 fn incomplete_steps(opts: &Options, steps: &[StepInfo]) -> (BTreeSet<u64>, BTreeSet<u64>) {
     let Some((seen, grace)) = &opts.incomplete else {
         return (BTreeSet::new(), BTreeSet::new());
     };
+    let incomplete: Vec<&StepInfo> = steps.iter().filter(|st| !st.is_complete()).collect();
     let Ok(mut seen) = seen.lock() else {
         // A poisoned map: hold every incomplete step (safe, only late).
-        let all = steps
-            .iter()
-            .filter(|st| !st.is_complete())
-            .map(|st| st.step)
-            .collect();
-        return (all, BTreeSet::new());
+        return (
+            incomplete.iter().map(|st| st.step).collect(),
+            BTreeSet::new(),
+        );
     };
     let now = SystemTime::now();
-    let incomplete: BTreeSet<u64> = steps
-        .iter()
-        .filter(|st| !st.is_complete())
-        .map(|st| st.step)
-        .collect();
-    seen.retain(|s, _| incomplete.contains(s));
-    incomplete.into_iter().partition(|&s| {
-        let first = *seen.entry(s).or_insert(now);
-        now.duration_since(first).unwrap_or_default() < *grace
-    })
+    let old = |t: SystemTime| now.duration_since(t).unwrap_or_default() >= *grace;
+    seen.retain(|s, _| incomplete.iter().any(|st| st.step == *s));
+    let progress = rank_progress(opts, steps, now);
+    let (mut young, mut aged) = (BTreeSet::new(), BTreeSet::new());
+    for st in incomplete {
+        let first = *seen.entry(st.step).or_insert(now);
+        if !old(first) {
+            young.insert(st.step);
+            continue;
+        }
+        // Every rank the step lacks has stalled: its newest record has not
+        // changed for a grace period, or it never had one (and the step has
+        // lacked it for as long). A step without a record names no world:
+        // never aged.
+        let have = st.committed_ranks();
+        let all_stalled = progress.as_ref().is_some_and(|p| {
+            st.world_size().is_some_and(|w| {
+                (0..w).all(|r| have.contains(&r) || p.get(&r).is_none_or(|&t| old(t)))
+            })
+        });
+        if all_stalled {
+            aged.insert(st.step);
+        }
+    }
+    (young, aged)
+}
+
+/// When each rank's newest commit record on the tier last changed, as the
+/// collector saw it, noting the changes in [`Options::progress`] (only
+/// ranks with a record: a hostile world size allocates nothing). None
+/// without it (or poisoned).
+fn rank_progress(
+    opts: &Options,
+    steps: &[StepInfo],
+    now: SystemTime,
+) -> Option<BTreeMap<u32, SystemTime>> {
+    let mut progress = opts.progress.as_ref()?.lock().ok()?;
+    let mut newest: BTreeMap<u32, u64> = BTreeMap::new();
+    for st in steps {
+        for r in st.committed_ranks() {
+            let n = newest.entry(r).or_insert(st.step);
+            *n = (*n).max(st.step);
+        }
+    }
+    for (&r, &step) in &newest {
+        let e = progress.entry(r).or_insert((Some(step), now));
+        if Some(step) > e.0 {
+            *e = (Some(step), now);
+        }
+    }
+    Some(progress.iter().map(|(&r, &(_, t))| (r, t)).collect())
 }
 
 /// Collects `job` in `store`: takes the inventory (strictly: any listing

@@ -97,11 +97,13 @@ pub fn plan_with(
 }
 
 /// [`plan_with`], and with [`Evidence::EveryRank`] a bound on the steps
-/// left incomplete: of those `aged` (seen incomplete long enough that no
-/// upload of them still runs), only the newest `keep_last` stay, even
-/// where no newer step is complete. Without it, one rank whose uploads
-/// always fail leaves every step incomplete, and L3 grows by every other
-/// rank's shard of every upload, for good.
+/// left incomplete: of those `aged` (the caller's word that no upload of
+/// them still runs: seen incomplete for a grace period, every rank they
+/// lack stalled, as [`crate::collect`] decides), only the newest
+/// `keep_last` incomplete steps stay, even where no newer step is
+/// complete. Without it, one rank whose uploads always fail leaves every
+/// step incomplete, and L3 grows by every other rank's shard of every
+/// upload, for good.
 pub fn plan_bounded(
     inv: &Inventory,
     policy: &Retention,

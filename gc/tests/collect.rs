@@ -607,6 +607,8 @@ async fn incomplete_steps_past_their_grace_are_bounded_when_none_is_complete() {
         scope: Some(Scope::All),
         evidence: strata_gc::Evidence::EveryRank,
         incomplete: Some((seen.clone(), Duration::from_secs(3600))),
+        // Rank 1 never had a record: stalled once a step lacked it for the grace.
+        progress: Some(strata_gc::RankProgress::default()),
         lazy: true,
         ..Options::default()
     };
@@ -648,4 +650,70 @@ async fn incomplete_steps_past_their_grace_are_bounded_when_none_is_complete() {
             }
         }
     }
+}
+
+/// Rank 1 uploads in step order but lags: L3 holds its records of steps 1
+/// and 2 only, rank 0's of 1..=6. Steps 3..=6 were first seen incomplete
+/// two hours ago, yet while rank 1's newest record is recent it may still
+/// reach them: nothing newer than the kept complete steps goes. Once its
+/// newest record has not moved for the grace period it has stalled, and
+/// the newest `keep_last` incomplete steps alone stay.
+#[tokio::test]
+async fn a_lagging_rank_still_uploading_in_order_keeps_its_steps_until_it_stalls() {
+    let s = MemoryStore::new();
+    for step in 1..=6 {
+        for rank in 0..WORLD {
+            if rank == 1 && step > 2 {
+                continue;
+            }
+            let m = manifest(step, rank);
+            s.put_manifest(JOB, step, rank, &m).await.unwrap();
+            s.commit(&CommitRecord {
+                job: JOB.into(),
+                step,
+                world_size: WORLD,
+                committed_unix_ms: 1,
+                shards: vec![ShardRef {
+                    rank,
+                    manifest: ChunkId::of(&m),
+                    logical_bytes: 1,
+                }],
+            })
+            .await
+            .unwrap();
+        }
+    }
+    let seen = strata_gc::IncompleteSeen::default();
+    let progress = strata_gc::RankProgress::default();
+    let opts = Options {
+        scope: Some(Scope::All),
+        evidence: strata_gc::Evidence::EveryRank,
+        incomplete: Some((seen.clone(), Duration::from_secs(3600))),
+        progress: Some(progress.clone()),
+        lazy: true,
+        ..Options::default()
+    };
+    let policy = Retention {
+        keep_every: 0,
+        ..policy()
+    };
+    let listed = || async {
+        s.list_steps(JOB)
+            .await
+            .unwrap()
+            .iter()
+            .map(|st| st.step)
+            .collect::<BTreeSet<u64>>()
+    };
+    let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
+    collect(&s, JOB, &policy, &opts).await.unwrap();
+    for step in 3..=6 {
+        seen.lock().unwrap().insert(step, two_hours_ago);
+    }
+    let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
+    assert_eq!(listed().await, (1..=6).collect(), "{report:?}");
+    // Rank 1's newest record (step 2) has not moved for two hours.
+    progress.lock().unwrap().insert(1, (Some(2), two_hours_ago));
+    let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
+    assert_eq!(listed().await, BTreeSet::from([1, 2, 5, 6]), "{report:?}");
 }

@@ -217,8 +217,10 @@ pub struct Config {
     /// An unreferenced chunk on L3 is deleted only once L3 has not written
     /// it for this long; an upload rewrites a chunk it reuses that is older
     /// than half of it (so a reused chunk is never deleted under an upload
-    /// that takes less than half of it). 0 is safe only with one uploading
-    /// rank (no reuse is protected then).
+    /// that takes less than half of it). Also how long a step may stay
+    /// incomplete on L3, its missing ranks' uploads standing still, before
+    /// all but the newest `l3_keep_last` such steps go. 0 is safe only
+    /// with one uploading rank (no reuse is protected then).
     pub l3_gc_grace_secs: u64,
     /// This node's name in `peers` (replicas go to other nodes; default:
     /// the host name).

@@ -172,14 +172,19 @@ fn collect_after(s: &Shared, l3: &dyn ChunkStore, step: u64) {
 ///
 /// One collector, not one per rank: each collection lists L3 (every
 /// rank's commit record of every step), so a collector per rank cost
-/// O(world²) requests per upload. The policy retires only complete steps
-/// it no longer keeps and incomplete ones older than the oldest complete
-/// step it keeps; each rank uploads in step order, so a rank whose record
-/// of a kept step is on L3 has finished (or dropped) every older upload of
-/// its queue. Uploads out of that order (one asked for again with
+/// O(world²) requests per upload. The policy retires complete steps it no
+/// longer keeps and incomplete ones older than the oldest complete step it
+/// keeps; each rank uploads in step order, so a rank whose record of a
+/// kept step is on L3 has finished (or dropped) every older upload of its
+/// queue. Uploads out of that order (one asked for again with
 /// `upload(step)`, a restore's roll-forward) may still be running on
 /// another rank: an incomplete step is held for `l3_gc_grace_secs` from
-/// when rank 0 first saw it so (`strata_gc::Options::incomplete`).
+/// when rank 0 first saw it so (`strata_gc::Options::incomplete`). Newer
+/// incomplete steps are bounded to the newest `l3_keep_last` once past
+/// that grace and every rank they lack has stalled (its newest record on
+/// L3 unchanged for the grace: `strata_gc::Options::progress`), so a rank
+/// whose uploads never get through does not make L3 keep every other
+/// rank's shards for good.
 fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
     let cfg = &s.cfg;
     // `l3_keep_last = 0`: L3 is never collected.
@@ -207,6 +212,7 @@ fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
         // rank's is there.
         evidence: strata_gc::Evidence::EveryRank,
         incomplete: Some((s.uploads.incomplete.clone(), grace)),
+        progress: Some(s.uploads.progress.clone()),
         hold,
         // Shards and chunks are looked at only when a shard retires, or
         // when a failed upload's chunks are due (`Uploads::sweep_due`).
@@ -215,12 +221,17 @@ fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
     };
     let outcome =
         s.rt.block_on(strata_gc::collect(l3, &cfg.job, &policy, &opts));
-    if let (true, Some((_, last)), Ok(_)) = (full, due, &outcome) {
-        // Every failure a grace period old is covered; one since (this
-        // thread's own uploads: none during the collection) is due a
-        // grace period after it.
+    if let (true, Some((_, last))) = (full, due) {
         if let Ok(mut d) = s.uploads.sweep_due.lock() {
-            *d = (started.saturating_duration_since(last) < wait).then_some((last, last));
+            *d = match &outcome {
+                // Every failure a grace period old is covered; those since
+                // (this thread's own uploads: none during the collection)
+                // are due a grace period after the last of them.
+                Ok(_) => (started.saturating_duration_since(last) < wait).then_some((last, last)),
+                // L3 refused: again a grace period later, not at every
+                // upload until then.
+                Err(_) => Some((started, last)),
+            };
         }
     }
     match outcome {
