@@ -67,15 +67,22 @@ pub struct Options {
     /// collector saw it, kept across runs by the caller. An incomplete step
     /// past its grace is bounded ([`crate::plan_bounded`]: only the newest
     /// `keep_last` of them stay) only where every rank missing from it has
-    /// stalled, no newer record of it having appeared for a grace period:
-    /// a rank uploads in step order, so one still progressing may yet
-    /// reach the step. None: incomplete steps are never bounded.
+    /// stalled: none of its records appeared on the tier for a grace
+    /// period, as the collections saw (a rank that never had one has
+    /// stalled once a step has lacked it for the grace). A rank uploads in
+    /// step order: one that completes an upload within each grace period
+    /// may yet reach the step. None: incomplete steps are never bounded.
     pub progress: Option<RankProgress>,
 }
 
-/// Per rank: the newest step whose commit record the tier held (None:
-/// none yet) and when the collector first saw that ([`Options::progress`]).
-pub type RankProgress = Arc<Mutex<BTreeMap<u32, (Option<u64>, SystemTime)>>>;
+/// Per rank: the steps of its commit records on the tier, and when the
+/// collector last saw one appear ([`Options::progress`]).
+pub type RankProgress = Arc<Mutex<BTreeMap<u32, (BTreeSet<u64>, SystemTime)>>>;
+
+/// Beyond this many ranks with records, progress is not tracked (nor any
+/// incomplete step bounded): a damaged or hostile record naming millions
+/// of ranks must not grow the collector's memory.
+const MAX_TRACKED_RANKS: usize = 1 << 18;
 
 /// When each step was first seen incomplete ([`Options::incomplete`]).
 pub type IncompleteSeen = Arc<Mutex<BTreeMap<u64, SystemTime>>>;
@@ -110,15 +117,14 @@ fn incomplete_steps(opts: &Options, steps: &[StepInfo]) -> (BTreeSet<u64>, BTree
             young.insert(st.step);
             continue;
         }
-        // Every rank the step lacks has stalled: its newest record has not
+        // Every rank the step lacks has stalled: its records have not
         // changed for a grace period, or it never had one (and the step has
         // lacked it for as long). A step without a record names no world:
         // never aged.
         let have = st.committed_ranks();
         let all_stalled = progress.as_ref().is_some_and(|p| {
-            st.world_size().is_some_and(|w| {
-                (0..w).all(|r| have.contains(&r) || p.get(&r).is_none_or(|&t| old(t)))
-            })
+            st.world_size()
+                .is_some_and(|w| p.range(..w).all(|(r, &t)| have.contains(r) || old(t)))
         });
         if all_stalled {
             aged.insert(st.step);
@@ -127,30 +133,44 @@ fn incomplete_steps(opts: &Options, steps: &[StepInfo]) -> (BTreeSet<u64>, BTree
     (young, aged)
 }
 
-/// When each rank's newest commit record on the tier last changed, as the
-/// collector saw it, noting the changes in [`Options::progress`] (only
-/// ranks with a record: a hostile world size allocates nothing). None
-/// without it (or poisoned).
+/// When a commit record of each rank last appeared on the tier (of any
+/// step, lower ones too: a rollback's uploads after it count; records
+/// going, as retention removes them, do not), as the collections saw
+/// them, noting it in [`Options::progress`]. None without it (or
+/// poisoned, or past [`MAX_TRACKED_RANKS`]).
 fn rank_progress(
     opts: &Options,
     steps: &[StepInfo],
     now: SystemTime,
 ) -> Option<BTreeMap<u32, SystemTime>> {
     let mut progress = opts.progress.as_ref()?.lock().ok()?;
-    let mut newest: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut records: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
     for st in steps {
         for r in st.committed_ranks() {
-            let n = newest.entry(r).or_insert(st.step);
-            *n = (*n).max(st.step);
+            records.entry(r).or_default().insert(st.step);
+            if records.len() > MAX_TRACKED_RANKS {
+                return None;
+            }
         }
     }
-    for (&r, &step) in &newest {
-        let e = progress.entry(r).or_insert((Some(step), now));
-        if Some(step) > e.0 {
-            *e = (Some(step), now);
+    if progress.len() > MAX_TRACKED_RANKS {
+        // Ranks seen once and gone since (another world): forgotten.
+        progress.retain(|r, _| records.contains_key(r));
+    }
+    for (r, held) in records {
+        match progress.get_mut(&r) {
+            Some(e) => {
+                if !held.is_subset(&e.0) {
+                    e.1 = now;
+                }
+                e.0 = held;
+            }
+            None => {
+                progress.insert(r, (held, now));
+            }
         }
     }
-    Some(progress.iter().map(|(&r, &(_, t))| (r, t)).collect())
+    Some(progress.iter().map(|(&r, (_, t))| (r, *t)).collect())
 }
 
 /// Collects `job` in `store`: takes the inventory (strictly: any listing

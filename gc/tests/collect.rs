@@ -654,18 +654,16 @@ async fn incomplete_steps_past_their_grace_are_bounded_when_none_is_complete() {
 
 /// Rank 1 uploads in step order but lags: L3 holds its records of steps 1
 /// and 2 only, rank 0's of 1..=6. Steps 3..=6 were first seen incomplete
-/// two hours ago, yet while rank 1's newest record is recent it may still
+/// two hours ago, yet while rank 1's records keep changing it may still
 /// reach them: nothing newer than the kept complete steps goes. Once its
-/// newest record has not moved for the grace period it has stalled, and
-/// the newest `keep_last` incomplete steps alone stay.
+/// records have not changed for the grace period it has stalled, and the
+/// newest `keep_last` incomplete steps alone stay.
 #[tokio::test]
 async fn a_lagging_rank_still_uploading_in_order_keeps_its_steps_until_it_stalls() {
     let s = MemoryStore::new();
-    for step in 1..=6 {
-        for rank in 0..WORLD {
-            if rank == 1 && step > 2 {
-                continue;
-            }
+    let upload = |step: u64, rank: u32| {
+        let s = &s;
+        async move {
             let m = manifest(step, rank);
             s.put_manifest(JOB, step, rank, &m).await.unwrap();
             s.commit(&CommitRecord {
@@ -681,6 +679,12 @@ async fn a_lagging_rank_still_uploading_in_order_keeps_its_steps_until_it_stalls
             })
             .await
             .unwrap();
+        }
+    };
+    for step in 1..=6 {
+        upload(step, 0).await;
+        if step <= 2 {
+            upload(step, 1).await;
         }
     }
     let seen = strata_gc::IncompleteSeen::default();
@@ -706,14 +710,22 @@ async fn a_lagging_rank_still_uploading_in_order_keeps_its_steps_until_it_stalls
             .collect::<BTreeSet<u64>>()
     };
     let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
+    let rank1_unchanged_since = |t: SystemTime| progress.lock().unwrap().get_mut(&1).unwrap().1 = t;
     collect(&s, JOB, &policy, &opts).await.unwrap();
     for step in 3..=6 {
         seen.lock().unwrap().insert(step, two_hours_ago);
     }
     let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
     assert_eq!(listed().await, (1..=6).collect(), "{report:?}");
-    // Rank 1's newest record (step 2) has not moved for two hours.
-    progress.lock().unwrap().insert(1, (Some(2), two_hours_ago));
+    // Rank 1's records stood still for two hours, then its upload of step 3
+    // landed: it is progressing. Step 3 is complete, 1 is no longer kept.
+    rank1_unchanged_since(two_hours_ago);
+    upload(3, 1).await;
     let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
-    assert_eq!(listed().await, BTreeSet::from([1, 2, 5, 6]), "{report:?}");
+    assert_eq!(listed().await, (2..=6).collect(), "{report:?}");
+    // Now nothing of it changes for two hours: of the incomplete steps,
+    // the newest two stay.
+    rank1_unchanged_since(two_hours_ago);
+    let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
+    assert_eq!(listed().await, BTreeSet::from([2, 3, 5, 6]), "{report:?}");
 }

@@ -227,10 +227,13 @@ fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
                 // Every failure a grace period old is covered; those since
                 // (this thread's own uploads: none during the collection)
                 // are due a grace period after the last of them.
-                Ok(_) => (started.saturating_duration_since(last) < wait).then_some((last, last)),
-                // L3 refused: again a grace period later, not at every
+                Ok((_, r)) if r.held_back.is_none() => {
+                    (started.saturating_duration_since(last) < wait).then_some((last, last))
+                }
+                // L3 refused, or held every chunk back (a kept manifest it
+                // cannot read): again a grace period later, not at every
                 // upload until then.
-                Err(_) => Some((started, last)),
+                _ => Some((started, last)),
             };
         }
     }
