@@ -16,8 +16,8 @@ Each measure is taken ``--reps`` times (the async saves of steps 3..reps+2
 after a first one, step 2, that allocates the stagers' buffers; the warm
 copy before each; the cold and warm loads) and the median is
 reported for both backends alike; every sample is in the JSON. On a 2-core
-VM one sample moves by a third from run to run (a warm copy of 512 MiB
-took 31-56 ms in consecutive saves).
+VM one sample moves by a third from run to run (the six warm copies of
+512 MiB per rank of one run at 2 ranks took 42-85 ms).
 
     python benches/dcp_bench.py --size 1GiB --dir /nvme/bench [--reps 3] [--json out.json]
 """

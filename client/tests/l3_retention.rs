@@ -17,15 +17,18 @@ use strata::{Checkpointer, Config, Entry, StepSelector};
 use strata_tiered::ChunkStoreExt;
 
 fn l3(refresh_after: Option<Duration>) -> Arc<L3Store> {
-    Arc::new(L3Store::with_store(
+    l3_over(
         Arc::new(object_store::memory::InMemory::new()),
-        "root",
-        "memory://l3",
         L3Options {
             refresh_after,
             ..L3Options::default()
         },
-    ))
+    )
+}
+
+/// L3 over `objects`.
+fn l3_over(objects: Arc<dyn object_store::ObjectStore>, opts: L3Options) -> Arc<L3Store> {
+    Arc::new(L3Store::with_store(objects, "root", "memory://l3", opts))
 }
 
 fn cfg(dir: &std::path::Path) -> Config {
@@ -48,13 +51,47 @@ fn state(step: u64) -> Vec<u8> {
 }
 
 fn save(ck: &Checkpointer, step: u64) {
-    let bytes = state(step);
+    save_bytes(ck, step, &state(step));
+}
+
+/// Saves `bytes` as entry `w` of `step`, then waits for its upload.
+fn save_bytes(ck: &Checkpointer, step: u64, bytes: &[u8]) {
     let shape = [bytes.len() as u64];
-    ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &bytes)])
+    ck.save(step, &[Entry::tensor("w", DType::U8, &shape, bytes)])
         .unwrap()
         .wait()
         .unwrap();
     ck.wait_uploads();
+}
+
+/// The steps every rank committed on `store`.
+fn complete_steps(rt: &tokio::runtime::Runtime, store: &L3Store) -> BTreeSet<u64> {
+    rt.block_on(store.list_steps("l3gc"))
+        .unwrap()
+        .iter()
+        .filter(|st| st.is_complete())
+        .map(|st| st.step)
+        .collect()
+}
+
+/// The node loses its disk (`dir`): each of `steps` restores from `store`
+/// alone, byte for byte `want(step)`.
+fn restore_from_l3_alone(
+    dir: &std::path::Path,
+    cfg: Config,
+    store: &Arc<L3Store>,
+    steps: &[u64],
+    want: fn(u64) -> Vec<u8>,
+) {
+    std::fs::remove_dir_all(dir).unwrap();
+    let ck = Checkpointer::builder(cfg)
+        .remote(Some(store.clone() as Arc<dyn ChunkStore>))
+        .build()
+        .unwrap();
+    for &step in steps {
+        let got = ck.restore(StepSelector::Step(step)).unwrap();
+        assert_eq!(got.get("w").unwrap().bytes, want(step), "step {step}");
+    }
 }
 
 #[test]
@@ -69,29 +106,13 @@ fn l3_keeps_its_policys_steps_and_only_their_chunks() {
         save(&ck, step);
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let on_l3: BTreeSet<u64> = rt
-        .block_on(store.list_steps("l3gc"))
-        .unwrap()
-        .iter()
-        .filter(|st| st.is_complete())
-        .map(|st| st.step)
-        .collect();
+    let on_l3 = complete_steps(&rt, &store);
     assert_eq!(on_l3, BTreeSet::from([5, 10, 11, 12]));
     // Chunks: the shared one and one per kept step.
     let chunks = rt.block_on(store.list_chunks("l3gc")).unwrap();
     assert_eq!(chunks.len(), 1 + on_l3.len(), "{chunks:?}");
     drop(ck);
-
-    // The node loses its disk: the kept steps restore from L3.
-    std::fs::remove_dir_all(dir.path()).unwrap();
-    let ck = Checkpointer::builder(cfg(dir.path()))
-        .remote(Some(store.clone() as Arc<dyn ChunkStore>))
-        .build()
-        .unwrap();
-    for step in [5, 12] {
-        let got = ck.restore(StepSelector::Step(step)).unwrap();
-        assert_eq!(got.get("w").unwrap().bytes, state(step));
-    }
+    restore_from_l3_alone(dir.path(), cfg(dir.path()), &store, &[5, 12], state);
 }
 
 #[test]
@@ -138,15 +159,7 @@ fn a_step_uploaded_on_request_stays_on_l3() {
         save(&ck, step);
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let on_l3 = |rt: &tokio::runtime::Runtime| -> BTreeSet<u64> {
-        rt.block_on(store.list_steps("l3gc"))
-            .unwrap()
-            .iter()
-            .filter(|st| st.is_complete())
-            .map(|st| st.step)
-            .collect()
-    };
-    assert_eq!(on_l3(&rt), BTreeSet::from([5, 6]));
+    assert_eq!(complete_steps(&rt, &store), BTreeSet::from([5, 6]));
     // Asked for again, step 2 goes back to L3 and stays there while the
     // policy's uploads go on.
     ck.upload(2).unwrap();
@@ -154,7 +167,7 @@ fn a_step_uploaded_on_request_stays_on_l3() {
     for step in 7..=8 {
         save(&ck, step);
     }
-    assert_eq!(on_l3(&rt), BTreeSet::from([2, 7, 8]));
+    assert_eq!(complete_steps(&rt, &store), BTreeSet::from([2, 7, 8]));
 }
 
 /// The interleaving a collection and an upload can have: the collection
@@ -261,15 +274,13 @@ fn chunks_of_a_failed_upload_are_collected_once_l3_takes_writes_again() {
     let dir = tempfile::tempdir().unwrap();
     let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let over = |s: Arc<dyn object_store::ObjectStore>| {
-        Arc::new(L3Store::with_store(
+        l3_over(
             s,
-            "root",
-            "memory://l3",
             L3Options {
                 max_retries: 1,
                 ..L3Options::default()
             },
-        ))
+        )
     };
     let plain = over(inner.clone());
     let cfg = |dir: &std::path::Path| {
@@ -277,15 +288,7 @@ fn chunks_of_a_failed_upload_are_collected_once_l3_takes_writes_again() {
         c.l3_keep_last = 10;
         c
     };
-    let save_own = |ck: &Checkpointer, step: u64| {
-        let bytes = own_chunks(step);
-        let shape = [bytes.len() as u64];
-        ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &bytes)])
-            .unwrap()
-            .wait()
-            .unwrap();
-        ck.wait_uploads();
-    };
+    let save_own = |ck: &Checkpointer, step: u64| save_bytes(ck, step, &own_chunks(step));
     {
         let ck = Checkpointer::builder(cfg(dir.path()))
             .remote(Some(plain.clone() as Arc<dyn ChunkStore>))
@@ -357,24 +360,7 @@ fn chunks_of_a_failed_upload_are_collected_once_l3_takes_writes_again() {
         .collect();
     assert_eq!(on_l3, referenced(&rt, &plain));
     assert!(on_l3.is_disjoint(&orphans), "{orphans:?} still on L3");
-    let complete: BTreeSet<u64> = rt
-        .block_on(plain.list_steps("l3gc"))
-        .unwrap()
-        .iter()
-        .filter(|st| st.is_complete())
-        .map(|st| st.step)
-        .collect();
-    assert_eq!(complete, BTreeSet::from([1, 2, 4, 5]));
+    assert_eq!(complete_steps(&rt, &plain), BTreeSet::from([1, 2, 4, 5]));
     drop(ck);
-
-    // The node loses its disk: L3's steps restore from L3 alone.
-    std::fs::remove_dir_all(dir.path()).unwrap();
-    let ck = Checkpointer::builder(cfg(dir.path()))
-        .remote(Some(plain.clone() as Arc<dyn ChunkStore>))
-        .build()
-        .unwrap();
-    for step in [2, 5] {
-        let got = ck.restore(StepSelector::Step(step)).unwrap();
-        assert_eq!(got.get("w").unwrap().bytes, own_chunks(step));
-    }
+    restore_from_l3_alone(dir.path(), cfg(dir.path()), &plain, &[2, 5], own_chunks);
 }

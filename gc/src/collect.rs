@@ -108,7 +108,8 @@ fn incomplete_steps(opts: &Options, steps: &[StepInfo]) -> (BTreeSet<u64>, BTree
     };
     let now = SystemTime::now();
     let old = |t: SystemTime| now.duration_since(t).unwrap_or_default() >= *grace;
-    seen.retain(|s, _| incomplete.iter().any(|st| st.step == *s));
+    let steps_incomplete: BTreeSet<u64> = incomplete.iter().map(|st| st.step).collect();
+    seen.retain(|s, _| steps_incomplete.contains(s));
     let progress = rank_progress(opts, steps, now);
     let (mut young, mut aged) = (BTreeSet::new(), BTreeSet::new());
     for st in incomplete {

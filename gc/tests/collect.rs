@@ -78,31 +78,42 @@ fn manifest(step: u64, rank: u32) -> Vec<u8> {
 /// and the peers keep them).
 async fn save(s: &dyn ChunkStore, step: u64) {
     for rank in 0..WORLD {
-        let puts = chunks_of(step, rank)
-            .into_iter()
-            .map(|c| ChunkPut {
-                id: ChunkId::of(&c),
-                hint: ElemHint::BYTES,
-                data: ChunkData::copy_from(&c),
-            })
-            .collect();
-        s.put_chunks(JOB, puts).await.unwrap();
-        let m = manifest(step, rank);
-        s.put_manifest(JOB, step, rank, &m).await.unwrap();
-        s.commit(&CommitRecord {
-            job: JOB.into(),
-            step,
-            world_size: WORLD,
-            committed_unix_ms: 1,
-            shards: vec![ShardRef {
-                rank,
-                manifest: ChunkId::of(&m),
-                logical_bytes: 3 * 4096,
-            }],
-        })
-        .await
-        .unwrap();
+        put_chunks_of(s, step, rank).await;
+        commit_shard(s, step, rank).await;
     }
+}
+
+/// Puts the chunks of `rank`'s shard of `step`.
+async fn put_chunks_of(s: &dyn ChunkStore, step: u64, rank: u32) {
+    let puts = chunks_of(step, rank)
+        .into_iter()
+        .map(|c| ChunkPut {
+            id: ChunkId::of(&c),
+            hint: ElemHint::BYTES,
+            data: ChunkData::copy_from(&c),
+        })
+        .collect();
+    s.put_chunks(JOB, puts).await.unwrap();
+}
+
+/// Writes `rank`'s manifest of `step`, then its commit record (as the
+/// rank's upload to L3 ends).
+async fn commit_shard(s: &dyn ChunkStore, step: u64, rank: u32) {
+    let m = manifest(step, rank);
+    s.put_manifest(JOB, step, rank, &m).await.unwrap();
+    s.commit(&CommitRecord {
+        job: JOB.into(),
+        step,
+        world_size: WORLD,
+        committed_unix_ms: 1,
+        shards: vec![ShardRef {
+            rank,
+            manifest: ChunkId::of(&m),
+            logical_bytes: 3 * 4096,
+        }],
+    })
+    .await
+    .unwrap();
 }
 
 /// Steps committed (by every rank) and the chunks held.
@@ -522,21 +533,7 @@ async fn one_collector_holds_a_young_incomplete_step_for_its_grace() {
         save(&s, step).await;
     }
     // Step 1: rank 0 uploaded it again, rank 1 is still on its way.
-    let m = manifest(1, 0);
-    s.put_manifest(JOB, 1, 0, &m).await.unwrap();
-    s.commit(&CommitRecord {
-        job: JOB.into(),
-        step: 1,
-        world_size: WORLD,
-        committed_unix_ms: 1,
-        shards: vec![ShardRef {
-            rank: 0,
-            manifest: ChunkId::of(&m),
-            logical_bytes: 1,
-        }],
-    })
-    .await
-    .unwrap();
+    commit_shard(&s, 1, 0).await;
     let seen = strata_gc::IncompleteSeen::default();
     let opts = |seen: &strata_gc::IncompleteSeen| Options {
         scope: Some(Scope::All),
@@ -571,35 +568,14 @@ async fn one_collector_holds_a_young_incomplete_step_for_its_grace() {
 #[tokio::test]
 async fn incomplete_steps_past_their_grace_are_bounded_when_none_is_complete() {
     let s = MemoryStore::new();
+    // Both ranks' chunks land; only rank 0's manifest and record do.
     let rank0_only = |step: u64| {
         let s = &s;
         async move {
             for rank in 0..WORLD {
-                let puts = chunks_of(step, rank)
-                    .into_iter()
-                    .map(|c| ChunkPut {
-                        id: ChunkId::of(&c),
-                        hint: ElemHint::BYTES,
-                        data: ChunkData::copy_from(&c),
-                    })
-                    .collect();
-                s.put_chunks(JOB, puts).await.unwrap();
+                put_chunks_of(s, step, rank).await;
             }
-            let m = manifest(step, 0);
-            s.put_manifest(JOB, step, 0, &m).await.unwrap();
-            s.commit(&CommitRecord {
-                job: JOB.into(),
-                step,
-                world_size: WORLD,
-                committed_unix_ms: 1,
-                shards: vec![ShardRef {
-                    rank: 0,
-                    manifest: ChunkId::of(&m),
-                    logical_bytes: 1,
-                }],
-            })
-            .await
-            .unwrap();
+            commit_shard(s, step, 0).await;
         }
     };
     let seen = strata_gc::IncompleteSeen::default();
@@ -661,30 +637,10 @@ async fn incomplete_steps_past_their_grace_are_bounded_when_none_is_complete() {
 #[tokio::test]
 async fn a_lagging_rank_still_uploading_in_order_keeps_its_steps_until_it_stalls() {
     let s = MemoryStore::new();
-    let upload = |step: u64, rank: u32| {
-        let s = &s;
-        async move {
-            let m = manifest(step, rank);
-            s.put_manifest(JOB, step, rank, &m).await.unwrap();
-            s.commit(&CommitRecord {
-                job: JOB.into(),
-                step,
-                world_size: WORLD,
-                committed_unix_ms: 1,
-                shards: vec![ShardRef {
-                    rank,
-                    manifest: ChunkId::of(&m),
-                    logical_bytes: 1,
-                }],
-            })
-            .await
-            .unwrap();
-        }
-    };
     for step in 1..=6 {
-        upload(step, 0).await;
+        commit_shard(&s, step, 0).await;
         if step <= 2 {
-            upload(step, 1).await;
+            commit_shard(&s, step, 1).await;
         }
     }
     let seen = strata_gc::IncompleteSeen::default();
@@ -720,7 +676,7 @@ async fn a_lagging_rank_still_uploading_in_order_keeps_its_steps_until_it_stalls
     // Rank 1's records stood still for two hours, then its upload of step 3
     // landed: it is progressing. Step 3 is complete, 1 is no longer kept.
     rank1_unchanged_since(two_hours_ago);
-    upload(3, 1).await;
+    commit_shard(&s, 3, 1).await;
     let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
     assert_eq!(listed().await, (2..=6).collect(), "{report:?}");
     // Now nothing of it changes for two hours: of the incomplete steps,

@@ -252,6 +252,7 @@ impl EtcdApi {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let framed = grpc::frame(msg)?;
         let mut errors = Vec::new();
+        let mut none_answered = true;
         for ep in &self.endpoints {
             let (body, open) = if method.stream {
                 // The request's one message, then nothing until the answer
@@ -285,15 +286,23 @@ impl EtcdApi {
                 Ok(resp) => return Ok(Answer { resp, open }),
                 // Without the URL, which may carry credentials; with the
                 // causes ("error sending request" alone says nothing).
-                Err(e) => errors.push(format!(
-                    "{}: {}",
-                    strata_tiered::redact_url(ep),
-                    crate::error::with_causes(&e.without_url())
-                )),
+                Err(e) => {
+                    none_answered &= not_answering(&e);
+                    errors.push(format!(
+                        "{}: {}",
+                        strata_tiered::redact_url(ep),
+                        crate::error::with_causes(&e.without_url())
+                    ))
+                }
             }
         }
         Err(Error::Coordination(format!(
-            "etcd unreachable: {}",
+            "{}: {}",
+            if none_answered {
+                NOT_ANSWERING
+            } else {
+                "etcd unreachable"
+            },
             errors.join("; ")
         )))
     }
@@ -687,6 +696,31 @@ where
             Err(e) => return Err(e),
         }
     }
+}
+
+/// How a call fails when no endpoint answered at all (refused, no route,
+/// no answer in time): etcd is not there, or not yet, which waiting may
+/// change; any other failure (a certificate, another protocol) it would
+/// not. A process's first contact waits out this one only.
+pub(super) const NOT_ANSWERING: &str = "etcd does not answer";
+
+/// Whether `e` says nothing answered at the endpoint, by the I/O error
+/// under it (not its words, which vary by platform).
+fn not_answering(e: &reqwest::Error) -> bool {
+    use std::io::ErrorKind as K;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = next {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                K::ConnectionRefused | K::HostUnreachable | K::NetworkUnreachable | K::TimedOut
+            ) {
+                return true;
+            }
+        }
+        next = c.source();
+    }
+    e.is_timeout()
 }
 
 #[cfg(test)]

@@ -618,21 +618,6 @@ impl Drop for EtcdCoordinator {
     }
 }
 
-/// Whether a failed first contact says etcd is not there yet (refused,
-/// no route, no answer in time), rather than refused us (a certificate,
-/// a password, another protocol), which waiting would not change.
-fn not_up_yet(m: &str) -> bool {
-    m.starts_with("etcd unreachable")
-        && [
-            "Connection refused",
-            "No route to host",
-            "Network is unreachable",
-            "timed out",
-        ]
-        .iter()
-        .any(|c| m.contains(c))
-}
-
 /// Connects and takes the process's lease, waiting up to a request's time
 /// limit for an etcd that does not answer yet: a job's ranks often start
 /// beside etcd, or before their node's network is up, and one rank
@@ -654,7 +639,7 @@ fn first_contact(
         });
         match tried {
             Err(Error::Coordination(m))
-                if not_up_yet(&m) && std::time::Instant::now() < deadline =>
+                if m.starts_with(api::NOT_ANSWERING) && std::time::Instant::now() < deadline =>
             {
                 tracing::warn!(error = %m, "etcd does not answer yet; trying again");
                 std::thread::sleep(Duration::from_millis(250));
