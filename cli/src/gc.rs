@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 use strata::tiers::TierKind;
-use strata_gc::{collect, Evidence, Options, Report, Retention, Scope};
+use strata_gc::{collect, Abandoned, Evidence, Options, Report, Retention, Scope};
 
 use crate::out::say;
 use crate::size::human;
@@ -43,6 +43,14 @@ pub(crate) struct GcArgs {
     /// (default: gc_grace_secs; L3: 3600).
     #[arg(long, value_name = "SECS")]
     pub(crate) grace: Option<u64>,
+    /// L3: incomplete steps (some rank's shard never reached L3) whose
+    /// every commit record is at least this many seconds old count as
+    /// abandoned: of those, all but the newest keep-last go. Without it an
+    /// incomplete step goes only once older than the oldest kept complete
+    /// step. Give it only when no rank can still upload them (the job is
+    /// over, or its missing ranks stopped): one run cannot tell.
+    #[arg(long, value_name = "SECS")]
+    pub(crate) abandoned_after: Option<u64>,
     /// Never retire this step (repeatable).
     #[arg(long = "keep", value_name = "STEP")]
     pub(crate) keep: Vec<u64>,
@@ -146,6 +154,12 @@ pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
                 Evidence::EveryRank
             } else {
                 Evidence::AnyRecord
+            },
+            abandoned: match a.abandoned_after {
+                Some(secs) if tier.kind == TierKind::L3 => {
+                    Abandoned::CommittedBefore(Duration::from_secs(secs))
+                }
+                _ => Abandoned::Unknown,
             },
             pins: a.keep.iter().copied().collect::<BTreeSet<u64>>(),
             dry_run: a.dry_run,

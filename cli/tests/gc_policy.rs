@@ -155,3 +155,111 @@ fn keep_last_is_what_strata_gc_keeps_on_l1() {
     gc(&cfg, "l1", &[]);
     assert_eq!(steps_on(&cfg, "l1"), [4, 5, 6, 7, 8]);
 }
+
+/// Steps 1..=6 of a 2-rank job whose rank 1 never uploads: on L3 every
+/// step is incomplete (rank 0's shard alone), which the job never collects
+/// (`l3_keep_last = 0`). Returns the configuration `strata gc` reads.
+fn job_with_incomplete_l3(dir: &Path) -> std::path::PathBuf {
+    use std::sync::Arc;
+    use strata::tiered::{ChunkStore, L3Options, L3Store};
+    use strata::InProcessCoordinator;
+    let l3_dir = dir.join("l3");
+    std::fs::create_dir_all(&l3_dir).unwrap();
+    let l3_url = format!("file://{}", l3_dir.display());
+    let l3: Arc<dyn ChunkStore> =
+        Arc::new(L3Store::from_url(&l3_url, &[], L3Options::default()).unwrap());
+    let coord = InProcessCoordinator::new(2);
+    std::thread::scope(|sc| {
+        for rank in 0..2u32 {
+            let (coord, l3) = (coord.clone(), l3.clone());
+            let l1 = dir.join(format!("l1-{rank}"));
+            sc.spawn(move || {
+                let mut cfg = Config::builder()
+                    .job("p")
+                    .rank(rank, 2)
+                    .l1_dir(&l1)
+                    .chunk_size(1 << 14)
+                    .io_engine("psync")
+                    .keep_last(1000)
+                    .upload_every(1);
+                cfg.l3_keep_last = 0;
+                cfg.max_pending_uploads = 0;
+                let ck = Checkpointer::builder(cfg)
+                    .coordinator(Arc::new(coord))
+                    .remote((rank == 0).then_some(l3))
+                    .build()
+                    .unwrap();
+                for step in 1..=6u64 {
+                    let b = state(step * 2 + u64::from(rank));
+                    let shape = [b.len() as u64];
+                    ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &b)])
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                }
+                ck.wait_uploads();
+            });
+        }
+    });
+    let path = dir.join("strata.toml");
+    let toml = format!(
+        "job = \"p\"\nl1_dir = \"{}\"\nl3_url = \"{l3_url}\"\nio_engine = \"psync\"\nl3_keep_last = 2\nl3_keep_every = 0\n",
+        dir.join("l1-0").display()
+    );
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// Every step listed on the job's L3 (complete or not), and its chunks.
+fn l3_held(config: &Path) -> (Vec<u64>, usize) {
+    use strata::tiered::{ChunkStore, L3Options, L3Store};
+    let dir = config.parent().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!("file://{}", dir.join("l3").display());
+    let l3 = L3Store::from_url(&url, &[], L3Options::default()).unwrap();
+    let steps = rt.block_on(l3.list_steps("p")).unwrap();
+    let chunks = rt.block_on(l3.list_chunks("p")).unwrap();
+    (steps.iter().map(|s| s.step).collect(), chunks.len())
+}
+
+#[test]
+fn strata_gc_bounds_incomplete_l3_steps_only_when_told_they_are_abandoned() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = job_with_incomplete_l3(dir.path());
+    let (steps, chunks) = l3_held(&cfg);
+    assert_eq!(steps, [1, 2, 3, 4, 5, 6], "rank 0's shards are on L3");
+    // No complete step: without the operator's word nothing goes (another
+    // rank's upload may still be running).
+    let v = gc(&cfg, "l3", &["--grace", "0"]);
+    assert_eq!(v["tiers"][0]["partial_removed"].as_u64(), Some(0), "{v}");
+    assert_eq!(retired(&v), 0, "{v}");
+    assert_eq!(l3_held(&cfg), (steps.clone(), chunks));
+    // Told that incomplete steps committed over an hour ago are abandoned:
+    // these were committed just now, so nothing goes either.
+    let v = gc(&cfg, "l3", &["--grace", "0", "--abandoned-after", "3600"]);
+    assert_eq!(retired(&v), 0, "{v}");
+    assert_eq!(l3_held(&cfg), (steps, chunks));
+    // Told that any incomplete step is abandoned: the newest l3_keep_last
+    // (2) stay, the others go with the chunks no kept step names.
+    let v = gc(&cfg, "l3", &["--grace", "0", "--abandoned-after", "0"]);
+    assert_eq!(retired(&v), 4, "{v}");
+    let (left, left_chunks) = l3_held(&cfg);
+    assert_eq!(left, [5, 6], "{v}");
+    assert!(left_chunks < chunks, "no chunk was swept: {v}");
+    // What stays still verifies: every chunk its manifests name is there.
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["verify", "--config"])
+        .arg(&cfg)
+        .args(["6", "--tier", "l3", "--rank", "0"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "strata verify: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -57,26 +57,52 @@ pub struct Options {
     /// each save, a tier whose retention has nothing to do is not listed
     /// chunk by chunk (orphaned chunks wait for the next retirement).
     pub lazy: bool,
-    /// With [`Evidence::EveryRank`] and one collector for every rank (L3):
-    /// when each step was first seen incomplete, kept across runs by the
-    /// caller, and how long such a step is held. Another rank may still be
-    /// uploading it (an upload asked for again, a roll-forward's), which
-    /// the collector cannot see; past the grace, its uploads are over.
-    pub incomplete: Option<(IncompleteSeen, Duration)>,
-    /// With `incomplete`: each rank's progress on this tier as the
-    /// collector saw it, kept across runs by the caller. An incomplete step
-    /// past its grace is bounded ([`crate::plan_bounded`]: only the newest
-    /// `keep_last` of them stay) only where every rank missing from it has
-    /// stalled: none of its records appeared on the tier for a grace
-    /// period, as the collections saw (a rank that never had one has
-    /// stalled once a step has lacked it for the grace). A rank uploads in
-    /// step order: one that completes an upload within each grace period
-    /// may yet reach the step. None: incomplete steps are never bounded.
-    pub progress: Option<RankProgress>,
+    /// With [`Evidence::EveryRank`]: how the steps left incomplete are
+    /// known to be abandoned, so that they can be bounded
+    /// ([`crate::plan_bounded`]: only the newest `keep_last` of them stay,
+    /// even where no step is complete). Default: never known.
+    pub abandoned: Abandoned,
+}
+
+/// How a collector knows that no upload of an incomplete step still runs
+/// ([`Options::abandoned`]).
+#[derive(Clone, Debug, Default)]
+pub enum Abandoned {
+    /// Never known: an incomplete step goes only once it is older than the
+    /// oldest kept complete step.
+    #[default]
+    Unknown,
+    /// Watched by the one collector of every rank (L3: the job's rank 0),
+    /// across its runs.
+    Watched {
+        /// When each step was first seen incomplete, kept by the caller.
+        /// Another rank may still be uploading it (an upload asked for
+        /// again, a roll-forward's), which the collector cannot see: such a
+        /// step is held for `grace`; past it, its uploads are over.
+        seen: IncompleteSeen,
+        /// How long a step first seen incomplete is held.
+        grace: Duration,
+        /// Each rank's progress on the tier as the collector saw it, kept
+        /// by the caller. An incomplete step past its grace is bounded
+        /// only where every rank missing from it has stalled: none of its
+        /// records appeared on the tier for a grace period, as the
+        /// collections saw (a rank that never had one has stalled once a
+        /// step has lacked it for the grace). A rank uploads in step
+        /// order: one that completes an upload within each grace period
+        /// may yet reach the step. None: incomplete steps are held for
+        /// their grace, never bounded.
+        progress: Option<RankProgress>,
+    },
+    /// An operator's word (`strata gc --abandoned-after`): an incomplete
+    /// step whose every commit record was committed at least this long
+    /// ago (by the records' own times) has no upload still running. One
+    /// run cannot watch ranks progress: this is for a job that is over,
+    /// or whose missing ranks are known to have stopped.
+    CommittedBefore(Duration),
 }
 
 /// Per rank: the steps of its commit records on the tier, and when the
-/// collector last saw one appear ([`Options::progress`]).
+/// collector last saw one appear ([`Abandoned::Watched`]).
 pub type RankProgress = Arc<Mutex<BTreeMap<u32, (BTreeSet<u64>, SystemTime)>>>;
 
 /// Beyond this many ranks with records, progress is not tracked (nor any
@@ -84,20 +110,51 @@ pub type RankProgress = Arc<Mutex<BTreeMap<u32, (BTreeSet<u64>, SystemTime)>>>;
 /// of ranks must not grow the collector's memory.
 const MAX_TRACKED_RANKS: usize = 1 << 18;
 
-/// When each step was first seen incomplete ([`Options::incomplete`]).
+/// When each step was first seen incomplete ([`Abandoned::Watched`]).
 pub type IncompleteSeen = Arc<Mutex<BTreeMap<u64, SystemTime>>>;
 
-/// The steps listed incomplete, split into those first seen so less than
-/// the grace ago (held: an upload of theirs may still run) and the others
-/// whose every missing rank has stalled (aged: bounded by
-/// `plan_bounded`); noting the steps seen for the first time and each
-/// rank's progress, forgetting steps no longer incomplete. Without
-/// [`Options::incomplete`], neither; without [`Options::progress`], none
-/// is aged.
+/// The steps listed incomplete, split into those held (first seen so
+/// less than the grace ago: an upload of theirs may still run) and those
+/// abandoned (bounded by `plan_bounded`), as [`Options::abandoned`] tells.
 fn incomplete_steps(opts: &Options, steps: &[StepInfo]) -> (BTreeSet<u64>, BTreeSet<u64>) {
-    let Some((seen, grace)) = &opts.incomplete else {
-        return (BTreeSet::new(), BTreeSet::new());
-    };
+    match &opts.abandoned {
+        Abandoned::Unknown => (BTreeSet::new(), BTreeSet::new()),
+        Abandoned::Watched {
+            seen,
+            grace,
+            progress,
+        } => watched(seen, *grace, progress.as_ref(), steps),
+        Abandoned::CommittedBefore(age) => {
+            let edge = SystemTime::now()
+                .checked_sub(*age)
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis());
+            // A step without a readable record names no world nor time:
+            // never abandoned.
+            let aged = steps
+                .iter()
+                .filter(|st| !st.is_complete() && !st.records.is_empty())
+                .filter(|st| {
+                    st.records
+                        .values()
+                        .all(|r| u128::from(r.committed_unix_ms) <= edge)
+                })
+                .map(|st| st.step)
+                .collect();
+            (BTreeSet::new(), aged)
+        }
+    }
+}
+
+/// [`Abandoned::Watched`]: noting the steps seen incomplete for the first
+/// time and each rank's progress, forgetting steps no longer incomplete.
+/// Without `progress`, none is abandoned.
+fn watched(
+    seen: &IncompleteSeen,
+    grace: Duration,
+    progress: Option<&RankProgress>,
+    steps: &[StepInfo],
+) -> (BTreeSet<u64>, BTreeSet<u64>) {
     let incomplete: Vec<&StepInfo> = steps.iter().filter(|st| !st.is_complete()).collect();
     let Ok(mut seen) = seen.lock() else {
         // A poisoned map: hold every incomplete step (safe, only late).
@@ -107,10 +164,10 @@ fn incomplete_steps(opts: &Options, steps: &[StepInfo]) -> (BTreeSet<u64>, BTree
         );
     };
     let now = SystemTime::now();
-    let old = |t: SystemTime| now.duration_since(t).unwrap_or_default() >= *grace;
+    let old = |t: SystemTime| now.duration_since(t).unwrap_or_default() >= grace;
     let steps_incomplete: BTreeSet<u64> = incomplete.iter().map(|st| st.step).collect();
     seen.retain(|s, _| steps_incomplete.contains(s));
-    let progress = rank_progress(opts, steps, now);
+    let progress = progress.and_then(|p| rank_progress(p, steps, now));
     let (mut young, mut aged) = (BTreeSet::new(), BTreeSet::new());
     for st in incomplete {
         let first = *seen.entry(st.step).or_insert(now);
@@ -137,14 +194,14 @@ fn incomplete_steps(opts: &Options, steps: &[StepInfo]) -> (BTreeSet<u64>, BTree
 /// When a commit record of each rank last appeared on the tier (of any
 /// step, lower ones too: a rollback's uploads after it count; records
 /// going, as retention removes them, do not), as the collections saw
-/// them, noting it in [`Options::progress`]. None without it (or
-/// poisoned, or past [`MAX_TRACKED_RANKS`]).
+/// them, noting it in `progress`. None where it is poisoned, or past
+/// [`MAX_TRACKED_RANKS`].
 fn rank_progress(
-    opts: &Options,
+    progress: &RankProgress,
     steps: &[StepInfo],
     now: SystemTime,
 ) -> Option<BTreeMap<u32, SystemTime>> {
-    let mut progress = opts.progress.as_ref()?.lock().ok()?;
+    let mut progress = progress.lock().ok()?;
     let mut records: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
     for st in steps {
         for r in st.committed_ranks() {

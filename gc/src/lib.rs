@@ -32,7 +32,7 @@ mod inventory;
 mod plan;
 mod policy;
 
-pub use collect::{collect, IncompleteSeen, Options, RankProgress, Report};
+pub use collect::{collect, Abandoned, IncompleteSeen, Options, RankProgress, Report};
 pub use error::{GcError, Result};
 pub use inventory::{take_inventory, Inventory, ManifestRefs};
 pub use plan::{plan, plan_bounded, plan_with, Evidence, Plan, Scope};

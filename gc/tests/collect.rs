@@ -99,13 +99,18 @@ async fn put_chunks_of(s: &dyn ChunkStore, step: u64, rank: u32) {
 /// Writes `rank`'s manifest of `step`, then its commit record (as the
 /// rank's upload to L3 ends).
 async fn commit_shard(s: &dyn ChunkStore, step: u64, rank: u32) {
+    commit_shard_at(s, step, rank, 1).await;
+}
+
+/// [`commit_shard`], the record committed at `unix_ms`.
+async fn commit_shard_at(s: &dyn ChunkStore, step: u64, rank: u32, unix_ms: u64) {
     let m = manifest(step, rank);
     s.put_manifest(JOB, step, rank, &m).await.unwrap();
     s.commit(&CommitRecord {
         job: JOB.into(),
         step,
         world_size: WORLD,
-        committed_unix_ms: 1,
+        committed_unix_ms: unix_ms,
         shards: vec![ShardRef {
             rank,
             manifest: ChunkId::of(&m),
@@ -538,7 +543,11 @@ async fn one_collector_holds_a_young_incomplete_step_for_its_grace() {
     let opts = |seen: &strata_gc::IncompleteSeen| Options {
         scope: Some(Scope::All),
         evidence: strata_gc::Evidence::EveryRank,
-        incomplete: Some((seen.clone(), Duration::from_secs(3600))),
+        abandoned: strata_gc::Abandoned::Watched {
+            seen: seen.clone(),
+            grace: Duration::from_secs(3600),
+            progress: None,
+        },
         ..Options::default()
     };
     let (_, report) = collect(&s, JOB, &policy(), &opts(&seen)).await.unwrap();
@@ -582,9 +591,13 @@ async fn incomplete_steps_past_their_grace_are_bounded_when_none_is_complete() {
     let opts = Options {
         scope: Some(Scope::All),
         evidence: strata_gc::Evidence::EveryRank,
-        incomplete: Some((seen.clone(), Duration::from_secs(3600))),
-        // Rank 1 never had a record: stalled once a step lacked it for the grace.
-        progress: Some(strata_gc::RankProgress::default()),
+        abandoned: strata_gc::Abandoned::Watched {
+            seen: seen.clone(),
+            grace: Duration::from_secs(3600),
+            // Rank 1 never had a record: stalled once a step lacked it for
+            // the grace.
+            progress: Some(strata_gc::RankProgress::default()),
+        },
         lazy: true,
         ..Options::default()
     };
@@ -648,8 +661,11 @@ async fn a_lagging_rank_still_uploading_in_order_keeps_its_steps_until_it_stalls
     let opts = Options {
         scope: Some(Scope::All),
         evidence: strata_gc::Evidence::EveryRank,
-        incomplete: Some((seen.clone(), Duration::from_secs(3600))),
-        progress: Some(progress.clone()),
+        abandoned: strata_gc::Abandoned::Watched {
+            seen: seen.clone(),
+            grace: Duration::from_secs(3600),
+            progress: Some(progress.clone()),
+        },
         lazy: true,
         ..Options::default()
     };
@@ -684,4 +700,64 @@ async fn a_lagging_rank_still_uploading_in_order_keeps_its_steps_until_it_stalls
     rank1_unchanged_since(two_hours_ago);
     let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
     assert_eq!(listed().await, BTreeSet::from([2, 3, 5, 6]), "{report:?}");
+}
+
+/// An operator's word (`strata gc --abandoned-after`): incomplete steps
+/// whose every record was committed before the age go, but for the newest
+/// `keep_last` incomplete ones; a step committed since stays, as do the
+/// steps of a collection told nothing.
+#[tokio::test]
+async fn incomplete_steps_committed_before_the_operators_age_are_bounded() {
+    let s = MemoryStore::new();
+    let now_ms = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for step in 1..=6u64 {
+        for rank in 0..WORLD {
+            put_chunks_of(&s, step, rank).await;
+        }
+        // Steps 1..=4 committed two hours ago, 5 and 6 just now; rank 1's
+        // uploads never landed.
+        let at = if step <= 4 {
+            now_ms - 7_200_000
+        } else {
+            now_ms
+        };
+        commit_shard_at(&s, step, 0, at).await;
+    }
+    let policy = Retention {
+        keep_last: 1,
+        keep_every: 0,
+        ..policy()
+    };
+    let listed = || async {
+        s.list_steps(JOB)
+            .await
+            .unwrap()
+            .iter()
+            .map(|st| st.step)
+            .collect::<BTreeSet<u64>>()
+    };
+    let opts = |abandoned| Options {
+        scope: Some(Scope::All),
+        evidence: strata_gc::Evidence::EveryRank,
+        abandoned,
+        ..Options::default()
+    };
+    collect(&s, JOB, &policy, &opts(strata_gc::Abandoned::Unknown))
+        .await
+        .unwrap();
+    assert_eq!(
+        listed().await,
+        (1..=6).collect(),
+        "nothing is known abandoned"
+    );
+    let hour = strata_gc::Abandoned::CommittedBefore(Duration::from_secs(3600));
+    let (_, report) = collect(&s, JOB, &policy, &opts(hour)).await.unwrap();
+    // 1..=4 are an hour old and not among the newest incomplete: gone; 5
+    // is too young, 6 the newest.
+    assert_eq!(listed().await, BTreeSet::from([5, 6]), "{report:?}");
+    assert_eq!(report.shards_retired, 4, "{report:?}");
+    whole(&s).await;
 }

@@ -179,10 +179,10 @@ fn collect_after(s: &Shared, l3: &dyn ChunkStore, step: u64) {
 /// queue. Uploads out of that order (one asked for again with
 /// `upload(step)`, a restore's roll-forward) may still be running on
 /// another rank: an incomplete step is held for `l3_gc_grace_secs` from
-/// when rank 0 first saw it so (`strata_gc::Options::incomplete`). Newer
+/// when rank 0 first saw it so (`strata_gc::Abandoned::Watched`). Newer
 /// incomplete steps are bounded to the newest `l3_keep_last` once past
 /// that grace and every rank they lack has stalled (its newest record on
-/// L3 unchanged for the grace: `strata_gc::Options::progress`), so a rank
+/// L3 unchanged for the grace), so a rank
 /// whose uploads never get through does not make L3 keep every other
 /// rank's shards for good.
 fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
@@ -211,8 +211,11 @@ fn collect_l3(s: &Shared, l3: &dyn ChunkStore) {
         // Each rank copies its own record to L3: a step counts once every
         // rank's is there.
         evidence: strata_gc::Evidence::EveryRank,
-        incomplete: Some((s.uploads.incomplete.clone(), grace)),
-        progress: Some(s.uploads.progress.clone()),
+        abandoned: strata_gc::Abandoned::Watched {
+            seen: s.uploads.incomplete.clone(),
+            grace,
+            progress: Some(s.uploads.progress.clone()),
+        },
         hold,
         // Shards and chunks are looked at only when a shard retires, or
         // when a failed upload's chunks are due (`Uploads::sweep_due`).
