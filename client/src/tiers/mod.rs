@@ -15,7 +15,7 @@ pub mod catalog;
 pub mod copy;
 pub mod open;
 pub mod reader;
-mod recycle;
+pub(crate) mod recycle;
 
 use std::sync::Arc;
 

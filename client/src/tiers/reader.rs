@@ -364,15 +364,19 @@ const SPARE_BYTES: usize = 64 << 20;
 /// much CPU as the read). Bounded by [`SPARE_BYTES`].
 static SPARE: Mutex<(Vec<AlignedBuf>, usize)> = Mutex::new((Vec::new(), 0));
 
-/// Up to `n` spare buffers (the most recently returned).
-fn take_spare(n: usize) -> Vec<AlignedBuf> {
-    let Ok(mut p) = SPARE.lock() else {
-        return Vec::new();
+/// A buffer for every read of `lens` bytes, in order: the smallest spare
+/// that holds it, else a new one faulted in on this thread (outside the
+/// pool's lock: [`super::recycle::fault_in_missing`]).
+fn take_spare(lens: &[usize]) -> Vec<AlignedBuf> {
+    let mut out = match SPARE.lock() {
+        Ok(mut p) => {
+            let out = super::recycle::fit(&mut p.0, lens);
+            p.1 = p.0.iter().map(AlignedBuf::capacity).sum();
+            out
+        }
+        Err(_) => Vec::new(),
     };
-    let k = n.min(p.0.len());
-    let at = p.0.len() - k;
-    let out: Vec<AlignedBuf> = p.0.split_off(at);
-    p.1 -= out.iter().map(AlignedBuf::capacity).sum::<usize>();
+    super::recycle::fault_in_missing(&mut out, lens);
     out
 }
 
@@ -728,7 +732,8 @@ impl ShardReader {
             .collect();
         let reader = TieredReader::new(&self.job, tiers)
             .write_back(self.write_back.as_ref().map(|t| &*t.store));
-        let out = reader.read(&refs, take_spare(refs.len())).await;
+        let lens: Vec<usize> = refs.iter().map(|c| c.len as usize).collect();
+        let out = reader.read(&refs, take_spare(&lens)).await;
         stats.repaired += out.repaired();
         let mut cache = self.cache.lock();
         for (&c, r) in missing.iter().zip(out.chunks) {

@@ -34,31 +34,16 @@ impl Recycler {
         self.lent.extend(data);
     }
 
-    /// Buffers to read chunks of `lens` bytes into, in order (a read takes
-    /// each in turn, `ReadOptions::spare`): for each, the smallest free
-    /// buffer that holds it, or an empty one where none does (the read
-    /// allocates). Shorter than `lens` once no free buffer is left.
+    /// Buffers to read chunks of `lens` bytes into, in order ([`fit`]).
     pub(crate) fn spares(&mut self, lens: &[usize]) -> Vec<AlignedBuf> {
         self.reclaim();
-        let mut out = Vec::new();
-        for &len in lens {
-            if self.free.is_empty() {
-                break;
-            }
-            let need = align_up(len);
-            let best = self
-                .free
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.capacity() >= need)
-                .min_by_key(|(_, b)| b.capacity())
-                .map(|(i, _)| i);
-            out.push(match best {
-                Some(i) => self.free.swap_remove(i),
-                None => AlignedBuf::zeroed(0),
-            });
-        }
-        out
+        fit(&mut self.free, lens)
+    }
+
+    /// A buffer for every read of `lens` bytes, in order ([`fit_or_fault`]).
+    pub(crate) fn buffers(&mut self, lens: &[usize]) -> Vec<AlignedBuf> {
+        self.reclaim();
+        fit_or_fault(&mut self.free, lens)
     }
 
     /// Moves the lent buffers nothing refers to any more to the free ones
@@ -75,6 +60,62 @@ impl Recycler {
                 Ok(_) => {}
                 Err(d) => self.lent.push(d),
             }
+        }
+    }
+}
+
+/// Buffers to read chunks of `lens` bytes into, in order (a read takes
+/// each in turn, `ReadOptions::spare`), taken from `free`: for each, the
+/// smallest buffer that holds it, or an empty one where none does (the
+/// read allocates). Shorter than `lens` once `free` is empty. Offered in
+/// the order they came back instead, a buffer too small for the chunk at
+/// its place is dropped and a new one faulted in: a shard's chunks differ
+/// in size.
+pub(crate) fn fit(free: &mut Vec<AlignedBuf>, lens: &[usize]) -> Vec<AlignedBuf> {
+    let mut out = Vec::new();
+    for &len in lens {
+        if free.is_empty() {
+            break;
+        }
+        let need = align_up(len);
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= need)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        out.push(match best {
+            Some(i) => free.swap_remove(i),
+            None => AlignedBuf::zeroed(0),
+        });
+    }
+    out
+}
+
+/// A buffer for every read of `lens` bytes, in order: those of `free`
+/// that fit ([`fit`]), the others new ([`fault_in_missing`]).
+pub(crate) fn fit_or_fault(free: &mut Vec<AlignedBuf>, lens: &[usize]) -> Vec<AlignedBuf> {
+    let mut out = fit(free, lens);
+    fault_in_missing(&mut out, lens);
+    out
+}
+
+/// Completes `bufs` (for reads of `lens` bytes, in order) with new
+/// buffers where one is missing or too small, faulted in here, on the
+/// calling thread. Left to the read, a new buffer is faulted in by the one
+/// I/O thread that submits every caller's reads (O_DIRECT pins the pages
+/// as it submits): every lane's submissions then wait behind the zeroing
+/// of one lane's fresh memory while the disk idles.
+pub(crate) fn fault_in_missing(bufs: &mut Vec<AlignedBuf>, lens: &[usize]) {
+    for (i, &len) in lens.iter().enumerate() {
+        if bufs.get(i).is_some_and(|b| b.capacity() >= align_up(len)) {
+            continue;
+        }
+        let mut b = AlignedBuf::zeroed(len);
+        b.prefault();
+        match bufs.get_mut(i) {
+            Some(slot) => *slot = b,
+            None => bufs.push(b),
         }
     }
 }
@@ -111,6 +152,22 @@ mod tests {
         assert_eq!(got[0].capacity(), align_up(1));
         assert_eq!(got[1].full().as_ptr(), big_at);
         assert!(r.spares(&[MIB]).is_empty());
+    }
+
+    #[test]
+    fn every_read_gets_a_buffer_that_holds_it() {
+        let mut r = Recycler::new(64 * MIB);
+        let small = chunk(MIB);
+        let small_at = small.as_slice().as_ptr();
+        r.lend([small]);
+        let lens = [3 * MIB, MIB - 7, 5];
+        let got = r.buffers(&lens);
+        assert_eq!(got.len(), lens.len());
+        for (b, &len) in got.iter().zip(&lens) {
+            assert!(b.capacity() >= align_up(len), "{} < {len}", b.capacity());
+        }
+        // The free one went to the read it fits.
+        assert_eq!(got[1].full().as_ptr(), small_at);
     }
 
     #[test]
