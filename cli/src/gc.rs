@@ -43,12 +43,14 @@ pub(crate) struct GcArgs {
     /// (default: gc_grace_secs; L3: 3600).
     #[arg(long, value_name = "SECS")]
     pub(crate) grace: Option<u64>,
-    /// L3: incomplete steps (some rank's shard never reached L3) whose
-    /// every commit record is at least this many seconds old count as
-    /// abandoned: of those, all but the newest keep-last go. Without it an
-    /// incomplete step goes only once older than the oldest kept complete
-    /// step. Give it only when no rank can still upload them (the job is
-    /// over, or its missing ranks stopped): one run cannot tell.
+    /// L3 only: incomplete steps (some rank's shard never reached L3)
+    /// whose every commit record says the step was saved (committed on
+    /// L1, by the saving node's clock) at least this many seconds ago
+    /// count as abandoned: of those, all but the newest keep-last go.
+    /// Without it an incomplete step goes only once older than the oldest
+    /// kept complete step. Give it only when no rank can still upload them
+    /// (the job is over, or its missing ranks stopped): one run cannot
+    /// tell.
     #[arg(long, value_name = "SECS")]
     pub(crate) abandoned_after: Option<u64>,
     /// Never retire this step (repeatable).
@@ -136,6 +138,11 @@ pub(crate) fn run(a: &GcArgs) -> Result<(), CliError> {
     }
     let t = a.store.open()?;
     let tiers = select(&t, &a.tier)?;
+    if a.abandoned_after.is_some() && !tiers.iter().any(|x| x.kind == TierKind::L3) {
+        return Err(CliError::Arg(
+            "--abandoned-after applies to L3 only, and no L3 tier is selected".into(),
+        ));
+    }
     let mut out = Vec::new();
     let mut failed = Vec::new();
     for tier in tiers {

@@ -249,6 +249,14 @@ fn strata_gc_bounds_incomplete_l3_steps_only_when_told_they_are_abandoned() {
     let (left, left_chunks) = l3_held(&cfg);
     assert_eq!(left, [5, 6], "{v}");
     assert!(left_chunks < chunks, "no chunk was swept: {v}");
+    // The flag is for L3: with no L3 tier selected it is refused.
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["gc", "--config"])
+        .arg(&cfg)
+        .args(["--tier", "l1", "--abandoned-after", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     // What stays still verifies: every chunk its manifests name is there.
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["verify", "--config"])

@@ -95,9 +95,12 @@ pub enum Abandoned {
     },
     /// An operator's word (`strata gc --abandoned-after`): an incomplete
     /// step whose every commit record was committed at least this long
-    /// ago (by the records' own times) has no upload still running. One
-    /// run cannot watch ranks progress: this is for a job that is over,
-    /// or whose missing ranks are known to have stopped.
+    /// ago has no upload still running. A record's time is when its step
+    /// committed on L1, by the saving node's clock (an upload copies it
+    /// unchanged): a step uploaded late looks as old as its save. A step
+    /// without a readable record, or with one that cannot be read, is
+    /// never abandoned. One run cannot watch ranks progress: this is for a
+    /// job that is over, or whose missing ranks are known to have stopped.
     CommittedBefore(Duration),
 }
 
@@ -129,11 +132,14 @@ fn incomplete_steps(opts: &Options, steps: &[StepInfo]) -> (BTreeSet<u64>, BTree
                 .checked_sub(*age)
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map_or(0, |d| d.as_millis());
-            // A step without a readable record names no world nor time:
-            // never abandoned.
+            // A step without a readable record names no world nor time,
+            // and one with a record that cannot be read is left for a
+            // person: never abandoned.
             let aged = steps
                 .iter()
-                .filter(|st| !st.is_complete() && !st.records.is_empty())
+                .filter(|st| {
+                    !st.is_complete() && !st.records.is_empty() && st.unreadable.is_empty()
+                })
                 .filter(|st| {
                     st.records
                         .values()

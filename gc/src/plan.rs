@@ -98,10 +98,9 @@ pub fn plan_with(
 
 /// [`plan_with`], and with [`Evidence::EveryRank`] a bound on the steps
 /// left incomplete: of those `aged` (the caller's word that no upload of
-/// them still runs: seen incomplete for a grace period, every rank they
-/// lack stalled, as [`crate::collect`] decides), only the newest
-/// `keep_last` incomplete steps stay, even where no newer step is
-/// complete. Without it, one rank whose uploads always fail leaves every
+/// them still runs, as [`crate::Abandoned`] tells [`crate::collect`]),
+/// only the newest `keep_last` incomplete steps with a commit record
+/// stay, even where no newer step is complete. Without it, one rank whose uploads always fail leaves every
 /// step incomplete, and L3 grows by every other rank's shard of every
 /// upload, for good.
 pub fn plan_bounded(
@@ -145,11 +144,13 @@ pub fn plan_bounded(
         |step: u64| keep.contains(&step) || inv.pins.contains(&step) || hold.contains(&step);
     let oldest_kept = keep.first().copied();
     // The newest incomplete steps: kept, aged or not (see `plan_bounded`).
+    // Only steps with a record count: a manifest without one (an upload
+    // cut off before its record) restores nothing, and would hold a slot.
     let newest_incomplete: BTreeSet<u64> = inv
         .steps
         .iter()
         .rev()
-        .filter(|st| !counts(st))
+        .filter(|st| !counts(st) && !st.records.is_empty())
         .take(policy.keep_last.max(1))
         .map(|st| st.step)
         .collect();

@@ -704,8 +704,9 @@ async fn a_lagging_rank_still_uploading_in_order_keeps_its_steps_until_it_stalls
 
 /// An operator's word (`strata gc --abandoned-after`): incomplete steps
 /// whose every record was committed before the age go, but for the newest
-/// `keep_last` incomplete ones; a step committed since stays, as do the
-/// steps of a collection told nothing.
+/// `keep_last` incomplete ones with a record; a step committed since
+/// stays, as does one without a record, and the steps of a collection
+/// told nothing.
 #[tokio::test]
 async fn incomplete_steps_committed_before_the_operators_age_are_bounded() {
     let s = MemoryStore::new();
@@ -713,16 +714,23 @@ async fn incomplete_steps_committed_before_the_operators_age_are_bounded() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
-    for step in 1..=6u64 {
+    for step in 1..=7u64 {
         for rank in 0..WORLD {
             put_chunks_of(&s, step, rank).await;
         }
-        // Steps 1..=4 committed two hours ago, 5 and 6 just now; rank 1's
-        // uploads never landed.
-        let at = if step <= 4 {
-            now_ms - 7_200_000
-        } else {
+        // Rank 1's uploads never landed. Step 5 committed just now, the
+        // others two hours ago; step 7's upload was cut off before its
+        // record (a manifest alone: it restores nothing).
+        if step == 7 {
+            s.put_manifest(JOB, step, 0, &manifest(step, 0))
+                .await
+                .unwrap();
+            continue;
+        }
+        let at = if step == 5 {
             now_ms
+        } else {
+            now_ms - 7_200_000
         };
         commit_shard_at(&s, step, 0, at).await;
     }
@@ -750,14 +758,15 @@ async fn incomplete_steps_committed_before_the_operators_age_are_bounded() {
         .unwrap();
     assert_eq!(
         listed().await,
-        (1..=6).collect(),
+        (1..=7).collect(),
         "nothing is known abandoned"
     );
     let hour = strata_gc::Abandoned::CommittedBefore(Duration::from_secs(3600));
     let (_, report) = collect(&s, JOB, &policy, &opts(hour)).await.unwrap();
-    // 1..=4 are an hour old and not among the newest incomplete: gone; 5
-    // is too young, 6 the newest.
-    assert_eq!(listed().await, BTreeSet::from([5, 6]), "{report:?}");
+    // 1..=4 are an hour old and not the newest incomplete step with a
+    // record: gone; 5 is too young, 6 the newest with a record (the
+    // manifest of 7 does not take its place), 7 has no record to age.
+    assert_eq!(listed().await, BTreeSet::from([5, 6, 7]), "{report:?}");
     assert_eq!(report.shards_retired, 4, "{report:?}");
     whole(&s).await;
 }

@@ -226,12 +226,13 @@ proptest! {
         // 7. At least keep_last committed steps are kept, when there are.
         let n_committed = inv.steps.iter().filter(|st| committed(st)).count();
         prop_assert!(p.keep.len() >= c.policy.keep_last.min(n_committed));
-        // The newest keep_last incomplete steps (per-rank records).
+        // The newest keep_last incomplete steps with a record (per-rank
+        // records).
         let newest_incomplete: BTreeSet<u64> = inv
             .steps
             .iter()
             .rev()
-            .filter(|st| !st.is_complete())
+            .filter(|st| !st.is_complete() && !st.records.is_empty())
             .take(c.policy.keep_last.max(1))
             .map(|st| st.step)
             .collect();

@@ -32,9 +32,9 @@ const FETCH_BATCH: usize = 16;
 const BATCH_BYTES: u64 = 64 << 20;
 /// Restore lanes: one reads while the others verify and copy.
 const RESTORE_LANES: usize = 3;
-/// Free read buffers one restore lane keeps (two batches: a batch of
-/// small chunks does not cost the buffers the next batch of large ones
-/// needs).
+/// Read buffers one restore lane holds, its batch's and those kept free
+/// for the next (two batches: a batch of small chunks does not cost the
+/// buffers the next batch of large ones needs).
 const LANE_SPARE_BYTES: usize = 2 * BATCH_BYTES as usize;
 
 /// The chunks holding a segment of an entry marked in `which` (by index

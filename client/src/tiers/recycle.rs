@@ -1,6 +1,8 @@
-//! Read buffers a copy reuses from batch to batch ([`super::copy`]): a
-//! push to a peer or an upload reads each batch of chunks from L1 into
-//! buffers, sends them, and reads the next batch meanwhile. A fresh buffer
+//! Read buffers a copy or a restore lane reuses from batch to batch
+//! ([`super::copy`], `restore::fetch`): a push to a peer or an upload
+//! reads each batch of chunks from L1 into buffers, sends them, and reads
+//! the next batch meanwhile; a restore lane reads a batch, verifies it
+//! and copies it out, then reads the next. A fresh buffer
 //! is zeroed and faulted in page by page, which on the project's VMs cost
 //! about as much CPU as the read itself; a sent batch's buffers serve a
 //! later batch instead, once the destination lets go of them (QUIC holds a
@@ -41,9 +43,25 @@ impl Recycler {
     }
 
     /// A buffer for every read of `lens` bytes, in order ([`fit_or_fault`]).
+    /// The free buffers left over are kept only while they and the
+    /// returned ones stay within the limit (the smallest go first). The
+    /// returned ones are free buffers (within the limit) or new ones of
+    /// the reads' sizes: what the caller holds stays under the limit plus
+    /// one batch.
     pub(crate) fn buffers(&mut self, lens: &[usize]) -> Vec<AlignedBuf> {
         self.reclaim();
-        fit_or_fault(&mut self.free, lens)
+        let out = fit_or_fault(&mut self.free, lens);
+        let in_use: usize = out.iter().map(AlignedBuf::capacity).sum();
+        self.free.sort_by_key(|b| std::cmp::Reverse(b.capacity()));
+        let mut held = in_use;
+        self.free.retain(|b| {
+            let keep = held + b.capacity() <= self.limit;
+            if keep {
+                held += b.capacity();
+            }
+            keep
+        });
+        out
     }
 
     /// Moves the lent buffers nothing refers to any more to the free ones
@@ -66,8 +84,8 @@ impl Recycler {
 
 /// Buffers to read chunks of `lens` bytes into, in order (a read takes
 /// each in turn, `ReadOptions::spare`), taken from `free`: for each, the
-/// smallest buffer that holds it, or an empty one where none does (the
-/// read allocates). Shorter than `lens` once `free` is empty. Offered in
+/// smallest buffer that holds it, or a 4 KiB placeholder where none does
+/// (the read allocates). Shorter than `lens` once `free` is empty. Offered in
 /// the order they came back instead, a buffer too small for the chunk at
 /// its place is dropped and a new one faulted in: a shard's chunks differ
 /// in size.
@@ -168,6 +186,20 @@ mod tests {
         }
         // The free one went to the read it fits.
         assert_eq!(got[1].full().as_ptr(), small_at);
+    }
+
+    #[test]
+    fn buffers_in_use_and_free_stay_within_the_limit() {
+        let mut r = Recycler::new(21 * MIB);
+        r.lend([chunk(16 * MIB), chunk(2 * MIB), chunk(MIB)]);
+        // The 16 MiB buffer serves the first read, a new one the second:
+        // 20 MiB in use. Of the 2 and 1 MiB left free, only the 1 MiB one
+        // still fits in 21 MiB.
+        let got = r.buffers(&[4 * MIB, 4 * MIB]);
+        assert_eq!(got[0].capacity(), 16 * MIB);
+        assert_eq!(got[1].capacity(), 4 * MIB);
+        let free: Vec<usize> = r.free.iter().map(AlignedBuf::capacity).collect();
+        assert_eq!(free, [MIB]);
     }
 
     #[test]
