@@ -22,7 +22,29 @@ pub struct Etcd {
     _dir: tempfile::TempDir,
 }
 
+/// A port free now, below the kernel's ephemeral range (32768 and up on
+/// Linux by default). A port the kernel hands out for `:0` is one it also
+/// gives outgoing connections as their source port: while an etcd is down
+/// for a restart, another test's connection could take one of its ports,
+/// and the restarted etcd could not bind it (a CI run saw "etcd did not
+/// start" after `restart`).
 fn free_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    // The 10,000 ports below the ephemeral range, where it leaves room.
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .filter(|&low| low >= 11_024);
+    if let Some(low) = low {
+        for _ in 0..1000 {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            let port = low - 10_000 + (h.finish() % 10_000) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -133,7 +155,7 @@ impl Etcd {
             args.push(a.into());
         }
         let child = spawn(&args);
-        let e = Etcd {
+        let mut e = Etcd {
             url,
             child,
             cmd: args,
@@ -160,13 +182,19 @@ impl Etcd {
 
     /// Waits until etcd serves; `health_only`: by its health check alone
     /// (TLS, or no gateway to read through).
-    fn wait_serving(&self, health_only: bool) {
-        let (e, client, metrics) = (self, self.client, self.metrics);
+    fn wait_serving(&mut self, health_only: bool) {
+        let (client, metrics) = (self.client, self.metrics);
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "etcd exited ({status}) before it served: one of its ports (client {client}, metrics {metrics}) taken meanwhile?"
+                );
+            }
             assert!(Instant::now() < deadline, "etcd did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
+        let e = &*self;
         // Serving once its health check says so (the port opens a little
         // earlier); over plain HTTP, once a read succeeds too.
         while !healthy(metrics) {
