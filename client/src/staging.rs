@@ -11,6 +11,10 @@ use strata_tiered::AlignedBuf;
 
 use crate::gpu::Gpu;
 
+/// Longest wait in [`StagingPool::take`] for a lent buffer to come back
+/// before a new one is allocated.
+const LENT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Free buffers, handed out and returned.
 #[derive(Default)]
 pub(crate) struct StagingPool {
@@ -51,6 +55,7 @@ impl StagingPool {
     /// ordinary memory, with a warning, if pinning fails).
     pub(crate) fn take(&self, len: usize, gpu: Option<&Gpu>) -> AlignedBuf {
         let pinned = gpu.is_some();
+        self.wait_for_lent(len, pinned);
         let reused = self.inner.lock().ok().and_then(|mut g| {
             g.reclaim();
             // Best fit: a save's segments come in the same sizes every step.
@@ -88,6 +93,30 @@ impl StagingPool {
         buf
     }
 
+    /// Where no free buffer holds `len` bytes but a lent one would (the
+    /// eager push still copying chunks out of the previous save's
+    /// segment), waits for it to come back, at most [`LENT_WAIT`]. The
+    /// push holds a segment only while it copies at most 64 MiB out of it,
+    /// longer only when its background threads get little CPU beside the
+    /// training loop; a new segment (up to 512 MiB) is faulted in on the
+    /// training thread instead, at 0.45–1.7 GB/s on these VMs (a demo
+    /// step stalled 1.06 s so), and the pool grows by it.
+    fn wait_for_lent(&self, len: usize, pinned: bool) {
+        let deadline = std::time::Instant::now() + LENT_WAIT;
+        loop {
+            let waiting = self.inner.lock().is_ok_and(|mut g| {
+                g.reclaim();
+                let fits = |cap: usize, foreign: bool| cap >= len && foreign == pinned;
+                !g.free.iter().any(|b| fits(b.capacity(), b.is_foreign()))
+                    && g.lent.iter().any(|a| fits(a.capacity(), a.is_foreign()))
+            });
+            if !waiting || std::time::Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Returns a buffer; one still referred to is reclaimed by a later
     /// [`Self::take`] once nothing refers to it.
     pub(crate) fn give_back(&self, buf: Arc<AlignedBuf>) {
@@ -118,6 +147,27 @@ impl StagingPool {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_take_waits_briefly_for_a_lent_buffer_instead_of_allocating() {
+        let pool = StagingPool::default();
+        let a = Arc::new(pool.take(1 << 20, None));
+        let at = a.as_ptr();
+        let held = a.clone();
+        pool.give_back(a);
+        // The holder (the eager push copying out of it) lets go 50 ms later.
+        let t = std::time::Instant::now();
+        let b = std::thread::scope(|s| {
+            s.spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                drop(held);
+            });
+            pool.take(1 << 20, None)
+        });
+        assert_eq!(b.as_ptr(), at, "a new buffer instead of the lent one");
+        assert!(t.elapsed() >= std::time::Duration::from_millis(40));
+        assert!(t.elapsed() < LENT_WAIT, "{:?}", t.elapsed());
+    }
 
     #[test]
     fn a_buffer_given_back_while_referenced_is_reused_once_let_go() {
