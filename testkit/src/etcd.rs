@@ -22,29 +22,7 @@ pub struct Etcd {
     _dir: tempfile::TempDir,
 }
 
-/// A port free now, below the kernel's ephemeral range (32768 and up on
-/// Linux by default). A port the kernel hands out for `:0` is one it also
-/// gives outgoing connections as their source port: while an etcd is down
-/// for a restart, another test's connection could take one of its ports,
-/// and the restarted etcd could not bind it (a CI run saw "etcd did not
-/// start" after `restart`).
 fn free_port() -> u16 {
-    use std::hash::{BuildHasher, Hasher};
-    // The 10,000 ports below the ephemeral range, where it leaves room.
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .filter(|&low| low >= 11_024);
-    if let Some(low) = low {
-        for _ in 0..1000 {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u32(std::process::id());
-            let port = low - 10_000 + (h.finish() % 10_000) as u16;
-            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return port;
-            }
-        }
-    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -164,32 +142,52 @@ impl Etcd {
             plain,
             _dir: dir,
         };
-        e.wait_serving(tls.is_some() || !gateway);
+        if let Err(why) = e.wait_serving(tls.is_some() || !gateway) {
+            panic!("{why}");
+        }
         Some(e)
     }
 
     /// Kills etcd and starts it again on the same data and ports (what an
     /// etcd restart looks like to its clients: refused connections, then
     /// the same keys and leases).
+    ///
+    /// While it is down, another test's outgoing connection can take one
+    /// of its ports as its source port (the kernel hands out the same
+    /// range for `:0`): an etcd that exits at once is started again, for
+    /// up to 10 s, until the port is free (a CI run once failed with "etcd
+    /// did not start" here).
     pub fn restart(&mut self, down: Duration) {
         let _ = self.child.kill();
         let _ = self.child.wait();
         std::thread::sleep(down);
-        self.child = spawn(&self.cmd);
         let gateway = !self.cmd.iter().any(|a| a == "--enable-grpc-gateway=false");
-        self.wait_serving(self.url.starts_with("https") || !gateway);
+        let health_only = self.url.starts_with("https") || !gateway;
+        for attempt in 0.. {
+            self.child = spawn(&self.cmd);
+            match self.wait_serving(health_only) {
+                Ok(()) => return,
+                Err(why) if attempt < 20 => {
+                    eprintln!("etcd restart, attempt {attempt}: {why}; again");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
     }
 
     /// Waits until etcd serves; `health_only`: by its health check alone
     /// (TLS, or no gateway to read through).
-    fn wait_serving(&mut self, health_only: bool) {
+    /// An etcd that exits before it serves is an error (with its status);
+    /// one that does not serve within 60 s fails the test.
+    fn wait_serving(&mut self, health_only: bool) -> Result<(), String> {
         let (client, metrics) = (self.client, self.metrics);
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "etcd exited ({status}) before it served: one of its ports (client {client}, metrics {metrics}) taken meanwhile?"
-                );
+                return Err(format!(
+                    "etcd exited ({status}) before it served: one of its ports (client {client}, metrics {metrics}) taken?"
+                ));
             }
             assert!(Instant::now() < deadline, "etcd did not start");
             std::thread::sleep(Duration::from_millis(50));
@@ -202,12 +200,13 @@ impl Etcd {
             std::thread::sleep(Duration::from_millis(50));
         }
         if health_only {
-            return;
+            return Ok(());
         }
         while e.post("/v3/kv/range", r#"{"key":"AA=="}"#).is_none() {
             assert!(Instant::now() < deadline, "etcd did not answer");
             std::thread::sleep(Duration::from_millis(50));
         }
+        Ok(())
     }
 
     /// A JSON request to the gateway over plain HTTP/1.1; the body, if the
