@@ -50,8 +50,9 @@ impl Inner {
 
 impl StagingPool {
     /// A buffer of at least `len` bytes (visible length `len`), reused when
-    /// one of the right kind is free and large enough, else allocated and
-    /// pre-faulted: pinned through `gpu` when given (falling back to
+    /// one of the right kind is free and large enough (waiting up to
+    /// [`LENT_WAIT`] for a lent one that would be: `wait_for_lent`), else
+    /// allocated and pre-faulted: pinned through `gpu` when given (falling back to
     /// ordinary memory, with a warning, if pinning fails).
     pub(crate) fn take(&self, len: usize, gpu: Option<&Gpu>) -> AlignedBuf {
         let pinned = gpu.is_some();
@@ -96,9 +97,9 @@ impl StagingPool {
     /// Where no free buffer holds `len` bytes but a lent one would (the
     /// eager push still copying chunks out of the previous save's
     /// segment), waits for it to come back, at most [`LENT_WAIT`]. The
-    /// push holds a segment only while it copies at most 64 MiB out of it,
-    /// longer only when its background threads get little CPU beside the
-    /// training loop; a new segment (up to 512 MiB) is faulted in on the
+    /// push holds a segment only until it has copied about 64 MiB (at
+    /// least one chunk) out of it, longer when its background threads get
+    /// little CPU beside the training loop; a new segment (up to 512 MiB) is faulted in on the
     /// training thread instead, at 0.45–1.7 GB/s on these VMs (a demo
     /// step stalled 1.06 s so), and the pool grows by it.
     fn wait_for_lent(&self, len: usize, pinned: bool) {
@@ -182,6 +183,7 @@ mod tests {
             1,
             "kept, not dropped"
         );
+        // Still held after the wait (LENT_WAIT): a new buffer.
         let b = pool.take(1 << 20, None);
         assert_ne!(b.as_ptr(), at, "a buffer in use was handed out again");
         assert_eq!(pool.inner.lock().unwrap().lent.len(), 1);

@@ -9,7 +9,11 @@
 //! batch's chunks (at most [`MAX_COPY`] bytes) out of the segment into a
 //! buffer of its own (reused from batch to batch) and lets the segment go,
 //! then asks each peer which of them it lacks (at most [`PRESENCE_WAIT`],
-//! else the batch is skipped) and sends those. A
+//! else the batch is skipped) and sends those. The cost of letting the
+//! segment go first: the cap applies to the first chunks offered, not to
+//! the first the peers lack (a batch whose leading chunks the peers hold
+//! sends less early), and a batch is copied even where the peers lack
+//! nothing of it. A
 //! peer that fails is left out for the rest of the step. What it skipped or
 //! could not send is sent after the L1 commit by the replication worker,
 //! from L1, which first waits for this push to end and then sends only what
