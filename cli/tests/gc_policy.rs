@@ -21,6 +21,30 @@ fn state(step: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Job `p`'s settings for saving into `l1`: every step kept there, each
+/// uploaded where an L3 is given, which the job never collects.
+fn saving(l1: &Path) -> Config {
+    let mut cfg = Config::builder()
+        .job("p")
+        .l1_dir(l1)
+        .chunk_size(1 << 14)
+        .io_engine("psync")
+        .keep_last(1000)
+        .upload_every(1);
+    cfg.l3_keep_last = 0;
+    cfg.max_pending_uploads = 0;
+    cfg
+}
+
+/// Saves `bytes` as step `step` and waits until it is durable.
+fn save(ck: &Checkpointer, step: u64, bytes: &[u8]) {
+    let shape = [bytes.len() as u64];
+    ck.save(step, &[Entry::tensor("w", DType::U8, &shape, bytes)])
+        .unwrap()
+        .wait()
+        .unwrap();
+}
+
 /// Saves steps 1..=STEPS on L1 (all kept), each uploaded to L3 (never
 /// collected by the job), and writes the job's configuration with `extra`
 /// settings appended: what `strata gc --config` reads.
@@ -28,24 +52,9 @@ fn job_with(dir: &Path, extra: &str) -> std::path::PathBuf {
     let l1 = dir.join("l1");
     let l3 = format!("file://{}", dir.join("l3").display());
     std::fs::create_dir_all(dir.join("l3")).unwrap();
-    let mut cfg = Config::builder()
-        .job("p")
-        .l1_dir(&l1)
-        .chunk_size(1 << 14)
-        .io_engine("psync")
-        .keep_last(1000)
-        .l3_url(&l3)
-        .upload_every(1);
-    cfg.l3_keep_last = 0;
-    cfg.max_pending_uploads = 0;
-    let ck = Checkpointer::new(cfg).unwrap();
+    let ck = Checkpointer::new(saving(&l1).l3_url(&l3)).unwrap();
     for step in 1..=STEPS {
-        let b = state(step);
-        let shape = [b.len() as u64];
-        ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &b)])
-            .unwrap()
-            .wait()
-            .unwrap();
+        save(&ck, step, &state(step));
     }
     ck.wait_uploads();
     drop(ck);
@@ -174,28 +183,13 @@ fn job_with_incomplete_l3(dir: &Path) -> std::path::PathBuf {
             let (coord, l3) = (coord.clone(), l3.clone());
             let l1 = dir.join(format!("l1-{rank}"));
             sc.spawn(move || {
-                let mut cfg = Config::builder()
-                    .job("p")
-                    .rank(rank, 2)
-                    .l1_dir(&l1)
-                    .chunk_size(1 << 14)
-                    .io_engine("psync")
-                    .keep_last(1000)
-                    .upload_every(1);
-                cfg.l3_keep_last = 0;
-                cfg.max_pending_uploads = 0;
-                let ck = Checkpointer::builder(cfg)
+                let ck = Checkpointer::builder(saving(&l1).rank(rank, 2))
                     .coordinator(Arc::new(coord))
                     .remote((rank == 0).then_some(l3))
                     .build()
                     .unwrap();
                 for step in 1..=6u64 {
-                    let b = state(step * 2 + u64::from(rank));
-                    let shape = [b.len() as u64];
-                    ck.save(step, &[Entry::tensor("w", DType::U8, &shape, &b)])
-                        .unwrap()
-                        .wait()
-                        .unwrap();
+                    save(&ck, step, &state(step * 2 + u64::from(rank)));
                 }
                 ck.wait_uploads();
             });

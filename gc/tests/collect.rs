@@ -135,6 +135,16 @@ async fn state(s: &dyn ChunkStore) -> (BTreeSet<u64>, BTreeSet<ChunkId>) {
     (steps, chunks)
 }
 
+/// Every step listed (complete or not).
+async fn listed(s: &dyn ChunkStore) -> BTreeSet<u64> {
+    s.list_steps(JOB)
+        .await
+        .unwrap()
+        .iter()
+        .map(|st| st.step)
+        .collect()
+}
+
 /// Every chunk of every manifest still listed is there.
 async fn whole(s: &dyn ChunkStore) {
     for st in s.list_steps(JOB).await.unwrap() {
@@ -601,14 +611,6 @@ async fn incomplete_steps_past_their_grace_are_bounded_when_none_is_complete() {
         lazy: true,
         ..Options::default()
     };
-    let listed = || async {
-        s.list_steps(JOB)
-            .await
-            .unwrap()
-            .iter()
-            .map(|st| st.step)
-            .collect::<BTreeSet<u64>>()
-    };
     let policy = Retention {
         keep_every: 0,
         ..policy()
@@ -618,7 +620,7 @@ async fn incomplete_steps_past_their_grace_are_bounded_when_none_is_complete() {
         collect(&s, JOB, &policy, &opts).await.unwrap();
     }
     // Every step is young: all held.
-    assert_eq!(listed().await, (1..=6).collect());
+    assert_eq!(listed(&s).await, (1..=6).collect());
     // Steps 1..=4 were first seen two hours ago: their uploads are over.
     for step in 1..=4 {
         seen.lock()
@@ -628,7 +630,7 @@ async fn incomplete_steps_past_their_grace_are_bounded_when_none_is_complete() {
     rank0_only(7).await;
     let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
     // The newest two incomplete (6, 7) stay, 5 is young: 1..=4 go.
-    assert_eq!(listed().await, BTreeSet::from([5, 6, 7]), "{report:?}");
+    assert_eq!(listed(&s).await, BTreeSet::from([5, 6, 7]), "{report:?}");
     assert_eq!(report.shards_retired, 4, "{report:?}");
     // Their chunks went with them (those the steps left share stay).
     let left: BTreeSet<ChunkId> = s.list_chunks(JOB).await.unwrap().into_iter().collect();
@@ -673,14 +675,6 @@ async fn a_lagging_rank_still_uploading_in_order_keeps_its_steps_until_it_stalls
         keep_every: 0,
         ..policy()
     };
-    let listed = || async {
-        s.list_steps(JOB)
-            .await
-            .unwrap()
-            .iter()
-            .map(|st| st.step)
-            .collect::<BTreeSet<u64>>()
-    };
     let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
     let rank1_unchanged_since = |t: SystemTime| progress.lock().unwrap().get_mut(&1).unwrap().1 = t;
     collect(&s, JOB, &policy, &opts).await.unwrap();
@@ -688,18 +682,18 @@ async fn a_lagging_rank_still_uploading_in_order_keeps_its_steps_until_it_stalls
         seen.lock().unwrap().insert(step, two_hours_ago);
     }
     let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
-    assert_eq!(listed().await, (1..=6).collect(), "{report:?}");
+    assert_eq!(listed(&s).await, (1..=6).collect(), "{report:?}");
     // Rank 1's records stood still for two hours, then its upload of step 3
     // landed: it is progressing. Step 3 is complete, 1 is no longer kept.
     rank1_unchanged_since(two_hours_ago);
     commit_shard(&s, 3, 1).await;
     let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
-    assert_eq!(listed().await, (2..=6).collect(), "{report:?}");
+    assert_eq!(listed(&s).await, (2..=6).collect(), "{report:?}");
     // Now nothing of it changes for two hours: of the incomplete steps,
     // the newest two stay.
     rank1_unchanged_since(two_hours_ago);
     let (_, report) = collect(&s, JOB, &policy, &opts).await.unwrap();
-    assert_eq!(listed().await, BTreeSet::from([2, 3, 5, 6]), "{report:?}");
+    assert_eq!(listed(&s).await, BTreeSet::from([2, 3, 5, 6]), "{report:?}");
 }
 
 /// An operator's word (`strata gc --abandoned-after`): incomplete steps
@@ -739,14 +733,6 @@ async fn incomplete_steps_committed_before_the_operators_age_are_bounded() {
         keep_every: 0,
         ..policy()
     };
-    let listed = || async {
-        s.list_steps(JOB)
-            .await
-            .unwrap()
-            .iter()
-            .map(|st| st.step)
-            .collect::<BTreeSet<u64>>()
-    };
     let opts = |abandoned| Options {
         scope: Some(Scope::All),
         evidence: strata_gc::Evidence::EveryRank,
@@ -757,7 +743,7 @@ async fn incomplete_steps_committed_before_the_operators_age_are_bounded() {
         .await
         .unwrap();
     assert_eq!(
-        listed().await,
+        listed(&s).await,
         (1..=7).collect(),
         "nothing is known abandoned"
     );
@@ -766,7 +752,7 @@ async fn incomplete_steps_committed_before_the_operators_age_are_bounded() {
     // 1..=4 are an hour old and not the newest incomplete step with a
     // record: gone; 5 is too young, 6 the newest with a record (the
     // manifest of 7 does not take its place), 7 has no record to age.
-    assert_eq!(listed().await, BTreeSet::from([5, 6, 7]), "{report:?}");
+    assert_eq!(listed(&s).await, BTreeSet::from([5, 6, 7]), "{report:?}");
     assert_eq!(report.shards_retired, 4, "{report:?}");
     whole(&s).await;
 }
