@@ -223,10 +223,13 @@ impl PeerStore {
     /// its own (`block_on`), and there every packet QUIC's driver took in
     /// on a worker woke the lane (a futex wake, a context switch and the
     /// connection's lock fought over, per packet). As a task, the stream is
-    /// read on the workers that drive the connection and the lane is woken
-    /// once per chunk: `l2-bench --size 1GiB`, restore into the caller's
-    /// buffers, client CPU 1.6–2.2 s → 1.1–1.2 s, 0.74 → 0.89–0.96 of raw
-    /// quinn.
+    /// read on the runtime's workers (those that drive the connection where
+    /// the endpoint was bound on that runtime, as a checkpointer's own
+    /// peers and the CLI's are) and the lane is woken once per chunk: `l2-bench --size 1GiB`, restore into the caller's
+    /// buffers, client CPU 1.6–2.2 s → 1.1–1.5 s, 0.67–0.79 → 0.89–0.96 of
+    /// raw quinn. The read then runs at the runtime's priority (a
+    /// checkpointer's own runtime is at `background_nice`), as QUIC's
+    /// driver and the check already did.
     async fn get_one(
         &self,
         job: &str,
@@ -343,11 +346,19 @@ impl PeerStore {
             .await
             .map_err(|e| StoreError::Internal(format!("decoder task: {e}")))?
         };
-        // Aborted if the caller drops the read (a stopped restore).
+        // Aborted if the caller drops the read (a copy's prefetched batch
+        // aborted, a caller that gave up).
         let mut handle = AbortOnDrop(tokio::spawn(task));
         match (&mut handle.0).await {
             Ok(r) => r,
-            Err(e) => Err(StoreError::Internal(format!("chunk read task: {e}"))),
+            Err(e) => {
+                // A panic would otherwise pass as one chunk's read error,
+                // which the readers answer from another tier silently.
+                if e.is_panic() {
+                    tracing::error!(chunk = %id, peer = %self.label, error = %e, "a chunk read panicked");
+                }
+                Err(StoreError::Internal(format!("chunk read task: {e}")))
+            }
         }
     }
 
