@@ -95,15 +95,18 @@ impl StagingPool {
     }
 
     /// Where no free buffer holds `len` bytes but a lent one would (the
-    /// eager push still copying chunks out of the previous save's
-    /// segment), waits for it to come back, at most [`LENT_WAIT`]. The
-    /// push holds a segment only until it has copied about 64 MiB (at
-    /// least one chunk) out of it, longer when its background threads get
-    /// little CPU beside the training loop; a new segment (up to 512 MiB) is faulted in on the
-    /// training thread instead, at 0.45–1.7 GB/s on these VMs (a demo
-    /// step stalled 1.06 s so), and the pool grows by it.
+    /// previous save's L1 write finishing with its last segment), waits
+    /// for it to come back, at most [`LENT_WAIT`]; a new segment (up to
+    /// 512 MiB) is faulted in on the training thread instead, at
+    /// 0.45–1.7 GB/s on these VMs (a demo step stalled 1.06 s so), and the
+    /// pool grows by it. The eager push was the usual holder (its copy, at
+    /// the background priority, could outlast the gap between two saves);
+    /// it holds none since its copy is made at the offer
+    /// (`mirror::eager`), and the debug log says when a wait happens.
     fn wait_for_lent(&self, len: usize, pinned: bool) {
-        let deadline = std::time::Instant::now() + LENT_WAIT;
+        let started = std::time::Instant::now();
+        let deadline = started + LENT_WAIT;
+        let mut waited = false;
         loop {
             let waiting = self.inner.lock().is_ok_and(|mut g| {
                 g.reclaim();
@@ -112,8 +115,17 @@ impl StagingPool {
                     && g.lent.iter().any(|a| fits(a.capacity(), a.is_foreign()))
             });
             if !waiting || std::time::Instant::now() >= deadline {
+                if waited {
+                    tracing::debug!(
+                        len,
+                        waited_ms = started.elapsed().as_millis() as u64,
+                        came_back = !waiting,
+                        "staging: waited for a lent buffer"
+                    );
+                }
                 return;
             }
+            waited = true;
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }

@@ -3,16 +3,17 @@
 //! push`), straight from the staging segments, so replication is mostly
 //! done when the step commits on L1.
 //!
-//! It never slows the L1 write nor holds staging memory for long: the
-//! persist loop *offers* each hashed batch and moves on (a batch the push
-//! is too busy for is skipped; none waits in a queue); the push copies the
-//! batch's chunks (at most [`MAX_COPY`] bytes) out of the segment into a
-//! buffer of its own (reused from batch to batch) and lets the segment go,
-//! then asks each peer which of them it lacks (at most [`PRESENCE_WAIT`],
-//! else the batch is skipped) and sends those. The cost of letting the
-//! segment go first: the cap applies to the first chunks offered, not to
-//! the first the peers lack (a batch whose leading chunks the peers hold
-//! sends less early), and a batch is copied even where the peers lack
+//! It never slows the L1 write and never holds staging memory: the
+//! persist loop *offers* each hashed batch while that batch's L1 write
+//! runs (a batch the push is too busy for is skipped; none waits in a
+//! queue). The offer copies the batch's chunks (at most [`MAX_COPY`]
+//! bytes) out of the segment into a buffer of the push's (reused from
+//! batch to batch) on the persist loop's own thread, so no segment is
+//! lent to the push; the push then asks each peer which of them it lacks
+//! (at most [`PRESENCE_WAIT`], else the batch is skipped) and sends those.
+//! The cost of copying first: the cap applies to the first chunks offered,
+//! not to the first the peers lack (a batch whose leading chunks the peers
+//! hold sends less early), and a batch is copied even where the peers lack
 //! nothing of it. A
 //! peer that fails is left out for the rest of the step. What it skipped or
 //! could not send is sent after the L1 commit by the replication worker,
@@ -51,8 +52,14 @@ const SPARES: usize = 3;
 /// A chunk: its id, hint and byte range in a buffer.
 type Piece = (ChunkId, ElemHint, Range<usize>);
 
-/// Chunks of one staging segment.
-type Offered = (Arc<AlignedBuf>, Vec<Piece>);
+/// Chunks copied out of a staging segment: the copy and where each
+/// chunk lies in it.
+type Offered = (AlignedBuf, Vec<Piece>);
+
+/// The push's copy buffers, shared with the offering thread: one is taken
+/// for a copy once nothing else refers to it (the transport keeps a sent
+/// buffer until the peer acknowledges its bytes).
+type Spares = Arc<std::sync::Mutex<Vec<Arc<AlignedBuf>>>>;
 
 /// A peer by name.
 type NamedPeer = (String, Arc<dyn strata_tiered::ChunkStore>);
@@ -65,8 +72,9 @@ pub(crate) type Outcome = crate::shared::EagerOutcome;
 pub(crate) struct EagerPush {
     tx: tokio::sync::mpsc::Sender<Offered>,
     /// Set by the push while it waits for a batch: only then is one
-    /// handed over, so no batch ever waits in a queue holding a segment.
+    /// copied and handed over, so no batch ever waits in a queue.
     idle: Arc<std::sync::atomic::AtomicBool>,
+    spares: Spares,
 }
 
 impl EagerPush {
@@ -90,24 +98,66 @@ impl EagerPush {
         let job = s.cfg.job.clone();
         let flag = idle.clone();
         let claims = s.claims.clone();
+        let spares = Spares::default();
+        let kept = spares.clone();
         s.rt.spawn(async move {
-            let outcome = run(job, peers, rx, flag, claims).await;
+            let outcome = run(job, peers, rx, flag, claims, kept).await;
             let _ = done_tx.send(outcome);
         });
         if let Ok(mut m) = s.eager.lock() {
             m.insert(step, done_rx);
         }
-        Some(EagerPush { tx, idle })
+        Some(EagerPush { tx, idle, spares })
     }
 
-    /// Offers the chunks `chunks` of `seg`; returns at once (a busy push
-    /// skips them).
-    pub(crate) fn offer(&self, seg: &Arc<AlignedBuf>, chunks: Vec<Piece>) {
-        // A push still busy with an earlier batch skips this one.
-        let took = self.idle.swap(false, std::sync::atomic::Ordering::AcqRel)
-            && self.tx.try_send((seg.clone(), chunks)).is_ok();
-        if !took {
+    /// Offers the chunks `chunks` of `seg`. A push still busy with an
+    /// earlier batch skips them; an idle one gets a copy of the first
+    /// [`MAX_COPY`] bytes of them, made here, on the caller's thread:
+    /// nothing refers to `seg` once this returns.
+    ///
+    /// Why here: a segment the push held when the next save took its
+    /// staging was one that save could not reuse (it waited up to 250 ms
+    /// for it, then faulted in a fresh one on the training thread: up to
+    /// 1.3 s in the demo), and the push's own copy, at the background
+    /// priority, could wait longer than the gap between two saves for a
+    /// core beside the training loop's threads. The caller (the persist
+    /// loop) offers while that batch's L1 write is in flight.
+    pub(crate) fn offer(&self, seg: &AlignedBuf, chunks: Vec<Piece>) {
+        if !self.idle.swap(false, std::sync::atomic::Ordering::AcqRel) {
             tracing::debug!("eager push busy: batch left for the push after the commit");
+            return;
+        }
+        let first = first_chunks(&chunks);
+        let spare = self.spares.lock().ok().and_then(|mut g| {
+            let i = g.iter().position(|b| Arc::strong_count(b) == 1)?;
+            Arc::try_unwrap(g.swap_remove(i)).ok()
+        });
+        let copied = copy_out(seg, &chunks, &first, spare);
+        if self.tx.try_send(copied).is_err() {
+            tracing::debug!("eager push ended: batch left for the push after the commit");
+        }
+    }
+}
+
+/// The leading chunks of `chunks` that fit in [`MAX_COPY`] bytes (at least
+/// one), by index.
+fn first_chunks(chunks: &[Piece]) -> Vec<usize> {
+    let mut bytes = 0;
+    (0..chunks.len())
+        .take_while(|&i| {
+            let n = chunks[i].2.len();
+            let take = bytes == 0 || bytes + n <= MAX_COPY;
+            bytes += n;
+            take
+        })
+        .collect()
+}
+
+/// Keeps `buf` for a later copy, up to [`SPARES`] buffers.
+fn keep_spare(spares: &Spares, buf: Arc<AlignedBuf>) {
+    if let Ok(mut g) = spares.lock() {
+        if g.len() < SPARES {
+            g.push(buf);
         }
     }
 }
@@ -131,12 +181,12 @@ async fn run(
     mut rx: tokio::sync::mpsc::Receiver<Offered>,
     idle: Arc<std::sync::atomic::AtomicBool>,
     claims: Option<crate::push_claims::PushClaims>,
+    spares: Spares,
 ) -> Outcome {
     let mut sent: HashMap<String, u64> = peers.iter().map(|(n, _)| (n.clone(), 0)).collect();
-    let mut spares: Vec<Arc<AlignedBuf>> = Vec::new();
     loop {
         idle.store(true, std::sync::atomic::Ordering::Release);
-        let Some((seg, chunks)) = rx.recv().await else {
+        let Some((buf, at)) = rx.recv().await else {
             break;
         };
         let live: Vec<&NamedPeer> = peers.iter().filter(|(n, _)| sent.contains_key(n)).collect();
@@ -144,42 +194,13 @@ async fn run(
             // Every peer failed: later offers are refused at once.
             break;
         }
-        // Copy the batch out of the segment first (at most MAX_COPY bytes,
-        // always one chunk; off the async workers) and let the segment go
-        // before asking the peers: a segment still held when the next save
-        // takes its staging is one that save cannot reuse, and it faults in
-        // a fresh one on the training thread (the demo stalled 1.34 s at a
-        // step, faulting in 532 MiB, while this push waited for presence
-        // answers).
-        let mut bytes = 0;
-        let first: Vec<usize> = (0..chunks.len())
-            .take_while(|&i| {
-                let n = chunks[i].2.len();
-                let take = bytes == 0 || bytes + n <= MAX_COPY;
-                bytes += n;
-                take
-            })
-            .collect();
-        // A spare nothing refers to any more, if any.
-        let buf = spares
-            .iter()
-            .position(|b| Arc::strong_count(b) == 1)
-            .and_then(|i| Arc::try_unwrap(spares.swap_remove(i)).ok());
-        let copied = tokio::task::spawn_blocking(move || copy_out(&seg, &chunks, &first, buf))
-            .await
-            .ok();
-        let Some((buf, at)) = copied else {
-            continue;
-        };
         let ids: Vec<ChunkId> = at.iter().map(|c| c.0).collect();
         let asked = futures::future::join_all(live.iter().map(|(_, p)| p.has_chunks(&job, &ids)));
         let answers = match tokio::time::timeout(PRESENCE_WAIT, asked).await {
             Ok(a) => a,
             // Slow peers: skip this batch (it goes after the commit).
             Err(_) => {
-                if spares.len() < SPARES {
-                    spares.push(Arc::new(buf));
-                }
+                keep_spare(&spares, Arc::new(buf));
                 continue;
             }
         };
@@ -228,9 +249,7 @@ async fn run(
             }
         }
         if lacks.iter().all(|(_, missing)| missing.is_empty()) {
-            if spares.len() < SPARES {
-                spares.push(Arc::new(buf));
-            }
+            keep_spare(&spares, Arc::new(buf));
             continue;
         }
         let buf = Arc::new(buf);
@@ -267,9 +286,7 @@ async fn run(
             tokio::task::spawn_blocking(move || drop(held));
         }
         // Reused for a later batch once nothing refers to it any more.
-        if spares.len() < SPARES {
-            spares.push(buf);
-        }
+        keep_spare(&spares, buf);
     }
     sent
 }
@@ -308,10 +325,12 @@ mod tests {
     use std::time::Instant;
     use strata_tiered::{FaultPlan, FaultStore, MemoryStore};
 
-    /// The segment goes back before the peers answer: a slow peer (every
-    /// call 400 ms) no longer keeps the next save from reusing it.
+    /// An offer copies what the push takes on the offering thread: once
+    /// `offer` returns nothing refers to the segment, however slow the
+    /// peers (every call 400 ms) or the push's threads; a second offer
+    /// while the push is busy is skipped, copying nothing.
     #[test]
-    fn the_segment_is_let_go_before_the_peers_answer() {
+    fn an_offer_leaves_no_hold_on_the_segment() {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -326,31 +345,49 @@ mod tests {
         ));
         let (tx, rx) = tokio::sync::mpsc::channel::<Offered>(1);
         let idle = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spares = Spares::default();
         let done = rt.spawn(run(
             "eager".into(),
             vec![("node-b".into(), peer.clone())],
             rx,
-            idle,
+            idle.clone(),
             None,
+            spares.clone(),
         ));
+        let push = EagerPush { tx, idle, spares };
+        let waiting = Instant::now();
+        while !push.idle.load(std::sync::atomic::Ordering::Acquire) {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(10),
+                "the push never waited for a batch"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
         let seg = Arc::new(AlignedBuf::from_slice(&data));
         let piece = (ChunkId::of(&data), ElemHint::BYTES, 0..data.len());
-        let offered = Instant::now();
-        tx.blocking_send((seg.clone(), vec![piece])).unwrap();
-        while Arc::strong_count(&seg) > 1 {
-            assert!(
-                offered.elapsed() < Duration::from_millis(300),
-                "the segment was still held after {:?}",
-                offered.elapsed()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        // The chunk still reaches the peer, from the push's own copy.
-        drop(tx);
+        push.offer(&seg, vec![piece]);
+        assert_eq!(
+            Arc::strong_count(&seg),
+            1,
+            "the push kept a hold on the segment"
+        );
+        // Busy asking the slow peer: a second offer is skipped.
+        let other: Vec<u8> = data.iter().map(|b| b ^ 0x5a).collect();
+        let seg2 = Arc::new(AlignedBuf::from_slice(&other));
+        push.offer(
+            &seg2,
+            vec![(ChunkId::of(&other), ElemHint::BYTES, 0..other.len())],
+        );
+        assert_eq!(Arc::strong_count(&seg2), 1);
+        // The first chunk still reaches the peer, from the push's own copy;
+        // the skipped one does not (the push after the commit sends it).
+        drop(push);
         let sent = rt.block_on(done).unwrap();
         assert_eq!(sent.get("node-b"), Some(&(data.len() as u64)));
         let got = rt.block_on(peer.get_chunk("eager", &ChunkId::of(&data), None));
         assert_eq!(got.unwrap().as_slice(), &data[..]);
+        let skipped = rt.block_on(peer.has_chunks("eager", &[ChunkId::of(&other)]));
+        assert_eq!(skipped.unwrap(), vec![false]);
     }
 }

@@ -20,6 +20,7 @@ use crate::save::snapshot::Plan;
 use crate::shared::Shared;
 use crate::stats::SaveStats;
 use strata_tiered::ChunkStoreExt;
+use tracing::Instrument;
 
 /// What `save` tells the worker as the snapshot proceeds.
 pub(crate) enum Snap {
@@ -277,17 +278,8 @@ fn hash_and_write(
         });
         for (k, got, seg) in rx {
             let batch = plan.batches[k].clone();
-            if let Some(e) = &eager {
-                e.offer(
-                    &seg,
-                    batch
-                        .clone()
-                        .zip(&got)
-                        .map(|(i, id)| (*id, plan.layout.chunks[i].hint, plan.range(i)))
-                        .collect(),
-                );
-            }
             let puts = batch
+                .clone()
                 .zip(&got)
                 .map(|(i, id)| {
                     Ok(ChunkPut {
@@ -297,10 +289,27 @@ fn hash_and_write(
                     })
                 })
                 .collect::<Result<Vec<_>>>();
-            segments.push(seg);
             let puts = puts?;
-            let put = tracing::debug_span!("write_chunks", batch = k)
-                .in_scope(|| s.rt.block_on(s.l1.put_chunks(&cfg.job, puts)))?;
+            // The write runs as a task while this thread makes the eager
+            // push's copy of the batch (`EagerPush::offer`), beside it.
+            let (l1, job) = (s.l1.clone(), cfg.job.clone());
+            let write = s.rt.spawn(
+                async move { l1.put_chunks(&job, puts).await }
+                    .instrument(tracing::debug_span!("write_chunks", batch = k)),
+            );
+            if let Some(e) = &eager {
+                e.offer(
+                    &seg,
+                    batch
+                        .zip(&got)
+                        .map(|(i, id)| (*id, plan.layout.chunks[i].hint, plan.range(i)))
+                        .collect(),
+                );
+            }
+            segments.push(seg);
+            let put =
+                s.rt.block_on(write)
+                    .map_err(|e| Error::Pipeline(format!("the L1 write task failed: {e}")))??;
             stats.bytes_written += put.bytes_written;
             stats.bytes_deduped += put.bytes_deduped;
             stats.chunks_written += put.written;
