@@ -28,8 +28,8 @@ struct Inner {
     /// to twice this, so memory stays bounded by the largest save.
     out: usize,
     high_water: usize,
-    /// Buffers given back while something still referred to them (the
-    /// eager push copying out of a segment): reclaimed once it lets go.
+    /// Buffers given back while something still referred to them (a
+    /// write its save stopped waiting for): reclaimed once it lets go.
     lent: Vec<Arc<AlignedBuf>>,
 }
 
@@ -94,15 +94,16 @@ impl StagingPool {
         buf
     }
 
-    /// Where no free buffer holds `len` bytes but a lent one would (the
-    /// previous save's L1 write finishing with its last segment), waits
-    /// for it to come back, at most [`LENT_WAIT`]; a new segment (up to
-    /// 512 MiB) is faulted in on the training thread instead, at
-    /// 0.45–1.7 GB/s on these VMs (a demo step stalled 1.06 s so), and the
-    /// pool grows by it. The eager push was the usual holder (its copy, at
-    /// the background priority, could outlast the gap between two saves);
-    /// it holds none since its copy is made at the offer
-    /// (`mirror::eager`), and the debug log says when a wait happens.
+    /// Where no free buffer holds `len` bytes but a lent one would (given
+    /// back while something still referred to it), waits for it to come
+    /// back, at most [`LENT_WAIT`]; a new segment (up to 512 MiB) is
+    /// faulted in on the training thread instead, at 0.45–1.7 GB/s on
+    /// these VMs (a demo step stalled 1.06 s so), and the pool grows by
+    /// it. The eager push was the usual holder (its own copy out of a
+    /// segment, at the background priority, could outlast the gap between
+    /// two saves); since its copy is made before the save ends
+    /// (`mirror::eager`) it holds none, and the debug log says when a wait
+    /// still happens.
     fn wait_for_lent(&self, len: usize, pinned: bool) {
         let started = std::time::Instant::now();
         let deadline = started + LENT_WAIT;
@@ -128,6 +129,15 @@ impl StagingPool {
             waited = true;
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+
+    /// Buffers given back while still referred to, not yet reclaimed.
+    #[cfg(test)]
+    pub(crate) fn lent(&self) -> usize {
+        self.inner.lock().map_or(0, |mut g| {
+            g.reclaim();
+            g.lent.len()
+        })
     }
 
     /// Returns a buffer; one still referred to is reclaimed by a later
@@ -168,7 +178,7 @@ mod tests {
         let at = a.as_ptr();
         let held = a.clone();
         pool.give_back(a);
-        // The holder (the eager push copying out of it) lets go 50 ms later.
+        // The holder (a write still under way) lets go 50 ms later.
         let t = std::time::Instant::now();
         let b = std::thread::scope(|s| {
             s.spawn(move || {
@@ -187,7 +197,7 @@ mod tests {
         let pool = StagingPool::default();
         let a = Arc::new(pool.take(1 << 20, None));
         let at = a.as_ptr();
-        // Still referenced (the eager push copying out of it).
+        // Still referenced (a write still under way).
         let held = a.clone();
         pool.give_back(a);
         assert_eq!(

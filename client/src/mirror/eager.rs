@@ -1,15 +1,16 @@
 //! The eager L2 push: a save's new chunks go to its first `replicas` peers
 //! while the same chunks are written to L1 (the design's `L1 write ‖ L2
-//! push`), straight from the staging segments, so replication is mostly
-//! done when the step commits on L1.
+//! push`), from copies of the staging segments' chunks made as each batch
+//! is written, so replication is mostly done when the step commits on L1.
 //!
-//! It never slows the L1 write and never holds staging memory: the
-//! persist loop *offers* each hashed batch while that batch's L1 write
-//! runs (a batch the push is too busy for is skipped; none waits in a
-//! queue). The offer copies the batch's chunks (at most [`MAX_COPY`]
-//! bytes) out of the segment into a buffer of the push's (reused from
-//! batch to batch) on the persist loop's own thread, so no segment is
-//! lent to the push; the push then asks each peer which of them it lacks
+//! It never holds staging memory: the persist loop *offers* each hashed
+//! batch while that batch's L1 write runs (a batch the push is too busy
+//! for is skipped; none waits in a queue). The offer copies the batch's
+//! chunks (at most [`MAX_COPY`] bytes) out of the segment into a buffer of
+//! the push's (reused from batch to batch) on a thread of the persist
+//! loop's, beside the write, which waits for it: so no segment is lent to
+//! the push, and a copy slower than its batch's write (a save whose chunks
+//! L1 already holds) delays the next batch by the difference; the push then asks each peer which of them it lacks
 //! (at most [`PRESENCE_WAIT`], else the batch is skipped) and sends those.
 //! The cost of copying first: the cap applies to the first chunks offered,
 //! not to the first the peers lack (a batch whose leading chunks the peers
@@ -41,7 +42,7 @@ pub(crate) const PRESENCE_WAIT: Duration = Duration::from_millis(500);
 
 /// Most chunk bytes taken from one offered segment (segments reach
 /// 512 MiB): the copy stays short and its buffer small, and the push is
-/// idle again by the time the L1 write offers the next segment. The rest
+/// idle again by the time the persist loop offers the next batch. The rest
 /// goes after the commit, from L1.
 pub(crate) const MAX_COPY: usize = 64 << 20;
 
@@ -110,6 +111,11 @@ impl EagerPush {
         Some(EagerPush { tx, idle, spares })
     }
 
+    /// Whether the push waits for a batch (an offer now would be taken).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.idle.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Offers the chunks `chunks` of `seg`. A push still busy with an
     /// earlier batch skips them; an idle one gets a copy of the first
     /// [`MAX_COPY`] bytes of them, made here, on the caller's thread:
@@ -120,8 +126,8 @@ impl EagerPush {
     /// for it, then faulted in a fresh one on the training thread: up to
     /// 1.3 s in the demo), and the push's own copy, at the background
     /// priority, could wait longer than the gap between two saves for a
-    /// core beside the training loop's threads. The caller (the persist
-    /// loop) offers while that batch's L1 write is in flight.
+    /// core beside the training loop's threads. The persist loop offers
+    /// from a thread of its own while it waits for that batch's L1 write.
     pub(crate) fn offer(&self, seg: &AlignedBuf, chunks: Vec<Piece>) {
         if !self.idle.swap(false, std::sync::atomic::Ordering::AcqRel) {
             tracing::debug!("eager push busy: batch left for the push after the commit");
@@ -184,7 +190,8 @@ async fn run(
     spares: Spares,
 ) -> Outcome {
     let mut sent: HashMap<String, u64> = peers.iter().map(|(n, _)| (n.clone(), 0)).collect();
-    loop {
+    // Every peer failed: no later offer is taken (nor copied).
+    while !sent.is_empty() {
         idle.store(true, std::sync::atomic::Ordering::Release);
         let Some((buf, at)) = rx.recv().await else {
             break;
@@ -389,5 +396,59 @@ mod tests {
         assert_eq!(got.unwrap().as_slice(), &data[..]);
         let skipped = rt.block_on(peer.has_chunks("eager", &[ChunkId::of(&other)]));
         assert_eq!(skipped.unwrap(), vec![false]);
+    }
+
+    /// A save with the eager push on, to a peer slow to answer (every call
+    /// 300 ms): once the save is durable every staging segment is back in
+    /// the pool, none still lent, and the push still delivers.
+    #[test]
+    fn a_durable_save_leaves_no_segment_lent_to_the_push() {
+        use crate::tiers::Tier;
+        use crate::{Checkpointer, Config, Entry};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let peer: Arc<dyn ChunkStore> = Arc::new(FaultStore::new(
+            MemoryStore::new(),
+            FaultPlan {
+                latency: Duration::from_millis(300),
+                ..FaultPlan::default()
+            },
+        ));
+        let cfg = Config::builder()
+            .job("eager")
+            .l1_dir(dir.path().join("l1"))
+            .io_engine("psync")
+            .chunk_size(1 << 20)
+            .replicas(1)
+            .eager_push(true);
+        let ck = Checkpointer::builder(cfg)
+            .peers(vec![Tier::peer("node-b", peer.clone())])
+            .build()
+            .expect("checkpointer");
+        let data: Vec<u8> = (0..(16u32 << 20)).map(|i| (i % 251) as u8).collect();
+        let shape = [data.len() as u64];
+        ck.save(
+            1,
+            &[Entry::tensor("w", strata_format::DType::U8, &shape, &data)],
+        )
+        .expect("save")
+        .wait()
+        .expect("durable");
+        assert_eq!(
+            ck.shared.pool.lent(),
+            0,
+            "a segment is still lent after the save"
+        );
+        ck.wait_replication();
+        let first = ChunkId::of(&data[..1 << 20]);
+        let held = rt_block_on(peer.has_chunks("eager", &[first]));
+        assert_eq!(held.expect("has_chunks"), vec![true]);
+    }
+
+    fn rt_block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(f)
     }
 }

@@ -20,7 +20,6 @@ use crate::save::snapshot::Plan;
 use crate::shared::Shared;
 use crate::stats::SaveStats;
 use strata_tiered::ChunkStoreExt;
-use tracing::Instrument;
 
 /// What `save` tells the worker as the snapshot proceeds.
 pub(crate) enum Snap {
@@ -289,27 +288,34 @@ fn hash_and_write(
                     })
                 })
                 .collect::<Result<Vec<_>>>();
-            let puts = puts?;
-            // The write runs as a task while this thread makes the eager
-            // push's copy of the batch (`EagerPush::offer`), beside it.
-            let (l1, job) = (s.l1.clone(), cfg.job.clone());
-            let write = s.rt.spawn(
-                async move { l1.put_chunks(&job, puts).await }
-                    .instrument(tracing::debug_span!("write_chunks", batch = k)),
-            );
-            if let Some(e) = &eager {
-                e.offer(
-                    &seg,
-                    batch
-                        .zip(&got)
-                        .map(|(i, id)| (*id, plan.layout.chunks[i].hint, plan.range(i)))
-                        .collect(),
-                );
-            }
+            // The eager push's copy of the batch (`EagerPush::offer`) is
+            // made on a thread of its own while this one waits for the L1
+            // write; a push still busy with an earlier batch takes none.
+            let offering = eager.as_ref().filter(|e| e.is_idle()).and_then(|e| {
+                let pieces: Vec<_> = batch
+                    .zip(&got)
+                    .map(|(i, id)| (*id, plan.layout.chunks[i].hint, plan.range(i)))
+                    .collect();
+                let seg = seg.clone();
+                std::thread::Builder::new()
+                    .name("strata-eager-copy".into())
+                    .spawn_scoped(sc, move || e.offer(&seg, pieces))
+                    .map_err(|err| {
+                        tracing::debug!(error = %err, "cannot start the eager push's copy: batch left for the push after the commit");
+                    })
+                    .ok()
+            });
             segments.push(seg);
-            let put =
-                s.rt.block_on(write)
-                    .map_err(|e| Error::Pipeline(format!("the L1 write task failed: {e}")))??;
+            let puts = puts?;
+            let put = tracing::debug_span!("write_chunks", batch = k)
+                .in_scope(|| s.rt.block_on(s.l1.put_chunks(&cfg.job, puts)))?;
+            if let Some(h) = offering {
+                if h.join().is_err() {
+                    tracing::warn!(
+                        "the eager push's copy panicked: batch left for the push after the commit"
+                    );
+                }
+            }
             stats.bytes_written += put.bytes_written;
             stats.bytes_deduped += put.bytes_deduped;
             stats.chunks_written += put.written;
