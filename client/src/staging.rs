@@ -28,8 +28,9 @@ struct Inner {
     /// to twice this, so memory stays bounded by the largest save.
     out: usize,
     high_water: usize,
-    /// Buffers given back while something still referred to them (a
-    /// write its save stopped waiting for): reclaimed once it lets go.
+    /// Buffers given back while something still referred to them
+    /// (none is expected: a save waits for its writes and its eager copy
+    /// before it gives its segments back): reclaimed once it lets go.
     lent: Vec<Arc<AlignedBuf>>,
 }
 

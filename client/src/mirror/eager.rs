@@ -10,8 +10,9 @@
 //! the push's (reused from batch to batch) on a thread of the persist
 //! loop's, beside the write, which waits for it: so no segment is lent to
 //! the push, and a copy slower than its batch's write (a save whose chunks
-//! L1 already holds) delays the next batch by the difference; the push then asks each peer which of them it lacks
-//! (at most [`PRESENCE_WAIT`], else the batch is skipped) and sends those.
+//! L1 already holds) delays the next batch by the difference; the push
+//! then asks each peer which of them it lacks (at most [`PRESENCE_WAIT`],
+//! else the batch is skipped) and sends those.
 //! The cost of copying first: the cap applies to the first chunks offered,
 //! not to the first the peers lack (a batch whose leading chunks the peers
 //! hold sends less early), and a batch is copied even where the peers lack
@@ -197,10 +198,6 @@ async fn run(
             break;
         };
         let live: Vec<&NamedPeer> = peers.iter().filter(|(n, _)| sent.contains_key(n)).collect();
-        if live.is_empty() {
-            // Every peer failed: later offers are refused at once.
-            break;
-        }
         let ids: Vec<ChunkId> = at.iter().map(|c| c.0).collect();
         let asked = futures::future::join_all(live.iter().map(|(_, p)| p.has_chunks(&job, &ids)));
         let answers = match tokio::time::timeout(PRESENCE_WAIT, asked).await {
@@ -439,6 +436,13 @@ mod tests {
             "a segment is still lent after the save"
         );
         ck.wait_replication();
+        // Sent by the eager push (beside the L1 write), not only after.
+        match ck.replication().get(&1) {
+            Some(crate::L2State::Replicated { early, .. }) => {
+                assert!(*early > 0, "nothing went beside the L1 write")
+            }
+            other => panic!("step 1 not replicated: {other:?}"),
+        }
         let first = ChunkId::of(&data[..1 << 20]);
         let held = rt_block_on(peer.has_chunks("eager", &[first]));
         assert_eq!(held.expect("has_chunks"), vec![true]);

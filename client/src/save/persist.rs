@@ -288,6 +288,8 @@ fn hash_and_write(
                     })
                 })
                 .collect::<Result<Vec<_>>>();
+            segments.push(seg.clone());
+            let puts = puts?;
             // The eager push's copy of the batch (`EagerPush::offer`) is
             // made on a thread of its own while this one waits for the L1
             // write; a push still busy with an earlier batch takes none.
@@ -296,7 +298,6 @@ fn hash_and_write(
                     .zip(&got)
                     .map(|(i, id)| (*id, plan.layout.chunks[i].hint, plan.range(i)))
                     .collect();
-                let seg = seg.clone();
                 std::thread::Builder::new()
                     .name("strata-eager-copy".into())
                     .spawn_scoped(sc, move || e.offer(&seg, pieces))
@@ -305,10 +306,10 @@ fn hash_and_write(
                     })
                     .ok()
             });
-            segments.push(seg);
-            let puts = puts?;
             let put = tracing::debug_span!("write_chunks", batch = k)
-                .in_scope(|| s.rt.block_on(s.l1.put_chunks(&cfg.job, puts)))?;
+                .in_scope(|| s.rt.block_on(s.l1.put_chunks(&cfg.job, puts)));
+            // Joined before any error returns: a copy that panicked is
+            // logged here, not re-raised by the scope on this thread.
             if let Some(h) = offering {
                 if h.join().is_err() {
                     tracing::warn!(
@@ -316,6 +317,7 @@ fn hash_and_write(
                     );
                 }
             }
+            let put = put?;
             stats.bytes_written += put.bytes_written;
             stats.bytes_deduped += put.bytes_deduped;
             stats.chunks_written += put.written;
