@@ -172,13 +172,20 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    #[test]
-    fn a_take_waits_briefly_for_a_lent_buffer_instead_of_allocating() {
-        let pool = StagingPool::default();
+    /// A 1 MiB buffer taken and given back while still referred to: its
+    /// address, and the reference still held.
+    fn lent_buffer(pool: &StagingPool) -> (*const u8, Arc<AlignedBuf>) {
         let a = Arc::new(pool.take(1 << 20, None));
         let at = a.as_ptr();
         let held = a.clone();
         pool.give_back(a);
+        (at, held)
+    }
+
+    #[test]
+    fn a_take_waits_briefly_for_a_lent_buffer_instead_of_allocating() {
+        let pool = StagingPool::default();
+        let (at, held) = lent_buffer(&pool);
         // The holder (a write still under way) lets go 50 ms later.
         let t = std::time::Instant::now();
         let b = std::thread::scope(|s| {
@@ -196,11 +203,8 @@ mod tests {
     #[test]
     fn a_buffer_given_back_while_referenced_is_reused_once_let_go() {
         let pool = StagingPool::default();
-        let a = Arc::new(pool.take(1 << 20, None));
-        let at = a.as_ptr();
         // Still referenced (a write still under way).
-        let held = a.clone();
-        pool.give_back(a);
+        let (at, held) = lent_buffer(&pool);
         assert_eq!(
             pool.inner.lock().unwrap().lent.len(),
             1,
