@@ -201,13 +201,19 @@ fn deliver() {
 /// its event fired and the Rust thread's name.
 #[pyfunction]
 pub(crate) fn drain_logs(py: Python<'_>) -> PyResult<()> {
+    exclusively(py, || hand_over(py))
+}
+
+/// [`drain_logs`]'s body, run as the only drain.
+fn hand_over(py: Python<'_>) -> PyResult<()> {
     let logger = py
         .import("logging")?
         .call_method1("getLogger", ("strata",))?;
     let level: i64 = logger.call_method0("getEffectiveLevel")?.extract()?;
     MIN_LEVEL.store(level.clamp(1, 50) as u8, Ordering::Relaxed);
-    // Taken under the GIL: two drains (the delivery thread's and a
-    // caller's) never interleave, so records keep their order.
+    // Taken inside the drain: two drains (the delivery thread's and a
+    // caller's) never interleave, so records keep their order, and a
+    // caller's drain ends only after the records it could not take.
     let lines: Vec<Line> = match QUEUE.lock() {
         Ok(mut q) => q.drain(..).collect(),
         Err(_) => Vec::new(),
@@ -265,4 +271,51 @@ pub(crate) fn drain_logs(py: Python<'_>) -> PyResult<()> {
 /// Drains the logs, ignoring a failure of `logging` itself.
 pub(crate) fn drain(py: Python<'_>) {
     let _ = drain_logs(py);
+}
+
+/// Whether a drain is running: set from taking the queue to the last
+/// record's handler. The GIL alone cannot keep two drains apart, since a
+/// handler running Python code (I/O, `time.sleep`, a switch interval) lets
+/// another thread take it. Without this, a call into the module could
+/// return while the delivery thread still held that call's records,
+/// unhandled.
+static DRAINING: Mutex<bool> = Mutex::new(false);
+/// Signalled when a drain ends.
+static DRAINED: Condvar = Condvar::new();
+
+thread_local! {
+    /// This thread is inside a drain: a handler that calls into the module
+    /// must not wait for the drain it runs in.
+    static IN_DRAIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Waits for any other thread's drain to finish (without the GIL, which
+/// that thread may need to finish), then runs `f` as the only drain.
+fn exclusively(py: Python<'_>, f: impl FnOnce() -> PyResult<()>) -> PyResult<()> {
+    if IN_DRAIN.with(|d| d.replace(true)) {
+        return Ok(());
+    }
+    /// Ends the drain, also when a handler's error or a panic leaves early.
+    struct Leave(bool);
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            if self.0 {
+                *DRAINING.lock().unwrap_or_else(|p| p.into_inner()) = false;
+                DRAINED.notify_all();
+            }
+            IN_DRAIN.with(|d| d.set(false));
+        }
+    }
+    let mut leave = Leave(false);
+    // A poisoned lock only means a thread panicked holding it; the flag
+    // itself is always consistent.
+    py.detach(|| {
+        let busy = DRAINING.lock().unwrap_or_else(|p| p.into_inner());
+        let mut busy = DRAINED
+            .wait_while(busy, |b| *b)
+            .unwrap_or_else(|p| p.into_inner());
+        *busy = true;
+    });
+    leave.0 = true;
+    f()
 }

@@ -194,6 +194,33 @@ def test_logs_reach_python_logging(make, caplog):
     assert "checkpointer ready" in text and "step durable on L1" in text
 
 
+def test_a_calls_records_come_before_it_returns_even_with_a_slow_handler(make):
+    # A handler that releases the GIL (here: sleeps) lets the calling
+    # thread run while the delivery thread is still handing records over.
+    # The call must still not return before its records were handled.
+    got = []
+
+    class Slow(logging.Handler):
+        def emit(self, record):
+            time.sleep(0.02)
+            got.append(record.getMessage())
+
+    log = logging.getLogger("strata")
+    handler, old = Slow(level=logging.INFO), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        ckpt = make()
+        for step in range(1, 6):
+            ckpt.save(step, {"w": torch.ones(4)}).wait()
+            assert any(
+                "step durable on L1" in m and f"step={step} " in m + " " for m in got
+            ), f"step {step}: {got}"
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old)
+
+
 def test_configuration_layers_file_env_keywords(tmp_path, monkeypatch, l1):
     cfg = tmp_path / "strata.toml"
     cfg.write_text('job = "from-file"\nkeep_last = 7\nchunk_size = 1048576\n')
