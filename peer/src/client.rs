@@ -68,15 +68,6 @@ enum Link {
     Down(std::time::Instant, String),
 }
 
-/// A spawned task aborted when its handle is dropped.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// A peer service as a chunk store.
 pub struct PeerStore {
     endpoint: quinn::Endpoint,
@@ -219,17 +210,15 @@ impl PeerStore {
     /// whole and decoded into `spare`.
     ///
     /// The read and the check run as a task of the runtime, not in the
-    /// caller's future: a restore lane polls its batch from a thread of
-    /// its own (`block_on`), and there every packet QUIC's driver took in
-    /// on a worker woke the lane (a futex wake, a context switch and the
-    /// connection's lock fought over, per packet). As a task, the stream is
+    /// caller's future ([`strata_tiered::task`] says why): the stream is
     /// read on the runtime's workers (those that drive the connection where
     /// the endpoint was bound on that runtime, as a checkpointer's own
-    /// peers and the CLI's are) and the lane is woken once per chunk: `l2-bench --size 1GiB`, restore into the caller's
-    /// buffers, client CPU 1.6–2.2 s → 1.1–1.5 s, 0.67–0.79 → 0.89–0.96 of
-    /// raw quinn. The read then runs at the runtime's priority (a
-    /// checkpointer's own runtime is at `background_nice`), as QUIC's
-    /// driver and the check already did.
+    /// peers and the CLI's are) and the lane is woken once per chunk
+    /// (`l2-bench --size 1GiB`, restore into the caller's buffers: client
+    /// CPU 1.6–2.2 s → 1.1–1.5 s, 0.67–0.79 → 0.89–0.96 of raw quinn). The
+    /// read then runs at the runtime's priority (a checkpointer's own
+    /// runtime is at `background_nice`), as QUIC's driver and the check
+    /// already did.
     async fn get_one(
         &self,
         job: &str,
@@ -348,18 +337,7 @@ impl PeerStore {
         };
         // Aborted if the caller drops the read (a copy's prefetched batch
         // aborted, a caller that gave up).
-        let mut handle = AbortOnDrop(tokio::spawn(task));
-        match (&mut handle.0).await {
-            Ok(r) => r,
-            Err(e) => {
-                // A panic would otherwise pass as one chunk's read error,
-                // which the readers answer from another tier silently.
-                if e.is_panic() {
-                    tracing::error!(chunk = %id, peer = %self.label, error = %e, "a chunk read panicked");
-                }
-                Err(StoreError::Internal(format!("chunk read task: {e}")))
-            }
-        }
+        strata_tiered::task::read_as_task(format!("chunk {id} from {}", self.label), task).await
     }
 
     async fn send(&self, job: &str, chunks: Vec<ChunkPut>) -> Result<PutStats> {

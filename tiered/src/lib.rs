@@ -37,6 +37,7 @@ mod redact;
 pub mod rng;
 pub mod store;
 mod store_forward;
+pub mod task;
 pub mod wrap;
 
 pub use aligned::AlignedBuf;

@@ -1,13 +1,82 @@
-//! A chunk frame fetched from L3, decoded where the bytes belong, and the
-//! streaming of a response body into its place in a buffer.
+//! A chunk frame fetched from L3 (ranged GETs issued at once, each body
+//! streamed into its place in one buffer) and decoded where the bytes
+//! belong.
 
 use bytes::Bytes;
 use futures::StreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{GetOptions, ObjectStore};
 use strata_format::frame::FrameDecoder;
 use strata_format::ChunkId;
 
 use super::os_err;
 use crate::error::{Result, StoreError};
+
+/// Reads a whole object of at most `max` bytes into `buf`, in ranged
+/// reads issued at once. The first read learns the size (and is the
+/// whole object when it is small); each part is streamed into its place
+/// in the one buffer, so no part is copied twice.
+pub(crate) async fn get_ranged(
+    store: &dyn ObjectStore,
+    key: &ObjPath,
+    range_size: u64,
+    max: usize,
+    what: &str,
+    mut buf: Vec<u8>,
+) -> Result<Vec<u8>> {
+    let rs = range_size.max(1);
+    let first = store
+        .get_opts(key, GetOptions::new().with_range(Some(0..rs)))
+        .await
+        .map_err(|e| os_err(what, e))?;
+    let total = first.meta.size;
+    if total > max as u64 {
+        return Err(StoreError::Corrupt {
+            what: what.to_string(),
+            source: strata_format::FormatError::TooLarge {
+                what: "object",
+                value: total,
+                limit: max as u64,
+            },
+        });
+    }
+    if first.range.start != 0 || first.range.end > total {
+        return Err(StoreError::Unavailable(format!(
+            "{what}: asked for bytes 0..{rs} of {total}, got {:?}",
+            first.range
+        )));
+    }
+    let mut at = first.range.end;
+    // Reused memory is already faulted in; only its length changes.
+    buf.clear();
+    buf.resize(total as usize, 0);
+    let (head, mut rest) = buf.split_at_mut(at as usize);
+    let mut parts: Vec<futures::future::BoxFuture<'_, Result<()>>> =
+        vec![Box::pin(fill(first.into_stream(), head, what))];
+    while at < total {
+        let end = (at + rs).min(total);
+        let (mine, tail) = rest.split_at_mut((end - at) as usize);
+        rest = tail;
+        parts.push(Box::pin(async move {
+            let r = store
+                .get_opts(key, GetOptions::new().with_range(Some(at..end)))
+                .await
+                .map_err(|e| os_err(what, e))?;
+            if r.range != (at..end) || r.meta.size != total {
+                // Chunk objects never change (same id, same bytes):
+                // this one was replaced or is being rewritten.
+                return Err(StoreError::Unavailable(format!(
+                    "{what}: asked for bytes {at}..{end} of {total}, got {:?} of {}",
+                    r.range, r.meta.size
+                )));
+            }
+            fill(r.into_stream(), mine, what).await
+        }));
+        at = end;
+    }
+    futures::future::try_join_all(parts).await?;
+    Ok(buf)
+}
 
 /// Streams a response body into `dst`, which it must fill exactly.
 pub(crate) async fn fill(

@@ -51,9 +51,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjPath;
-use object_store::{
-    GetOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig, WriteMultipart,
-};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, RetryConfig, WriteMultipart};
 use strata_format::frame::{FrameEncoder, FRAME_HEADER_LEN, MAX_CHUNK_LEN};
 use strata_format::names::validate_job_id;
 use strata_format::{ChunkId, CommitRecord};
@@ -64,7 +62,7 @@ use crate::error::{Result, StoreError};
 use crate::store::{dedup_call, slice_range, ChunkInfo, ChunkPut, ChunkStore, PutStats, StepInfo};
 use crate::store::{PutOptions, ReadOptions};
 use crate::wrap::{MetricsStore, RetryStore};
-use frame::fill;
+use frame::get_ranged;
 pub use frame::Frame;
 pub use options::L3Options;
 use uploads::{S3Uploads, Uploads};
@@ -374,100 +372,45 @@ impl L3Store {
         validate_job_id(job)?;
         let what = format!("chunk {id} in L3 ({})", self.url);
         let key = self.chunk_key(job, &id);
-        let bytes = self.get_ranged(&key, MAX_FRAME_LEN, &what, buf).await?;
+        let rs = self.opts.range_size as u64;
+        let bytes = get_ranged(&*self.store, &key, rs, MAX_FRAME_LEN, &what, buf).await?;
         Ok(Frame { id, bytes, what })
     }
 
-    /// Reads a whole object of at most `max` bytes into `buf`, in ranged
-    /// reads issued at once. The first read learns the size (and is the
-    /// whole object when it is small); each part is streamed into its place
-    /// in the one buffer, so no part is copied twice.
-    async fn get_ranged(
-        &self,
-        key: &ObjPath,
-        max: usize,
-        what: &str,
-        mut buf: Vec<u8>,
-    ) -> Result<Vec<u8>> {
-        let rs = self.opts.range_size.max(1) as u64;
-        let first = self
-            .store
-            .get_opts(key, GetOptions::new().with_range(Some(0..rs)))
-            .await
-            .map_err(|e| os_err(what, e))?;
-        let total = first.meta.size;
-        if total > max as u64 {
-            return Err(StoreError::Corrupt {
-                what: what.to_string(),
-                source: strata_format::FormatError::TooLarge {
-                    what: "object",
-                    value: total,
-                    limit: max as u64,
-                },
-            });
-        }
-        if first.range.start != 0 || first.range.end > total {
-            return Err(StoreError::Unavailable(format!(
-                "{what}: asked for bytes 0..{rs} of {total}, got {:?}",
-                first.range
-            )));
-        }
-        let mut at = first.range.end;
-        // Reused memory is already faulted in; only its length changes.
-        buf.clear();
-        buf.resize(total as usize, 0);
-        let (head, mut rest) = buf.split_at_mut(at as usize);
-        let mut parts: Vec<futures::future::BoxFuture<'_, Result<()>>> =
-            vec![Box::pin(fill(first.into_stream(), head, what))];
-        while at < total {
-            let end = (at + rs).min(total);
-            let (mine, tail) = rest.split_at_mut((end - at) as usize);
-            rest = tail;
-            parts.push(Box::pin(async move {
-                let r = self
-                    .store
-                    .get_opts(key, GetOptions::new().with_range(Some(at..end)))
-                    .await
-                    .map_err(|e| os_err(what, e))?;
-                if r.range != (at..end) || r.meta.size != total {
-                    // Chunk objects never change (same id, same bytes):
-                    // this one was replaced or is being rewritten.
-                    return Err(StoreError::Unavailable(format!(
-                        "{what}: asked for bytes {at}..{end} of {total}, got {:?} of {}",
-                        r.range, r.meta.size
-                    )));
-                }
-                fill(r.into_stream(), mine, what).await
-            }));
-            at = end;
-        }
-        futures::future::try_join_all(parts).await?;
-        Ok(buf)
-    }
-
     /// Fetches, verifies and decodes one chunk, into `spare` if it is large
-    /// enough (a reused, already-faulted buffer), else a new buffer.
+    /// enough (a reused, already-faulted buffer), else a new buffer. The
+    /// GETs and the decode run as a task of the runtime
+    /// ([`crate::task`]): the bodies are taken in on the workers that
+    /// receive them, not in a reader's lane.
     async fn get_one_into(
         &self,
         job: &str,
         id: ChunkId,
         spare: Option<AlignedBuf>,
     ) -> Result<ChunkData> {
-        let frame = self.get_frame(job, id, Vec::new()).await?;
-        tokio::task::spawn_blocking(move || {
-            let len = frame.raw_len()?;
-            let mut buf = match spare {
-                Some(mut b) if b.capacity() >= len => {
-                    b.set_len(len);
-                    b
-                }
-                _ => AlignedBuf::zeroed(len),
-            };
-            frame.decode_into(&mut buf)?;
-            Ok(ChunkData::whole(buf))
-        })
-        .await
-        .map_err(|e| StoreError::Internal(format!("decoder task: {e}")))?
+        validate_job_id(job)?;
+        let what = format!("chunk {id} in L3 ({})", self.url);
+        let (store, key) = (self.store.clone(), self.chunk_key(job, &id));
+        let rs = self.opts.range_size as u64;
+        let read = async move {
+            let bytes = get_ranged(&*store, &key, rs, MAX_FRAME_LEN, &what, Vec::new()).await?;
+            let frame = Frame { id, bytes, what };
+            tokio::task::spawn_blocking(move || {
+                let len = frame.raw_len()?;
+                let mut buf = match spare {
+                    Some(mut b) if b.capacity() >= len => {
+                        b.set_len(len);
+                        b
+                    }
+                    _ => AlignedBuf::zeroed(len),
+                };
+                frame.decode_into(&mut buf)?;
+                Ok(ChunkData::whole(buf))
+            })
+            .await
+            .map_err(|e| StoreError::Internal(format!("decoder task: {e}")))?
+        };
+        crate::task::read_as_task(format!("chunk {id} in L3 ({})", self.url), read).await
     }
 
     /// Every chunk object the job holds here, with its stored (encoded)
