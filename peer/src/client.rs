@@ -308,7 +308,7 @@ impl PeerStore {
                 .await
                 .map_err(|_| unavailable(format!("{label}: no answer in time")))??;
             // Hashing (and decoding) blocks: off the async workers.
-            tokio::task::spawn_blocking(move || {
+            strata_tiered::task::blocking("decoder", move || {
                 let corrupt = |source| StoreError::Corrupt {
                     what: format!("chunk {id} from {label}"),
                     source,
@@ -333,7 +333,6 @@ impl PeerStore {
                 Ok(ChunkData::whole(buf))
             })
             .await
-            .map_err(|e| StoreError::Internal(format!("decoder task: {e}")))?
         };
         // Aborted if the caller drops the read (a copy's prefetched batch
         // aborted, a caller that gave up).

@@ -6,8 +6,10 @@
 //! next call into the package. Each record's `created` is the event's
 //! time, not the time Python received it, and its `threadName` the Rust
 //! thread's. Calls into the module also drain the queue on the caller's
-//! thread before they return, so a call's own records come before its
-//! result or exception.
+//! thread before they return, after any drain running on another thread
+//! (waited for at most two seconds), so a call's own records come before
+//! its result or exception. A call made from inside a handler returns at
+//! once and leaves the queue to the drain it runs in.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -196,9 +198,11 @@ fn deliver() {
     }
 }
 
-/// Hands the queued events to the `strata` logger (on the calling thread,
-/// holding the GIL) and follows its level. Each record carries the time
-/// its event fired and the Rust thread's name.
+/// Hands the queued events to the `strata` logger on the calling thread
+/// and follows its level, as the only drain running (it first waits, at
+/// most [`MAX_WAIT`] and without the GIL, for another thread's drain to
+/// end). Each record carries the time its event fired and the Rust
+/// thread's name.
 #[pyfunction]
 pub(crate) fn drain_logs(py: Python<'_>) -> PyResult<()> {
     exclusively(py, || hand_over(py))
@@ -273,15 +277,20 @@ pub(crate) fn drain(py: Python<'_>) {
     let _ = drain_logs(py);
 }
 
-/// Whether a drain is running: set from taking the queue to the last
-/// record's handler. The GIL alone cannot keep two drains apart, since a
-/// handler running Python code (I/O, `time.sleep`, a switch interval) lets
-/// another thread take it. Without this, a call into the module could
-/// return while the delivery thread still held that call's records,
-/// unhandled.
-static DRAINING: Mutex<bool> = Mutex::new(false);
+/// The process (its id) whose drain runs now: set from taking the queue
+/// to the last record's handler. The GIL alone cannot keep two drains
+/// apart, since a handler running Python code (I/O, `time.sleep`, a
+/// switch interval) lets another thread take it. Without this, a call into
+/// the module could return while the delivery thread still held that
+/// call's records, unhandled. A process id other than ours is a fork's
+/// leftover (the parent drained as it forked) and counts as free.
+static DRAINING: Mutex<Option<u32>> = Mutex::new(None);
 /// Signalled when a drain ends.
 static DRAINED: Condvar = Condvar::new();
+/// The longest a call waits for another thread's drain (a handler stuck
+/// in I/O, or one waiting on something the caller holds): then it drains
+/// beside it, and the order of the two drains' records is not kept.
+const MAX_WAIT: Duration = Duration::from_secs(2);
 
 thread_local! {
     /// This thread is inside a drain: a handler that calls into the module
@@ -289,8 +298,14 @@ thread_local! {
     static IN_DRAIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Whether `owner` is a drain of this process running now.
+fn running(owner: &Option<u32>) -> bool {
+    *owner == Some(std::process::id())
+}
+
 /// Waits for any other thread's drain to finish (without the GIL, which
-/// that thread may need to finish), then runs `f` as the only drain.
+/// that thread may need to finish; at most [`MAX_WAIT`]), then runs `f`
+/// as the only drain.
 fn exclusively(py: Python<'_>, f: impl FnOnce() -> PyResult<()>) -> PyResult<()> {
     if IN_DRAIN.with(|d| d.replace(true)) {
         return Ok(());
@@ -300,22 +315,39 @@ fn exclusively(py: Python<'_>, f: impl FnOnce() -> PyResult<()>) -> PyResult<()>
     impl Drop for Leave {
         fn drop(&mut self) {
             if self.0 {
-                *DRAINING.lock().unwrap_or_else(|p| p.into_inner()) = false;
+                *DRAINING.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 DRAINED.notify_all();
             }
             IN_DRAIN.with(|d| d.set(false));
         }
     }
     let mut leave = Leave(false);
-    // A poisoned lock only means a thread panicked holding it; the flag
-    // itself is always consistent.
-    py.detach(|| {
-        let busy = DRAINING.lock().unwrap_or_else(|p| p.into_inner());
-        let mut busy = DRAINED
-            .wait_while(busy, |b| *b)
-            .unwrap_or_else(|p| p.into_inner());
-        *busy = true;
-    });
-    leave.0 = true;
+    // A poisoned lock only means a thread panicked holding it; the value
+    // itself is always consistent. The lock is only ever held to read or
+    // set the owner, never while waiting for the GIL, so taking it with
+    // the GIL held cannot deadlock. Only when another drain runs is the
+    // GIL let go, to wait: giving it up on every call would let the
+    // process's other Python threads in before each call returns.
+    {
+        let mut owner = DRAINING.lock().unwrap_or_else(|p| p.into_inner());
+        if !running(&owner) {
+            *owner = Some(std::process::id());
+            leave.0 = true;
+        }
+    }
+    if !leave.0 {
+        let took = py.detach(|| {
+            let owner = DRAINING.lock().unwrap_or_else(|p| p.into_inner());
+            let (mut owner, _) = DRAINED
+                .wait_timeout_while(owner, MAX_WAIT, |o| running(o))
+                .unwrap_or_else(|p| p.into_inner());
+            if running(&owner) {
+                return false;
+            }
+            *owner = Some(std::process::id());
+            true
+        });
+        leave.0 = took;
+    }
     f()
 }

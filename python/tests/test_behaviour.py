@@ -221,6 +221,57 @@ def test_a_calls_records_come_before_it_returns_even_with_a_slow_handler(make):
         log.setLevel(old)
 
 
+def test_a_handler_that_calls_into_strata_or_raises_blocks_nothing(make):
+    # A handler calling into the module (here: the drain itself) returns at
+    # once instead of waiting for the drain it runs in; one that raises
+    # leaves no drain marked as running (the next calls would wait).
+    from strata import _strata
+
+    calls, nested = [], []
+
+    class Reentrant(logging.Handler):
+        def emit(self, record):
+            calls.append(record.getMessage())
+            t0 = time.monotonic()
+            _strata.drain_logs()
+            nested.append(time.monotonic() - t0)
+            if "step durable" in record.getMessage():
+                raise RuntimeError("a broken handler")
+
+    log = logging.getLogger("strata")
+    handler, old = Reentrant(level=logging.INFO), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    old_raise, logging.raiseExceptions = logging.raiseExceptions, False
+    try:
+        done = threading.Event()
+
+        def saves():
+            ckpt = make()
+            for step in range(1, 4):
+                ckpt.save(step, {"w": torch.ones(4)}).wait()
+            done.set()
+
+        t = threading.Thread(target=saves, daemon=True)
+        started = time.monotonic()
+        t.start()
+        t.join(60)
+        assert done.is_set(), "the saves hung (a drain waited for itself)"
+        assert time.monotonic() - started < 30
+        # A drain left marked as running would make this wait two seconds.
+        t0 = time.monotonic()
+        _strata.drain_logs()
+        assert time.monotonic() - t0 < 1.0
+        assert sum("step durable on L1" in m for m in calls) == 3, calls
+        # A nested call that waited for the drain it runs in would take the
+        # whole two-second bound.
+        assert max(nested) < 1.0, nested
+    finally:
+        logging.raiseExceptions = old_raise
+        log.removeHandler(handler)
+        log.setLevel(old)
+
+
 def test_configuration_layers_file_env_keywords(tmp_path, monkeypatch, l1):
     cfg = tmp_path / "strata.toml"
     cfg.write_text('job = "from-file"\nkeep_last = 7\nchunk_size = 1048576\n')

@@ -6,10 +6,13 @@
 //! lane's future, every packet the worker takes in wakes the lane: a
 //! futex wake, a context switch and a lock fought over, per packet. Read
 //! in a task, the bytes are taken on the worker that received them and
-//! the lane is woken once, when the read is done (`l2-bench`: a restore
-//! from a peer went from 0.67–0.79 to 0.82–1.01 of raw quinn).
+//! the lane is woken once, when the read is done (`l2-bench`, alternated
+//! builds: a restore from a peer went from 0.67–0.79 to 0.81–0.96 of raw
+//! quinn).
 
 use std::future::Future;
+
+use tracing::Instrument;
 
 use crate::error::{Result, StoreError};
 
@@ -29,17 +32,20 @@ impl<T> Drop for AbortOnDrop<T> {
 /// readers answer a failed read from another tier without a word, so
 /// without the log a bug would pass as a slow tier.
 ///
+/// The task carries the caller's tracing span. Its blocking parts
+/// should go through [`blocking`], so that a panic there is this task's
+/// panic (and logged), not a quiet error.
+///
 /// Needs a runtime context. On a multi-thread runtime the task runs on
-/// its workers; on a current-thread runtime it runs only while that
-/// runtime's own `block_on` drives it (as in `#[tokio::test]`), never
-/// under a `Handle::block_on` from another thread, which would wait for
-/// it forever.
+/// its workers; on a current-thread runtime only while some thread is in
+/// that runtime's own `Runtime::block_on` (as in `#[tokio::test]`): a
+/// caller that polls through `Handle::block_on` alone waits for ever.
 pub async fn read_as_task<T, F>(what: impl std::fmt::Display, read: F) -> Result<T>
 where
     T: Send + 'static,
     F: Future<Output = Result<T>> + Send + 'static,
 {
-    let mut handle = AbortOnDrop(tokio::spawn(read));
+    let mut handle = AbortOnDrop(tokio::spawn(read.in_current_span()));
     match (&mut handle.0).await {
         Ok(r) => r,
         Err(e) => {
@@ -48,6 +54,23 @@ where
             }
             Err(StoreError::Internal(format!("{what}: read task: {e}")))
         }
+    }
+}
+
+/// Runs `f` on the runtime's blocking pool (hashing, decoding: CPU work
+/// kept off the async workers) and waits for it. A panic in `f` is
+/// resumed here, so inside [`read_as_task`] it becomes the read's panic,
+/// logged there; a cancelled job (the runtime shutting down) is
+/// `Internal`.
+pub async fn blocking<T, F>(what: &str, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(StoreError::Internal(format!("{what} task: {e}"))),
     }
 }
 
@@ -89,6 +112,28 @@ mod tests {
             .unwrap_err();
         assert!(
             matches!(e, StoreError::Internal(ref m) if m.contains("chunk x")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_panic_in_the_blocking_part_is_the_reads_panic() {
+        let rt = rt();
+        let e = rt
+            .block_on(read_as_task("chunk y", async {
+                blocking("decoder", || -> Result<()> {
+                    if std::hint::black_box(true) {
+                        panic!("decoder bug");
+                    }
+                    Ok(())
+                })
+                .await
+            }))
+            .unwrap_err();
+        // The read task's panic: `read_as_task` names it as such (and logs
+        // it), where a mapped join error would read "decoder task".
+        assert!(
+            matches!(e, StoreError::Internal(ref m) if m.contains("chunk y: read task") && m.contains("panic")),
             "{e}"
         );
     }

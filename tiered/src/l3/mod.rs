@@ -33,9 +33,14 @@
 //! followed by a put, and two writers racing on one step can both "win".
 //! Strata never claims atomic commits there.
 //!
+//! A chunk read through [`ChunkStore`] runs as a task of the runtime
+//! ([`crate::task`]): read it within a multi-thread runtime, or one whose
+//! own `Runtime::block_on` is running (a current-thread runtime polled
+//! only through `Handle::block_on` never runs the task).
+//!
 //! This module owns the store and its chunk side; beside it, `frame.rs`
-//! the frame a read hands back ([`Frame`], shared by every tier's
-//! `get_frame`), `options.rs` the settings ([`L3Options`]), `steps.rs`
+//! the ranged fetch of an object and the frame a read hands back
+//! ([`Frame`], shared by every tier's `get_frame`), `options.rs` the settings ([`L3Options`]), `steps.rs`
 //! manifests, commit records and step listings, `uploads.rs` the incomplete
 //! multipart uploads a killed writer leaves.
 
@@ -395,7 +400,7 @@ impl L3Store {
         let read = async move {
             let bytes = get_ranged(&*store, &key, rs, MAX_FRAME_LEN, &what, Vec::new()).await?;
             let frame = Frame { id, bytes, what };
-            tokio::task::spawn_blocking(move || {
+            crate::task::blocking("decoder", move || {
                 let len = frame.raw_len()?;
                 let mut buf = match spare {
                     Some(mut b) if b.capacity() >= len => {
@@ -408,7 +413,6 @@ impl L3Store {
                 Ok(ChunkData::whole(buf))
             })
             .await
-            .map_err(|e| StoreError::Internal(format!("decoder task: {e}")))?
         };
         crate::task::read_as_task(format!("chunk {id} in L3 ({})", self.url), read).await
     }
