@@ -1,7 +1,7 @@
 //! The etcd coordinator against a real etcd server: all-gathers in order,
 //! old rounds cleaned up, a rank claimed twice is an error on both
 //! processes, a rank killed with SIGKILL is seen within its lease (not at
-//! the timeout), a rank that never came is named at the timeout, a
+//! the timeout), also one killed before the decider's first round, a rank that never came is named at the timeout, a
 //! decider whose lease expired fails its round at once,
 //! etcd's authentication is used when configured, and a rank that starts
 //! before etcd answers waits for it (a request's time limit).
@@ -141,6 +141,84 @@ fn child_rank_for_the_kill_test() {
     let c = EtcdCoordinator::connect(opts(&url), "killed", 1, 2).unwrap();
     c.all_gather(1, "first", vec![1], LONG).unwrap();
     std::thread::sleep(Duration::from_secs(120));
+}
+
+/// Child side of the early-death tests: claims rank 1 of job
+/// `STRATA_TEST_ETCD_JOB`, says so on stdout, then waits to be killed
+/// (it never joins a round).
+#[test]
+fn child_rank_that_only_connects() {
+    let (Ok(url), Ok(job)) = (
+        std::env::var("STRATA_TEST_ETCD_EARLY"),
+        std::env::var("STRATA_TEST_ETCD_JOB"),
+    ) else {
+        return; // only runs as the child of the tests below
+    };
+    let _c = EtcdCoordinator::connect(opts(&url), &job, 1, 2).unwrap();
+    println!("connected");
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+/// Starts [`child_rank_that_only_connects`] for `job`, waits until it
+/// holds rank 1, kills it (SIGKILL) and returns once it is gone.
+fn a_child_connects_and_is_killed(url: &str, job: &str) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_rank_that_only_connects", "--nocapture"])
+        .env("STRATA_TEST_ETCD_EARLY", url)
+        .env("STRATA_TEST_ETCD_JOB", job)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let connected = out
+        .lines()
+        .any(|l| l.is_ok_and(|l| l.contains("connected")));
+    assert!(connected, "the child never connected");
+    child.kill().unwrap(); // SIGKILL: its claim stays until its lease ends
+    child.wait().unwrap();
+}
+
+/// A rank that claimed its place and died before the decider's first
+/// round read the claims: its claim is gone by then, and the decider never
+/// saw it live. It left all the same, and the round fails within the
+/// lease, not at the timeout, whether it claimed after the decider or
+/// before it.
+#[test]
+fn a_rank_killed_before_the_first_round_is_seen_as_left_not_at_the_timeout() {
+    let Some(etcd) = etcd::Etcd::start() else {
+        return;
+    };
+    // An all-gather (every rank counts) or a reduce (the decider counts,
+    // as a commit's vote does).
+    let round_fails_early = |me: &EtcdCoordinator, reduce: bool| {
+        // Past the lease (2 s): the killed rank's claim is gone.
+        std::thread::sleep(Duration::from_secs(4));
+        let t = Instant::now();
+        let within = Duration::from_secs(30);
+        let first = |v: &[Vec<u8>]| v.concat();
+        let e = if reduce {
+            me.all_reduce(0, "first", vec![0], within, &first)
+        } else {
+            me.all_gather(0, "first", vec![0], within).map(|v| v.concat())
+        }
+        .unwrap_err();
+        let took = t.elapsed();
+        assert!(e.to_string().contains("left"), "{e}");
+        assert!(e.to_string().contains("[1]"), "{e}");
+        assert!(took < Duration::from_secs(10), "seen after {took:?}");
+    };
+    for reduce in [false, true] {
+        let job = |when: &str| format!("early-{when}-{}", if reduce { "reduce" } else { "gather" });
+        // Rank 1 claims after the decider.
+        let me = EtcdCoordinator::connect(opts(&etcd.url), &job("after"), 0, 2).unwrap();
+        a_child_connects_and_is_killed(&etcd.url, &job("after"));
+        round_fails_early(&me, reduce);
+        // Rank 1 claims before the decider.
+        a_child_connects_and_is_killed(&etcd.url, &job("before"));
+        let me = EtcdCoordinator::connect(opts(&etcd.url), &job("before"), 0, 2).unwrap();
+        round_fails_early(&me, reduce);
+    }
 }
 
 #[test]

@@ -4,11 +4,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::api::{EtcdApi, Kv};
+use super::api::{EtcdApi, Event, Kv};
 use super::{poisoned, EtcdCoordinator, EtcdOptions, State};
 use crate::error::{Error, Result};
+
+/// Longest a replay of the claims' history waits for its last change
+/// ([`EtcdCoordinator::replay_claims`]).
+const REPLAY_WAIT: Duration = Duration::from_millis(500);
 
 /// A rank's claim as read from etcd.
 pub(super) struct Claim {
@@ -279,6 +283,69 @@ impl EtcdCoordinator {
         let mut st = self.state.lock().map_err(poisoned)?;
         st.seen
             .extend(holder.iter().filter(|(_, c)| !c.exited).map(|(r, _)| *r));
+        Ok(())
+    }
+
+    /// The decider's first look at the claims, at connect: the ranks that
+    /// claimed before it are seen from then on. With the replay of the
+    /// claims made after its own ([`Self::replay_claims`]), a rank that
+    /// claimed and died before the first round's read is known to have
+    /// left, instead of being waited for until the round's timeout as
+    /// one that never came. A failed read notes nothing (logged).
+    pub(super) async fn note_members(&self, t: Duration) -> Result<()> {
+        let members = format!("{}/ranks/", self.root).into_bytes();
+        match self.api.range_prefix(&members, t).await {
+            Ok((kvs, _)) => self.note_live(&self.holders(&kvs)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the job's claims at connect");
+                Ok(())
+            }
+        }
+    }
+
+    /// Notes as seen the ranks that etcd's history shows holding a live
+    /// claim made after this process's own claim (or after the last
+    /// replay) and up to revision `upto`: a rank that claimed and died
+    /// before a read of the claims saw it live left all the same. One
+    /// watch from that revision, at most [`REPLAY_WAIT`] (it ends at the
+    /// first change at or past `upto`); only when a missing rank has no
+    /// claim and was never seen. A failed replay, or one whose revisions
+    /// etcd compacted, notes nothing: such a rank is then named at the
+    /// round's timeout, as one that never came.
+    pub(super) async fn replay_claims(&self, upto: i64) -> Result<()> {
+        let from = {
+            let mut st = self.state.lock().map_err(poisoned)?;
+            let from = st.replayed_to.max(self.claimed_at);
+            if from >= upto {
+                return Ok(());
+            }
+            st.replayed_to = upto;
+            from
+        };
+        let members = format!("{}/ranks/", self.root).into_bytes();
+        let mut live = BTreeSet::new();
+        let replayed = self
+            .round_api()
+            .watch(&members, from, REPLAY_WAIT, |ev| match ev {
+                Event::Put(kv) => {
+                    let at = kv.mod_revision;
+                    // A claim made after the read is not one that came
+                    // and went before it (the read's caller sees it next).
+                    if at <= upto {
+                        let h = self.holders(std::slice::from_ref(&kv));
+                        live.extend(h.into_iter().filter(|(_, c)| !c.exited).map(|(r, _)| r));
+                    }
+                    at >= upto
+                }
+                Event::Delete(_, at) => at >= upto,
+            })
+            .await;
+        if let Err(e) = replayed {
+            tracing::debug!(error = %e, "cannot replay the job's claims");
+            self.state.lock().map_err(poisoned)?.replayed_to = from;
+            return Ok(());
+        }
+        self.state.lock().map_err(poisoned)?.seen.extend(live);
         Ok(())
     }
 

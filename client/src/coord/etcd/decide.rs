@@ -548,6 +548,10 @@ impl EtcdCoordinator {
                 let missing: Vec<u32> = (0..self.world)
                     .filter(|r| !by_rank.contains_key(r))
                     .collect();
+                if missing.iter().any(|r| !holder.contains_key(r)) {
+                    // Gone already, or never came: the history tells.
+                    self.replay_claims(rev).await?;
+                }
                 if let Some(e) = self.left(key, &holder, &missing, by_rank.len())? {
                     break (Err(e), Some(rev));
                 }

@@ -185,6 +185,9 @@ struct State {
     /// Ranks seen holding a live claim: one whose claim disappears has
     /// died.
     seen: BTreeSet<u32>,
+    /// The claims' history is replayed up to this revision (see
+    /// `EtcdCoordinator::replay_claims`; 0: not yet).
+    replayed_to: i64,
     /// This rank's key of the last complete round (deleted after the next).
     last_round: Option<Vec<u8>>,
     /// Calls of each all-gather key so far: a key used again (a step
@@ -418,13 +421,16 @@ impl EtcdCoordinator {
         // process's first round is the restore, all at once, and etcd
         // then set up every process's watch beside every node's values
         // (where the processes connect one after another).
-        if !(coord.rank..coord.rank + coord.count).contains(&0) {
+        if (coord.rank..coord.rank + coord.count).contains(&0) {
+            // The decider: the ranks that claimed before it, seen live.
             if let Some(rt) = &coord.rt {
-                let _in = rt.enter();
-                coord
-                    .decisions
-                    .follow(&coord.api, coord.every_decision(), followed_from, t)?;
+                rt.block_on(coord.note_members(t))?;
             }
+        } else if let Some(rt) = &coord.rt {
+            let _in = rt.enter();
+            coord
+                .decisions
+                .follow(&coord.api, coord.every_decision(), followed_from, t)?;
         }
         Ok(coord)
     }
