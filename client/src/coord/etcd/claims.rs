@@ -286,47 +286,45 @@ impl EtcdCoordinator {
         Ok(())
     }
 
-    /// The decider's first look at the claims, at connect: the ranks that
-    /// claimed before it are seen from then on. With the replay of the
-    /// claims made after its own ([`Self::replay_claims`]), a rank that
-    /// claimed and died before the first round's read is known to have
-    /// left, instead of being waited for until the round's timeout as
-    /// one that never came. A failed read notes nothing (logged).
-    pub(super) async fn note_members(&self, t: Duration) -> Result<()> {
-        let members = format!("{}/ranks/", self.root).into_bytes();
-        match self.api.range_prefix(&members, t).await {
-            Ok((kvs, _)) => self.note_live(&self.holders(&kvs)),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the job's claims at connect");
-                Ok(())
-            }
-        }
-    }
-
     /// Notes as seen the ranks that etcd's history shows holding a live
     /// claim made after this process's own claim (or after the last
-    /// replay) and up to revision `upto`: a rank that claimed and died
-    /// before a read of the claims saw it live left all the same. One
-    /// watch from that revision, at most [`REPLAY_WAIT`] (it ends at the
-    /// first change at or past `upto`); only when a missing rank has no
-    /// claim and was never seen. A failed replay, or one whose revisions
-    /// etcd compacted, notes nothing: such a rank is then named at the
-    /// round's timeout, as one that never came.
-    pub(super) async fn replay_claims(&self, upto: i64) -> Result<()> {
-        let from = {
-            let mut st = self.state.lock().map_err(poisoned)?;
-            let from = st.replayed_to.max(self.claimed_at);
-            if from >= upto {
-                return Ok(());
-            }
-            st.replayed_to = upto;
-            from
-        };
+    /// replay) and at or before revision `upto`: a rank that claimed and
+    /// died before any read of the claims saw it live left all the same,
+    /// and is not waited for as one that never came. Called only when a
+    /// missing rank has no claim, i.e. while the round cannot complete
+    /// anyway. One watch from that revision, at most [`REPLAY_WAIT`] and
+    /// never past `deadline`; it ends at the first change at or past
+    /// `upto` (a claim arriving ends it at once). What etcd did not deliver
+    /// within the wait is not asked again; a failed watch is (at the next
+    /// read). Replays of one process run one at a time, so a round that
+    /// finds another's replay in progress waits for its result instead of
+    /// skipping it.
+    ///
+    /// Not covered, so still named at the round's timeout: a rank that
+    /// claimed before this process did (its claim cannot be told from a
+    /// previous launch's that lingers, where the restart count starts
+    /// again at 0), and history etcd compacted.
+    pub(super) async fn replay_claims(
+        &self,
+        upto: i64,
+        deadline: std::time::Instant,
+    ) -> Result<()> {
+        let _one = self.replaying.lock().await;
+        let from = self
+            .state
+            .lock()
+            .map_err(poisoned)?
+            .replayed_to
+            .max(self.claimed_at);
+        let wait = REPLAY_WAIT.min(deadline.saturating_duration_since(std::time::Instant::now()));
+        if from >= upto || wait.is_zero() {
+            return Ok(());
+        }
         let members = format!("{}/ranks/", self.root).into_bytes();
         let mut live = BTreeSet::new();
         let replayed = self
             .round_api()
-            .watch(&members, from, REPLAY_WAIT, |ev| match ev {
+            .watch(&members, from, wait, |ev| match ev {
                 Event::Put(kv) => {
                     let at = kv.mod_revision;
                     // A claim made after the read is not one that came
@@ -341,11 +339,12 @@ impl EtcdCoordinator {
             })
             .await;
         if let Err(e) = replayed {
-            tracing::debug!(error = %e, "cannot replay the job's claims");
-            self.state.lock().map_err(poisoned)?.replayed_to = from;
+            tracing::debug!(error = %e, "cannot replay the job's claims; again at the next read");
             return Ok(());
         }
-        self.state.lock().map_err(poisoned)?.seen.extend(live);
+        let mut st = self.state.lock().map_err(poisoned)?;
+        st.seen.extend(live);
+        st.replayed_to = st.replayed_to.max(upto);
         Ok(())
     }
 

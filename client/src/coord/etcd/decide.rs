@@ -550,7 +550,7 @@ impl EtcdCoordinator {
                     .collect();
                 if missing.iter().any(|r| !holder.contains_key(r)) {
                     // Gone already, or never came: the history tells.
-                    self.replay_claims(rev).await?;
+                    self.replay_claims(rev, deadline).await?;
                 }
                 if let Some(e) = self.left(key, &holder, &missing, by_rank.len())? {
                     break (Err(e), Some(rev));

@@ -139,7 +139,7 @@ impl EtcdCoordinator {
             let missing: Vec<u32> = (0..self.world).filter(|r| !got.contains_key(r)).collect();
             if missing.iter().any(|r| !holder.contains_key(r)) {
                 // Gone already, or never came: the history tells.
-                self.replay_claims(rev).await?;
+                self.replay_claims(rev, deadline).await?;
             }
             if let Some(e) = self.left(key, &holder, &missing, got.len())? {
                 return Err(e);

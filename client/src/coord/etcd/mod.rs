@@ -242,6 +242,9 @@ pub struct EtcdCoordinator {
     /// The job's decisions, as one watch kept across rounds brings them
     /// (a process other than the decider's).
     decisions: Arc<decided::Decisions>,
+    /// Held for a replay of the claims' history (one at a time: see
+    /// `EtcdCoordinator::replay_claims`).
+    replaying: tokio::sync::Mutex<()>,
 }
 
 /// How long the rounds' lease lives at least: a slow rank must still find
@@ -415,22 +418,20 @@ impl EtcdCoordinator {
             rounds_sent: std::sync::atomic::AtomicU64::new(0),
             members: Mutex::default(),
             decisions: Arc::default(),
+            replaying: tokio::sync::Mutex::new(()),
         };
         // A process other than the decider's follows the job's decisions
         // from now on, not from its first round: at a restart every
         // process's first round is the restore, all at once, and etcd
         // then set up every process's watch beside every node's values
         // (where the processes connect one after another).
-        if (coord.rank..coord.rank + coord.count).contains(&0) {
-            // The decider: the ranks that claimed before it, seen live.
+        if !(coord.rank..coord.rank + coord.count).contains(&0) {
             if let Some(rt) = &coord.rt {
-                rt.block_on(coord.note_members(t))?;
+                let _in = rt.enter();
+                coord
+                    .decisions
+                    .follow(&coord.api, coord.every_decision(), followed_from, t)?;
             }
-        } else if let Some(rt) = &coord.rt {
-            let _in = rt.enter();
-            coord
-                .decisions
-                .follow(&coord.api, coord.every_decision(), followed_from, t)?;
         }
         Ok(coord)
     }
