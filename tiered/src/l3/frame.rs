@@ -47,9 +47,17 @@ pub(crate) async fn get_ranged(
         )));
     }
     let mut at = first.range.end;
-    // Reused memory is already faulted in; only its length changes.
-    buf.clear();
-    buf.resize(total as usize, 0);
+    if buf.capacity() >= total as usize {
+        // Reused memory is already faulted in; only its length changes.
+        buf.clear();
+        buf.resize(total as usize, 0);
+    } else {
+        // New memory comes zeroed from the allocator (fresh pages, faulted
+        // in as the bodies are copied into them), not written twice: a
+        // `resize` would memset it first, on the runtime's thread where
+        // the read runs as a task.
+        buf = vec![0u8; total as usize];
+    }
     let (head, mut rest) = buf.split_at_mut(at as usize);
     let mut parts: Vec<futures::future::BoxFuture<'_, Result<()>>> =
         vec![Box::pin(fill(first.into_stream(), head, what))];

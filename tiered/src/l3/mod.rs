@@ -375,11 +375,24 @@ impl L3Store {
     /// bytes (see [`Frame::into_buf`]).
     pub async fn get_frame(&self, job: &str, id: ChunkId, buf: Vec<u8>) -> Result<Frame> {
         validate_job_id(job)?;
+        self.fetch_frame(job, id, buf).await
+    }
+
+    /// [`Self::get_frame`]'s fetch, owning what it needs (the store, the
+    /// key), so that it can also run as a task ([`Self::get_one_into`]).
+    fn fetch_frame(
+        &self,
+        job: &str,
+        id: ChunkId,
+        buf: Vec<u8>,
+    ) -> impl std::future::Future<Output = Result<Frame>> + Send + 'static {
         let what = format!("chunk {id} in L3 ({})", self.url);
-        let key = self.chunk_key(job, &id);
+        let (store, key) = (self.store.clone(), self.chunk_key(job, &id));
         let rs = self.opts.range_size as u64;
-        let bytes = get_ranged(&*self.store, &key, rs, MAX_FRAME_LEN, &what, buf).await?;
-        Ok(Frame { id, bytes, what })
+        async move {
+            let bytes = get_ranged(&*store, &key, rs, MAX_FRAME_LEN, &what, buf).await?;
+            Ok(Frame { id, bytes, what })
+        }
     }
 
     /// Fetches, verifies and decodes one chunk, into `spare` if it is large
@@ -394,12 +407,9 @@ impl L3Store {
         spare: Option<AlignedBuf>,
     ) -> Result<ChunkData> {
         validate_job_id(job)?;
-        let what = format!("chunk {id} in L3 ({})", self.url);
-        let (store, key) = (self.store.clone(), self.chunk_key(job, &id));
-        let rs = self.opts.range_size as u64;
+        let fetch = self.fetch_frame(job, id, Vec::new());
         let read = async move {
-            let bytes = get_ranged(&*store, &key, rs, MAX_FRAME_LEN, &what, Vec::new()).await?;
-            let frame = Frame { id, bytes, what };
+            let frame = fetch.await?;
             crate::task::blocking("decoder", move || {
                 let len = frame.raw_len()?;
                 let mut buf = match spare {
