@@ -169,3 +169,43 @@ pub(crate) fn report_busy(
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::InPlace;
+    use strata::{Checkpointer, Config, Entry};
+
+    #[test]
+    fn a_restore_in_place_is_checked_against_the_step_it_was_hashed_at() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = Config::builder()
+            .job("in-place")
+            .l1_dir(d.path())
+            .chunk_size(1 << 20);
+        let ck = Checkpointer::new(cfg).unwrap();
+        let names = ["a", "b"];
+        let step1: Vec<Vec<u8>> = vec![vec![1; 3 << 20], vec![2; 1000]];
+        let mut step2 = step1.clone();
+        step2[1][999] = 9;
+        for (step, data) in [(1, &step1), (2, &step2)] {
+            let entries: Vec<Entry<'_>> = names
+                .iter()
+                .zip(data.iter())
+                .map(|(n, d)| Entry::blob(n, d))
+                .collect();
+            ck.save(step, &entries).unwrap().wait().unwrap();
+        }
+        let hashed = InPlace::new(&step2);
+        let mut state = step2.clone();
+        hashed.restore(&ck, 2, &names, &mut state).unwrap();
+        assert_eq!(state, step2);
+        // Step 1 differs from step 2 in one byte of the last entry: the
+        // check names it.
+        let err = hashed.restore(&ck, 1, &names, &mut state).unwrap_err();
+        assert!(err.to_string().contains("entry b"), "{err}");
+        // A restore that wrote nothing leaves zeroes: never taken for the
+        // step (the restore of a missing step fails before the check).
+        assert!(hashed.restore(&ck, 7, &names, &mut state).is_err());
+        assert!(state.iter().all(|d| d.iter().all(|&b| b == 0)));
+    }
+}
