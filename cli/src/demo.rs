@@ -452,12 +452,14 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         if step != start {
             state.advance(args.seed, 0, step, threads);
         }
-        if step + 1 == start + args.steps {
-            in_place = Some(crate::demo_restores::InPlace::new(&state.data));
-        }
         let handle = ck
             .save(step, &state.as_entries())
             .map_err(|e| CliError::Verify(e.to_string()))?;
+        if step + 1 == start + args.steps {
+            // Hashed while the step persists: after its stall, before the
+            // restores that compare against it.
+            in_place = Some(crate::demo_restores::InPlace::new(&state.data));
+        }
         let stats = handle
             .wait()
             .map_err(|e| CliError::Verify(format!("step {step}: {e}")))?;
@@ -489,9 +491,13 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         let in_place = in_place
             .take()
             .ok_or_else(|| CliError::Verify("the last step's hashes were not taken".into()))?;
-        if crate::demo_restores::background_running(&ck) {
-            let took = in_place.restore(&ck, last, &names, &mut state.data)?;
-            busy = Some((took, crate::demo_restores::background_running(&ck)));
+        if let Some(beside) = crate::demo_restores::background_now(&ck) {
+            let (took, running) = in_place.restore(&ck, last, &names, &mut state.data)?;
+            busy = Some(crate::demo_restores::Busy {
+                took,
+                beside,
+                through: running.is_some(),
+            });
         }
         ck.wait_replication();
         ck.wait_uploads();
@@ -506,7 +512,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         if busy.is_some() {
             let mut idle = Vec::with_capacity(3);
             for _ in 0..3 {
-                idle.push(in_place.restore(&ck, last, &names, &mut state.data)?);
+                idle.push(in_place.restore(&ck, last, &names, &mut state.data)?.0);
             }
             idle.sort();
             crate::demo_restores::report_busy(&ck, busy, idle[1], logical);

@@ -12,15 +12,33 @@ use crate::out::say;
 use crate::size::human;
 use crate::CliError;
 
-/// Whether a push to the peers or an upload to L3 runs now.
-pub(crate) fn background_running(ck: &Checkpointer) -> bool {
-    ck.replication()
+/// The background copies running now, as the demo's lines name them:
+/// the push to the peers, the upload to L3, both, or none.
+pub(crate) fn background_now(ck: &Checkpointer) -> Option<&'static str> {
+    let push = ck
+        .replication()
         .values()
-        .any(|s| matches!(s, L2State::Pending))
-        || ck
-            .uploads()
-            .values()
-            .any(|s| matches!(s, L3State::Queued | L3State::Uploading { .. }))
+        .any(|s| matches!(s, L2State::Pending));
+    let upload = ck
+        .uploads()
+        .values()
+        .any(|s| matches!(s, L3State::Queued | L3State::Uploading { .. }));
+    match (push, upload) {
+        (true, true) => Some("the push and the upload"),
+        (true, false) => Some("the push"),
+        (false, true) => Some("the upload"),
+        (false, false) => None,
+    }
+}
+
+/// A restore taken while background copies ran.
+pub(crate) struct Busy {
+    /// The restore's time.
+    pub(crate) took: Duration,
+    /// The copies running when it started.
+    pub(crate) beside: &'static str,
+    /// Whether some still ran when it ended.
+    pub(crate) through: bool,
 }
 
 /// Checks restored entries against the saved bytes, by name.
@@ -106,15 +124,17 @@ impl InPlace {
     }
 
     /// Zeroes `data`, restores `step` into it and checks every entry
-    /// against its hash (a restore that left an entry untouched fails);
-    /// returns the restore's time, not the check's.
+    /// against its hash (a restore that left an entry untouched fails,
+    /// unless the entry saved was all zeroes: the demo's state has none);
+    /// returns the restore's time, not the check's, and the background
+    /// copies still running as it ended.
     pub(crate) fn restore(
         &self,
         ck: &Checkpointer,
         step: u64,
         names: &[&str],
         data: &mut [Vec<u8>],
-    ) -> Result<Duration, CliError> {
+    ) -> Result<(Duration, Option<&'static str>), CliError> {
         for d in data.iter_mut() {
             d.fill(0);
         }
@@ -127,6 +147,7 @@ impl InPlace {
         ck.restore_into(StepSelector::Step(step), &mut dests)
             .map_err(|e| CliError::Verify(e.to_string()))?;
         let took = t.elapsed();
+        let running = background_now(ck);
         for (i, d) in data.iter().enumerate() {
             if self.hashes.get(i) != Some(&blake3::hash(d)) {
                 return Err(CliError::Verify(format!(
@@ -135,19 +156,14 @@ impl InPlace {
                 )));
             }
         }
-        Ok(took)
+        Ok((took, running))
     }
 }
 
 /// The restore into the job's buffers taken while background work ran,
 /// against the same restore after it (the median of three).
-pub(crate) fn report_busy(
-    ck: &Checkpointer,
-    busy: Option<(Duration, bool)>,
-    idle: Duration,
-    logical: u64,
-) {
-    if let Some((took, overlapped)) = busy {
+pub(crate) fn report_busy(ck: &Checkpointer, busy: Option<Busy>, idle: Duration, logical: u64) {
+    if let Some(b) = busy {
         let gbps = |d: Duration| logical as f64 / d.as_secs_f64().max(1e-9) / 1e9;
         let metrics = ck.metrics_text();
         let held = metrics
@@ -157,15 +173,12 @@ pub(crate) fn report_busy(
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(0.0);
         say!(
-            "  into the job's buffers: {:.2} GB/s while {} ran, {:.2} GB/s after them (median of 3): {:.2} of the idle one (the copies held back {held:.2} s in all for snapshots and restores)",
-            gbps(took),
-            if overlapped {
-                "the push and the upload"
-            } else {
-                "(briefly) the push and the upload"
-            },
+            "  into the job's buffers: {:.2} GB/s while {}{} ran, {:.2} GB/s after (median of 3): {:.2} of the idle one (the copies held back {held:.2} s in all for snapshots and restores)",
+            gbps(b.took),
+            if b.through { "" } else { "(part of the time) " },
+            b.beside,
             gbps(idle),
-            idle.as_secs_f64() / took.as_secs_f64().max(1e-9)
+            idle.as_secs_f64() / b.took.as_secs_f64().max(1e-9)
         );
     }
 }
@@ -197,15 +210,19 @@ mod tests {
         }
         let hashed = InPlace::new(&step2);
         let mut state = step2.clone();
-        hashed.restore(&ck, 2, &names, &mut state).unwrap();
+        let (_, running) = hashed.restore(&ck, 2, &names, &mut state).unwrap();
         assert_eq!(state, step2);
+        assert_eq!(running, None, "no L2 or L3 here: nothing runs beside");
         // Step 1 differs from step 2 in one byte of the last entry: the
         // check names it.
         let err = hashed.restore(&ck, 1, &names, &mut state).unwrap_err();
         assert!(err.to_string().contains("entry b"), "{err}");
-        // A restore that wrote nothing leaves zeroes: never taken for the
-        // step (the restore of a missing step fails before the check).
+        // An entry the restore did not write (only "a" is asked for) is
+        // left zeroed, and the check fails.
+        let err = hashed.restore(&ck, 2, &names[..1], &mut state).unwrap_err();
+        assert!(err.to_string().contains("differs"), "{err}");
+        assert!(state[1].iter().all(|&b| b == 0));
+        // A restore of a missing step fails before any check.
         assert!(hashed.restore(&ck, 7, &names, &mut state).is_err());
-        assert!(state.iter().all(|d| d.iter().all(|&b| b == 0)));
     }
 }
