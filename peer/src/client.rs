@@ -294,9 +294,12 @@ impl PeerStore {
                 return Ok((buf, None));
             }
             // An encoded frame: its bytes first, the (larger) decode buffer
-            // only once they have all arrived.
-            let mut frame = head[5..].to_vec();
-            frame.resize(len - 5, 0);
+            // only once they have all arrived. A new zeroed `Vec` of the
+            // frame's size (pages the allocator hands over zeroed) rather
+            // than the header's grown to it: growing memsets it here, on
+            // the runtime's worker, before the body overwrites every byte.
+            let mut frame = vec![0u8; len - 5];
+            frame[..FRAME_HEADER_LEN].copy_from_slice(&head[5..]);
             recv.read_exact(&mut frame[FRAME_HEADER_LEN..])
                 .await
                 .map_err(|e| lost(&e))?;

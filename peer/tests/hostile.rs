@@ -335,6 +335,14 @@ async fn compression_bombs_and_oversized_hellos_are_refused() {
         answer(&send_raw(&conn, &ok.encode()).await.unwrap()),
         Response::Stored { new: true }
     ));
+    // Read back through the job's client: the frame comes as it was
+    // stored (encoded) and is decoded and verified there.
+    let got = local
+        .client(JOB)
+        .get_chunk(JOB, &ChunkId::of(&small), None)
+        .await
+        .unwrap();
+    assert_eq!(got.as_slice(), small.as_slice());
     still_serves(&local, 6).await;
 }
 
