@@ -294,11 +294,12 @@ impl PeerStore {
                 return Ok((buf, None));
             }
             // An encoded frame: its bytes first, the (larger) decode buffer
-            // only once they have all arrived. A new zeroed `Vec` of the
-            // frame's size (pages the allocator hands over zeroed) rather
-            // than the header's grown to it: growing memsets it here, on
-            // the runtime's worker, before the body overwrites every byte.
-            let mut frame = vec![0u8; len - 5];
+            // only once they have all arrived. Its size is the one its
+            // header states, checked before anything is allocated (a peer
+            // may not make this side hold a message-sized buffer for a
+            // small chunk), and it is allocated once at that size rather
+            // than grown from the header's (a reallocation and a copy).
+            let mut frame = vec![0u8; encoded_frame_len(len - 5, &h).map_err(corrupt)?];
             frame[..FRAME_HEADER_LEN].copy_from_slice(&head[5..]);
             recv.read_exact(&mut frame[FRAME_HEADER_LEN..])
                 .await
@@ -391,6 +392,23 @@ impl PeerStore {
 }
 
 /// The answer of a service that predates a request kind.
+/// The length of an encoded frame whose message carries `frame_len`
+/// bytes: what its header states (the header and `stored_len` bytes), or
+/// an error where the two differ.
+fn encoded_frame_len(
+    frame_len: usize,
+    h: &FrameHeader,
+) -> Result<usize, strata_format::FormatError> {
+    let stated = FRAME_HEADER_LEN + h.stored_len as usize;
+    if frame_len != stated {
+        return Err(strata_format::FormatError::malformed(
+            "chunk frame",
+            format!("{frame_len} bytes sent for a frame whose header states {stated}"),
+        ));
+    }
+    Ok(stated)
+}
+
 fn too_old(e: &StoreError) -> bool {
     e.kind() == strata_tiered::StoreErrorKind::Invalid && e.to_string().contains("unknown kind")
 }
@@ -721,5 +739,26 @@ impl ChunkStore for PeerStore {
 
     fn describe(&self) -> String {
         format!("{} ({})", self.label, self.addr())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::encoded_frame_len;
+    use strata_format::codec::{ElemHint, EncodeOptions};
+    use strata_format::frame::{encode_frame, FrameHeader, MAX_CHUNK_LEN};
+
+    #[test]
+    fn an_encoded_frame_is_as_long_as_its_header_states_or_refused() {
+        let data = vec![7u8; 1 << 20];
+        let frame = encode_frame(&data, ElemHint::BYTES, EncodeOptions::ZSTD).unwrap();
+        let h = FrameHeader::decode(&frame, MAX_CHUNK_LEN).unwrap();
+        assert_eq!(encoded_frame_len(frame.len(), &h).unwrap(), frame.len());
+        // A message far longer than the frame its header states (a peer
+        // making this side hold 256 MiB for a small chunk), or shorter.
+        let err = encoded_frame_len(256 << 20, &h).unwrap_err();
+        assert!(err.to_string().contains("header states"), "{err}");
+        assert!(encoded_frame_len(frame.len() - 1, &h).is_err());
     }
 }
