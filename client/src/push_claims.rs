@@ -15,8 +15,10 @@
 //! killed rank's claims stale at once and sends those chunks itself, where
 //! it waited for them until its deadline before. A claim without an owner
 //! (an older build's, or one whose owner file could not be made) is stale
-//! by its age alone. The lock needs a local file system's `flock` (L1 is
-//! the node's own disk); a child forked without exec shares it, so a
+//! by its age alone. A claim appears with its owner's name in it (made
+//! under a name of its own, then hard-linked into place), so a rank killed
+//! while it claims leaves no empty claim behind. The lock needs a local
+//! file system's `flock` and hard links (L1 is the node's own disk); a child forked without exec shares it, so a
 //! killed rank's claims stay live while such a child lives.
 
 use std::fs::File;
@@ -253,18 +255,8 @@ impl PushClaims {
             }
         }
         for _ in 0..2 {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-            {
-                Ok(mut f) => {
-                    // A sibling reading it before the name is written sees
-                    // an empty claim: live (by its age) until then.
-                    if let Some(o) = &self.owner {
-                        use std::io::Write as _;
-                        let _ = f.write_all(o.name.as_bytes());
-                    }
+            match self.create_whole(&path) {
+                Ok(f) => {
                     return match f.metadata() {
                         Ok(m) => Some(Claim(Some((path, file_id(&m))))),
                         Err(_) => {
@@ -298,6 +290,38 @@ impl PushClaims {
             }
         }
         Some(Claim(None))
+    }
+
+    /// Creates the claim at `path` with its owner's name in it, or fails
+    /// with `AlreadyExists` if a claim is there. The claim appears whole:
+    /// the name is written under a name of its own first (`.new-…`, beside
+    /// it), which then takes the claim's name as a hard link, made only
+    /// where no file has that name. Created empty and named after, a claim
+    /// of a rank killed in between was empty (no owner: live by its age
+    /// for [`STALE`]), and its siblings waited [`SIBLING_WAIT`] for the
+    /// chunk. A `.new-` file a killed rank leaves names its dead owner: the
+    /// next clean-up removes it.
+    ///
+    /// [`SIBLING_WAIT`]: crate::tiers::copy
+    fn create_whole(&self, path: &Path) -> std::io::Result<File> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let name = self.owner.as_ref().map_or("", |o| o.name.as_str());
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_file_name(format!(".new-{}-{name}-{n}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        let made = {
+            use std::io::Write as _;
+            f.write_all(name.as_bytes())
+        };
+        #[cfg(test)]
+        tests::stall_if_asked();
+        let linked = made.and_then(|()| std::fs::hard_link(&tmp, path));
+        let _ = std::fs::remove_file(&tmp);
+        linked.map(|()| f)
     }
 
     /// Whether the claim at `path` is a dead process's (its owner's lock
@@ -423,6 +447,68 @@ mod tests {
         assert!(!c.held("node-b", &id));
         assert!(c.claim("node-b", &id).is_some());
         assert_eq!(segment("a/b c"), "a%2fb%20c");
+    }
+
+    /// In a child started by the test below (which names a directory in
+    /// `STRATA_TEST_PUSH_CLAIM_STALL`): says it is inside a claim, at the
+    /// point where a process killed leaves the most behind, and waits
+    /// there to be killed. Elsewhere: nothing.
+    pub(super) fn stall_if_asked() {
+        if let Ok(dir) = std::env::var("STRATA_TEST_PUSH_CLAIM_STALL") {
+            let _ = std::fs::write(PathBuf::from(dir).join("stalling"), b"");
+            std::thread::sleep(Duration::from_secs(120));
+        }
+    }
+
+    /// The child side of the test below: stalls inside a claim.
+    #[test]
+    fn child_stalling_in_a_claim() {
+        let Ok(dir) = std::env::var("STRATA_TEST_PUSH_CLAIM_STALL") else {
+            return; // only runs as the child of the test below
+        };
+        let c = PushClaims::new(&PathBuf::from(dir), "j");
+        let _ = c.claim("node-b", &ChunkId::of(b"y"));
+    }
+
+    /// A rank killed while it makes a claim (the claim half made) leaves
+    /// nothing its siblings wait on: they claim the chunk at once. A claim
+    /// created empty and named after let such a kill leave an empty claim,
+    /// live by its age for ten minutes: every sibling waited a minute for
+    /// the chunk (`SIBLING_WAIT`) before it sent it itself.
+    #[test]
+    fn a_rank_killed_while_it_makes_a_claim_leaves_none_its_siblings_wait_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "push_claims::tests::child_stalling_in_a_claim",
+                "--nocapture",
+            ])
+            .env("STRATA_TEST_PUSH_CLAIM_STALL", dir.path())
+            .spawn()
+            .unwrap();
+        struct Reap(std::process::Child);
+        impl Drop for Reap {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let mut child = Reap(child);
+        let t = std::time::Instant::now();
+        while !dir.path().join("stalling").exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the child never reached its claim"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.0.kill().unwrap(); // SIGKILL, inside the claim
+        child.0.wait().unwrap();
+        let me = PushClaims::new(dir.path(), "j");
+        let id = ChunkId::of(b"y");
+        assert!(!me.held("node-b", &id), "nothing to wait on");
+        assert!(me.claim("node-b", &id).is_some(), "claimed at once");
     }
 
     /// The child side of the test below: claims a chunk for a peer, says
