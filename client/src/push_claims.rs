@@ -18,8 +18,9 @@
 //! by its age alone. A claim appears with its owner's name in it (made
 //! under a name of its own, then hard-linked into place), so a rank killed
 //! while it claims leaves no empty claim behind. The lock needs a local
-//! file system's `flock` and hard links (L1 is the node's own disk); a child forked without exec shares it, so a
-//! killed rank's claims stay live while such a child lives.
+//! file system's `flock` and hard links (L1 is the node's own disk). A
+//! child forked without exec shares the locked owner file, so a killed
+//! rank's claims stay live while such a child lives.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -299,8 +300,10 @@ impl PushClaims {
     /// where no file has that name. Created empty and named after, a claim
     /// of a rank killed in between was empty (no owner: live by its age
     /// for [`STALE`]), and its siblings waited [`SIBLING_WAIT`] for the
-    /// chunk. A `.new-` file a killed rank leaves names its dead owner: the
-    /// next clean-up removes it.
+    /// chunk. A `.new-` file a killed rank leaves names its dead owner and
+    /// goes at the next clean-up (a checkpointer opening the directory);
+    /// one it left before the name was written is empty and goes once
+    /// older than [`STALE`].
     ///
     /// [`SIBLING_WAIT`]: crate::tiers::copy
     fn create_whole(&self, path: &Path) -> std::io::Result<File> {
@@ -450,9 +453,10 @@ mod tests {
     }
 
     /// In a child started by the test below (which names a directory in
-    /// `STRATA_TEST_PUSH_CLAIM_STALL`): says it is inside a claim, at the
-    /// point where a process killed leaves the most behind, and waits
-    /// there to be killed. Elsewhere: nothing.
+    /// `STRATA_TEST_PUSH_CLAIM_STALL`): says it is inside a claim, between
+    /// its making and its taking the claim's name (where the code before
+    /// had left an empty claim), and waits there to be killed. Elsewhere:
+    /// nothing.
     pub(super) fn stall_if_asked() {
         if let Ok(dir) = std::env::var("STRATA_TEST_PUSH_CLAIM_STALL") {
             let _ = std::fs::write(PathBuf::from(dir).join("stalling"), b"");
@@ -509,6 +513,14 @@ mod tests {
         let id = ChunkId::of(b"y");
         assert!(!me.held("node-b", &id), "nothing to wait on");
         assert!(me.claim("node-b", &id).is_some(), "claimed at once");
+        // What the killed child left under its own name names its dead
+        // owner: the clean-up of `me` removed it.
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("j/tmp/push-claims/node-b"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".new-"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     /// The child side of the test below: claims a chunk for a peer, says
