@@ -312,7 +312,6 @@ impl PushClaims {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = path.with_file_name(format!(".new-{}-{name}-{n}", std::process::id()));
         let mut f = std::fs::OpenOptions::new()
-            .read(true)
             .write(true)
             .create_new(true)
             .open(&tmp)?;
@@ -452,6 +451,50 @@ mod tests {
         assert_eq!(segment("a/b c"), "a%2fb%20c");
     }
 
+    /// This test binary run as a child process for one of its tests: it
+    /// is killed (SIGKILL) and reaped however the test that started it
+    /// ends.
+    struct Child(std::process::Child);
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    impl Child {
+        /// Runs the test `name` of this module with `var` naming `dir`,
+        /// and waits (at most a minute) until it writes `dir/marker`.
+        fn at(name: &str, var: &str, dir: &Path, marker: &str) -> Child {
+            let child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    &format!("push_claims::tests::{name}"),
+                    "--nocapture",
+                ])
+                .env(var, dir)
+                .spawn()
+                .unwrap();
+            let child = Child(child);
+            let t = std::time::Instant::now();
+            while !dir.join(marker).exists() {
+                assert!(
+                    t.elapsed() < Duration::from_secs(60),
+                    "the child {name} never wrote {marker}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            child
+        }
+
+        /// SIGKILL, then reaped: it ends where it stands.
+        fn kill(mut self) {
+            self.0.kill().unwrap();
+            self.0.wait().unwrap();
+        }
+    }
+
     /// In a child started by the test below (which names a directory in
     /// `STRATA_TEST_PUSH_CLAIM_STALL`): says it is inside a claim, between
     /// its making and its taking the claim's name (where the code before
@@ -482,33 +525,13 @@ mod tests {
     #[test]
     fn a_rank_killed_while_it_makes_a_claim_leaves_none_its_siblings_wait_on() {
         let dir = tempfile::tempdir().unwrap();
-        let child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "push_claims::tests::child_stalling_in_a_claim",
-                "--nocapture",
-            ])
-            .env("STRATA_TEST_PUSH_CLAIM_STALL", dir.path())
-            .spawn()
-            .unwrap();
-        struct Reap(std::process::Child);
-        impl Drop for Reap {
-            fn drop(&mut self) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-            }
-        }
-        let mut child = Reap(child);
-        let t = std::time::Instant::now();
-        while !dir.path().join("stalling").exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "the child never reached its claim"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.0.kill().unwrap(); // SIGKILL, inside the claim
-        child.0.wait().unwrap();
+        let child = Child::at(
+            "child_stalling_in_a_claim",
+            "STRATA_TEST_PUSH_CLAIM_STALL",
+            dir.path(),
+            "stalling",
+        );
+        child.kill(); // inside the claim
         let me = PushClaims::new(dir.path(), "j");
         let id = ChunkId::of(b"y");
         assert!(!me.held("node-b", &id), "nothing to wait on");
@@ -546,38 +569,17 @@ mod tests {
     #[test]
     fn a_claim_of_a_process_killed_with_sigkill_is_taken_over_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "push_claims::tests::child_holding_a_claim",
-                "--nocapture",
-            ])
-            .env("STRATA_TEST_PUSH_CLAIM_CHILD", dir.path())
-            .spawn()
-            .unwrap();
-        // Killed however this test ends.
-        struct Reap(std::process::Child);
-        impl Drop for Reap {
-            fn drop(&mut self) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-            }
-        }
-        let mut child = Reap(child);
-        let t = std::time::Instant::now();
-        while !dir.path().join("claimed").exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "the child never claimed"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = Child::at(
+            "child_holding_a_claim",
+            "STRATA_TEST_PUSH_CLAIM_CHILD",
+            dir.path(),
+            "claimed",
+        );
         let me = PushClaims::new(dir.path(), "j");
         let id = ChunkId::of(b"x");
         assert!(me.held("node-b", &id), "a live sibling's claim is held");
         assert!(me.claim("node-b", &id).is_none());
-        child.0.kill().unwrap(); // SIGKILL: no clean-up of its own
-        child.0.wait().unwrap();
+        child.kill(); // no clean-up of its own
         assert!(!me.held("node-b", &id), "a killed sibling's claim is stale");
         let taken = me.claim("node-b", &id).expect("taken over");
         // Now this process's: held for a sibling, released when dropped.

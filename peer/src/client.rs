@@ -391,7 +391,6 @@ impl PeerStore {
     }
 }
 
-/// The answer of a service that predates a request kind.
 /// The length of an encoded frame whose message carries `frame_len`
 /// bytes: what its header states (the header and `stored_len` bytes), or
 /// an error where the two differ.
@@ -409,6 +408,7 @@ fn encoded_frame_len(
     Ok(stated)
 }
 
+/// The answer of a service that predates a request kind.
 fn too_old(e: &StoreError) -> bool {
     e.kind() == strata_tiered::StoreErrorKind::Invalid && e.to_string().contains("unknown kind")
 }
