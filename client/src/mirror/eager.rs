@@ -225,25 +225,12 @@ async fn run(
             }
         }
         // A chunk a sibling rank of this node is sending to that peer is
-        // left to it (the push after the commit waits for it). The claims
-        // are files: made off the async workers.
+        // left to it (the push after the commit waits for it). A claim is
+        // a lock request on a file already open: made here, at once.
         let mut held = Vec::new();
         if let Some(c) = &claims {
-            let asks: Vec<(String, ChunkId)> = lacks
-                .iter()
-                .flat_map(|((name, _), missing)| missing.iter().map(|&i| (name.clone(), ids[i])))
-                .collect();
-            let c = c.clone();
-            let got = tokio::task::spawn_blocking(move || {
-                asks.iter()
-                    .map(|(name, id)| c.claim(name, id))
-                    .collect::<Vec<_>>()
-            })
-            .await
-            .unwrap_or_default();
-            let mut got = got.into_iter();
-            for (_, missing) in &mut lacks {
-                missing.retain(|_| match got.next().flatten() {
+            for ((name, _), missing) in &mut lacks {
+                missing.retain(|&i| match c.claim(name, &ids[i]) {
                     Some(guard) => {
                         held.push(guard);
                         true
@@ -285,10 +272,7 @@ async fn run(
                 }
             }
         }
-        // Releasing the claims removes their files: off the workers too.
-        if !held.is_empty() {
-            tokio::task::spawn_blocking(move || drop(held));
-        }
+        drop(held);
         // Reused for a later batch once nothing refers to it any more.
         keep_spare(&spares, buf);
     }
