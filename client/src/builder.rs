@@ -299,6 +299,7 @@ impl Checkpointer {
             l3_relisting: Default::default(),
             claims,
             foreground: crate::foreground::Foreground::default(),
+            eager_copied: Arc::default(),
             cfg,
         });
         // The workers hear of committed steps as subscribers; the save

@@ -128,6 +128,9 @@ pub(crate) struct Shared {
     /// Snapshots and restores running now: the background copies hold
     /// back at their batch boundaries meanwhile.
     pub(crate) foreground: crate::foreground::Foreground,
+    /// Chunk bytes the eager pushes copied out of staging, for the
+    /// metrics.
+    pub(crate) eager_copied: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Shared {
@@ -250,6 +253,12 @@ impl Shared {
             "strata_background_held_seconds_total",
             "Time the background copies (push to the peers, upload to L3) held back for this process's snapshots and restores, summed over the copies (it can pass wall time).",
             self.foreground.held().as_secs_f64(),
+        );
+        self.metrics.bytes_counter(
+            &mut out,
+            "strata_eager_copied_bytes_total",
+            "Chunk bytes the eager push copied out of the staging memory to send them to the peers beside the L1 write (chunks L1 lacked).",
+            self.eager_copied.load(Relaxed),
         );
         out
     }

@@ -473,6 +473,44 @@ fn new_chunks_go_to_the_peer_beside_the_l1_write() {
     }
 }
 
+/// The eager push's copy out of staging takes only the chunks L1 lacked:
+/// a step with two tensors of ten changed copies their chunks, not the
+/// eight L1 (and the peer) already held. (It copied every chunk of each
+/// batch before: 20 MiB here for 4 MiB of new chunks, and on an
+/// incremental step of `l2-bench` the L1 write waited for it.)
+#[test]
+fn the_eager_push_copies_only_the_chunks_new_to_l1() {
+    let cluster = Cluster::start();
+    let l1 = tempfile::tempdir().unwrap();
+    let names = names();
+    let ck = Checkpointer::new(cluster.cfg(l1.path(), 1).eager_push(true)).unwrap();
+    let copied = || -> u64 {
+        let text = ck.metrics_text();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("strata_eager_copied_bytes_total{"))
+            .expect("the eager push's counter");
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(copied(), 0);
+    save_replicated(&ck, &names, 1);
+    let first = copied();
+    assert!(first > 0, "a new step is copied for the eager push");
+    assert!(first <= 20 * MIB as u64, "{first}");
+    // Step 9 differs from step 1 in tensors 1 and 9: four 1 MiB chunks.
+    save_replicated(&ck, &names, 9);
+    let second = copied() - first;
+    assert!(
+        second <= 4 * MIB as u64,
+        "copied {second} bytes for 4 MiB of new chunks"
+    );
+    assert!(
+        matches!(&ck.replication()[&9], L2State::Replicated { .. }),
+        "{:?}",
+        ck.replication()
+    );
+}
+
 #[test]
 fn data_parallel_ranks_of_a_node_send_their_identical_chunks_once() {
     // Two ranks of node-a share its L1 and hold the same 20 MiB (data

@@ -335,6 +335,15 @@ fn newest<S>(states: &BTreeMap<u64, S>, done: fn(&S) -> bool) -> Option<u64> {
 }
 
 impl Metrics {
+    /// Appends a counter of bytes with this process's labels.
+    pub(crate) fn bytes_counter(&self, out: &mut String, name: &str, help: &str, bytes: u64) {
+        let l = &self.labels;
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {bytes}"
+        );
+    }
+
     /// Appends a counter of seconds (a float) with this process's labels.
     pub(crate) fn seconds_counter(&self, out: &mut String, name: &str, help: &str, secs: f64) {
         let l = &self.labels;

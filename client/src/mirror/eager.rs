@@ -4,19 +4,22 @@
 //! is written, so replication is mostly done when the step commits on L1.
 //!
 //! It never holds staging memory: the persist loop *offers* each hashed
-//! batch while that batch's L1 write runs (a batch the push is too busy
-//! for is skipped; none waits in a queue). The offer copies the batch's
-//! chunks (at most [`MAX_COPY`] bytes) out of the segment into a buffer of
-//! the push's (reused from batch to batch) on a thread of the persist
-//! loop's, beside the write, which waits for it: so no segment is lent to
-//! the push, and a copy slower than its batch's write (a save whose chunks
-//! L1 already holds) delays the next batch by the difference; the push
-//! then asks each peer which of them it lacks (at most [`PRESENCE_WAIT`],
-//! else the batch is skipped) and sends those.
+//! batch's chunks that L1 lacks (asked just before the write) while that
+//! batch's L1 write runs (a batch the push is too busy for is skipped; none
+//! waits in a queue; a batch L1 holds whole is not offered). The offer
+//! copies those chunks (at most [`MAX_COPY`] bytes) out of the segment
+//! into a buffer of the push's (reused from batch to batch) on a thread of
+//! the persist loop's, beside the write, which waits for it: so no segment
+//! is lent to the push, and a copy slower than its batch's write delays
+//! the next batch by the difference; the push then asks each peer which of
+//! them it lacks (at most [`PRESENCE_WAIT`], else the batch is skipped) and
+//! sends those. (Until 2026-11-29 every chunk of a batch was offered: on an
+//! incremental step the L1 write, which had little to write, waited for a
+//! copy of each batch the peers already held.)
 //! The cost of copying first: the cap applies to the first chunks offered,
-//! not to the first the peers lack (a batch whose leading chunks the peers
-//! hold sends less early), and a batch is copied even where the peers lack
-//! nothing of it. A
+//! not to the first the peers lack (a batch whose leading new chunks the
+//! peers hold sends less early), and a batch is copied even where the
+//! peers lack nothing of it (a chunk new to L1 that a peer holds). A
 //! peer that fails is left out for the rest of the step. What it skipped or
 //! could not send is sent after the L1 commit by the replication worker,
 //! from L1, which first waits for this push to end and then sends only what
@@ -77,6 +80,8 @@ pub(crate) struct EagerPush {
     /// copied and handed over, so no batch ever waits in a queue.
     idle: Arc<std::sync::atomic::AtomicBool>,
     spares: Spares,
+    /// Bytes copied out of staging (the process's metric).
+    copied: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl EagerPush {
@@ -109,7 +114,12 @@ impl EagerPush {
         if let Ok(mut m) = s.eager.lock() {
             m.insert(step, done_rx);
         }
-        Some(EagerPush { tx, idle, spares })
+        Some(EagerPush {
+            tx,
+            idle,
+            spares,
+            copied: s.eager_copied.clone(),
+        })
     }
 
     /// Whether the push waits for a batch (an offer now would be taken).
@@ -140,6 +150,8 @@ impl EagerPush {
             Arc::try_unwrap(g.swap_remove(i)).ok()
         });
         let copied = copy_out(seg, &chunks, &first, spare);
+        self.copied
+            .fetch_add(copied.0.len() as u64, std::sync::atomic::Ordering::Relaxed);
         if self.tx.try_send(copied).is_err() {
             tracing::debug!("eager push ended: batch left for the push after the commit");
         }
@@ -342,7 +354,12 @@ mod tests {
             None,
             spares.clone(),
         ));
-        let push = EagerPush { tx, idle, spares };
+        let push = EagerPush {
+            tx,
+            idle,
+            spares,
+            copied: Arc::default(),
+        };
         let waiting = Instant::now();
         while !push.idle.load(std::sync::atomic::Ordering::Acquire) {
             assert!(

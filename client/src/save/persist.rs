@@ -293,11 +293,27 @@ fn hash_and_write(
             // The eager push's copy of the batch (`EagerPush::offer`) is
             // made on a thread of its own while this one waits for the L1
             // write; a push still busy with an earlier batch takes none.
+            // Only the chunks L1 lacks (asked before the write makes them):
+            // one it holds came with an earlier step, or a sibling rank's
+            // save, whose own push sends it where it is missing, and the
+            // push after the commit sends whatever a peer still lacks.
+            // Offering every chunk made an incremental step's L1 write wait
+            // for a copy of each batch, nearly all of it chunks the peers
+            // already held.
             let offering = eager.as_ref().filter(|e| e.is_idle()).and_then(|e| {
+                let held = s
+                    .rt
+                    .block_on(s.l1.has_chunks(&cfg.job, &got))
+                    .unwrap_or_default();
                 let pieces: Vec<_> = batch
                     .zip(&got)
-                    .map(|(i, id)| (*id, plan.layout.chunks[i].hint, plan.range(i)))
+                    .enumerate()
+                    .filter(|(j, _)| held.get(*j) != Some(&true))
+                    .map(|(_, (i, id))| (*id, plan.layout.chunks[i].hint, plan.range(i)))
                     .collect();
+                if pieces.is_empty() {
+                    return None;
+                }
                 std::thread::Builder::new()
                     .name("strata-eager-copy".into())
                     .spawn_scoped(sc, move || e.offer(&seg, pieces))
