@@ -516,52 +516,66 @@ fn data_parallel_ranks_of_a_node_send_their_identical_chunks_once() {
     // Two ranks of node-a share its L1 and hold the same 20 MiB (data
     // parallel); both save at once and replicate to the same peer. Each
     // chunk crosses the network once: the peer receives about 20 MiB, not
-    // 40, and both shards are committed there.
+    // 40, and both shards are committed there. With the eager push, and
+    // with the push after the commit alone: the two ranks' pushes then
+    // start together, at the barrier, both finding every chunk missing on
+    // the peer, and only the claims keep the second from sending it too.
     let cluster = Cluster::start();
-    let l1 = tempfile::tempdir().unwrap();
     let names = names();
-    let coord = strata::InProcessCoordinator::new(2);
-    let first = |n: &str| {
-        let svc = cluster.service(n);
-        svc.stats().bytes_in
-    };
     let ring = strata_peer::ring::placement(
         &["node-a", "node-b", "node-c"].map(String::from),
         "node-a",
         0,
     );
     let peer = ring[0].clone();
-    let before = first(&peer);
-    std::thread::scope(|sc| {
-        for rank in 0..2u32 {
-            let (coord, names, peer) = (coord.clone(), &names, peer.clone());
-            let cfg = cluster.cfg(l1.path(), 1).rank(rank, 2);
-            sc.spawn(move || {
-                let ck = Checkpointer::with_coordinator(cfg, Arc::new(coord)).unwrap();
-                save_replicated(&ck, names, 1);
-                assert!(
-                    matches!(&ck.replication()[&1], L2State::Replicated { peers, .. } if peers == std::slice::from_ref(&peer)),
-                    "{:?}",
-                    ck.replication()
-                );
-            });
-        }
-    });
-    let got = first(&ring[0]) - before;
-    let shard: u64 = state(1).iter().map(|d| d.len() as u64).sum();
-    assert!(
-        got < shard + shard / 4,
-        "the peer received {got} bytes for two identical shards of {shard}"
-    );
-    // Both ranks' shards are committed on the peer.
-    let store = cluster.client(&ring[0]);
-    let steps = cluster.rt.block_on(store.list_steps(JOB)).unwrap();
-    let ranks = steps
-        .iter()
-        .find(|s| s.step == 1)
-        .unwrap()
-        .committed_ranks();
-    assert_eq!(ranks.into_iter().collect::<Vec<_>>(), [0, 1]);
+    let received = || cluster.service(&peer).stats().bytes_in;
+    for (eager, step, salt) in [(true, 1u64, 0u8), (false, 2, 0x5a)] {
+        let l1 = tempfile::tempdir().unwrap();
+        let coord = strata::InProcessCoordinator::new(2);
+        // Each round's bytes are new to the peer.
+        let data: Vec<Vec<u8>> = state(step)
+            .into_iter()
+            .map(|mut t| {
+                t.iter_mut().for_each(|b| *b ^= salt);
+                t
+            })
+            .collect();
+        let before = received();
+        std::thread::scope(|sc| {
+            for rank in 0..2u32 {
+                let (coord, names, peer, data) = (coord.clone(), &names, peer.clone(), &data);
+                let cfg = cluster.cfg(l1.path(), 1).rank(rank, 2).eager_push(eager);
+                sc.spawn(move || {
+                    let ck = Checkpointer::with_coordinator(cfg, Arc::new(coord)).unwrap();
+                    ck.save(step, &entries(names, data))
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                    ck.wait_replication();
+                    assert!(
+                        matches!(&ck.replication()[&step], L2State::Replicated { peers, .. } if peers == std::slice::from_ref(&peer)),
+                        "{:?}",
+                        ck.replication()
+                    );
+                });
+            }
+        });
+        let got = received() - before;
+        let shard: u64 = data.iter().map(|d| d.len() as u64).sum();
+        assert!(
+            got < shard + shard / 4,
+            "eager push {eager}: the peer received {got} bytes for two identical shards of {shard}"
+        );
+        // Both ranks' shards are committed on the peer.
+        let store = cluster.client(&peer);
+        let steps = cluster.rt.block_on(store.list_steps(JOB)).unwrap();
+        let ranks = steps
+            .iter()
+            .find(|s| s.step == step)
+            .unwrap()
+            .committed_ranks();
+        assert_eq!(ranks.into_iter().collect::<Vec<_>>(), [0, 1]);
+    }
 }
 
 /// A step pinned on a peer (through the protocol, as `strata pin` does)
