@@ -300,6 +300,7 @@ impl Checkpointer {
             claims,
             foreground: crate::foreground::Foreground::default(),
             eager_copied: Arc::default(),
+            last_written: Mutex::default(),
             cfg,
         });
         // The workers hear of committed steps as subscribers; the save

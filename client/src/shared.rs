@@ -3,7 +3,7 @@
 //! share. Every pipeline module imports this one and none of them imports
 //! the checkpointer: the module graph points one way, from the API down.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -131,6 +131,10 @@ pub(crate) struct Shared {
     /// Chunk bytes the eager pushes copied out of staging, for the
     /// metrics.
     pub(crate) eager_copied: Arc<std::sync::atomic::AtomicU64>,
+    /// The chunk ids of the last shard this process wrote to L1: the
+    /// eager push of the next save is offered only the others. None
+    /// before the first (that save offers what L1 lacks).
+    pub(crate) last_written: Mutex<Option<Arc<HashSet<strata_format::ChunkId>>>>,
 }
 
 impl Shared {

@@ -473,13 +473,14 @@ fn new_chunks_go_to_the_peer_beside_the_l1_write() {
     }
 }
 
-/// The eager push's copy out of staging takes only the chunks L1 lacked:
-/// a step with two tensors of ten changed copies their chunks, not the
-/// eight L1 (and the peer) already held. (It copied every chunk of each
-/// batch before: 20 MiB here for 4 MiB of new chunks, and on an
-/// incremental step of `l2-bench` the L1 write waited for it.)
+/// The eager push's copy out of staging takes only the chunks new since
+/// the process's last save: a step with one tensor of ten changed copies
+/// its two chunks, not the eighteen L1 (and the peer) already held. (It
+/// copied every chunk of each batch before: 20 MiB here for 2 MiB of new
+/// chunks, and on an incremental step of `l2-bench` the L1 write waited
+/// for it.)
 #[test]
-fn the_eager_push_copies_only_the_chunks_new_to_l1() {
+fn the_eager_push_copies_only_the_chunks_new_since_the_last_save() {
     let cluster = Cluster::start();
     let l1 = tempfile::tempdir().unwrap();
     let names = names();
@@ -493,19 +494,33 @@ fn the_eager_push_copies_only_the_chunks_new_to_l1() {
         line.rsplit(' ').next().unwrap().parse().unwrap()
     };
     assert_eq!(copied(), 0);
+    // Step 1 opens the connection; step 2's tensors are all new.
     save_replicated(&ck, &names, 1);
-    let first = copied();
-    assert!(first > 0, "a new step is copied for the eager push");
-    assert!(first <= 20 * MIB as u64, "{first}");
-    // Step 9 differs from step 1 in tensors 1 and 9: four 1 MiB chunks.
-    save_replicated(&ck, &names, 9);
-    let second = copied() - first;
+    let mut data: Vec<Vec<u8>> = state(2)
+        .into_iter()
+        .map(|mut t| {
+            t.iter_mut().for_each(|b| *b ^= 0x77);
+            t
+        })
+        .collect();
+    let before = copied();
+    ck.save(2, &entries(&names, &data)).unwrap().wait().unwrap();
+    ck.wait_replication();
+    assert!(copied() > before, "a new step is copied for the eager push");
+    // Step 3 changes the last tensor only: its two 1 MiB chunks are new.
+    for b in data[9].iter_mut() {
+        *b ^= 0x11;
+    }
+    let before = copied();
+    ck.save(3, &entries(&names, &data)).unwrap().wait().unwrap();
+    ck.wait_replication();
+    let third = copied() - before;
     assert!(
-        second <= 4 * MIB as u64,
-        "copied {second} bytes for 4 MiB of new chunks"
+        third <= 2 * MIB as u64,
+        "copied {third} bytes for 2 MiB of new chunks"
     );
     assert!(
-        matches!(&ck.replication()[&9], L2State::Replicated { .. }),
+        matches!(&ck.replication()[&3], L2State::Replicated { .. }),
         "{:?}",
         ck.replication()
     );

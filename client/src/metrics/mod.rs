@@ -337,10 +337,13 @@ fn newest<S>(states: &BTreeMap<u64, S>, done: fn(&S) -> bool) -> Option<u64> {
 impl Metrics {
     /// Appends a counter of bytes with this process's labels.
     pub(crate) fn bytes_counter(&self, out: &mut String, name: &str, help: &str, bytes: u64) {
-        let l = &self.labels;
-        let _ = writeln!(
+        family(
             out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {bytes}"
+            &self.labels,
+            name,
+            "counter",
+            help,
+            &[(String::new(), bytes)],
         );
     }
 

@@ -4,9 +4,10 @@
 //! is written, so replication is mostly done when the step commits on L1.
 //!
 //! It never holds staging memory: the persist loop *offers* each hashed
-//! batch's chunks that L1 lacks (asked just before the write) while that
-//! batch's L1 write runs (a batch the push is too busy for is skipped; none
-//! waits in a queue; a batch L1 holds whole is not offered). The offer
+//! batch's chunks new since the process's last save (on its first save,
+//! those L1 lacks) while that batch's L1 write runs (a batch the push is
+//! too busy for is skipped; none waits in a queue; a batch with no new
+//! chunk is not offered). The offer
 //! copies those chunks (at most [`MAX_COPY`] bytes) out of the segment
 //! into a buffer of the push's (reused from batch to batch) on a thread of
 //! the persist loop's, beside the write, which waits for it: so no segment

@@ -208,6 +208,7 @@ fn hash_and_write(
     let mut ids: Vec<ChunkId> = Vec::with_capacity(plan.layout.chunks.len());
     // New chunks go to the peers beside the L1 write (ends when dropped).
     let eager = crate::mirror::eager::EagerPush::start(s, step);
+    let last_written = s.last_written.lock().ok().and_then(|g| g.clone());
     type Hashed = (usize, Vec<ChunkId>, Arc<AlignedBuf>);
     let (hash_time, stall) = std::thread::scope(|sc| -> Result<(Duration, Duration)> {
         // One batch of look-ahead: hashing runs at most a batch ahead of
@@ -293,22 +294,28 @@ fn hash_and_write(
             // The eager push's copy of the batch (`EagerPush::offer`) is
             // made on a thread of its own while this one waits for the L1
             // write; a push still busy with an earlier batch takes none.
-            // Only the chunks L1 lacks (asked before the write makes them):
-            // one it holds came with an earlier step, or a sibling rank's
-            // save, whose own push sends it where it is missing, and the
-            // push after the commit sends whatever a peer still lacks.
-            // Offering every chunk made an incremental step's L1 write wait
-            // for a copy of each batch, nearly all of it chunks the peers
-            // already held.
+            // Only the chunks new since this process's last save (on its
+            // first, those L1 lacks, asked before the write makes them): an
+            // unchanged chunk went with an earlier step, and the push after
+            // the commit sends whatever a peer still lacks. Offering every
+            // chunk made an incremental step's L1 write wait for a copy of
+            // each batch, nearly all of it chunks the peers already held.
+            // (Not "what L1 lacks" on every save: data-parallel ranks of a
+            // node write the same new chunks, and the one that writes
+            // second must still offer them, for the claims to decide who
+            // sends them.)
             let offering = eager.as_ref().filter(|e| e.is_idle()).and_then(|e| {
-                let held = s
-                    .rt
-                    .block_on(s.l1.has_chunks(&cfg.job, &got))
-                    .unwrap_or_default();
+                let old: Vec<bool> = match &last_written {
+                    Some(ids) => got.iter().map(|id| ids.contains(id)).collect(),
+                    None => s
+                        .rt
+                        .block_on(s.l1.has_chunks(&cfg.job, &got))
+                        .unwrap_or_default(),
+                };
                 let pieces: Vec<_> = batch
                     .zip(&got)
                     .enumerate()
-                    .filter(|(j, _)| held.get(*j) != Some(&true))
+                    .filter(|(j, _)| old.get(*j) != Some(&true))
                     .map(|(_, (i, id))| (*id, plan.layout.chunks[i].hint, plan.range(i)))
                     .collect();
                 if pieces.is_empty() {
@@ -346,6 +353,9 @@ fn hash_and_write(
     })?;
     stats.hash_time = hash_time;
     stats.stall = stall;
+    if let Ok(mut last) = s.last_written.lock() {
+        *last = Some(Arc::new(ids.iter().copied().collect()));
+    }
     Ok(ids)
 }
 
