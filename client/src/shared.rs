@@ -133,8 +133,10 @@ pub(crate) struct Shared {
     pub(crate) eager_copied: Arc<std::sync::atomic::AtomicU64>,
     /// The chunk ids of the last shard this process wrote to L1: the
     /// eager push of the next save is offered only the others. None
-    /// before the first (that save offers what L1 lacks).
-    pub(crate) last_written: Mutex<Option<Arc<HashSet<strata_format::ChunkId>>>>,
+    /// before the first, and after a save that failed before its chunks
+    /// were all written (that save offers what L1 lacks). Taken by the
+    /// persist worker for a save, put back when it has written them.
+    pub(crate) last_written: Mutex<Option<HashSet<strata_format::ChunkId>>>,
 }
 
 impl Shared {
@@ -261,7 +263,7 @@ impl Shared {
         self.metrics.bytes_counter(
             &mut out,
             "strata_eager_copied_bytes_total",
-            "Chunk bytes the eager push copied out of the staging memory to send them to the peers beside the L1 write (chunks L1 lacked).",
+            "Chunk bytes the eager push copied out of the staging memory to send them to the peers beside the L1 write (chunks new since the last save).",
             self.eager_copied.load(Relaxed),
         );
         out

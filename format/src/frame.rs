@@ -47,6 +47,14 @@ pub struct FrameHeader {
 }
 
 impl FrameHeader {
+    /// The length of the whole frame this header starts: the header and
+    /// its `stored_len` payload bytes (what a reader allocates before the
+    /// payload arrives; [`FrameDecoder::header`] checks a whole frame
+    /// against it).
+    pub fn frame_len(&self) -> usize {
+        FRAME_HEADER_LEN + self.stored_len as usize
+    }
+
     /// The 48 header bytes.
     pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
         let mut h = [0u8; FRAME_HEADER_LEN];

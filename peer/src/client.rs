@@ -398,7 +398,7 @@ fn encoded_frame_len(
     frame_len: usize,
     h: &FrameHeader,
 ) -> Result<usize, strata_format::FormatError> {
-    let stated = FRAME_HEADER_LEN + h.stored_len as usize;
+    let stated = h.frame_len();
     if frame_len != stated {
         return Err(strata_format::FormatError::malformed(
             "chunk frame",

@@ -208,7 +208,7 @@ fn hash_and_write(
     let mut ids: Vec<ChunkId> = Vec::with_capacity(plan.layout.chunks.len());
     // New chunks go to the peers beside the L1 write (ends when dropped).
     let eager = crate::mirror::eager::EagerPush::start(s, step);
-    let last_written = s.last_written.lock().ok().and_then(|g| g.clone());
+    let last_written = s.last_written.lock().ok().and_then(|mut g| g.take());
     type Hashed = (usize, Vec<ChunkId>, Arc<AlignedBuf>);
     let (hash_time, stall) = std::thread::scope(|sc| -> Result<(Duration, Duration)> {
         // One batch of look-ahead: hashing runs at most a batch ahead of
@@ -354,7 +354,7 @@ fn hash_and_write(
     stats.hash_time = hash_time;
     stats.stall = stall;
     if let Ok(mut last) = s.last_written.lock() {
-        *last = Some(Arc::new(ids.iter().copied().collect()));
+        *last = Some(ids.iter().copied().collect());
     }
     Ok(ids)
 }
