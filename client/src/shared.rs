@@ -262,6 +262,12 @@ impl Shared {
         );
         self.metrics.bytes_counter(
             &mut out,
+            "strata_restore_lent_buffer_bytes_total",
+            "Read buffers a restore read into that the held background copies lent it, instead of new memory it would have faulted in.",
+            self.foreground.spares_used(),
+        );
+        self.metrics.bytes_counter(
+            &mut out,
             "strata_eager_copied_bytes_total",
             "Chunk bytes the eager push copied out of the staging memory to send them to the peers beside the L1 write (chunks new since the last save).",
             self.eager_copied.load(Relaxed),

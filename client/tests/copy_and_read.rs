@@ -567,3 +567,100 @@ fn a_copy_from_l1_in_many_batches_reusing_its_read_buffers_delivers_every_byte()
         assert_eq!(back.get("w").unwrap().bytes, data, "{verify:?}");
     }
 }
+
+/// What a held copy's loan of its free read buffers looks like from the
+/// side that holds it back: each offer taken, every other buffer kept for
+/// good (as a restore's lanes keep those they read into), the rest handed
+/// back when the copy goes on.
+#[derive(Default)]
+struct Borrower {
+    offers: std::sync::atomic::AtomicUsize,
+    lent_bytes: std::sync::atomic::AtomicUsize,
+    lent: std::sync::Mutex<Vec<strata::tiered::AlignedBuf>>,
+    kept: std::sync::Mutex<Vec<strata::tiered::AlignedBuf>>,
+}
+
+impl Pause for Borrower {
+    fn before_batch(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(async {})
+    }
+
+    fn lend_spares(
+        &self,
+        spares: Vec<strata::tiered::AlignedBuf>,
+    ) -> Result<(), Vec<strata::tiered::AlignedBuf>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.offers.fetch_add(1, SeqCst);
+        for (i, b) in spares.into_iter().enumerate() {
+            self.lent_bytes.fetch_add(b.capacity(), SeqCst);
+            if i % 2 == 0 {
+                self.kept.lock().unwrap().push(b);
+            } else {
+                self.lent.lock().unwrap().push(b);
+            }
+        }
+        Ok(())
+    }
+
+    fn take_back(&self, limit: usize) -> Vec<strata::tiered::AlignedBuf> {
+        let mut lent = self.lent.lock().unwrap();
+        let mut out = Vec::new();
+        let mut held = 0;
+        while lent.last().is_some_and(|b| held + b.capacity() <= limit) {
+            let b = lent.pop().unwrap();
+            held += b.capacity();
+            out.push(b);
+        }
+        out
+    }
+}
+
+/// A copy held back lends its free read buffers to what holds it (a
+/// restore of the same process reads into them instead of faulting in new
+/// memory) at every hold but the first (nothing was sent yet), and goes
+/// on into what comes back and new buffers: every byte still arrives.
+#[test]
+fn a_held_copy_lends_its_free_read_buffers_and_delivers_every_byte() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use strata::tiered::{EngineChoice, L1Store};
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..1024 * KIB)
+        .map(|j| (j as u8) ^ ((j >> 16) as u8).wrapping_mul(29))
+        .collect();
+    {
+        let ck = Checkpointer::new(cfg(dir.path())).unwrap();
+        let shape = [data.len() as u64];
+        ck.save(7, &[Entry::tensor("w", DType::U8, &shape, &data)])
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    let src: Arc<dyn ChunkStore> =
+        Arc::new(L1Store::open(dir.path(), EngineChoice::Psync).unwrap());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dst = Arc::new(MemoryStore::new());
+    let borrower = Borrower::default();
+    let opts = CopyOptions {
+        // Two 64 KiB chunks a batch: eight batches, each held before.
+        batch_bytes: 128 * KIB as u64,
+        verify: Verify::Receiver,
+        siblings: None,
+        pause: Some(&borrower),
+    };
+    let st = rt
+        .block_on(copy_step(&src, &*dst, "c", 7, 0, opts, &|_| {}))
+        .unwrap();
+    assert_eq!((st.chunks, st.chunks_sent), (16, 16));
+    assert_eq!(borrower.offers.load(SeqCst), 8);
+    assert!(
+        borrower.lent_bytes.load(SeqCst) >= 4 * 64 * KIB,
+        "lent {} bytes",
+        borrower.lent_bytes.load(SeqCst)
+    );
+    assert!(!borrower.kept.lock().unwrap().is_empty());
+    for id in rt.block_on(src.list_chunks("c")).unwrap() {
+        let want = rt.block_on(src.get_chunk("c", &id, None)).unwrap();
+        let got = rt.block_on(dst.get_chunk("c", &id, None)).unwrap();
+        assert_eq!(got.as_slice(), want.as_slice(), "chunk {id}");
+    }
+}

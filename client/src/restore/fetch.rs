@@ -159,15 +159,20 @@ fn batch_restore(
     run_lanes(RESTORE_LANES.min(batches.len()), |errors| {
         // The lane's read buffers, each chunk read into the smallest free
         // one that holds it, new ones faulted in on this thread
-        // (`Recycler::buffers`). Offered in the order they came back, a
+        // (`Recycler::buffers_or`). Offered in the order they came back, a
         // buffer too small for the chunk at its place was dropped and a new
         // one faulted in by the I/O thread: a shard's chunks differ in size
         // (`l1-bench --size 1GiB --reps 1`: 1.3 GiB of fresh read buffers
         // over its five restores of 0.95 GiB, 0.8 GiB with the best fit).
+        //
+        // Where none of the lane's own fits, a buffer the held background
+        // copies lent (`Foreground::spares_for`) before a new one; at its end the lane gives
+        // its free ones to those copies, if they lent theirs.
         let mut spare = Recycler::new(LANE_SPARE_BYTES);
         loop {
             let b = next.fetch_add(1, Ordering::Relaxed);
             if b >= batches.len() || failed.now() {
+                s.foreground.return_spares(spare.take_free());
                 return;
             }
             let batch = &batches[b];
@@ -175,7 +180,8 @@ fn batch_restore(
             let got = {
                 let _span =
                     tracing::debug_span!("fetch_batch", batch = b, chunks = batch.len()).entered();
-                fetch_batch(s, loaded, batch, spare.buffers(&lens), counters)
+                let bufs = spare.buffers_or(&lens, |l| s.foreground.spares_for(l));
+                fetch_batch(s, loaded, batch, bufs, counters)
             };
             for (&c, res) in batch.iter().zip(got) {
                 let placed = res

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use strata_format::{ChunkId, ShardManifest};
-use strata_tiered::{ChunkData, ChunkPut, ChunkStore, ReadOptions, StepInfo};
+use strata_tiered::{AlignedBuf, ChunkData, ChunkPut, ChunkStore, ReadOptions, StepInfo};
 
 use super::catalog::{load_shard, LoadedShard};
 use super::recycle::Recycler;
@@ -43,6 +43,57 @@ pub trait PushCoordination: Send + Sync {
 pub trait Pause: Send + Sync {
     /// Resolves when the copy may read and send its next batch.
     fn before_batch(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+
+    /// Offered the copy's free read buffers before it holds back: `Ok`
+    /// when taken (the work it yields to may read into them), and then
+    /// [`Pause::take_back`] is called once it goes on; `Err` hands them
+    /// back. By default nothing is taken.
+    fn lend_spares(&self, spares: Vec<AlignedBuf>) -> std::result::Result<(), Vec<AlignedBuf>> {
+        Err(spares)
+    }
+
+    /// The buffers a copy whose spares were taken gets back as it goes
+    /// on, up to `limit` bytes (what the work it yielded to did not keep).
+    fn take_back(&self, limit: usize) -> Vec<AlignedBuf> {
+        let _ = limit;
+        Vec::new()
+    }
+}
+
+/// Holds a copy back before a batch ([`Pause::before_batch`]), its free
+/// read buffers lent meanwhile and what is left of them taken back after.
+async fn hold(pause: Option<&dyn Pause>, recycler: &mut Recycler) {
+    let Some(p) = pause else { return };
+    let lent = match p.lend_spares(recycler.take_free()) {
+        Ok(()) => Lent(Some(p)),
+        Err(kept) => {
+            recycler.keep_free(kept);
+            Lent(None)
+        }
+    };
+    p.before_batch().await;
+    recycler.keep_free(lent.end(recycler.limit()));
+}
+
+/// A copy's loan of its spare buffers: ended on drop too (a copy dropped
+/// while held still counts as gone on).
+struct Lent<'a>(Option<&'a dyn Pause>);
+
+impl Lent<'_> {
+    fn end(mut self, limit: usize) -> Vec<AlignedBuf> {
+        self.0
+            .take()
+            .map(|p| p.take_back(limit))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            drop(p.take_back(0));
+        }
+    }
 }
 
 /// How long a copy waits for chunks another process claimed to reach the
@@ -293,12 +344,7 @@ async fn send_chunks(
         };
         tokio::spawn(async move { src.get_chunks_opts(&job, &want, read_opts).await })
     };
-    let pause = || async {
-        if let Some(p) = opts.pause {
-            p.before_batch().await;
-        }
-    };
-    pause().await;
+    hold(opts.pause, &mut recycler).await;
     let mut next = batches.first().map(|b| read(b, &mut recycler));
     let (mut sent, mut written) = (0u64, 0u64);
     let mut result = Ok(());
@@ -315,7 +361,7 @@ async fn send_chunks(
         // read), nothing is read nor sent: a snapshot or a restore of this
         // process runs.
         if k > 0 {
-            pause().await;
+            hold(opts.pause, &mut recycler).await;
         }
         next = batches.get(k + 1).map(|b| read(b, &mut recycler));
         if got.len() != batch.len() {

@@ -42,15 +42,45 @@ impl Recycler {
         fit(&mut self.free, lens)
     }
 
-    /// A buffer for every read of `lens` bytes, in order ([`fit_or_fault`]).
-    /// The free buffers left over are kept only while they and the
-    /// returned ones stay within the limit (the smallest go first). The
-    /// returned ones are free buffers (within the limit) or new ones of
-    /// the reads' sizes: what the caller holds stays under the limit plus
-    /// one batch.
-    pub(crate) fn buffers(&mut self, lens: &[usize]) -> Vec<AlignedBuf> {
+    /// A buffer for every read of `lens` bytes, in order: the free ones
+    /// that fit ([`fit`]); where none does, one of `elsewhere`'s (given
+    /// the lengths still wanted, answering as [`fit`]); else a new one
+    /// ([`fault_in_missing`]). The free buffers left over are kept only
+    /// while they and the returned ones stay within the limit (the smallest
+    /// go first): what the caller holds stays under the limit plus one
+    /// batch.
+    pub(crate) fn buffers_or(
+        &mut self,
+        lens: &[usize],
+        elsewhere: impl FnOnce(&[usize]) -> Vec<AlignedBuf>,
+    ) -> Vec<AlignedBuf> {
         self.reclaim();
-        let out = fit_or_fault(&mut self.free, lens);
+        let mut out = fit(&mut self.free, lens);
+        let fits =
+            |b: Option<&AlignedBuf>, len: usize| b.is_some_and(|b| b.capacity() >= align_up(len));
+        let missing: Vec<usize> = (0..lens.len())
+            .filter(|&i| !fits(out.get(i), lens[i]))
+            .collect();
+        if !missing.is_empty() {
+            let want: Vec<usize> = missing.iter().map(|&i| lens[i]).collect();
+            for (b, &i) in elsewhere(&want).into_iter().zip(&missing) {
+                if !fits(Some(&b), lens[i]) {
+                    continue;
+                }
+                while out.len() <= i {
+                    out.push(AlignedBuf::zeroed(0));
+                }
+                out[i] = b;
+            }
+        }
+        fault_in_missing(&mut out, lens);
+        self.trim(&out);
+        out
+    }
+
+    /// Keeps the free buffers only while they and `out` (handed out) stay
+    /// within the limit, the smallest freed first.
+    fn trim(&mut self, out: &[AlignedBuf]) {
         let in_use: usize = out.iter().map(AlignedBuf::capacity).sum();
         self.free.sort_by_key(|b| std::cmp::Reverse(b.capacity()));
         let mut held = in_use;
@@ -61,7 +91,29 @@ impl Recycler {
             }
             keep
         });
-        out
+    }
+
+    /// The free buffers (those lent that came back first), taken out.
+    pub(crate) fn take_free(&mut self) -> Vec<AlignedBuf> {
+        self.reclaim();
+        std::mem::take(&mut self.free)
+    }
+
+    /// Keeps `bufs` as free buffers, within the limit (the others are
+    /// freed).
+    pub(crate) fn keep_free(&mut self, bufs: Vec<AlignedBuf>) {
+        let mut held: usize = self.free.iter().map(AlignedBuf::capacity).sum();
+        for b in bufs {
+            if held + b.capacity() <= self.limit {
+                held += b.capacity();
+                self.free.push(b);
+            }
+        }
+    }
+
+    /// Most bytes of free buffers kept.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
     }
 
     /// Moves the lent buffers nothing refers to any more to the free ones
@@ -107,14 +159,6 @@ pub(crate) fn fit(free: &mut Vec<AlignedBuf>, lens: &[usize]) -> Vec<AlignedBuf>
             None => AlignedBuf::zeroed(0),
         });
     }
-    out
-}
-
-/// A buffer for every read of `lens` bytes, in order: those of `free`
-/// that fit ([`fit`]), the others new ([`fault_in_missing`]).
-pub(crate) fn fit_or_fault(free: &mut Vec<AlignedBuf>, lens: &[usize]) -> Vec<AlignedBuf> {
-    let mut out = fit(free, lens);
-    fault_in_missing(&mut out, lens);
     out
 }
 
@@ -179,7 +223,7 @@ mod tests {
         let small_at = small.as_slice().as_ptr();
         r.lend([small]);
         let lens = [3 * MIB, MIB - 7, 5];
-        let got = r.buffers(&lens);
+        let got = r.buffers_or(&lens, |_| Vec::new());
         assert_eq!(got.len(), lens.len());
         for (b, &len) in got.iter().zip(&lens) {
             assert!(b.capacity() >= align_up(len), "{} < {len}", b.capacity());
@@ -195,11 +239,38 @@ mod tests {
         // The 16 MiB buffer serves the first read, a new one the second:
         // 20 MiB in use. Of the 2 and 1 MiB left free, only the 1 MiB one
         // still fits in 21 MiB.
-        let got = r.buffers(&[4 * MIB, 4 * MIB]);
+        let got = r.buffers_or(&[4 * MIB, 4 * MIB], |_| Vec::new());
         assert_eq!(got[0].capacity(), 16 * MIB);
         assert_eq!(got[1].capacity(), 4 * MIB);
         let free: Vec<usize> = r.free.iter().map(AlignedBuf::capacity).collect();
         assert_eq!(free, [MIB]);
+    }
+
+    #[test]
+    fn where_none_of_its_own_fits_a_buffer_from_elsewhere_serves_before_a_new_one() {
+        let mut r = Recycler::new(64 * MIB);
+        let own = chunk(2 * MIB);
+        let own_at = own.as_slice().as_ptr();
+        r.lend([own]);
+        let mut other = vec![AlignedBuf::zeroed(8 * MIB), AlignedBuf::zeroed(3 * MIB)];
+        let other_at: Vec<*const u8> = other.iter().map(|b| b.full().as_ptr()).collect();
+        let mut asked = Vec::new();
+        let got = r.buffers_or(&[MIB, 2 * MIB, 6 * MIB, 12 * MIB], |lens| {
+            asked = lens.to_vec();
+            fit(&mut other, lens)
+        });
+        // Its own 2 MiB buffer went to the first read, which it fits; the
+        // others were asked for elsewhere, whose 3 and 8 MiB buffers serve
+        // the 2 and 6 MiB reads; the 12 MiB read gets a new one.
+        assert_eq!(got[0].full().as_ptr(), own_at);
+        assert_eq!(asked, [2 * MIB, 6 * MIB, 12 * MIB]);
+        assert_eq!(got[1].full().as_ptr(), other_at[1]);
+        assert_eq!(got[2].full().as_ptr(), other_at[0]);
+        assert!(!other_at.contains(&got[3].full().as_ptr()));
+        assert!(other.is_empty());
+        for (b, len) in got.iter().zip([MIB, 2 * MIB, 6 * MIB, 12 * MIB]) {
+            assert!(b.capacity() >= align_up(len), "{} < {len}", b.capacity());
+        }
     }
 
     #[test]
