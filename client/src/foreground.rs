@@ -15,9 +15,11 @@
 //! A held copy also leaves its free read buffers to the foreground work
 //! ([`Foreground::lend_spares`]): a restore's lanes read into them instead
 //! of faulting in new memory (zeroing fresh pages took a third of a busy
-//! restore's CPU on two cores), and what they did not keep goes back to
-//! the copies when they go on. The process then holds no more read
-//! buffers than the copies alone did.
+//! restore's CPU on two cores), and the copies take back what is left
+//! when they go on. At their end the lanes give the copies their free
+//! buffers, but only as many bytes as the copies lent and did not get
+//! back: the process never holds more read buffers than it would without
+//! the loan, and once no copy is held the loan's leftovers are freed.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,7 +29,8 @@ use std::time::{Duration, Instant};
 use strata_tiered::AlignedBuf;
 
 use crate::tiers::copy::Pause;
-use crate::tiers::recycle::fit;
+use crate::tiers::recycle::{fit, within};
+use strata_tiered::aligned::align_up;
 
 /// Longest a background copy holds back before its next batch.
 pub(crate) const MAX_HOLD: Duration = Duration::from_secs(1);
@@ -51,6 +54,12 @@ pub(crate) struct Foreground {
 #[derive(Debug, Default)]
 struct Spares {
     bufs: Vec<AlignedBuf>,
+    /// Bytes of `bufs`.
+    bytes: usize,
+    /// Bytes the copies lent and did not take back yet: what the pool
+    /// takes from a restore's lanes stays within it, so the process holds
+    /// no more than the copies did.
+    owed: usize,
     /// Copies that lent buffers and have not taken them back: the last to
     /// go on frees what none took.
     lenders: usize,
@@ -85,7 +94,7 @@ impl Foreground {
     /// Leaves the free read buffers of a copy about to hold back to the
     /// foreground work. Taken (`Ok`) only while foreground work runs: the
     /// copy then calls [`Self::take_back`] once it goes on. Otherwise
-    /// they are handed back.
+    /// (or an empty loan) they are handed back.
     pub(crate) fn lend_spares(
         &self,
         bufs: Vec<AlignedBuf>,
@@ -95,7 +104,10 @@ impl Foreground {
         }
         match self.spares.lock() {
             Ok(mut p) => {
+                let n: usize = bufs.iter().map(AlignedBuf::capacity).sum();
                 p.bufs.extend(bufs);
+                p.bytes += n;
+                p.owed += n;
                 p.lenders += 1;
                 Ok(())
             }
@@ -110,53 +122,58 @@ impl Foreground {
         let Ok(mut p) = self.spares.lock() else {
             return Vec::new();
         };
-        if p.bufs.is_empty() {
-            return Vec::new();
-        }
         let out = fit(&mut p.bufs, lens);
         let used: usize = out
             .iter()
             .zip(lens)
-            .filter(|(b, &len)| b.capacity() >= len)
+            .filter(|(b, &len)| b.capacity() >= align_up(len))
             .map(|(b, _)| b.capacity())
             .sum();
+        p.bytes = p.bufs.iter().map(AlignedBuf::capacity).sum();
+        drop(p);
         self.spares_used.fetch_add(used as u64, Ordering::Relaxed);
         out
     }
 
-    /// Gives free read buffers back to the held copies, if some lent
-    /// theirs (a restore's lanes at their end); otherwise they are freed.
+    /// Gives a restore lane's free read buffers to the held copies at the
+    /// lane's end, as far as they make up for what the copies lent (and
+    /// do not find in the pool); the others are freed (after the lock).
     pub(crate) fn return_spares(&self, bufs: Vec<AlignedBuf>) {
-        if let Ok(mut p) = self.spares.lock() {
-            if p.lenders > 0 {
-                p.bufs.extend(bufs);
+        let rest = match self.spares.lock() {
+            Ok(mut p) if p.lenders > 0 => {
+                let room = p.owed.saturating_sub(p.bytes);
+                let (kept, rest) = within(bufs, 0, room);
+                p.bytes += kept.iter().map(AlignedBuf::capacity).sum::<usize>();
+                p.bufs.extend(kept);
+                rest
             }
-        }
+            _ => bufs,
+        };
+        drop(rest);
     }
 
     /// What a copy that lent its buffers takes back as it goes on: the
     /// largest left, up to `limit` bytes. The last lender to go on frees
-    /// what is left, so nothing is held once every copy went on.
+    /// what is left (after the lock), so nothing is held once every copy
+    /// went on.
     pub(crate) fn take_back(&self, limit: usize) -> Vec<AlignedBuf> {
         let Ok(mut p) = self.spares.lock() else {
             return Vec::new();
         };
-        p.bufs.sort_by_key(|b| std::cmp::Reverse(b.capacity()));
-        let mut held = 0;
-        let mut out = Vec::new();
-        let mut left = Vec::new();
-        for b in std::mem::take(&mut p.bufs) {
-            if held + b.capacity() <= limit {
-                held += b.capacity();
-                out.push(b);
-            } else {
-                left.push(b);
-            }
-        }
+        let (out, left) = within(std::mem::take(&mut p.bufs), 0, limit);
+        let taken: usize = out.iter().map(AlignedBuf::capacity).sum();
+        p.owed = p.owed.saturating_sub(taken);
         p.lenders = p.lenders.saturating_sub(1);
-        if p.lenders > 0 {
+        let freed = if p.lenders > 0 {
             p.bufs = left;
-        }
+            Vec::new()
+        } else {
+            p.owed = 0;
+            left
+        };
+        p.bytes = p.bufs.iter().map(AlignedBuf::capacity).sum();
+        drop(p);
+        drop(freed);
         out
     }
 
@@ -292,6 +309,74 @@ mod tests {
     }
 
     #[test]
+    fn what_the_lanes_give_back_stays_within_what_the_copies_lent() {
+        const MIB: usize = 1 << 20;
+        let fg = Foreground::default();
+        let bufs =
+            |n: usize| -> Vec<AlignedBuf> { (0..n).map(|_| AlignedBuf::zeroed(2 * MIB)).collect() };
+        let _g = fg.enter();
+        assert!(fg.lend_spares(bufs(1)).is_ok());
+        // The pool holds all that was lent: a lane's buffers are freed.
+        fg.return_spares(bufs(3));
+        assert_eq!(fg.spares.lock().expect("pool").bufs.len(), 1);
+        // A restore took it: one of the lane's makes up for it, no more.
+        assert_eq!(fg.spares_for(&[MIB]).len(), 1);
+        fg.return_spares(bufs(2));
+        let p = fg.spares.lock().expect("pool");
+        assert_eq!((p.bufs.len(), p.bytes, p.owed), (1, 2 * MIB, 2 * MIB));
+    }
+
+    /// The copy's side of the loan: a held copy lends its free buffers and
+    /// takes them back as it goes on; one dropped while held ends its
+    /// loan all the same (the pool is emptied once no copy lends).
+    #[test]
+    fn a_held_copy_takes_its_buffers_back_and_a_dropped_one_ends_its_loan() {
+        use crate::tiers::copy::hold;
+        use crate::tiers::recycle::Recycler;
+        use strata_tiered::ChunkData;
+        const MIB: usize = 1 << 20;
+        let fg = Foreground::default();
+        let rt = rt();
+        let free = |r: &mut Recycler| -> Vec<*const u8> {
+            let f = r.take_free();
+            let at = f.iter().map(|b| b.full().as_ptr()).collect();
+            r.keep_free(f);
+            at
+        };
+        let mut r = Recycler::new(8 * MIB);
+        r.lend([ChunkData::whole(AlignedBuf::zeroed(MIB))]);
+        let before = free(&mut r);
+        assert_eq!(before.len(), 1);
+        // Nothing in the foreground: nothing lent, nothing held.
+        rt.block_on(hold(Some(&fg), &mut r));
+        assert_eq!(free(&mut r), before);
+        // Held: lent while it waits, taken back after.
+        let g = fg.enter();
+        let waited = rt.block_on(async {
+            tokio::time::timeout(Duration::from_millis(100), hold(Some(&fg), &mut r)).await
+        });
+        assert!(waited.is_err(), "a held copy waits");
+        // Dropped while held: the loan ended, and the pool is empty.
+        {
+            let p = fg.spares.lock().expect("pool");
+            assert_eq!((p.lenders, p.bufs.len(), p.owed), (0, 0, 0));
+        }
+        assert!(free(&mut r).is_empty(), "lent, never taken back");
+        // Held and let go: it goes on with what it lent.
+        r.lend([ChunkData::whole(AlignedBuf::zeroed(MIB))]);
+        let before = free(&mut r);
+        std::thread::scope(|sc| {
+            sc.spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                drop(g);
+            });
+            rt.block_on(hold(Some(&fg), &mut r));
+        });
+        assert_eq!(free(&mut r), before);
+        assert_eq!(fg.spares.lock().expect("pool").lenders, 0);
+    }
+
+    #[test]
     fn a_copy_never_waits_past_its_bound_nor_when_idle() {
         let fg = Foreground::default();
         let rt = rt();
@@ -309,6 +394,57 @@ mod tests {
         assert!(fg.busy());
         drop(g2);
         assert!(!fg.busy());
+    }
+
+    /// A restore beside held copies reads into the buffers they lent
+    /// before it faults in new ones, and its lanes give theirs back at
+    /// their end (within what the copies lent); the bytes are the step's.
+    #[test]
+    fn a_restore_reads_into_the_buffers_the_held_copies_lent() {
+        use crate::{Checkpointer, Config, Entry, StepSelector};
+        const MIB: usize = 1 << 20;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = Config::builder()
+            .job("lent")
+            .l1_dir(dir.path().join("l1"))
+            .io_engine("psync")
+            .chunk_size(MIB as u32);
+        let ck = Checkpointer::new(cfg).expect("checkpointer");
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let data: Vec<u8> = (0..8 * MIB)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let shape = [data.len() as u64];
+        ck.save(
+            1,
+            &[Entry::tensor("w", strata_format::DType::U8, &shape, &data)],
+        )
+        .expect("save")
+        .wait()
+        .expect("durable");
+        let fg = &ck.shared.foreground;
+        let copy = fg.enter();
+        let lent: Vec<AlignedBuf> = (0..8).map(|_| AlignedBuf::zeroed(MIB)).collect();
+        assert!(fg.lend_spares(lent).is_ok());
+        let back = ck.restore(StepSelector::Step(1)).expect("restore");
+        assert_eq!(back.get("w").expect("entry").bytes, data);
+        // Eight chunks of 1 MiB, one batch: every read into a lent buffer,
+        // and the lane's eight given back to the copy at its end.
+        assert_eq!(fg.spares_used(), 8 * MIB as u64);
+        assert_eq!(fg.spares.lock().expect("pool").bufs.len(), 8);
+        drop(copy);
+        assert_eq!(fg.take_back(8 * MIB).len(), 8);
+        let metrics = ck.metrics_text();
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("strata_restore_lent_buffer_bytes_total{"))
+            .expect("the metric");
+        assert!(line.ends_with(&format!(" {}", 8 * MIB)), "{line}");
     }
 
     /// The upload of a committed step holds back while foreground work

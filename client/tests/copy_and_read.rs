@@ -569,12 +569,12 @@ fn a_copy_from_l1_in_many_batches_reusing_its_read_buffers_delivers_every_byte()
 }
 
 /// What a held copy's loan of its free read buffers looks like from the
-/// side that holds it back: each offer taken, every other buffer kept for
-/// good (as a restore's lanes keep those they read into), the rest handed
-/// back when the copy goes on.
+/// side that holds it back: each offer taken (the sizes of each noted),
+/// every other buffer kept for good (as buffers a restore's lanes read
+/// into and did not give back), the rest handed back when the copy goes on.
 #[derive(Default)]
 struct Borrower {
-    offers: std::sync::atomic::AtomicUsize,
+    offers: std::sync::Mutex<Vec<usize>>,
     lent_bytes: std::sync::atomic::AtomicUsize,
     lent: std::sync::Mutex<Vec<strata::tiered::AlignedBuf>>,
     kept: std::sync::Mutex<Vec<strata::tiered::AlignedBuf>>,
@@ -590,7 +590,7 @@ impl Pause for Borrower {
         spares: Vec<strata::tiered::AlignedBuf>,
     ) -> Result<(), Vec<strata::tiered::AlignedBuf>> {
         use std::sync::atomic::Ordering::SeqCst;
-        self.offers.fetch_add(1, SeqCst);
+        self.offers.lock().unwrap().push(spares.len());
         for (i, b) in spares.into_iter().enumerate() {
             self.lent_bytes.fetch_add(b.capacity(), SeqCst);
             if i % 2 == 0 {
@@ -617,8 +617,9 @@ impl Pause for Borrower {
 
 /// A copy held back lends its free read buffers to what holds it (a
 /// restore of the same process reads into them instead of faulting in new
-/// memory) at every hold but the first (nothing was sent yet), and goes
-/// on into what comes back and new buffers: every byte still arrives.
+/// memory) at every hold but the first (nothing was sent yet: an empty
+/// offer), and goes on with what it gets back and new buffers: every byte
+/// still arrives.
 #[test]
 fn a_held_copy_lends_its_free_read_buffers_and_delivers_every_byte() {
     use std::sync::atomic::Ordering::SeqCst;
@@ -651,7 +652,10 @@ fn a_held_copy_lends_its_free_read_buffers_and_delivers_every_byte() {
         .block_on(copy_step(&src, &*dst, "c", 7, 0, opts, &|_| {}))
         .unwrap();
     assert_eq!((st.chunks, st.chunks_sent), (16, 16));
-    assert_eq!(borrower.offers.load(SeqCst), 8);
+    let offers = borrower.offers.lock().unwrap().clone();
+    assert_eq!(offers.len(), 8, "{offers:?}");
+    assert_eq!(offers[0], 0, "{offers:?}");
+    assert!(offers[1..].iter().all(|&n| n > 0), "{offers:?}");
     assert!(
         borrower.lent_bytes.load(SeqCst) >= 4 * 64 * KIB,
         "lent {} bytes",

@@ -62,7 +62,7 @@ pub trait Pause: Send + Sync {
 
 /// Holds a copy back before a batch ([`Pause::before_batch`]), its free
 /// read buffers lent meanwhile and what is left of them taken back after.
-async fn hold(pause: Option<&dyn Pause>, recycler: &mut Recycler) {
+pub(crate) async fn hold(pause: Option<&dyn Pause>, recycler: &mut Recycler) {
     let Some(p) = pause else { return };
     let lent = match p.lend_spares(recycler.take_free()) {
         Ok(()) => Lent(Some(p)),

@@ -82,15 +82,7 @@ impl Recycler {
     /// within the limit, the smallest freed first.
     fn trim(&mut self, out: &[AlignedBuf]) {
         let in_use: usize = out.iter().map(AlignedBuf::capacity).sum();
-        self.free.sort_by_key(|b| std::cmp::Reverse(b.capacity()));
-        let mut held = in_use;
-        self.free.retain(|b| {
-            let keep = held + b.capacity() <= self.limit;
-            if keep {
-                held += b.capacity();
-            }
-            keep
-        });
+        self.free = within(std::mem::take(&mut self.free), in_use, self.limit).0;
     }
 
     /// The free buffers (those lent that came back first), taken out.
@@ -99,16 +91,11 @@ impl Recycler {
         std::mem::take(&mut self.free)
     }
 
-    /// Keeps `bufs` as free buffers, within the limit (the others are
-    /// freed).
+    /// Keeps `bufs` as free buffers, within the limit (the largest first;
+    /// the others are freed).
     pub(crate) fn keep_free(&mut self, bufs: Vec<AlignedBuf>) {
-        let mut held: usize = self.free.iter().map(AlignedBuf::capacity).sum();
-        for b in bufs {
-            if held + b.capacity() <= self.limit {
-                held += b.capacity();
-                self.free.push(b);
-            }
-        }
+        let held: usize = self.free.iter().map(AlignedBuf::capacity).sum();
+        self.free.extend(within(bufs, held, self.limit).0);
     }
 
     /// Most bytes of free buffers kept.
@@ -132,6 +119,24 @@ impl Recycler {
             }
         }
     }
+}
+
+/// `bufs` split in two: the largest first while they and `held` bytes stay
+/// within `limit`, and the others.
+pub(crate) fn within(
+    mut bufs: Vec<AlignedBuf>,
+    held: usize,
+    limit: usize,
+) -> (Vec<AlignedBuf>, Vec<AlignedBuf>) {
+    bufs.sort_by_key(|b| std::cmp::Reverse(b.capacity()));
+    let mut held = held;
+    bufs.into_iter().partition(|b| {
+        let keep = held + b.capacity() <= limit;
+        if keep {
+            held += b.capacity();
+        }
+        keep
+    })
 }
 
 /// Buffers to read chunks of `lens` bytes into, in order (a read takes
