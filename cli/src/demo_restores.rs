@@ -165,17 +165,13 @@ impl InPlace {
 pub(crate) fn report_busy(ck: &Checkpointer, busy: Option<Busy>, idle: Duration, logical: u64) {
     if let Some(b) = busy {
         let gbps = |d: Duration| logical as f64 / d.as_secs_f64().max(1e-9) / 1e9;
-        let metrics = ck.metrics_text();
-        let counter = |name: &str| {
-            metrics
-                .lines()
-                .find(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with('{')))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        let held = counter("strata_background_held_seconds_total");
-        let lent = counter("strata_restore_lent_buffer_bytes_total") / f64::from(1u32 << 20);
+        let held = ck
+            .metric("strata_background_held_seconds_total")
+            .unwrap_or(0.0);
+        let lent = ck
+            .metric("strata_restore_lent_buffer_bytes_total")
+            .unwrap_or(0.0)
+            / f64::from(1u32 << 20);
         say!(
             "  into the job's buffers: {:.2} GB/s while {}{} ran, {:.2} GB/s after (median of 3): {:.2} of the idle one (the copies held back {held:.2} s in all for snapshots and restores, and lent the restores {lent:.0} MiB of read buffers)",
             gbps(b.took),

@@ -62,6 +62,36 @@ impl Checkpointer {
         self.shared.metrics_text()
     }
 
+    /// The value of the series of [`Self::metrics_text`] named `name`
+    /// that carries no label beyond the process's own (job, rank, node):
+    /// a counter such as `strata_background_held_seconds_total`. None
+    /// where there is no such series (a name it does not have, or one
+    /// whose every series has labels of its own).
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let prefix = self.shared.metrics.series_prefix(name);
+        self.metrics_text()
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Saves `data` as step `step`'s one tensor `w` (bytes) and waits until
+    /// it is durable (the crate's unit tests).
+    #[cfg(test)]
+    pub(crate) fn save_bytes(&self, step: u64, data: &[u8]) {
+        let shape = [data.len() as u64];
+        let entries = [crate::Entry::tensor(
+            "w",
+            strata_format::DType::U8,
+            &shape,
+            data,
+        )];
+        self.save(step, &entries)
+            .expect("save")
+            .wait()
+            .expect("durable");
+    }
+
     /// Where `/metrics` is served (`metrics_listen`, with the port chosen
     /// where it named 0); None where it is not.
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {

@@ -401,7 +401,7 @@ mod tests {
     /// their end (within what the copies lent); the bytes are the step's.
     #[test]
     fn a_restore_reads_into_the_buffers_the_held_copies_lent() {
-        use crate::{Checkpointer, Config, Entry, StepSelector};
+        use crate::{Checkpointer, Config, StepSelector};
         const MIB: usize = 1 << 20;
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = Config::builder()
@@ -410,23 +410,10 @@ mod tests {
             .io_engine("psync")
             .chunk_size(MIB as u32);
         let ck = Checkpointer::new(cfg).expect("checkpointer");
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let data: Vec<u8> = (0..8 * MIB)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
-        let shape = [data.len() as u64];
-        ck.save(
-            1,
-            &[Entry::tensor("w", strata_format::DType::U8, &shape, &data)],
-        )
-        .expect("save")
-        .wait()
-        .expect("durable");
+        // Eight 1 MiB chunks, each unlike the others (1 MiB is no
+        // multiple of 251).
+        let data: Vec<u8> = (0..8 * MIB).map(|i| (i % 251) as u8).collect();
+        ck.save_bytes(1, &data);
         let fg = &ck.shared.foreground;
         let copy = fg.enter();
         let lent: Vec<AlignedBuf> = (0..8).map(|_| AlignedBuf::zeroed(MIB)).collect();
@@ -439,19 +426,21 @@ mod tests {
         assert_eq!(fg.spares.lock().expect("pool").bufs.len(), 8);
         drop(copy);
         assert_eq!(fg.take_back(8 * MIB).len(), 8);
-        let metrics = ck.metrics_text();
-        let line = metrics
-            .lines()
-            .find(|l| l.starts_with("strata_restore_lent_buffer_bytes_total{"))
-            .expect("the metric");
-        assert!(line.ends_with(&format!(" {}", 8 * MIB)), "{line}");
+        assert_eq!(
+            ck.metric("strata_restore_lent_buffer_bytes_total"),
+            Some(8.0 * MIB as f64)
+        );
+        // `metric` reads only series without labels of their own.
+        assert_eq!(ck.metric("strata_restores_total"), Some(1.0));
+        assert_eq!(ck.metric("strata_restore_bytes_total"), None);
+        assert_eq!(ck.metric("strata_restore"), None);
     }
 
     /// The upload of a committed step holds back while foreground work
     /// runs (what a restore and a snapshot enter), and goes on after it.
     #[test]
     fn the_upload_to_l3_holds_back_for_foreground_work() {
-        use crate::{Checkpointer, Config, Entry, L3State};
+        use crate::{Checkpointer, Config, L3State};
         let dir = tempfile::tempdir().expect("tempdir");
         let l3 = dir.path().join("l3");
         let cfg = Config::builder()
@@ -463,15 +452,8 @@ mod tests {
             .upload_every(1);
         let ck = Checkpointer::new(cfg).expect("checkpointer");
         let data: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
-        let shape = [data.len() as u64];
         let restore = ck.shared.foreground.enter();
-        ck.save(
-            1,
-            &[Entry::tensor("w", strata_format::DType::U8, &shape, &data)],
-        )
-        .expect("save")
-        .wait()
-        .expect("durable");
+        ck.save_bytes(1, &data);
         // The upload starts and holds back before its first batch.
         let t = Instant::now();
         while !matches!(ck.uploads().get(&1), Some(L3State::Uploading { .. })) {

@@ -33,6 +33,21 @@ fn tensor(seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// The L1 store at `dir`, holding step 7 saved there with `data` as its
+/// tensor `w` (read back with the psync engine).
+fn l1_with_step_7(dir: &std::path::Path, data: &[u8]) -> Arc<dyn ChunkStore> {
+    use strata::tiered::{EngineChoice, L1Store};
+    {
+        let ck = Checkpointer::new(cfg(dir)).unwrap();
+        let shape = [data.len() as u64];
+        ck.save(7, &[Entry::tensor("w", DType::U8, &shape, data)])
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    Arc::new(L1Store::open(dir, EngineChoice::Psync).unwrap())
+}
+
 /// A checkpointer whose only tier is `store`, with step 7 saved on it.
 fn saved_on(store: Arc<MemoryStore>, dir: &std::path::Path, data: &[u8]) -> Checkpointer {
     let ck = Checkpointer::builder(cfg(dir))
@@ -520,23 +535,13 @@ fn a_tier_refusing_the_job_does_not_hide_a_good_copy_further_down() {
 /// held before, every byte that arrives is the chunk's own.
 #[test]
 fn a_copy_from_l1_in_many_batches_reusing_its_read_buffers_delivers_every_byte() {
-    use strata::tiered::{EngineChoice, L1Store};
     let dir = tempfile::tempdir().unwrap();
     // 16 chunks of 64 KiB, each unlike the others; the last one shorter,
     // so a reused buffer is longer than what it holds.
     let data: Vec<u8> = (0..1024 * KIB - 1000)
         .map(|j| (j as u8) ^ ((j >> 16) as u8).wrapping_mul(31))
         .collect();
-    {
-        let ck = Checkpointer::new(cfg(dir.path())).unwrap();
-        let shape = [data.len() as u64];
-        ck.save(7, &[Entry::tensor("w", DType::U8, &shape, &data)])
-            .unwrap()
-            .wait()
-            .unwrap();
-    }
-    let src: Arc<dyn ChunkStore> =
-        Arc::new(L1Store::open(dir.path(), EngineChoice::Psync).unwrap());
+    let src = l1_with_step_7(dir.path(), &data);
     let rt = tokio::runtime::Runtime::new().unwrap();
     for verify in [Verify::Receiver, Verify::Here] {
         let dst = Arc::new(MemoryStore::new());
@@ -623,21 +628,11 @@ impl Pause for Borrower {
 #[test]
 fn a_held_copy_lends_its_free_read_buffers_and_delivers_every_byte() {
     use std::sync::atomic::Ordering::SeqCst;
-    use strata::tiered::{EngineChoice, L1Store};
     let dir = tempfile::tempdir().unwrap();
     let data: Vec<u8> = (0..1024 * KIB)
         .map(|j| (j as u8) ^ ((j >> 16) as u8).wrapping_mul(29))
         .collect();
-    {
-        let ck = Checkpointer::new(cfg(dir.path())).unwrap();
-        let shape = [data.len() as u64];
-        ck.save(7, &[Entry::tensor("w", DType::U8, &shape, &data)])
-            .unwrap()
-            .wait()
-            .unwrap();
-    }
-    let src: Arc<dyn ChunkStore> =
-        Arc::new(L1Store::open(dir.path(), EngineChoice::Psync).unwrap());
+    let src = l1_with_step_7(dir.path(), &data);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let dst = Arc::new(MemoryStore::new());
     let borrower = Borrower::default();

@@ -184,11 +184,7 @@ pub(crate) fn background(
         idle.push(read.duration);
     }
     let held = ck
-        .metrics_text()
-        .lines()
-        .find(|l| l.starts_with("strata_background_held_seconds_total{"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
+        .metric("strata_background_held_seconds_total")
         .unwrap_or(0.0);
     drop(ck);
     let _ = std::fs::remove_dir_all(&l3);

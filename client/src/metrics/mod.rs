@@ -335,6 +335,12 @@ fn newest<S>(states: &BTreeMap<u64, S>, done: fn(&S) -> bool) -> Option<u64> {
 }
 
 impl Metrics {
+    /// The start of a line of `name`'s series with this process's labels
+    /// and no other (its value follows).
+    pub(crate) fn series_prefix(&self, name: &str) -> String {
+        format!("{name}{{{}}} ", self.labels)
+    }
+
     /// Appends a counter of bytes with this process's labels.
     pub(crate) fn bytes_counter(&self, out: &mut String, name: &str, help: &str, bytes: u64) {
         family(

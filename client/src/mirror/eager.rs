@@ -403,7 +403,7 @@ mod tests {
     #[test]
     fn a_durable_save_leaves_no_segment_lent_to_the_push() {
         use crate::tiers::Tier;
-        use crate::{Checkpointer, Config, Entry};
+        use crate::{Checkpointer, Config};
         let dir = tempfile::tempdir().expect("tempdir");
         let peer: Arc<dyn ChunkStore> = Arc::new(FaultStore::new(
             MemoryStore::new(),
@@ -424,14 +424,7 @@ mod tests {
             .build()
             .expect("checkpointer");
         let data: Vec<u8> = (0..(16u32 << 20)).map(|i| (i % 251) as u8).collect();
-        let shape = [data.len() as u64];
-        ck.save(
-            1,
-            &[Entry::tensor("w", strata_format::DType::U8, &shape, &data)],
-        )
-        .expect("save")
-        .wait()
-        .expect("durable");
+        ck.save_bytes(1, &data);
         assert_eq!(
             ck.shared.pool.lent(),
             0,
